@@ -1,0 +1,267 @@
+"""Step configuration: the router's per-step params, checked once at startup.
+
+``parse_step_params`` turns the YAML/JSON mapping of one step into a frozen, typed object and
+refuses anything it would otherwise have to guess about: a bool spelled ``"true"`` or ``1``, an
+unknown key (a typo must not pass silently), an output mode that would leave a client without
+text.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Mapping
+from typing import ClassVar, TypeAlias
+
+import msgspec
+
+from disagg_transforms._describe import describe
+from disagg_transforms.errors import ConfigError
+
+__all__ = (
+    "ConditionalDecodeParams",
+    "DecodeParams",
+    "EncodeParams",
+    "KvTransferPlacement",
+    "MIN_VLLM_VERSION",
+    "OutputMode",
+    "PrefillParams",
+    "Step",
+    "StepParams",
+    "parse_pipeline_params",
+    "parse_step_params",
+    "validate_output_mode",
+)
+
+
+class OutputMode(str, enum.Enum):
+    """What a generate worker returns beside the token IDs; the value is the wire string."""
+
+    TOKENS = "tokens"
+    """Token IDs only (the worker's default, and all a worker older than the field returns)."""
+    TEXT = "text"
+    """Detokenized text; needs vLLM >= 0.32.0."""
+    DERENDER = "derender"
+    """The parsed assistant message (content, reasoning, tool_calls); needs vLLM >= 0.33.0."""
+
+
+class Step(str, enum.Enum):
+    """A leg of a disaggregated request; the value is the name used in router config."""
+
+    ENCODE = "encode"
+    PREFILL = "prefill"
+    DECODE = "decode"
+    CONDITIONAL_DECODE = "conditional-decode"
+
+
+class KvTransferPlacement(str, enum.Enum):
+    """Where a generate leg carries ``kv_transfer_params`` / ``ec_transfer_params``."""
+
+    BOTH = "both"
+    """Top level and ``sampling_params.extra_args``: works on every vLLM."""
+    TOP_LEVEL = "top_level"
+    """Top level only: vLLM >= 0.29 copies it into ``extra_args`` itself."""
+    EXTRA_ARGS = "extra_args"
+    """``sampling_params.extra_args`` only: what vLLM <= 0.28 reads."""
+
+
+class _StepParamsBase(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    step: ClassVar[Step]
+    trust_client_transfer_params: bool = False
+    """Keep transfer params the client put in its body (off: only the router's reach a leg)."""
+
+
+class EncodeParams(_StepParamsBase, frozen=True, kw_only=True):
+    """Params of the encode step."""
+
+    step: ClassVar[Step] = Step.ENCODE
+    use_openai_format: bool = True
+
+
+class PrefillParams(_StepParamsBase, frozen=True, kw_only=True):
+    """Params of the prefill step."""
+
+    step: ClassVar[Step] = Step.PREFILL
+    use_openai_format: bool = True
+    kv_transfer_placement: KvTransferPlacement = KvTransferPlacement.BOTH
+
+
+class DecodeParams(_StepParamsBase, frozen=True, kw_only=True):
+    """Params of the decode step."""
+
+    step: ClassVar[Step] = Step.DECODE
+    use_openai_format: bool = True
+    output_mode: OutputMode = OutputMode.TEXT
+    wrap_chat_completion: bool = False
+    kv_transfer_placement: KvTransferPlacement = KvTransferPlacement.BOTH
+
+
+class ConditionalDecodeParams(_StepParamsBase, frozen=True, kw_only=True):
+    """Params of the conditional-decode step (it always speaks the client's own route)."""
+
+    step: ClassVar[Step] = Step.CONDITIONAL_DECODE
+
+
+StepParams: TypeAlias = EncodeParams | PrefillParams | DecodeParams | ConditionalDecodeParams
+
+_PARAMS_CLASS: Mapping[Step, type[StepParams]] = {
+    Step.ENCODE: EncodeParams,
+    Step.PREFILL: PrefillParams,
+    Step.DECODE: DecodeParams,
+    Step.CONDITIONAL_DECODE: ConditionalDecodeParams,
+}
+
+MIN_VLLM_VERSION: Mapping[OutputMode, str] = {
+    OutputMode.TEXT: "0.32.0",
+    OutputMode.DERENDER: "0.33.0",
+}
+"""The first vLLM release whose generate route honours each ``output_mode`` value."""
+
+
+def _output_mode(value: object, param: str) -> OutputMode:
+    if not isinstance(value, str):
+        msg = f'{param}: expected "text" or "derender", got {describe(value)}'
+        raise ConfigError(msg, param=param)
+    try:
+        mode = OutputMode(value)
+    except ValueError:
+        msg = f'{param}: expected "text" or "derender", got {describe(value)}'
+        raise ConfigError(msg, param=param) from None
+    if mode is OutputMode.TOKENS:
+        text, derender = MIN_VLLM_VERSION[OutputMode.TEXT], MIN_VLLM_VERSION[OutputMode.DERENDER]
+        msg = (
+            f'{param}: "tokens" is refused: decode answers the client, and a tokens answer '
+            f'carries token IDs and no text; use "text" (vLLM >= {text}) '
+            f'or "derender" (vLLM >= {derender})'
+        )
+        raise ConfigError(msg, param=param)
+    return mode
+
+
+def validate_output_mode(value: object = None) -> OutputMode:
+    """Check a decode step's ``output_mode`` at startup; absent (``None``) means ``text``.
+
+    ``"text"`` (vLLM >= 0.32.0) and ``"derender"`` (vLLM >= 0.33.0) are accepted. ``"tokens"``
+    is refused: the decode leg answers the client, and token IDs carry no text. Any other string
+    or a non-string raises :class:`ConfigError`.
+    """
+    if value is None:
+        return OutputMode.TEXT
+    return _output_mode(value, "output_mode")
+
+
+def _bool(value: object, param: str) -> bool:
+    # `"true"` and `1` are refused: YAML quoting mistakes must not flip a leg's route.
+    if not isinstance(value, bool):
+        msg = f"{param}: expected true or false, got {describe(value)}"
+        raise ConfigError(msg, param=param)
+    return value
+
+
+def _placement(value: object, param: str) -> KvTransferPlacement:
+    accepted = ", ".join(f'"{p.value}"' for p in KvTransferPlacement)
+    if isinstance(value, str):
+        try:
+            return KvTransferPlacement(value)
+        except ValueError:
+            pass
+    msg = f"{param}: expected one of {accepted}, got {describe(value)}"
+    raise ConfigError(msg, param=param)
+
+
+_Reader: TypeAlias = Callable[[object, str], object]
+
+_TRUST: Mapping[str, _Reader] = {"trust_client_transfer_params": _bool}
+_FORMAT: Mapping[str, _Reader] = {"use_openai_format": _bool}
+_PLACEMENT: Mapping[str, _Reader] = {"kv_transfer_placement": _placement}
+_READERS: Mapping[Step, Mapping[str, _Reader]] = {
+    Step.ENCODE: {**_FORMAT, **_TRUST},
+    Step.PREFILL: {**_FORMAT, **_PLACEMENT, **_TRUST},
+    Step.DECODE: {
+        **_FORMAT,
+        "output_mode": _output_mode,
+        "wrap_chat_completion": _bool,
+        **_PLACEMENT,
+        **_TRUST,
+    },
+    Step.CONDITIONAL_DECODE: {**_TRUST},
+}
+
+
+def _step(step: object) -> Step:
+    if isinstance(step, str):
+        try:
+            return Step(step)
+        except ValueError:
+            pass
+    accepted = ", ".join(f'"{s.value}"' for s in Step)
+    msg = f"step: expected one of {accepted}, got {describe(step)}"
+    raise ConfigError(msg, param="step")
+
+
+def parse_step_params(step: str, params: Mapping[str, object]) -> StepParams:
+    """Parse one step's params into a frozen :data:`StepParams`.
+
+    Args:
+        step: ``"encode"``, ``"prefill"``, ``"decode"`` or ``"conditional-decode"``.
+        params: the step's mapping from the router's config (may be empty).
+
+    Raises:
+        ConfigError: naming the step, the key and the bad value; ``param`` is ``"<step>.<key>"``.
+    """
+    parsed_step = _step(step)
+    untyped: object = params  # YAML loaders hand over anything; check before trusting the type
+    if not isinstance(untyped, Mapping):
+        msg = f"{parsed_step.value}: params must be a mapping, got {describe(params)}"
+        raise ConfigError(msg, param=parsed_step.value)
+    readers = _READERS[parsed_step]
+    values: dict[str, object] = {}
+    for key, value in untyped.items():
+        param = f"{parsed_step.value}.{key}"
+        if parsed_step is Step.CONDITIONAL_DECODE and key == "use_openai_format":
+            msg = (
+                f"{param}: conditional-decode takes no use_openai_format (got {describe(value)}): "
+                "it probes the client's own route with the body the client sent"
+            )
+            raise ConfigError(msg, param=param)
+        reader = readers.get(key) if isinstance(key, str) else None
+        if reader is None:
+            accepted = ", ".join(sorted(readers))
+            msg = f"{param}: unknown key {describe(key)}; {parsed_step.value} accepts {accepted}"
+            raise ConfigError(msg, param=param)
+        values[key] = reader(value, param)
+    return _PARAMS_CLASS[parsed_step](**values)  # type: ignore[arg-type]
+
+
+def parse_pipeline_params(
+    steps: Mapping[str, Mapping[str, object]],
+    *,
+    use_openai_format: object = None,
+) -> dict[Step, StepParams]:
+    """Parse every step of a pipeline, applying a pipeline-level ``use_openai_format``.
+
+    The pipeline-level flag fills encode, prefill and decode where the step does not set it
+    itself, and is never copied into conditional-decode (which refuses the key).
+
+    Args:
+        steps: step name → that step's params.
+        use_openai_format: the pipeline-level flag, or ``None`` when the config has none.
+    """
+    if use_openai_format is not None:
+        _bool(use_openai_format, "pipeline.use_openai_format")
+    untyped: object = steps  # YAML loaders hand over anything; check before trusting the type
+    if not isinstance(untyped, Mapping):
+        msg = f"pipeline: steps must be a mapping of step name to params, got {describe(steps)}"
+        raise ConfigError(msg, param="pipeline")
+    parsed: dict[Step, StepParams] = {}
+    for name, params in untyped.items():
+        step = _step(name)
+        merged = params
+        if (
+            use_openai_format is not None
+            and step is not Step.CONDITIONAL_DECODE
+            and isinstance(params, Mapping)
+            and "use_openai_format" not in params
+        ):
+            merged = {**params, "use_openai_format": use_openai_format}
+        parsed[step] = parse_step_params(step.value, merged)
+    return parsed

@@ -1,0 +1,49 @@
+"""Routes: which API a path speaks, and which route a leg is sent to."""
+
+from __future__ import annotations
+
+import enum
+
+__all__ = ("Route", "detect_route", "resolve_format")
+
+
+class Route(str, enum.Enum):
+    """An HTTP route a client or a worker speaks; the value is its path."""
+
+    CHAT_COMPLETIONS = "/v1/chat/completions"
+    COMPLETIONS = "/v1/completions"
+    RESPONSES = "/v1/responses"
+    MESSAGES = "/v1/messages"
+    GENERATE = "/inference/v1/generate"
+
+
+# Substring matches, as the llm-d coordinator does; chat is tested before completions because
+# its path contains the completions path.
+_DETECTION_ORDER = (Route.CHAT_COMPLETIONS, Route.COMPLETIONS, Route.RESPONSES, Route.MESSAGES)
+
+
+def detect_route(path: str) -> Route:
+    """Return the route ``path`` belongs to; an unknown path is the generate route.
+
+    The match is by substring, so ``/v1/chat/completions/render`` or a path behind a prefix
+    such as ``/tenant-a/v1/messages`` is recognised.
+    """
+    for route in _DETECTION_ORDER:
+        if route.value in path:
+            return route
+    return Route.GENERATE
+
+
+def resolve_format(use_openai_format: bool, path: str) -> Route:
+    """Return the route a leg for a client on ``path`` is sent to.
+
+    Completions is always honoured (a tokens-in completions client sends ``prompt`` as token
+    IDs on its own route); otherwise ``use_openai_format=False`` sends the leg to the generate
+    route, and ``True`` keeps the client's route.
+    """
+    detected = detect_route(path)
+    if detected is Route.COMPLETIONS:
+        return Route.COMPLETIONS
+    if not use_openai_format:
+        return Route.GENERATE
+    return detected

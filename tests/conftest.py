@@ -1,0 +1,17 @@
+"""Hypothesis profiles for the whole suite, chosen by ``HYPOTHESIS_PROFILE`` (default ``dev``)."""
+
+from __future__ import annotations
+
+import os
+
+from hypothesis import HealthCheck, settings
+
+# "dev" keeps the local loop quick; "ci" runs more examples; "fuzz" is for long runs by hand.
+settings.register_profile("dev", max_examples=60, deadline=None)
+settings.register_profile(
+    "ci", max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.register_profile(
+    "fuzz", max_examples=20_000, deadline=None, suppress_health_check=list(HealthCheck)
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
