@@ -1,0 +1,31 @@
+"""The contract between a client route's field mapper and the generate-leg builder.
+
+Each client route (chat, completions, responses, messages) has a mapper that reads the client's
+body and says what it contributes to a generate leg besides the prompt and the output cap (the cap
+is :func:`disagg_transforms.caps.apply_sampling_caps`' job): the ``sampling_params`` fields, a
+``parse_context`` built from the client's tools, and the client keys it dropped on the documented
+list. A field the generate route cannot honour and that is not on that list is refused with a
+:class:`~disagg_transforms.errors.RequestError` naming it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, TypeAlias
+
+import msgspec
+
+
+class ClientMapping(msgspec.Struct, frozen=True, kw_only=True):
+    """What one client body contributes to a generate leg."""
+
+    sampling_params: dict[str, Any]
+    """Fields for ``sampling_params``, mapped the way vLLM's ``to_sampling_params`` maps them."""
+    parse_context: dict[str, Any] | None = None
+    """Derender parse context built from the client's tools (chat tool shape), if any."""
+    dropped: tuple[str, ...] = ()
+    """Client keys left out of the leg on the documented list (e.g. ``messages``)."""
+
+
+ClientMapper: TypeAlias = Callable[[Mapping[str, Any]], ClientMapping]
+"""Reads a client body (never mutating it); raises ``RequestError`` for a refused field."""
