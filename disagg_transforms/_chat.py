@@ -110,6 +110,8 @@ def finish_fields(value: object, *, streaming: bool, passthrough: bool) -> dict[
     a non-streaming answer) becomes ``"stop"`` and the original is kept in
     ``vllm_finish_reason``; ``null`` in a stream chunk means "not finished yet" and stays.
     """
+    if value is msgspec.UNSET:
+        value = None  # absent reads as null
     if passthrough or value in SDK_FINISH_REASONS or (streaming and value is None):
         return {_wire.FINISH_REASON: value}
     return {_wire.FINISH_REASON: _MAPPED_FINISH_REASON, _wire.VLLM_FINISH_REASON: value}

@@ -73,9 +73,20 @@ class SseParser:
             raise UpstreamContractError(msg, param="$")
         return payloads
 
-    def pending(self) -> bool:
-        """Whether an event (or a line) has started and not ended: the stream stopped mid-event."""
-        return bool(self._data) or bool(self._buf.strip(b"\r\n"))
+    def close(self) -> list[bytes]:
+        r"""End of the stream: return the payload a held final ``\r`` completes, if any.
+
+        Raises:
+            UpstreamContractError: the stream stopped in the middle of an event.
+        """
+        payloads: list[bytes] = []
+        if self._buf == b"\r":  # held back by feed() in case a "\n" followed; none will
+            self._buf.clear()
+            self._line(b"", payloads)
+        if self._data or self._buf:
+            msg = "$: the stream ended in the middle of an event"
+            raise UpstreamContractError(msg, param="$")
+        return payloads
 
     def _line(self, line: bytes, payloads: list[bytes]) -> None:
         if not line:

@@ -34,9 +34,9 @@ from disagg_transforms.errors import UpstreamContractError
 from disagg_transforms.wrap import wrap_chat_completion
 
 __all__ = (
+    "ChatStreamConverter",
     "DEFAULT_MAX_CHOICES",
     "DEFAULT_MAX_EVENT_BYTES",
-    "ChatStreamConverter",
     "single_frame_chat_chunks",
     "single_frame_chat_stream",
 )
@@ -164,7 +164,9 @@ class ChatStreamConverter:
     input bytes, not on how they were split.
 
     Memory per stream is bounded by ``max_event_bytes`` (one event) and ``max_choices``
-    (distinct choice indices). After an error the converter is spent: discard it.
+    (choice indices; a choice that appears before a lower index first gets the lower ones
+    opened with a role-only delta, as vLLM's chat route sends them). After an error the
+    converter is spent: discard it.
 
     Args:
         requested: The leg's ``output_mode``; only ``text`` streams (vLLM 0.33 refuses derender
@@ -182,7 +184,15 @@ class ChatStreamConverter:
         RequestError: the client's ``top_logprobs`` is not an integer >= -1.
     """
 
-    __slots__ = ("_done", "_head", "_max_choices", "_parser", "_passthrough", "_started", "_top")
+    __slots__ = (
+        "_done",
+        "_head",
+        "_max_choices",
+        "_next",
+        "_parser",
+        "_passthrough",
+        "_top",
+    )
 
     def __init__(  # noqa: PLR0913 - keyword-only settings of one stream
         self,
@@ -202,7 +212,7 @@ class ChatStreamConverter:
         self._passthrough = vllm_finish_reasons
         self._parser = SseParser(max_event_bytes=max_event_bytes)
         self._max_choices = max_choices
-        self._started: set[int] = set()
+        self._next = 0  # choices 0.._next-1 have had their role delta
         self._done = False
 
     def feed(self, data: bytes) -> bytes:
@@ -216,7 +226,7 @@ class ChatStreamConverter:
         return b"".join(self._event(payload) for payload in self._parser.feed(data))
 
     def close(self) -> bytes:
-        """End the stream; returns ``b""`` when it ended cleanly with ``[DONE]``.
+        r"""End the stream; returns what a held final ``\r`` completes (usually ``b""``).
 
         Raises:
             UpstreamContractError: the stream stopped mid-event or before ``data: [DONE]``
@@ -224,13 +234,11 @@ class ChatStreamConverter:
                 error event (:func:`~disagg_transforms.errors.openai_error_body`) and
                 ``[DONE]``.
         """
-        if self._parser.pending():
-            msg = "$: the generate stream ended in the middle of an event"
-            raise UpstreamContractError(msg, param="$")
+        tail = b"".join(self._event(payload) for payload in self._parser.close())
         if not self._done:
             msg = "$: the generate stream ended without data: [DONE]"
             raise UpstreamContractError(msg, param="$")
-        return b""
+        return tail
 
     def _event(self, payload: bytes) -> bytes:
         if self._done:
@@ -272,6 +280,24 @@ class ChatStreamConverter:
             raise contract_error(error, f"$.{_wire.USAGE} of a stream chunk") from None
         return usage
 
+    def _start(self, index: int, path: str) -> list[dict[str, Any]]:
+        # Clients (the openai SDK's accumulator among them) expect choice k to appear only
+        # after choices 0..k-1, as vLLM's chat route sends them: open the skipped ones first.
+        if index >= self._max_choices:
+            msg = f"{path}.index: {index} is past the bound of {self._max_choices} choices"
+            raise UpstreamContractError(msg, param=f"{path}.index")
+        opened = [
+            {
+                _wire.INDEX: skipped,
+                _wire.DELTA: {_wire.ROLE: _wire.ASSISTANT, _wire.CONTENT: ""},
+                _wire.LOGPROBS: None,
+                _wire.FINISH_REASON: None,
+            }
+            for skipped in range(self._next, index)
+        ]
+        self._next = index + 1
+        return opened
+
     def _choices(self, choices: list[_StreamChoice]) -> list[dict[str, Any]]:
         built = []
         for position, choice in enumerate(choices):
@@ -280,12 +306,12 @@ class ChatStreamConverter:
                 msg = f"{path}.text: a text-mode stream choice must carry its text delta"
                 raise UpstreamContractError(msg, param=f"{path}.text")
             delta: dict[str, Any] = {}
-            if choice.index not in self._started:
-                if len(self._started) >= self._max_choices:
-                    msg = f"{path}.index: more than {self._max_choices} choices in one stream"
-                    raise UpstreamContractError(msg, param=f"{path}.index")
-                self._started.add(choice.index)
+            if choice.index >= self._next:
+                built.extend(self._start(choice.index, path))
                 delta[_wire.ROLE] = _wire.ASSISTANT
+            elif choice.index < 0:
+                msg = f"{path}.index: expected an integer >= 0, got {choice.index}"
+                raise UpstreamContractError(msg, param=f"{path}.index")
             delta[_wire.CONTENT] = choice.text
             logprobs = None if choice.logprobs is UNSET else choice.logprobs
             if logprobs is not None:
