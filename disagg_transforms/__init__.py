@@ -23,6 +23,7 @@ from disagg_transforms.config import (
     parse_step_params,
     validate_output_mode,
 )
+from disagg_transforms.echo import check_output_mode_echo
 from disagg_transforms.errors import (
     ConfigError,
     DisaggTransformError,
@@ -31,8 +32,15 @@ from disagg_transforms.errors import (
     openai_error_body,
 )
 from disagg_transforms.routes import Route, detect_route, resolve_format
+from disagg_transforms.streaming import (
+    ChatStreamConverter,
+    single_frame_chat_chunks,
+    single_frame_chat_stream,
+)
+from disagg_transforms.wrap import wrap_chat_completion
 
 __all__ = [
+    "ChatStreamConverter",
     "ConditionalDecodeParams",
     "ConfigError",
     "DecodeParams",
@@ -47,12 +55,16 @@ __all__ = [
     "Step",
     "StepParams",
     "UpstreamContractError",
+    "check_output_mode_echo",
     "detect_route",
     "openai_error_body",
     "parse_pipeline_params",
     "parse_step_params",
     "resolve_format",
+    "single_frame_chat_chunks",
+    "single_frame_chat_stream",
     "validate_output_mode",
+    "wrap_chat_completion",
 ]
 
 

@@ -77,3 +77,9 @@ ERROR: Final = "error"
 ASSISTANT: Final = "assistant"
 CHAT_COMPLETION_OBJECT: Final = "chat.completion"
 CHAT_COMPLETION_CHUNK_OBJECT: Final = "chat.completion.chunk"
+
+# Response side (chat envelopes rebuilt from generate answers).
+VLLM_FINISH_REASON: Final = "vllm_finish_reason"
+GENERATE_ID_PREFIX: Final = "generate-tokens-"
+CHAT_COMPLETION_ID_PREFIX: Final = "chatcmpl-"
+SSE_DONE: Final = b"[DONE]"

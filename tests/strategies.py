@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from hypothesis import strategies as st
@@ -54,3 +55,152 @@ paths = st.text() | st.sampled_from(
         "",
     ]
 )
+
+# --------------------------------------------------------------------------------------------
+# Response side: generate responses (text / derender) and generate SSE streams (issue 4)
+
+GENERATE_ONLY_TOP_KEYS = (
+    "request_id",
+    "output_mode",
+    "kv_transfer_params",
+    "ec_transfer_params",
+    "prompt_token_ids",
+    "prompt_token_id_logprobs",
+    "mm_placeholders",
+    "metrics",
+)
+GENERATE_ONLY_CHOICE_KEYS = ("token_ids", "weight_versions", "routed_experts", "sampling_mask")
+VLLM_FINISH_REASONS = ("stop", "length", "tool_calls", "abort", "repetition")
+
+_tokens = st.text(max_size=6)
+_logprob = st.floats(min_value=-50, max_value=0)
+
+
+@st.composite
+def chat_logprobs(draw: st.DrawFn) -> dict[str, Any]:
+    """Chat-shaped logprobs, top lists longer than a client usually asks (as vLLM sends)."""
+    entries = []
+    for _ in range(draw(st.integers(0, 3))):
+        tops = [
+            {"token": draw(_tokens), "logprob": draw(_logprob), "bytes": None}
+            for _ in range(draw(st.integers(0, 4)))
+        ]
+        entries.append(
+            {"token": draw(_tokens), "logprob": draw(_logprob), "bytes": [1], "top_logprobs": tops}
+        )
+    return {"content": entries}
+
+
+_tool_calls = st.lists(
+    st.fixed_dictionaries(
+        {
+            "id": st.text(min_size=1, max_size=8),
+            "type": st.just("function"),
+            "function": st.fixed_dictionaries(
+                {"name": st.text(min_size=1, max_size=8), "arguments": st.text(max_size=12)}
+            ),
+        }
+    ),
+    min_size=1,
+    max_size=3,
+)
+
+# Unknown keys a newer vLLM could add; the names never collide with a chat field.
+_extra_fields = st.dictionaries(st.sampled_from(["x_new", "y_future", "z_more"]), json_values)
+
+
+@st.composite
+def generate_messages(draw: st.DrawFn) -> dict[str, Any]:
+    """A derendered assistant message: content, reasoning, tool calls, unknown keys."""
+    message: dict[str, Any] = {"role": "assistant", "content": draw(st.none() | st.text())}
+    if draw(st.booleans()):
+        message["reasoning"] = draw(st.none() | st.text())
+    if draw(st.booleans()):
+        message["tool_calls"] = draw(_tool_calls)
+    if draw(st.booleans()):
+        message["x_parser_note"] = draw(json_values)
+    return message
+
+
+@st.composite
+def generate_responses(draw: st.DrawFn, mode: str) -> dict[str, Any]:
+    """A valid non-streaming generate response in ``mode`` ("text" or "derender")."""
+    n = draw(st.integers(1, 4))
+    indices = draw(st.permutations(list(range(n))))
+    choices = []
+    for index in indices:
+        choice: dict[str, Any] = {
+            "index": index,
+            "finish_reason": draw(st.sampled_from(VLLM_FINISH_REASONS)),
+            "stop_reason": draw(st.none() | st.integers(0, 10) | st.text(max_size=3)),
+            "token_ids": draw(st.lists(st.integers(0, 2**31), max_size=4)),
+            "routed_experts": None,
+            "sampling_mask": None,
+            "weight_versions": [{"version": "v1", "start": 0, "end": 1}],
+            "logprobs": draw(st.none() | chat_logprobs()),
+        }
+        if mode == "text":
+            choice["text"] = draw(st.text())
+        else:
+            choice["message"] = draw(generate_messages())
+        choice.update(draw(_extra_fields))
+        choices.append(choice)
+    response: dict[str, Any] = {
+        "request_id": draw(st.sampled_from(["generate-tokens-chatcmpl-", "chatcmpl-", ""]))
+        + draw(st.text(max_size=8)),
+        "model": draw(st.none() | st.text(min_size=1, max_size=10)),
+        "created": draw(st.none() | st.integers(0, 2**40)),
+        "usage": {"prompt_tokens": 3, "total_tokens": 5, "completion_tokens": 2},
+        "prompt_logprobs": None,
+        "prompt_token_id_logprobs": None,
+        "prompt_token_ids": draw(st.none() | st.lists(st.integers(0, 99), max_size=3)),
+        "mm_placeholders": None,
+        "metrics": draw(st.none() | st.just({"queue_time_ms": 1.0})),
+        "kv_transfer_params": draw(st.none() | st.just({"remote_host": "10.0.0.1"})),
+        "ec_transfer_params": None,
+        "output_mode": mode,
+        "choices": choices,
+    }
+    response.update(draw(_extra_fields))
+    return response
+
+
+@st.composite
+def generate_text_streams(draw: st.DrawFn) -> bytes:
+    """A valid text-mode generate SSE stream: interleaved choices, usage chunk, ``[DONE]``."""
+    n = draw(st.integers(1, 3))
+    pending = {
+        index: draw(st.lists(st.text(max_size=5), min_size=1, max_size=3)) for index in range(n)
+    }
+    events: list[dict[str, Any]] = []
+    while pending:
+        index = draw(st.sampled_from(sorted(pending)))
+        text = pending[index].pop(0)
+        last = not pending[index]
+        if last:
+            del pending[index]
+        choice = {
+            "index": index,
+            "finish_reason": draw(st.sampled_from(VLLM_FINISH_REASONS)) if last else None,
+            "stop_reason": None,
+            "token_ids": [7],
+            "text": text,
+            "logprobs": draw(st.none() | chat_logprobs()),
+        }
+        events.append(
+            {"request_id": "generate-tokens-r", "output_mode": "text", "choices": [choice]}
+        )
+    if draw(st.booleans()):
+        events.append(
+            {
+                "request_id": "generate-tokens-r",
+                "usage": {"prompt_tokens": 1, "total_tokens": 2, "completion_tokens": 1},
+                "output_mode": "text",
+                "choices": [],
+            }
+        )
+    separator = draw(st.sampled_from([b"\n\n", b"\r\n\r\n", b"\r\r"]))
+    body = b"".join(
+        b"data: " + json.dumps(event, ensure_ascii=False).encode() + separator for event in events
+    )
+    return body + b"data: [DONE]" + separator
