@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from importlib.metadata import version as _metadata_version
 
+from disagg_transforms.anthropic import THINKING_SIGNATURE, wrap_anthropic_message
 from disagg_transforms.config import (
     MIN_VLLM_VERSION,
     ConditionalDecodeParams,
@@ -30,6 +31,7 @@ from disagg_transforms.errors import (
     UpstreamContractError,
     openai_error_body,
 )
+from disagg_transforms.responses_api import wrap_responses_response
 from disagg_transforms.routes import Route, detect_route, resolve_format
 
 __all__ = [
@@ -46,6 +48,7 @@ __all__ = [
     "Route",
     "Step",
     "StepParams",
+    "THINKING_SIGNATURE",
     "UpstreamContractError",
     "detect_route",
     "openai_error_body",
@@ -53,6 +56,8 @@ __all__ = [
     "parse_step_params",
     "resolve_format",
     "validate_output_mode",
+    "wrap_anthropic_message",
+    "wrap_responses_response",
 ]
 
 
