@@ -32,65 +32,55 @@ def client_object(body: object) -> Mapping[str, Any]:
     return body
 
 
-def number(body: Mapping[str, Any], key: str) -> float | int | None:
-    """A JSON number (``bool`` refused: it is an ``int`` to Python, not to JSON)."""
+def _typed(
+    body: Mapping[str, Any], key: str, path: str | None, kinds: tuple[type, ...], what: str
+) -> Any:  # noqa: ANN401 - the callers narrow the value to the kinds they asked for
     value = body.get(key)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise refuse(value, "expected a number", at=f"$.{key}")
+    # bool is an int to Python but not a number to JSON.
+    if value is not None and (
+        not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds)
+    ):
+        raise refuse(value, f"expected {what}", at=path or f"$.{key}")
+    return value
+
+
+def number(body: Mapping[str, Any], key: str) -> float | int | None:
+    """A JSON number."""
+    value: float | int | None = _typed(body, key, None, (int, float), "a number")
     return value
 
 
 def integer(body: Mapping[str, Any], key: str) -> int | None:
     """A JSON integer; a whole-number float such as ``20.0`` is read as 20, as vLLM does."""
-    value = body.get(key)
-    if value is None:
-        return None
-    if isinstance(value, float) and value.is_integer():
+    value = number(body, key)
+    if isinstance(value, float):
+        if not value.is_integer():
+            raise refuse(value, "expected an integer", at=f"$.{key}")
         return int(value)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise refuse(value, "expected an integer", at=f"$.{key}")
     return value
 
 
 def boolean(body: Mapping[str, Any], key: str) -> bool | None:
     """A JSON boolean."""
-    value = body.get(key)
-    if value is None:
-        return None
-    if not isinstance(value, bool):
-        raise refuse(value, "expected a boolean", at=f"$.{key}")
+    value: bool | None = _typed(body, key, None, (bool,), "a boolean")
     return value
 
 
 def string(body: Mapping[str, Any], key: str, path: str | None = None) -> str | None:
     """A JSON string."""
-    value = body.get(key)
-    if value is None:
-        return None
-    if not isinstance(value, str):
-        raise refuse(value, "expected a string", at=path or f"$.{key}")
+    value: str | None = _typed(body, key, path, (str,), "a string")
     return value
 
 
 def obj(body: Mapping[str, Any], key: str, path: str | None = None) -> Mapping[str, Any] | None:
     """A JSON object."""
-    value = body.get(key)
-    if value is None:
-        return None
-    if not isinstance(value, Mapping):
-        raise refuse(value, "expected an object", at=path or f"$.{key}")
+    value: Mapping[str, Any] | None = _typed(body, key, path, (Mapping,), "an object")
     return value
 
 
 def array(body: Mapping[str, Any], key: str) -> list[Any] | None:
     """A JSON array."""
-    value = body.get(key)
-    if value is None:
-        return None
-    if not isinstance(value, list):
-        raise refuse(value, "expected an array", at=f"$.{key}")
+    value: list[Any] | None = _typed(body, key, None, (list,), "an array")
     return value
 
 
@@ -176,6 +166,44 @@ def parse_context(
     if chat_template_kwargs:
         context[w.CHAT_TEMPLATE_KWARGS] = dict(chat_template_kwargs)
     return context or None
+
+
+def tool_objects(body: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]] | None:
+    """The client's ``tools`` as ``($.tools[i], tool)`` pairs, each checked to be an object."""
+    tools = array(body, w.TOOLS)
+    if tools is None:
+        return None
+    pairs = []
+    for index, tool in enumerate(tools):
+        path = f"$.tools[{index}]"
+        if not isinstance(tool, Mapping):
+            raise refuse(tool, "expected a tool object", at=path)
+        pairs.append((path, tool))
+    return pairs
+
+
+def json_schema_output(fmt: Mapping[str, Any], path: str) -> dict[str, Any]:
+    """``structured_outputs`` for a ``{type: "json_schema", schema}`` format at ``path``."""
+    schema = obj(fmt, w.SCHEMA, f"{path}.schema")
+    if schema is None:
+        raise refuse(None, "a json_schema format needs a schema", at=f"{path}.schema")
+    return {w.JSON_KEY: schema}
+
+
+LEG_KEYS = frozenset(
+    {
+        w.MODEL,
+        w.STREAM,
+        w.STREAM_OPTIONS,
+        w.REQUEST_ID,
+        w.CACHE_SALT,
+        w.PRIORITY,
+        w.RETURN_TOKEN_IDS,
+        w.KV_TRANSFER_PARAMS,
+        w.EC_TRANSFER_PARAMS,
+    }
+)
+"""Keys the leg builder carries itself: neither mapped nor dropped by a mapper."""
 
 
 def leftover_keys(body: Mapping[str, Any], consumed: frozenset[str]) -> tuple[str, ...]:

@@ -16,20 +16,7 @@ from disagg_transforms import _map_fields as f
 from disagg_transforms import _wire as w
 from disagg_transforms._client_map import ClientMapping
 
-_LEG_KEYS = frozenset(
-    {
-        w.MODEL,
-        w.STREAM,
-        w.STREAM_OPTIONS,
-        w.REQUEST_ID,
-        w.CACHE_SALT,
-        w.PRIORITY,
-        w.RETURN_TOKEN_IDS,
-        w.KV_TRANSFER_PARAMS,
-        w.EC_TRANSFER_PARAMS,
-        w.MAX_TOKENS,
-    }
-)
+_LEG_KEYS = f.LEG_KEYS | {w.MAX_TOKENS}  # the cap is apply_sampling_caps' to move
 _MAPPED = frozenset(
     {
         w.TEMPERATURE,
@@ -95,24 +82,18 @@ def _map_output_config(
             raise f.refuse(
                 fmt.get(w.TYPE), 'expected "json_schema"', at="$.output_config.format.type"
             )
-        schema = f.obj(fmt, w.SCHEMA, "$.output_config.format.schema")
-        if schema is None:
-            raise f.refuse(None, "a json_schema needs a schema", at="$.output_config.format.schema")
-        sampling[w.STRUCTURED_OUTPUTS] = {w.JSON_KEY: schema}
+        sampling[w.STRUCTURED_OUTPUTS] = f.json_schema_output(fmt, "$.output_config.format")
     effort = f.string(config, w.EFFORT, "$.output_config.effort")
     if effort is not None:
         kwargs.setdefault(w.REASONING_EFFORT, effort)
 
 
 def _tools(body: Mapping[str, Any]) -> list[dict[str, Any]] | None:
-    tools = f.array(body, w.TOOLS)
+    tools = f.tool_objects(body)
     if tools is None:
         return None
     converted = []
-    for index, tool in enumerate(tools):
-        path = f"$.tools[{index}]"
-        if not isinstance(tool, Mapping):
-            raise f.refuse(tool, "expected a tool object", at=path)
+    for path, tool in tools:
         kind = tool.get(w.TYPE)
         if kind not in (None, w.CUSTOM):
             raise f.refuse(

@@ -16,21 +16,7 @@ from disagg_transforms import _map_fields as f
 from disagg_transforms import _wire as w
 from disagg_transforms._client_map import ClientMapping
 
-# Read by the cap relocation or the leg builder: neither mapped here nor dropped.
-_LEG_KEYS = frozenset(
-    {
-        w.MODEL,
-        w.STREAM,
-        w.STREAM_OPTIONS,
-        w.REQUEST_ID,
-        w.CACHE_SALT,
-        w.PRIORITY,
-        w.RETURN_TOKEN_IDS,
-        w.KV_TRANSFER_PARAMS,
-        w.EC_TRANSFER_PARAMS,
-        w.MAX_OUTPUT_TOKENS,
-    }
-)
+_LEG_KEYS = f.LEG_KEYS | {w.MAX_OUTPUT_TOKENS}  # the cap is apply_sampling_caps' to move
 _MAPPED = frozenset(
     {
         w.TEMPERATURE,
@@ -136,10 +122,7 @@ def _map_structured_outputs(body: Mapping[str, Any], sampling: dict[str, Any]) -
         return
     kind = fmt.get(w.TYPE)
     if kind == w.JSON_SCHEMA:
-        schema = f.obj(fmt, w.SCHEMA, "$.text.format.schema")
-        if schema is None:
-            raise f.refuse(None, "a json_schema format needs a schema", at="$.text.format.schema")
-        sampling[w.STRUCTURED_OUTPUTS] = {w.JSON_KEY: schema}
+        sampling[w.STRUCTURED_OUTPUTS] = f.json_schema_output(fmt, "$.text.format")
     elif kind == w.JSON_OBJECT:
         sampling[w.STRUCTURED_OUTPUTS] = {w.JSON_OBJECT: True}
     elif kind != w.TEXT:
@@ -149,14 +132,11 @@ def _map_structured_outputs(body: Mapping[str, Any], sampling: dict[str, Any]) -
 
 
 def _tools(body: Mapping[str, Any]) -> list[dict[str, Any]] | None:
-    tools = f.array(body, w.TOOLS)
+    tools = f.tool_objects(body)
     if tools is None:
         return None
     converted = []
-    for index, tool in enumerate(tools):
-        path = f"$.tools[{index}]"
-        if not isinstance(tool, Mapping):
-            raise f.refuse(tool, "expected a tool object", at=path)
+    for path, tool in tools:
         if tool.get(w.TYPE) != w.FUNCTION:
             raise f.refuse(
                 tool.get(w.TYPE),
