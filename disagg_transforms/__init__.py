@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from importlib.metadata import version as _metadata_version
 
+from disagg_transforms.anthropic import THINKING_SIGNATURE, wrap_anthropic_message
 from disagg_transforms.config import (
     MIN_VLLM_VERSION,
     ConditionalDecodeParams,
@@ -31,6 +32,7 @@ from disagg_transforms.errors import (
     UpstreamContractError,
     openai_error_body,
 )
+from disagg_transforms.responses_api import wrap_responses_response
 from disagg_transforms.routes import Route, detect_route, resolve_format
 from disagg_transforms.streaming import (
     ChatStreamConverter,
@@ -54,6 +56,7 @@ __all__ = [
     "Route",
     "Step",
     "StepParams",
+    "THINKING_SIGNATURE",
     "UpstreamContractError",
     "check_output_mode_echo",
     "detect_route",
@@ -64,7 +67,9 @@ __all__ = [
     "single_frame_chat_chunks",
     "single_frame_chat_stream",
     "validate_output_mode",
+    "wrap_anthropic_message",
     "wrap_chat_completion",
+    "wrap_responses_response",
 ]
 
 

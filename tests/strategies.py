@@ -204,3 +204,137 @@ def generate_text_streams(draw: st.DrawFn) -> bytes:
         b"data: " + json.dumps(event, ensure_ascii=False).encode() + separator for event in events
     )
     return body + b"data: [DONE]" + separator
+
+
+# Generate responses for the Responses / Anthropic envelopes, and their client bodies.
+
+FINISH_REASONS = ["stop", "length", "tool_calls", "abort", "repetition"]
+
+_ids = st.text("abcdefghijklmnopqrstuvwxyz0123456789-_", min_size=1, max_size=16)
+_counts = st.integers(min_value=0, max_value=2**31)
+
+_generate_usage = st.fixed_dictionaries(
+    {"prompt_tokens": _counts, "completion_tokens": _counts, "total_tokens": _counts},
+    optional={
+        "prompt_tokens_details": st.none() | st.fixed_dictionaries({"cached_tokens": _counts}),
+        "completion_tokens_details": st.none()
+        | st.fixed_dictionaries({"reasoning_tokens": _counts}),
+    },
+)
+
+# Fields a generate response carries that no client envelope may show.
+_generate_only_extras = st.fixed_dictionaries(
+    {},
+    optional={
+        "prompt_token_ids": st.none() | st.lists(st.integers(0, 2**20), max_size=4),
+        "metrics": st.none() | st.fixed_dictionaries({"ttft": st.floats(0, 10)}),
+        "kv_transfer_params": st.none() | st.fixed_dictionaries({"remote_engine_id": _ids}),
+        "ec_transfer_params": st.none(),
+        "mm_placeholders": st.none(),
+        "prompt_logprobs": st.none(),
+        "prompt_token_id_logprobs": st.none(),
+        "vllm_future_field": json_values,
+    },
+)
+
+_choice_extras = st.fixed_dictionaries(
+    {"token_ids": st.lists(st.integers(0, 2**20), max_size=4)},
+    optional={
+        "weight_versions": st.none(),
+        "routed_experts": st.none(),
+        "sampling_mask": st.none(),
+        "vllm_future_choice_field": json_values,
+    },
+)
+
+json_object_args = st.dictionaries(st.text(max_size=8), json_values, max_size=4).map(json.dumps)
+
+_tool_call = st.fixed_dictionaries(
+    {
+        "id": _ids,
+        "type": st.just("function"),
+        "function": st.fixed_dictionaries(
+            {"name": st.text(min_size=1, max_size=12), "arguments": json_object_args}
+        ),
+    }
+)
+
+
+def _response(mode: str, choice: st.SearchStrategy[dict[str, Any]]) -> st.SearchStrategy[Any]:
+    def build(parts: tuple[Any, ...]) -> dict[str, Any]:
+        request_id, model, created, usage, extras, one_choice, choice_extras = parts
+        return {
+            "request_id": "generate-tokens-" + request_id,
+            "model": model,
+            "created": created,
+            "usage": usage,
+            **extras,
+            "output_mode": mode,
+            "choices": [{**choice_extras, **one_choice}],
+        }
+
+    return st.tuples(
+        _ids,
+        st.text(min_size=1, max_size=20),
+        st.integers(0, 2**33),
+        _generate_usage,
+        _generate_only_extras,
+        choice,
+        _choice_extras,
+    ).map(build)
+
+
+_finish = st.fixed_dictionaries(
+    {
+        "index": st.just(0),
+        "finish_reason": st.sampled_from(FINISH_REASONS),
+        "stop_reason": st.none() | st.integers(0, 2**20) | st.text(max_size=4),
+    }
+)
+
+generate_text_responses = _response(
+    "text",
+    st.tuples(_finish, st.text()).map(lambda parts: {**parts[0], "text": parts[1]}),
+)
+
+_derender_message = st.fixed_dictionaries(
+    {"role": st.just("assistant"), "content": st.none() | st.text()},
+    optional={
+        "reasoning": st.none() | st.text(),
+        "tool_calls": st.lists(_tool_call, min_size=1, max_size=3),
+        "refusal": st.none(),
+        "annotations": st.none(),
+        "audio": st.none(),
+        "function_call": st.none(),
+    },
+)
+
+generate_derender_responses = _response(
+    "derender",
+    st.tuples(_finish, _derender_message).map(lambda parts: {**parts[0], "message": parts[1]}),
+)
+
+# (response, output_mode value)
+generate_envelope_responses = generate_text_responses.map(lambda r: (r, "text")) | (
+    generate_derender_responses.map(lambda r: (r, "derender"))
+)
+
+_responses_keys = [
+    "model", "input", "instructions", "temperature", "top_p", "top_k", "seed", "stop",
+    "tools", "tool_choice", "parallel_tool_calls", "reasoning", "text", "include",
+    "top_logprobs", "previous_response_id", "conversation", "background", "store",
+    "structured_outputs", "vllm_xargs", "logit_bias", "metadata", "max_output_tokens",
+]  # fmt: skip
+_messages_keys = [
+    "model", "messages", "system", "max_tokens", "temperature", "top_p", "top_k",
+    "stop_sequences", "tools", "tool_choice", "thinking", "output_config", "metadata",
+    "chat_template_kwargs", "stream",
+]  # fmt: skip
+
+
+def _client_bodies(keys: list[str]) -> st.SearchStrategy[dict[str, Any]]:
+    return st.dictionaries(st.sampled_from(keys) | st.text(max_size=8), json_values, max_size=8)
+
+
+responses_client_bodies = _client_bodies(_responses_keys)
+messages_client_bodies = _client_bodies(_messages_keys)
