@@ -54,3 +54,8 @@ paths = st.text() | st.sampled_from(
         "",
     ]
 )
+
+# Hooks: bodies a pipeline runs over (JSON objects, possibly with tuples and shared subtrees).
+json_objects: st.SearchStrategy[dict[str, Any]] = st.dictionaries(
+    st.text(max_size=8), json_values | st.tuples(json_values, json_values), max_size=6
+)
