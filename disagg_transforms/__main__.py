@@ -72,14 +72,20 @@ def _read_bytes(source: str) -> bytes:
         raise _CliError(msg) from None
 
 
-def _read_json(source: str) -> object:
-    """Parse the JSON document in a file or on stdin (``-``); a failure is a `_CliError`."""
+def _decode(
+    source: str, kind: str, loads: Callable[[bytes], object], errors: type[Exception]
+) -> object:
     data = _read_bytes(source)
     try:
-        return orjson.loads(data)
-    except orjson.JSONDecodeError as exc:
-        msg = f"{_source_name(source)}: not valid JSON: {_one_line(exc)}"
+        return loads(data)
+    except errors as exc:
+        msg = f"{_source_name(source)}: not valid {kind}: {_one_line(exc)}"
         raise _CliError(msg) from None
+
+
+def _read_json(source: str) -> object:
+    """Parse the JSON document in a file or on stdin (``-``); a failure is a `_CliError`."""
+    return _decode(source, "JSON", orjson.loads, orjson.JSONDecodeError)
 
 
 def _read_yaml(source: str) -> object:
@@ -91,12 +97,7 @@ def _read_yaml(source: str) -> object:
             "or give the config as JSON"
         )
         raise _CliError(msg) from None
-    data = _read_bytes(source)
-    try:
-        return yaml.safe_load(data)
-    except yaml.YAMLError as exc:
-        msg = f"{_source_name(source)}: not valid YAML: {_one_line(exc)}"
-        raise _CliError(msg) from None
+    return _decode(source, "YAML", yaml.safe_load, yaml.YAMLError)
 
 
 def _read_config(source: str, fmt: str) -> object:
