@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 # JSON scalars as a client could send them (no NaN: JSON has none; the hostile strategies
 # below add those literals on purpose).
-json_scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text()
+json_scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text()
 
 json_values: st.SearchStrategy[Any] = st.recursive(
     json_scalars,
@@ -338,3 +338,7 @@ def _client_bodies(keys: list[str]) -> st.SearchStrategy[dict[str, Any]]:
 
 responses_client_bodies = _client_bodies(_responses_keys)
 messages_client_bodies = _client_bodies(_messages_keys)
+# Hooks: bodies a pipeline runs over (JSON objects, possibly with tuples and shared subtrees).
+json_objects: st.SearchStrategy[dict[str, Any]] = st.dictionaries(
+    st.text(max_size=8), json_values | st.tuples(json_values, json_values), max_size=6
+)
