@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from importlib.metadata import version as _metadata_version
 
+from disagg_transforms.caps import TOP_LEVEL_CAPS, apply_sampling_caps, apply_single_token_cap
 from disagg_transforms.config import (
     MIN_VLLM_VERSION,
     ConditionalDecodeParams,
@@ -30,15 +31,24 @@ from disagg_transforms.errors import (
     UpstreamContractError,
     openai_error_body,
 )
+from disagg_transforms.legs import (
+    DecodeLeg,
+    Leg,
+    build_decode_request,
+    build_encode_request,
+    build_prefill_request,
+)
 from disagg_transforms.routes import Route, detect_route, resolve_format
 
 __all__ = [
     "ConditionalDecodeParams",
     "ConfigError",
+    "DecodeLeg",
     "DecodeParams",
     "DisaggTransformError",
     "EncodeParams",
     "KvTransferPlacement",
+    "Leg",
     "MIN_VLLM_VERSION",
     "OutputMode",
     "PrefillParams",
@@ -46,7 +56,13 @@ __all__ = [
     "Route",
     "Step",
     "StepParams",
+    "TOP_LEVEL_CAPS",
     "UpstreamContractError",
+    "apply_sampling_caps",
+    "apply_single_token_cap",
+    "build_decode_request",
+    "build_encode_request",
+    "build_prefill_request",
     "detect_route",
     "openai_error_body",
     "parse_pipeline_params",

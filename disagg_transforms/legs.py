@@ -110,15 +110,17 @@ def _router_object(value: object, name: str) -> Mapping[str, Any] | None:
     return None if value is None else _validate.mapping(value, f"$.{name}")
 
 
-def _take_transfer(body: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
+def _take_transfer(
+    body: Mapping[str, Any],
+) -> tuple[dict[str, Any], dict[str, tuple[object, str]], list[str]]:
     """Remove every transfer param from a body: (cleaned body, values found, where found).
 
     Looked for at the top level, in ``sampling_params.extra_args`` and in ``vllm_xargs`` (which
-    vLLM turns into ``extra_args``): any of them would steer a worker. A top-level value is
-    preferred over a nested one.
+    vLLM turns into ``extra_args``): any of them would steer a worker. A value found is kept with
+    its JSON path; a top-level value is preferred over a nested one.
     """
     result = {k: v for k, v in body.items() if k not in _TRANSFER_KEYS}
-    found = {k: body[k] for k in _TRANSFER_KEYS if body.get(k) is not None}
+    found = {k: (body[k], f"$.{k}") for k in _TRANSFER_KEYS if body.get(k) is not None}
     where = [k for k in _TRANSFER_KEYS if k in body]
     for outer, inner in ((w.SAMPLING_PARAMS, w.EXTRA_ARGS), (w.VLLM_XARGS, None)):
         container = _validate.optional_mapping(body, outer, "$")
@@ -135,7 +137,7 @@ def _take_transfer(body: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, A
             if key in args:
                 where.append(f"{path}.{key}")
                 if args[key] is not None:
-                    found.setdefault(key, args[key])
+                    found.setdefault(key, (args[key], f"$.{path}.{key}"))
         cleaned = {k: v for k, v in args.items() if k not in _TRANSFER_KEYS}
         result[outer] = cleaned if inner is None else {**container, inner: cleaned}
     return result, found, where
@@ -150,7 +152,11 @@ def _transfer(
 ) -> tuple[dict[str, Any], _Transfer]:
     """Strip the client's transfer params and decide the ones the leg carries (router's win)."""
     cleaned, found, where = _take_transfer(body)
-    client = found if trusted else {}
+    client = (
+        {key: _validate.mapping(value, path) for key, (value, path) in found.items()}
+        if trusted
+        else {}
+    )
     final_kv = kv if kv is not None else client.get(w.KV_TRANSFER_PARAMS)
     final_ec = ec or client.get(w.EC_TRANSFER_PARAMS)
     stripped = () if trusted else tuple(where)
