@@ -13,7 +13,7 @@ carries itself (:data:`CARRIED`).
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from disagg_transforms import _validate
@@ -205,16 +205,23 @@ _COMPLETIONS_USED = frozenset(
 )
 
 
+def _sampling(
+    body: Mapping[str, Any], logprobs: Callable[[Mapping[str, Any], dict[str, Any]], None]
+) -> dict[str, Any]:
+    """The ``sampling_params`` fields of a chat or completions body (they differ in logprobs)."""
+    _refuse_unhonoured(body)
+    sampling = _copied_fields(body)
+    logprobs(body, sampling)
+    _structured_outputs(body, sampling)
+    _extra_args(body, sampling)
+    return sampling
+
+
 def map_chat_request(body: Mapping[str, Any]) -> ClientMapping:
     """Map a chat-completions body's sampling fields and tools (see ``docs/request-legs.md``)."""
     body = _validate.mapping(body, "$")
-    _refuse_unhonoured(body)
-    sampling = _copied_fields(body)
-    _chat_logprobs(body, sampling)
-    _structured_outputs(body, sampling)
-    _extra_args(body, sampling)
     return ClientMapping(
-        sampling_params=sampling,
+        sampling_params=_sampling(body, _chat_logprobs),
         parse_context=_parse_context(body),
         dropped=_dropped(body, _CHAT_USED),
     )
@@ -223,12 +230,10 @@ def map_chat_request(body: Mapping[str, Any]) -> ClientMapping:
 def map_completions_request(body: Mapping[str, Any]) -> ClientMapping:
     """Map a completions body's sampling fields (``logprobs`` is already a count there)."""
     body = _validate.mapping(body, "$")
-    _refuse_unhonoured(body)
-    sampling = _copied_fields(body)
-    _completions_logprobs(body, sampling)
-    _structured_outputs(body, sampling)
-    _extra_args(body, sampling)
-    return ClientMapping(sampling_params=sampling, dropped=_dropped(body, _COMPLETIONS_USED))
+    return ClientMapping(
+        sampling_params=_sampling(body, _completions_logprobs),
+        dropped=_dropped(body, _COMPLETIONS_USED),
+    )
 
 
 def map_caps_only(body: Mapping[str, Any]) -> ClientMapping:
