@@ -10,6 +10,7 @@ from __future__ import annotations
 from importlib.metadata import version as _metadata_version
 
 from disagg_transforms.anthropic import THINKING_SIGNATURE, wrap_anthropic_message
+from disagg_transforms.caps import TOP_LEVEL_CAPS, apply_sampling_caps, apply_single_token_cap
 from disagg_transforms.config import (
     MIN_VLLM_VERSION,
     ConditionalDecodeParams,
@@ -43,6 +44,13 @@ from disagg_transforms.hooks import (
     available_transforms,
     load_transforms,
 )
+from disagg_transforms.legs import (
+    DecodeLeg,
+    Leg,
+    build_decode_request,
+    build_encode_request,
+    build_prefill_request,
+)
 from disagg_transforms.responses_api import wrap_responses_response
 from disagg_transforms.routes import Route, detect_route, resolve_format
 from disagg_transforms.streaming import (
@@ -56,11 +64,13 @@ __all__ = [
     "ChatStreamConverter",
     "ConditionalDecodeParams",
     "ConfigError",
+    "DecodeLeg",
     "DecodeParams",
     "DisaggTransformError",
     "ENTRY_POINT_GROUP",
     "EncodeParams",
     "KvTransferPlacement",
+    "Leg",
     "MIN_VLLM_VERSION",
     "OutputMode",
     "Pipeline",
@@ -73,10 +83,16 @@ __all__ = [
     "Step",
     "StepParams",
     "THINKING_SIGNATURE",
+    "TOP_LEVEL_CAPS",
     "TransformContext",
     "TransformError",
     "UpstreamContractError",
+    "apply_sampling_caps",
+    "apply_single_token_cap",
     "available_transforms",
+    "build_decode_request",
+    "build_encode_request",
+    "build_prefill_request",
     "check_output_mode_echo",
     "detect_route",
     "load_transforms",
