@@ -9,7 +9,13 @@ from hypothesis import strategies as st
 
 # JSON scalars as a client could send them (no NaN: JSON has none; the hostile strategies
 # below add those literals on purpose).
-json_scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text()
+json_scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text()
+)
 
 json_values: st.SearchStrategy[Any] = st.recursive(
     json_scalars,
@@ -342,3 +348,38 @@ messages_client_bodies = _client_bodies(_messages_keys)
 json_objects: st.SearchStrategy[dict[str, Any]] = st.dictionaries(
     st.text(max_size=8), json_values | st.tuples(json_values, json_values), max_size=6
 )
+
+
+# --------------------------------------------------------------------------------------------
+# Text-mode generate streams of one choice (Responses / Anthropic streaming clients, issue 5).
+
+
+@st.composite
+def single_choice_text_streams(draw: st.DrawFn) -> bytes:
+    """A valid one-choice text-mode generate SSE stream: deltas, maybe an error, ``[DONE]``."""
+    texts = draw(st.lists(st.text(max_size=5), min_size=1, max_size=4))
+    usage = {"prompt_tokens": 3, "total_tokens": 3 + len(texts), "completion_tokens": len(texts)}
+    events: list[dict[str, Any]] = []
+    for position, text in enumerate(texts):
+        last = position == len(texts) - 1
+        choice = {
+            "index": 0,
+            "finish_reason": draw(st.sampled_from(VLLM_FINISH_REASONS)) if last else None,
+            "stop_reason": draw(st.none() | st.text(max_size=3)) if last else None,
+            "token_ids": [7],
+            "text": text,
+            "logprobs": draw(st.none() | chat_logprobs()),
+        }
+        event = {"request_id": "generate-tokens-r", "output_mode": "text", "choices": [choice]}
+        if draw(st.booleans()):
+            event["usage"] = usage  # continuous usage stats
+        events.append(event)
+    if draw(st.booleans()):
+        events.append({"error": {"message": draw(st.text(max_size=8)), "type": "E", "code": 500}})
+    elif draw(st.booleans()):
+        events.append({"request_id": "r", "usage": usage, "output_mode": "text", "choices": []})
+    separator = draw(st.sampled_from([b"\n\n", b"\r\n\r\n", b"\r\r"]))
+    body = b"".join(
+        b"data: " + json.dumps(event, ensure_ascii=False).encode() + separator for event in events
+    )
+    return body + b"data: [DONE]" + separator
