@@ -20,6 +20,7 @@ from openai.lib.streaming.responses import ResponseStreamState
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 from strategies import generate_envelope_responses, single_choice_text_streams
+from test_responses_api import FIXTURES
 
 from disagg_transforms import (
     AnthropicStreamConverter,
@@ -381,14 +382,6 @@ def test_arbitrary_events_give_output_or_a_typed_error(
 
 
 # ---------------------------------------------------------------------------- single frame
-
-FIXTURES = [
-    ("response-text.json", OutputMode.TEXT),
-    ("response-text-logprobs.json", OutputMode.TEXT),
-    ("response-text-finish-abort.json", OutputMode.TEXT),
-    ("response-derender-text.json", OutputMode.DERENDER),
-    ("response-derender-tool-call.json", OutputMode.DERENDER),
-]
 
 
 @pytest.mark.parametrize(("name", "mode"), FIXTURES)
