@@ -9,7 +9,13 @@ from __future__ import annotations
 
 from importlib.metadata import version as _metadata_version
 
-from disagg_transforms.anthropic import THINKING_SIGNATURE, wrap_anthropic_message
+from disagg_transforms.anthropic import (
+    THINKING_SIGNATURE,
+    AnthropicStreamConverter,
+    single_frame_anthropic_events,
+    single_frame_anthropic_stream,
+    wrap_anthropic_message,
+)
 from disagg_transforms.caps import TOP_LEVEL_CAPS, apply_sampling_caps, apply_single_token_cap
 from disagg_transforms.config import (
     MIN_VLLM_VERSION,
@@ -51,7 +57,12 @@ from disagg_transforms.legs import (
     build_encode_request,
     build_prefill_request,
 )
-from disagg_transforms.responses_api import wrap_responses_response
+from disagg_transforms.responses_api import (
+    ResponsesStreamConverter,
+    single_frame_responses_events,
+    single_frame_responses_stream,
+    wrap_responses_response,
+)
 from disagg_transforms.routes import Route, detect_route, resolve_format
 from disagg_transforms.streaming import (
     ChatStreamConverter,
@@ -61,6 +72,7 @@ from disagg_transforms.streaming import (
 from disagg_transforms.wrap import wrap_chat_completion
 
 __all__ = [
+    "AnthropicStreamConverter",
     "ChatStreamConverter",
     "ConditionalDecodeParams",
     "ConfigError",
@@ -79,6 +91,7 @@ __all__ = [
     "RequestError",
     "RequestTransform",
     "ResponseTransform",
+    "ResponsesStreamConverter",
     "Route",
     "Step",
     "StepParams",
@@ -100,8 +113,12 @@ __all__ = [
     "parse_pipeline_params",
     "parse_step_params",
     "resolve_format",
+    "single_frame_anthropic_events",
+    "single_frame_anthropic_stream",
     "single_frame_chat_chunks",
     "single_frame_chat_stream",
+    "single_frame_responses_events",
+    "single_frame_responses_stream",
     "validate_output_mode",
     "wrap_anthropic_message",
     "wrap_chat_completion",

@@ -53,7 +53,7 @@ def require_text_mode(requested: OutputMode, *, streaming: bool) -> None:
     if requested in allowed:
         return
     names = " or ".join(f'"{mode.value}"' for mode in allowed)
-    what = "a streamed chat answer" if streaming else "a chat completion"
+    what = "a streamed answer" if streaming else "a chat completion"
     msg = (
         f'{_wire.OUTPUT_MODE}: {what} needs {names}, got "{requested.value}": '
         "a tokens answer carries token IDs and no text"

@@ -3,7 +3,8 @@ r"""Server-sent events framing shared by every streaming converter.
 :class:`SseParser` takes the bytes of an ``text/event-stream`` body as a socket delivers them,
 split anywhere (inside a multi-byte UTF-8 character, inside a ``\r\n``), and returns each
 complete event's ``data`` payload as bytes; :func:`format_sse_event` writes one event the way
-vLLM does, ``data: <compact JSON>\n\n``.
+vLLM does, ``data: <compact JSON>\n\n``, and :func:`format_sse_typed_event` one with an
+``event:`` line, as the Responses and Anthropic streams do.
 """
 
 from __future__ import annotations
@@ -112,9 +113,24 @@ def format_sse_event(payload: object) -> bytes:
         UpstreamContractError: the payload holds a value JSON cannot carry (it came from the
             worker, e.g. an integer too large for any JSON parser).
     """
+    return b"data: " + _encode(payload) + b"\n\n"
+
+
+def format_sse_typed_event(event_type: str, payload: object) -> bytes:
+    r"""One named SSE event, ``event: <type>\ndata: <compact JSON>\n\n``.
+
+    The framing of the OpenAI Responses and Anthropic Messages streams, whose clients pick the
+    event's model by its name.
+
+    Raises:
+        UpstreamContractError: as :func:`format_sse_event`.
+    """
+    return b"event: " + event_type.encode() + b"\n" + format_sse_event(payload)
+
+
+def _encode(payload: object) -> bytes:
     try:
-        body = _ENCODER.encode(payload)
+        return _ENCODER.encode(payload)
     except (TypeError, ValueError, OverflowError, msgspec.EncodeError) as error:
         msg = f"$: the converted event cannot be written as JSON: {error}"
         raise UpstreamContractError(msg, param="$") from None
-    return b"data: " + body + b"\n\n"

@@ -1,8 +1,10 @@
-"""Rebuild an Anthropic Messages ``message`` from a generate response.
+"""Rebuild an Anthropic Messages ``message``, or its event stream, from a generate response.
 
 A router that serves ``/v1/messages`` clients over ``/inference/v1/generate`` hands the worker's
 answer to :func:`wrap_anthropic_message`. Content blocks come in vLLM's order: ``thinking``,
-``text``, then one ``tool_use`` per tool call. See ``docs/envelopes.md``.
+``text``, then one ``tool_use`` per tool call. A streaming client gets the same message as
+Messages streaming events: :class:`AnthropicStreamConverter` for a streamed text-mode leg,
+:func:`single_frame_anthropic_stream` for a derender answer. See ``docs/envelopes.md``.
 """
 
 from __future__ import annotations
@@ -15,10 +17,18 @@ import orjson
 from disagg_transforms import _wire as w
 from disagg_transforms._assistant_turn import AssistantTurn, ToolCallOut, read_turn, resolve_model
 from disagg_transforms._describe import describe
+from disagg_transforms._sse import DEFAULT_MAX_EVENT_BYTES, format_sse_typed_event
+from disagg_transforms._stream_events import NamedEventConverter, error_message
 from disagg_transforms.config import OutputMode
 from disagg_transforms.errors import UpstreamContractError
 
-__all__ = ("THINKING_SIGNATURE", "wrap_anthropic_message")
+__all__ = (
+    "AnthropicStreamConverter",
+    "THINKING_SIGNATURE",
+    "single_frame_anthropic_events",
+    "single_frame_anthropic_stream",
+    "wrap_anthropic_message",
+)
 
 THINKING_SIGNATURE = ""
 """The ``signature`` of every ``thinking`` block: vLLM has no signing key, so there is nothing
@@ -140,3 +150,185 @@ def _usage(turn: AssistantTurn) -> dict[str, Any]:
     if isinstance(cached, int) and not isinstance(cached, bool):
         result[w.CACHE_READ_INPUT_TOKENS] = cached
     return result
+
+
+# --------------------------------------------------------------------------------------------
+# Streaming: the events of one message, built from the blocks above.
+
+# A block as content_block_start opens it: its text, thinking or input still empty.
+_EMPTY_BLOCK: dict[str, dict[str, Any]] = {
+    w.TEXT: {w.TEXT: ""},
+    w.THINKING: {w.THINKING: "", w.SIGNATURE: ""},
+    w.TOOL_USE: {w.INPUT: {}},
+}
+# The usage of a stream whose leg sent no usage chunk: the counts are unknown.
+_NO_USAGE = {w.PROMPT_TOKENS: 0, w.COMPLETION_TOKENS: 0, w.TOTAL_TOKENS: 0}
+
+
+def single_frame_anthropic_events(
+    response: Mapping[str, Any],
+    *,
+    requested: OutputMode,
+    client_body: Mapping[str, Any] | None = None,
+    model: str | None = None,
+) -> list[dict[str, Any]]:
+    """The Messages streaming events of a whole (unstreamed) generate answer.
+
+    The response is wrapped by :func:`wrap_anthropic_message` (same arguments, same errors),
+    then streamed as Anthropic does: ``message_start`` (the message with no content, no stop
+    reason and ``output_tokens: 0``); per content block ``content_block_start`` (empty),
+    its deltas (``thinking_delta`` then ``signature_delta``; ``text_delta``;
+    ``input_json_delta`` with the input as compact JSON) and ``content_block_stop``; then
+    ``message_delta`` (stop reason, stop sequence, the whole usage) and ``message_stop``.
+    """
+    message = wrap_anthropic_message(
+        response, requested=requested, client_body=client_body, model=model
+    )
+    events = [_message_start(message)]
+    for index, block in enumerate(message[w.CONTENT]):
+        events.append(_block_start(index, block))
+        events.extend(_block_deltas(index, block))
+        events.append(_block_stop(index))
+    events.extend(_message_end(message))
+    return events
+
+
+def single_frame_anthropic_stream(
+    response: Mapping[str, Any],
+    *,
+    requested: OutputMode,
+    client_body: Mapping[str, Any] | None = None,
+    model: str | None = None,
+) -> bytes:
+    r"""The SSE body of :func:`single_frame_anthropic_events`: ``event: <type>\ndata: ...``.
+
+    As Anthropic's, the stream has no ``data: [DONE]``: ``message_stop`` ends it.
+    """
+    events = single_frame_anthropic_events(
+        response, requested=requested, client_body=client_body, model=model
+    )
+    return b"".join(format_sse_typed_event(event[w.TYPE], event) for event in events)
+
+
+class AnthropicStreamConverter(NamedEventConverter):
+    r"""Turns a text-mode generate SSE stream into an Anthropic Messages event stream.
+
+    Feed it the leg's body bytes as they arrive (split anywhere); each call returns the SSE
+    bytes to send on (``event: <type>\ndata: <json>``), possibly empty. The first generate
+    chunk gives ``message_start`` (``input_tokens`` from that chunk's usage when the worker
+    sends continuous usage, else 0); the first non-empty text delta opens the ``text`` block
+    (index 0; an empty answer has no block, as :func:`wrap_anthropic_message` gives none);
+    each non-empty text delta is a ``text_delta``; ``[DONE]`` gives ``content_block_stop``,
+    ``message_delta`` (stop reason and stop sequence as the non-streaming wrap maps them;
+    the usage chunk's counts, 0 without one: the leg should ask
+    ``stream_options.include_usage``) and ``message_stop``. Ids come from the worker's
+    ``request_id``, as in the non-streaming wrap. No ``[DONE]`` is sent.
+
+    An in-stream ``{"error": ...}`` becomes an Anthropic ``error`` event (``api_error`` with
+    the worker's message) and ends the client's stream. Output bytes depend only on the
+    input bytes, not on how they were split; memory is bounded by ``max_event_bytes`` plus
+    the answer's text. After an exception the converter is spent: discard it.
+
+    Args:
+        requested: The leg's ``output_mode``; only ``text`` streams.
+        model: The message's ``model`` (generate chunks carry none).
+        client_body: The client's Messages request (its ``stop_sequences``).
+        max_event_bytes: Bound on one buffered event.
+
+    Raises:
+        ConfigError: ``requested`` is not ``text``.
+    """
+
+    __slots__ = ("_client", "_model", "_open")
+
+    def __init__(
+        self,
+        *,
+        requested: OutputMode,
+        model: str,
+        client_body: Mapping[str, Any] | None = None,
+        max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
+    ) -> None:
+        super().__init__(requested=requested, max_event_bytes=max_event_bytes)
+        self._model = model
+        self._client = client_body
+        self._open = False  # the text block has started
+
+    def _message(self) -> dict[str, Any]:
+        answer = self._answer()
+        return wrap_anthropic_message(
+            {**answer, w.USAGE: answer[w.USAGE] or _NO_USAGE},
+            requested=OutputMode.TEXT,
+            client_body=self._client,
+            model=self._model,
+        )
+
+    def _start(self) -> list[dict[str, Any]]:
+        return [_message_start(self._message())]
+
+    def _delta(self, text: str, logprobs: dict[str, Any] | None, path: str) -> list[dict[str, Any]]:
+        del logprobs, path  # the Messages API has no logprobs
+        if not text:
+            return []
+        events = []
+        if not self._open:
+            self._open = True
+            events.append(_block_start(0, _text_block("")))
+        events.append(_block_delta(0, w.TEXT_DELTA, w.TEXT, text))
+        return events
+
+    def _end(self) -> list[dict[str, Any]]:
+        events = [_block_stop(0)] if self._open else []
+        events.extend(_message_end(self._message()))
+        return events
+
+    def _error(self, error: object) -> list[dict[str, Any]]:
+        return [{w.TYPE: w.ERROR, w.ERROR: {w.TYPE: w.API_ERROR, w.MESSAGE: error_message(error)}}]
+
+    def _format(self, event: dict[str, Any]) -> bytes:
+        return format_sse_typed_event(event[w.TYPE], event)
+
+
+def _message_start(message: dict[str, Any]) -> dict[str, Any]:
+    started = {
+        **message,
+        w.CONTENT: [],
+        w.STOP_REASON: None,
+        w.STOP_SEQUENCE: None,
+        w.USAGE: {**message[w.USAGE], w.OUTPUT_TOKENS: 0},
+    }
+    return {w.TYPE: w.MESSAGE_START, w.MESSAGE: started}
+
+
+def _block_start(index: int, block: dict[str, Any]) -> dict[str, Any]:
+    empty = {**block, **_EMPTY_BLOCK[block[w.TYPE]]}
+    return {w.TYPE: w.CONTENT_BLOCK_START, w.INDEX: index, w.CONTENT_BLOCK: empty}
+
+
+def _block_deltas(index: int, block: dict[str, Any]) -> list[dict[str, Any]]:
+    kind = block[w.TYPE]
+    if kind == w.THINKING:
+        return [
+            _block_delta(index, w.THINKING_DELTA, w.THINKING, block[w.THINKING]),
+            _block_delta(index, w.SIGNATURE_DELTA, w.SIGNATURE, block[w.SIGNATURE]),
+        ]
+    if kind == w.TOOL_USE:
+        arguments = orjson.dumps(block[w.INPUT]).decode()
+        return [_block_delta(index, w.INPUT_JSON_DELTA, w.PARTIAL_JSON, arguments)]
+    return [_block_delta(index, w.TEXT_DELTA, w.TEXT, block[w.TEXT])]
+
+
+def _block_delta(index: int, kind: str, key: str, value: str) -> dict[str, Any]:
+    return {w.TYPE: w.CONTENT_BLOCK_DELTA, w.INDEX: index, w.DELTA: {w.TYPE: kind, key: value}}
+
+
+def _block_stop(index: int) -> dict[str, Any]:
+    return {w.TYPE: w.CONTENT_BLOCK_STOP, w.INDEX: index}
+
+
+def _message_end(message: dict[str, Any]) -> list[dict[str, Any]]:
+    delta = {w.STOP_REASON: message[w.STOP_REASON], w.STOP_SEQUENCE: message[w.STOP_SEQUENCE]}
+    return [
+        {w.TYPE: w.MESSAGE_DELTA, w.DELTA: delta, w.USAGE: message[w.USAGE]},
+        {w.TYPE: w.MESSAGE_STOP},
+    ]

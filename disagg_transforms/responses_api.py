@@ -1,9 +1,11 @@
-"""Rebuild an OpenAI Responses API ``response`` object from a generate response.
+"""Rebuild an OpenAI Responses API ``response`` object, or its event stream, from generate.
 
 A router that serves ``/v1/responses`` clients over ``/inference/v1/generate`` hands the worker's
 answer to :func:`wrap_responses_response` and sends the result to the client. The object is
 built from an allow-list: nothing of the generate response but the assistant turn, its finish
-reason and its usage reaches it. See ``docs/envelopes.md``.
+reason and its usage reaches it. A streaming client gets the same object as Responses
+streaming events: :class:`ResponsesStreamConverter` for a streamed text-mode leg,
+:func:`single_frame_responses_stream` for a derender answer. See ``docs/envelopes.md``.
 """
 
 from __future__ import annotations
@@ -16,11 +18,18 @@ import msgspec
 
 from disagg_transforms import _wire as w
 from disagg_transforms._assistant_turn import AssistantTurn, ToolCallOut, read_turn, resolve_model
+from disagg_transforms._sse import DEFAULT_MAX_EVENT_BYTES, format_sse_typed_event
+from disagg_transforms._stream_events import NamedEventConverter, error_field, error_message
 from disagg_transforms.config import OutputMode
 from disagg_transforms.envelopes import ChatLogprob, ChatLogprobs, ChatTopLogprob, Usage
 from disagg_transforms.errors import UpstreamContractError
 
-__all__ = ("wrap_responses_response",)
+__all__ = (
+    "ResponsesStreamConverter",
+    "single_frame_responses_events",
+    "single_frame_responses_stream",
+    "wrap_responses_response",
+)
 
 # Request fields the Response object echoes when the client set them (OpenAI's own response
 # carries the request's settings; the SDK's model declares each of these).
@@ -105,7 +114,11 @@ def _output_items(turn: AssistantTurn, status: str, top_logprobs: int | None) ->
     if turn.reasoning:
         items.append(_reasoning_item(turn.base_id, turn.reasoning, status))
     if turn.content is not None and (turn.content or not turn.tool_calls):
-        logprobs = None if turn.logprobs is None else _logprobs(turn, turn.logprobs, top_logprobs)
+        logprobs = (
+            None
+            if turn.logprobs is None
+            else _logprobs(turn.logprobs, top_logprobs, f"{turn.choice_path}.logprobs.content")
+        )
         items.append(_message_item(turn.base_id, turn.content, status, logprobs))
     items.extend(
         _function_call_item(turn.base_id, index, call, status)
@@ -155,12 +168,9 @@ def _top_logprobs(client: Mapping[str, Any]) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def _logprobs(
-    turn: AssistantTurn, logprobs: ChatLogprobs, top: int | None
-) -> list[dict[str, Any]] | None:
+def _logprobs(logprobs: ChatLogprobs, top: int | None, path: str) -> list[dict[str, Any]] | None:
     if not isinstance(logprobs.content, list):
         return None
-    path = f"{turn.choice_path}.logprobs.content"
     out = []
     for index, entry in enumerate(logprobs.content):
         alternatives = entry.top_logprobs if isinstance(entry.top_logprobs, list) else []
@@ -206,3 +216,274 @@ def _usage(usage: Usage | None) -> dict[str, Any] | None:
 
 def _count(value: object) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+# --------------------------------------------------------------------------------------------
+# Streaming: the events of one response, built from the objects above.
+
+_TEXT_EVENTS = {
+    w.OUTPUT_TEXT: (w.OUTPUT_TEXT_DELTA, w.OUTPUT_TEXT_DONE),
+    w.REASONING_TEXT: (w.REASONING_TEXT_DELTA, w.REASONING_TEXT_DONE),
+}
+
+
+def single_frame_responses_events(
+    response: Mapping[str, Any],
+    *,
+    requested: OutputMode,
+    client_body: Mapping[str, Any] | None = None,
+    model: str | None = None,
+    clock: Callable[[], float] = time.time,
+) -> list[dict[str, Any]]:
+    """The Responses streaming events of a whole (unstreamed) generate answer.
+
+    The response is wrapped by :func:`wrap_responses_response` (same arguments, same errors),
+    then streamed as OpenAI does: ``response.created``, ``response.in_progress``; per output
+    item ``response.output_item.added``, its content parts added, one delta with the whole
+    text (``response.reasoning_text.delta``, ``response.output_text.delta``) or arguments
+    (``response.function_call_arguments.delta``), their ``.done`` events and
+    ``response.output_item.done``; then ``response.completed`` (``response.incomplete`` when
+    the status is incomplete) with the whole response. ``sequence_number`` counts from 0.
+    """
+    final = wrap_responses_response(
+        response, requested=requested, client_body=client_body, model=model, clock=clock
+    )
+    events = _preamble(final)
+    for index, item in enumerate(final[w.OUTPUT]):
+        events.extend(_opening_events(item, index))
+        events.extend(_full_deltas(item, index))
+        events.extend(_closing_events(item, index))
+    events.append(_terminal_event(final))
+    return [{**event, w.SEQUENCE_NUMBER: number} for number, event in enumerate(events)]
+
+
+def single_frame_responses_stream(
+    response: Mapping[str, Any],
+    *,
+    requested: OutputMode,
+    client_body: Mapping[str, Any] | None = None,
+    model: str | None = None,
+    clock: Callable[[], float] = time.time,
+) -> bytes:
+    r"""The SSE body of :func:`single_frame_responses_events`: ``event: <type>\ndata: ...``.
+
+    As OpenAI's, the stream has no ``data: [DONE]``: ``response.completed`` ends it.
+    """
+    events = single_frame_responses_events(
+        response, requested=requested, client_body=client_body, model=model, clock=clock
+    )
+    return b"".join(format_sse_typed_event(event[w.TYPE], event) for event in events)
+
+
+class ResponsesStreamConverter(NamedEventConverter):
+    r"""Turns a text-mode generate SSE stream into a Responses API event stream.
+
+    Feed it the leg's body bytes as they arrive (split anywhere); each call returns the SSE
+    bytes to send on (``event: <type>\ndata: <json>``), possibly empty. The first generate
+    chunk gives ``response.created`` and ``response.in_progress`` (status ``in_progress``, no
+    output); the first choice delta opens the ``message`` item and its ``output_text`` part;
+    each non-empty text delta is a ``response.output_text.delta`` (with its ``logprobs`` in
+    the streaming shape, cut to the client's ``top_logprobs``); ``[DONE]`` gives the
+    ``.done`` events and ``response.completed`` (or ``response.incomplete``) carrying the
+    whole response as :func:`wrap_responses_response` builds it from the streamed text,
+    finish reason and usage chunk (``usage`` is ``null`` without one: the leg should ask
+    ``stream_options.include_usage``). Ids come from the worker's ``request_id``, as in the
+    non-streaming wrap. ``sequence_number`` counts from 0. No ``[DONE]`` is sent.
+
+    An in-stream ``{"error": ...}`` becomes an ``error`` event (``code``: vLLM's error
+    ``type``; ``message``; ``param``) and ends the client's stream. Output bytes depend only
+    on the input bytes, not on how they were split; memory is bounded by ``max_event_bytes``
+    plus the answer's text. After an exception the converter is spent: discard it.
+
+    Args:
+        requested: The leg's ``output_mode``; only ``text`` streams.
+        model: The response's ``model`` (generate chunks carry none).
+        created: The response's ``created_at`` (Unix seconds).
+        client_body: The client's Responses request (its settings are echoed, its
+            ``top_logprobs`` cuts the alternatives).
+        max_event_bytes: Bound on one buffered event.
+
+    Raises:
+        ConfigError: ``requested`` is not ``text``.
+    """
+
+    __slots__ = ("_client", "_created", "_item", "_model", "_sequence", "_top")
+
+    def __init__(
+        self,
+        *,
+        requested: OutputMode,
+        model: str,
+        created: int,
+        client_body: Mapping[str, Any] | None = None,
+        max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
+    ) -> None:
+        super().__init__(requested=requested, max_event_bytes=max_event_bytes)
+        self._model = model
+        self._created = created
+        self._client = client_body
+        self._top = _top_logprobs(client_body if isinstance(client_body, Mapping) else {})
+        self._item: dict[str, Any] | None = None  # the message item, once opened
+        self._sequence = 0
+
+    def _response(self) -> dict[str, Any]:
+        return wrap_responses_response(
+            {**self._answer(), w.CREATED: self._created},
+            requested=OutputMode.TEXT,
+            client_body=self._client,
+            model=self._model,
+        )
+
+    def _open(self) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        if self._item is not None:
+            return self._item, []
+        self._item = self._response()[w.OUTPUT][0]  # text mode: always one message item
+        return self._item, _opening_events(self._item, 0)
+
+    def _start(self) -> list[dict[str, Any]]:
+        return _preamble(self._response())
+
+    def _delta(self, text: str, logprobs: dict[str, Any] | None, path: str) -> list[dict[str, Any]]:
+        item, events = self._open()
+        entries = (
+            None
+            if logprobs is None
+            else _logprobs(
+                msgspec.convert(logprobs, ChatLogprobs), self._top, f"{path}.logprobs.content"
+            )
+        )
+        if text or entries:
+            events.append(_text_delta(_at(item[w.ID], 0, 0), w.OUTPUT_TEXT, text, entries))
+        return events
+
+    def _end(self) -> list[dict[str, Any]]:
+        _, events = self._open()  # an empty answer still has its message item, as the wrap gives
+        final = self._response()
+        events.extend(_closing_events(final[w.OUTPUT][0], 0))
+        events.append(_terminal_event(final))
+        return events
+
+    def _error(self, error: object) -> list[dict[str, Any]]:
+        return [
+            {
+                w.TYPE: w.ERROR,
+                w.CODE: error_field(error, w.TYPE),
+                w.MESSAGE: error_message(error),
+                w.PARAM: error_field(error, w.PARAM),
+            }
+        ]
+
+    def _format(self, event: dict[str, Any]) -> bytes:
+        numbered = {**event, w.SEQUENCE_NUMBER: self._sequence}
+        self._sequence += 1
+        return format_sse_typed_event(event[w.TYPE], numbered)
+
+
+def _preamble(response: dict[str, Any]) -> list[dict[str, Any]]:
+    started = {
+        **response,
+        w.STATUS: w.STATUS_IN_PROGRESS,
+        w.INCOMPLETE_DETAILS: None,
+        w.OUTPUT: [],
+        w.USAGE: None,
+    }
+    return [
+        {w.TYPE: w.RESPONSE_CREATED, w.RESPONSE: started},
+        {w.TYPE: w.RESPONSE_IN_PROGRESS, w.RESPONSE: started},
+    ]
+
+
+def _opening_events(item: dict[str, Any], index: int) -> list[dict[str, Any]]:
+    opened = {**item, w.STATUS: w.STATUS_IN_PROGRESS}
+    parts = item.get(w.CONTENT, [])
+    if w.CONTENT in item:
+        opened[w.CONTENT] = []
+    if item[w.TYPE] == w.FUNCTION_CALL:
+        opened[w.ARGUMENTS] = ""
+    events = [{w.TYPE: w.OUTPUT_ITEM_ADDED, w.OUTPUT_INDEX: index, w.ITEM: opened}]
+    for content_index, part in enumerate(parts):
+        empty = {**part, w.TEXT: ""}
+        if w.LOGPROBS in part:
+            empty[w.LOGPROBS] = []
+        events.append(
+            _part_event(w.CONTENT_PART_ADDED, _at(item[w.ID], index, content_index), empty)
+        )
+    return events
+
+
+def _full_deltas(item: dict[str, Any], index: int) -> list[dict[str, Any]]:
+    if item[w.TYPE] == w.FUNCTION_CALL:
+        return [
+            {
+                w.TYPE: w.FUNCTION_CALL_ARGUMENTS_DELTA,
+                w.ITEM_ID: item[w.ID],
+                w.OUTPUT_INDEX: index,
+                w.DELTA: item[w.ARGUMENTS],
+            }
+        ]
+    return [
+        _text_delta(
+            _at(item[w.ID], index, content_index), part[w.TYPE], part[w.TEXT], part.get(w.LOGPROBS)
+        )
+        for content_index, part in enumerate(item.get(w.CONTENT, []))
+    ]
+
+
+def _closing_events(item: dict[str, Any], index: int) -> list[dict[str, Any]]:
+    events = []
+    for content_index, part in enumerate(item.get(w.CONTENT, [])):
+        at = _at(item[w.ID], index, content_index)
+        done = {w.TYPE: _TEXT_EVENTS[part[w.TYPE]][1], **at, w.TEXT: part[w.TEXT]}
+        if part[w.TYPE] == w.OUTPUT_TEXT:
+            done[w.LOGPROBS] = _stream_logprobs(part.get(w.LOGPROBS))
+        events.append(done)
+        events.append(_part_event(w.CONTENT_PART_DONE, at, part))
+    if item[w.TYPE] == w.FUNCTION_CALL:
+        events.append(
+            {
+                w.TYPE: w.FUNCTION_CALL_ARGUMENTS_DONE,
+                w.ITEM_ID: item[w.ID],
+                w.OUTPUT_INDEX: index,
+                w.ARGUMENTS: item[w.ARGUMENTS],
+            }
+        )
+    events.append({w.TYPE: w.OUTPUT_ITEM_DONE, w.OUTPUT_INDEX: index, w.ITEM: item})
+    return events
+
+
+def _at(item_id: str, index: int, content_index: int) -> dict[str, Any]:
+    """The fields that place an event on a content part."""
+    return {w.ITEM_ID: item_id, w.OUTPUT_INDEX: index, w.CONTENT_INDEX: content_index}
+
+
+def _part_event(kind: str, at: dict[str, Any], part: dict[str, Any]) -> dict[str, Any]:
+    return {w.TYPE: kind, **at, w.PART: part}
+
+
+def _text_delta(
+    at: dict[str, Any], part_type: str, text: str, logprobs: list[dict[str, Any]] | None
+) -> dict[str, Any]:
+    event = {w.TYPE: _TEXT_EVENTS[part_type][0], **at, w.DELTA: text}
+    if part_type == w.OUTPUT_TEXT:
+        event[w.LOGPROBS] = _stream_logprobs(logprobs)
+    return event
+
+
+def _stream_logprobs(logprobs: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+    # The events' logprobs are the object's without the bytes (the SDK's streaming Logprob).
+    return [
+        {
+            w.TOKEN: entry[w.TOKEN],
+            w.LOGPROB: entry[w.LOGPROB],
+            w.TOP_LOGPROBS: [
+                {w.TOKEN: top[w.TOKEN], w.LOGPROB: top[w.LOGPROB]} for top in entry[w.TOP_LOGPROBS]
+            ],
+        }
+        for entry in logprobs or ()
+    ]
+
+
+def _terminal_event(response: dict[str, Any]) -> dict[str, Any]:
+    completed = response[w.STATUS] == w.STATUS_COMPLETED
+    kind = w.RESPONSE_COMPLETED if completed else w.RESPONSE_INCOMPLETE
+    return {w.TYPE: kind, w.RESPONSE: response}

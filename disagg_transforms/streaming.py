@@ -15,21 +15,19 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
-import msgspec
-from msgspec import UNSET, UnsetType
+from msgspec import UNSET
 
 from disagg_transforms import _wire
 from disagg_transforms._chat import (
     client_top_logprobs,
-    contract_error,
     cut_logprobs,
     finish_fields,
     require_text_mode,
 )
-from disagg_transforms._sse import DEFAULT_MAX_EVENT_BYTES, DONE_EVENT, SseParser, format_sse_event
+from disagg_transforms._sse import DEFAULT_MAX_EVENT_BYTES, DONE_EVENT, format_sse_event
+from disagg_transforms._stream_events import GenerateStreamReader, StreamChoice, StreamEvent
 from disagg_transforms.config import OutputMode
-from disagg_transforms.echo import as_output_mode, check_echoed_mode
-from disagg_transforms.envelopes import ChatLogprobs, Usage
+from disagg_transforms.echo import as_output_mode
 from disagg_transforms.errors import UpstreamContractError
 from disagg_transforms.wrap import wrap_chat_completion
 
@@ -132,25 +130,6 @@ def single_frame_chat_stream(  # noqa: PLR0913 - the options of wrap_chat_comple
     return b"".join(format_sse_event(chunk) for chunk in chunks) + DONE_EVENT
 
 
-class _StreamChoice(msgspec.Struct, kw_only=True):
-    # Narrow view: the token_ids delta and the other generate-only keys are skipped undecoded.
-    index: int
-    text: str | UnsetType = UNSET
-    finish_reason: str | UnsetType | None = UNSET
-    stop_reason: int | str | UnsetType | None = UNSET
-    logprobs: dict[str, Any] | UnsetType | None = UNSET
-
-
-class _StreamEvent(msgspec.Struct, kw_only=True):
-    output_mode: Any = UNSET
-    error: Any = UNSET
-    usage: dict[str, Any] | UnsetType | None = UNSET
-    choices: list[_StreamChoice] | UnsetType = UNSET
-
-
-_EVENT_DECODER = msgspec.json.Decoder(_StreamEvent)
-
-
 class ChatStreamConverter:
     """Turns a text-mode generate SSE stream into a ``chat.completion.chunk`` SSE stream.
 
@@ -185,12 +164,11 @@ class ChatStreamConverter:
     """
 
     __slots__ = (
-        "_done",
         "_head",
         "_max_choices",
         "_next",
-        "_parser",
         "_passthrough",
+        "_reader",
         "_top",
     )
 
@@ -210,10 +188,9 @@ class ChatStreamConverter:
         self._top = client_top_logprobs(client_body)
         self._head = _chunk_head(completion_id, created, model)
         self._passthrough = vllm_finish_reasons
-        self._parser = SseParser(max_event_bytes=max_event_bytes)
+        self._reader = GenerateStreamReader(max_event_bytes=max_event_bytes)
         self._max_choices = max_choices
         self._next = 0  # choices 0.._next-1 have had their role delta
-        self._done = False
 
     def feed(self, data: bytes) -> bytes:
         """Consume the next bytes of the generate stream; return the chat SSE bytes they complete.
@@ -223,7 +200,7 @@ class ChatStreamConverter:
                 ``output_mode``, is malformed (the ``param`` is its JSON path), comes after
                 ``[DONE]``, or the stream exceeds a bound.
         """
-        return b"".join(self._event(payload) for payload in self._parser.feed(data))
+        return b"".join(self._event(payload, event) for payload, event in self._reader.feed(data))
 
     def close(self) -> bytes:
         r"""End the stream; returns what a held final ``\r`` completes (usually ``b""``).
@@ -234,33 +211,14 @@ class ChatStreamConverter:
                 error event (:func:`~disagg_transforms.errors.openai_error_body`) and
                 ``[DONE]``.
         """
-        tail = b"".join(self._event(payload) for payload in self._parser.close())
-        if not self._done:
-            msg = "$: the generate stream ended without data: [DONE]"
-            raise UpstreamContractError(msg, param="$")
-        return tail
+        return b"".join(self._event(payload, event) for payload, event in self._reader.close())
 
-    def _event(self, payload: bytes) -> bytes:
-        if self._done:
-            msg = "$: the generate stream sent an event after data: [DONE]"
-            raise UpstreamContractError(msg, param="$")
-        if payload == _wire.SSE_DONE:
-            self._done = True
+    def _event(self, payload: bytes, event: StreamEvent | None) -> bytes:
+        if event is None:
             return DONE_EVENT
-        try:
-            event = _EVENT_DECODER.decode(payload)
-        except msgspec.ValidationError as error:
-            raise contract_error(error, "a generate stream chunk") from None
-        except (msgspec.DecodeError, RecursionError) as error:
-            msg = f"$: a generate stream event is not a JSON object: {error}"
-            raise UpstreamContractError(msg, param="$") from None
         if event.error is not UNSET:
             return b"data: " + payload + b"\n\n"  # the worker's own error, sent on as is
-        check_echoed_mode(event.output_mode, OutputMode.TEXT, where="stream chunk")
-        if event.choices is UNSET:
-            msg = f"$.{_wire.CHOICES}: a generate stream chunk must carry choices; it has none"
-            raise UpstreamContractError(msg, param=f"$.{_wire.CHOICES}")
-        usage = self._usage(event.usage)
+        usage = None if event.usage is UNSET else event.usage
         if not event.choices:
             if usage is None:
                 return b""
@@ -269,16 +227,6 @@ class ChatStreamConverter:
         if usage is not None:
             chunk[_wire.USAGE] = usage  # continuous usage stats, as the chat route sends them
         return format_sse_event(chunk)
-
-    @staticmethod
-    def _usage(usage: dict[str, Any] | UnsetType | None) -> dict[str, Any] | None:
-        if usage is UNSET or usage is None:
-            return None
-        try:
-            msgspec.convert(usage, Usage)
-        except msgspec.ValidationError as error:
-            raise contract_error(error, f"$.{_wire.USAGE} of a stream chunk") from None
-        return usage
 
     def _start(self, index: int, path: str) -> list[dict[str, Any]]:
         # Clients (the openai SDK's accumulator among them) expect choice k to appear only
@@ -298,32 +246,21 @@ class ChatStreamConverter:
         self._next = index + 1
         return opened
 
-    def _choices(self, choices: list[_StreamChoice]) -> list[dict[str, Any]]:
+    def _choices(self, choices: list[StreamChoice]) -> list[dict[str, Any]]:
         built = []
         for position, choice in enumerate(choices):
-            path = f"$.{_wire.CHOICES}[{position}]"
-            if choice.text is UNSET:
-                msg = f"{path}.text: a text-mode stream choice must carry its text delta"
-                raise UpstreamContractError(msg, param=f"{path}.text")
             delta: dict[str, Any] = {}
             if choice.index >= self._next:
-                built.extend(self._start(choice.index, path))
+                built.extend(self._start(choice.index, f"$.{_wire.CHOICES}[{position}]"))
                 delta[_wire.ROLE] = _wire.ASSISTANT
-            elif choice.index < 0:
-                msg = f"{path}.index: expected an integer >= 0, got {choice.index}"
-                raise UpstreamContractError(msg, param=f"{path}.index")
             delta[_wire.CONTENT] = choice.text
-            logprobs = None if choice.logprobs is UNSET else choice.logprobs
-            if logprobs is not None:
-                try:
-                    msgspec.convert(logprobs, ChatLogprobs)
-                except msgspec.ValidationError as error:
-                    raise contract_error(error, f"{path}.logprobs") from None
             built.append(
                 {
                     _wire.INDEX: choice.index,
                     _wire.DELTA: delta,
-                    _wire.LOGPROBS: cut_logprobs(logprobs, self._top),
+                    _wire.LOGPROBS: cut_logprobs(
+                        None if choice.logprobs is UNSET else choice.logprobs, self._top
+                    ),
                     **finish_fields(
                         choice.finish_reason, streaming=True, passthrough=self._passthrough
                     ),

@@ -109,6 +109,7 @@ _tool_calls = st.lists(
     ),
     min_size=1,
     max_size=3,
+    unique_by=lambda call: call["id"],
 )
 
 # Unknown keys a newer vLLM could add; the names never collide with a chat field.
@@ -307,7 +308,8 @@ _derender_message = st.fixed_dictionaries(
     {"role": st.just("assistant"), "content": st.none() | st.text()},
     optional={
         "reasoning": st.none() | st.text(),
-        "tool_calls": st.lists(_tool_call, min_size=1, max_size=3),
+        # vLLM's tool-call ids are unique (uuids); the SDKs' stream accumulators rely on it.
+        "tool_calls": st.lists(_tool_call, min_size=1, max_size=3, unique_by=lambda c: c["id"]),
         "refusal": st.none(),
         "annotations": st.none(),
         "audio": st.none(),
@@ -437,3 +439,36 @@ client_paths = st.sampled_from(
         "/inference/v1/generate",
     ]
 )
+# --------------------------------------------------------------------------------------------
+# Text-mode generate streams of one choice (Responses / Anthropic streaming clients, issue 5).
+
+
+@st.composite
+def single_choice_text_streams(draw: st.DrawFn) -> bytes:
+    """A valid one-choice text-mode generate SSE stream: deltas, maybe an error, ``[DONE]``."""
+    texts = draw(st.lists(st.text(max_size=5), min_size=1, max_size=4))
+    usage = {"prompt_tokens": 3, "total_tokens": 3 + len(texts), "completion_tokens": len(texts)}
+    events: list[dict[str, Any]] = []
+    for position, text in enumerate(texts):
+        last = position == len(texts) - 1
+        choice = {
+            "index": 0,
+            "finish_reason": draw(st.sampled_from(VLLM_FINISH_REASONS)) if last else None,
+            "stop_reason": draw(st.none() | st.text(max_size=3)) if last else None,
+            "token_ids": [7],
+            "text": text,
+            "logprobs": draw(st.none() | chat_logprobs()),
+        }
+        event = {"request_id": "generate-tokens-r", "output_mode": "text", "choices": [choice]}
+        if draw(st.booleans()):
+            event["usage"] = usage  # continuous usage stats
+        events.append(event)
+    if draw(st.booleans()):
+        events.append({"error": {"message": draw(st.text(max_size=8)), "type": "E", "code": 500}})
+    elif draw(st.booleans()):
+        events.append({"request_id": "r", "usage": usage, "output_mode": "text", "choices": []})
+    separator = draw(st.sampled_from([b"\n\n", b"\r\n\r\n", b"\r\r"]))
+    body = b"".join(
+        b"data: " + json.dumps(event, ensure_ascii=False).encode() + separator for event in events
+    )
+    return body + b"data: [DONE]" + separator

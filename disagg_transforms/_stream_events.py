@@ -1,0 +1,283 @@
+"""Reading a text-mode generate SSE stream: the rules every streaming converter shares.
+
+:class:`GenerateStreamReader` turns the leg's body bytes (split anywhere) into checked events:
+``[DONE]`` recognised and required last, each chunk decoded through a narrow view, the
+``output_mode`` echo checked on every chunk, usage, choices and logprobs validated. An in-stream
+``{"error": ...}`` event comes out unchecked (it carries no echo). The chat converter sends
+chunks on; :class:`NamedEventConverter` is the driver of the Responses and Anthropic
+converters, whose clients get named events instead.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import msgspec
+from msgspec import UNSET, UnsetType
+
+from disagg_transforms import _wire
+from disagg_transforms._chat import contract_error, require_text_mode
+from disagg_transforms._describe import describe
+from disagg_transforms._sse import SseParser
+from disagg_transforms.config import OutputMode
+from disagg_transforms.echo import as_output_mode, check_echoed_mode
+from disagg_transforms.envelopes import ChatLogprobs, Usage
+from disagg_transforms.errors import UpstreamContractError
+
+
+class StreamChoice(msgspec.Struct, kw_only=True):
+    """Narrow view of a stream choice: the token_ids delta and the other keys stay undecoded."""
+
+    index: int
+    text: str | UnsetType = UNSET
+    finish_reason: str | UnsetType | None = UNSET
+    stop_reason: int | str | UnsetType | None = UNSET
+    logprobs: dict[str, Any] | UnsetType | None = UNSET
+
+
+class StreamEvent(msgspec.Struct, kw_only=True):
+    """Narrow view of a generate stream chunk (or of an in-stream error event)."""
+
+    request_id: Any = UNSET
+    output_mode: Any = UNSET
+    error: Any = UNSET
+    usage: dict[str, Any] | UnsetType | None = UNSET
+    choices: list[StreamChoice] | UnsetType = UNSET
+    """Never ``UNSET`` in a chunk the reader returns (only in an error event)."""
+
+
+_EVENT_DECODER = msgspec.json.Decoder(StreamEvent)
+
+ReadEvent = tuple[bytes, StreamEvent | None]
+"""An event's raw ``data`` payload and its view; ``None`` is ``[DONE]``."""
+
+
+class GenerateStreamReader:
+    """Generate SSE bytes in, checked events out (see the module docstring).
+
+    Memory is bounded by ``max_event_bytes`` (one buffered event).
+    """
+
+    __slots__ = ("_done", "_parser")
+
+    def __init__(self, *, max_event_bytes: int) -> None:
+        self._parser = SseParser(max_event_bytes=max_event_bytes)
+        self._done = False
+
+    def feed(self, data: bytes) -> list[ReadEvent]:
+        """The events ``data`` completes, in order.
+
+        Raises:
+            UpstreamContractError: an event is not JSON, misses its echo or carries another
+                ``output_mode``, is malformed (the ``param`` is its JSON path), comes after
+                ``[DONE]``, or grew past ``max_event_bytes``.
+        """
+        return [self._read(payload) for payload in self._parser.feed(data)]
+
+    def close(self) -> list[ReadEvent]:
+        r"""End of the stream: the event a held final ``\r`` completes, if any.
+
+        Raises:
+            UpstreamContractError: the stream stopped mid-event or before ``data: [DONE]``.
+        """
+        tail = [self._read(payload) for payload in self._parser.close()]
+        if not self._done:
+            msg = "$: the generate stream ended without data: [DONE]"
+            raise UpstreamContractError(msg, param="$")
+        return tail
+
+    def _read(self, payload: bytes) -> ReadEvent:
+        if self._done:
+            msg = "$: the generate stream sent an event after data: [DONE]"
+            raise UpstreamContractError(msg, param="$")
+        if payload == _wire.SSE_DONE:
+            self._done = True
+            return payload, None
+        try:
+            event = _EVENT_DECODER.decode(payload)
+        except msgspec.ValidationError as error:
+            raise contract_error(error, "a generate stream chunk") from None
+        except (msgspec.DecodeError, RecursionError) as error:
+            msg = f"$: a generate stream event is not a JSON object: {error}"
+            raise UpstreamContractError(msg, param="$") from None
+        if event.error is not UNSET:
+            return payload, event  # the worker's own error: no echo to check
+        check_echoed_mode(event.output_mode, OutputMode.TEXT, where="stream chunk")
+        if isinstance(event.choices, UnsetType):
+            msg = f"$.{_wire.CHOICES}: a generate stream chunk must carry choices; it has none"
+            raise UpstreamContractError(msg, param=f"$.{_wire.CHOICES}")
+        if event.usage is not UNSET and event.usage is not None:
+            _check(event.usage, Usage, f"$.{_wire.USAGE} of a stream chunk")
+        for position, choice in enumerate(event.choices):
+            _check_choice(choice, f"$.{_wire.CHOICES}[{position}]")
+        return payload, event
+
+
+def _check(value: object, view: type[msgspec.Struct], what: str) -> None:
+    try:
+        msgspec.convert(value, view)
+    except msgspec.ValidationError as error:
+        raise contract_error(error, what) from None
+
+
+def _check_choice(choice: StreamChoice, path: str) -> None:
+    if choice.text is UNSET:
+        msg = f"{path}.text: a text-mode stream choice must carry its text delta"
+        raise UpstreamContractError(msg, param=f"{path}.text")
+    if choice.index < 0:
+        msg = f"{path}.index: expected an integer >= 0, got {choice.index}"
+        raise UpstreamContractError(msg, param=f"{path}.index")
+    if choice.logprobs is not UNSET and choice.logprobs is not None:
+        _check(choice.logprobs, ChatLogprobs, f"{path}.logprobs")
+
+
+def error_field(error: object, key: str) -> str | None:
+    """A string field of a worker's in-stream ``error`` value, whatever its shape."""
+    value = error.get(key) if isinstance(error, Mapping) else None
+    return value if isinstance(value, str) else None
+
+
+def error_message(error: object) -> str:
+    """The human message of a worker's in-stream ``error`` value."""
+    message = error_field(error, _wire.MESSAGE)
+    return message if message is not None else f"the worker reported {describe(error)}"
+
+
+class NamedEventConverter(abc.ABC):
+    """Driver of the converters whose clients get named events (Responses, Anthropic).
+
+    It reads the generate stream and keeps what the one answer has so far (text, logprobs,
+    finish reason, usage); :meth:`_answer` is that answer as a non-streaming text-mode generate
+    response, for the non-streaming builders. The subclass returns the client events of the
+    first chunk (:meth:`_start`), of each choice delta (:meth:`_delta`), of ``[DONE]``
+    (:meth:`_end`) and of an error (:meth:`_error`), and writes one event (:meth:`_format`).
+
+    Neither client API has ``n``: a choice index other than 0 is a contract breach. After an
+    error event the client's stream is over: what the worker sends after it is dropped.
+    """
+
+    __slots__ = (
+        "_failed",
+        "_finish_reason",
+        "_logprobs",
+        "_reader",
+        "_request_id",
+        "_stop_reason",
+        "_text",
+        "_usage",
+    )
+
+    def __init__(self, *, requested: OutputMode, max_event_bytes: int) -> None:
+        require_text_mode(as_output_mode(requested), streaming=True)
+        self._reader = GenerateStreamReader(max_event_bytes=max_event_bytes)
+        self._failed = False
+        self._request_id: str | None = None
+        self._text: list[str] = []
+        self._logprobs: list[Any] | None = None
+        self._finish_reason: str | None = None
+        self._stop_reason: int | str | None = None
+        self._usage: dict[str, Any] | None = None
+
+    def feed(self, data: bytes) -> bytes:
+        """Consume the next bytes of the generate stream; return the SSE bytes they complete.
+
+        Raises:
+            UpstreamContractError: an event is not JSON, misses its echo or carries another
+                ``output_mode``, is malformed (the ``param`` is its JSON path), has a choice
+                index other than 0, comes after ``[DONE]``, or the stream exceeds a bound.
+        """
+        return self._write(self._reader.feed(data))
+
+    def close(self) -> bytes:
+        r"""End the stream; returns what a held final ``\r`` completes (usually ``b""``).
+
+        Raises:
+            UpstreamContractError: the stream stopped mid-event or before ``data: [DONE]``
+                (the worker or the connection died), or ended before its first chunk; the
+                router should end the client's stream with an error event.
+        """
+        return self._write(self._reader.close())
+
+    def _answer(self) -> dict[str, Any]:
+        """The answer so far as a non-streaming text-mode generate response."""
+        choice = {
+            _wire.INDEX: 0,
+            _wire.TEXT: "".join(self._text),
+            _wire.FINISH_REASON: self._finish_reason,
+            _wire.STOP_REASON: self._stop_reason,
+            _wire.LOGPROBS: None if self._logprobs is None else {_wire.CONTENT: self._logprobs},
+        }
+        return {
+            _wire.REQUEST_ID: self._request_id,
+            _wire.OUTPUT_MODE: OutputMode.TEXT.value,
+            _wire.USAGE: self._usage,
+            _wire.CHOICES: [choice],
+        }
+
+    def _write(self, read: Iterable[ReadEvent]) -> bytes:
+        events: list[dict[str, Any]] = []
+        for _, event in read:
+            if self._failed:
+                continue
+            if event is None:
+                if self._request_id is None:
+                    msg = "$: the generate stream ended before its first chunk"
+                    raise UpstreamContractError(msg, param="$")
+                events.extend(self._end())
+            elif event.error is not UNSET:
+                self._failed = True
+                events.extend(self._error(event.error))
+            else:
+                events.extend(self._chunk(event))
+        return b"".join(self._format(event) for event in events)
+
+    def _chunk(self, event: StreamEvent) -> list[dict[str, Any]]:
+        if event.usage is not UNSET and event.usage is not None:
+            self._usage = event.usage
+        events = []
+        if self._request_id is None:
+            if not isinstance(event.request_id, str):
+                msg = f"$.{_wire.REQUEST_ID}: the first stream chunk has no request_id"
+                raise UpstreamContractError(msg, param=f"$.{_wire.REQUEST_ID}")
+            self._request_id = event.request_id
+            events.extend(self._start())
+        for position, choice in enumerate(event.choices or ()):
+            path = f"$.{_wire.CHOICES}[{position}]"
+            if choice.index != 0:
+                msg = (
+                    f"{path}.index: this client's stream carries one choice (index 0), got "
+                    f"{choice.index}; neither the Responses nor the Messages API has n"
+                )
+                raise UpstreamContractError(msg, param=f"{path}.index")
+            text = choice.text if isinstance(choice.text, str) else ""
+            self._text.append(text)
+            logprobs = choice.logprobs if isinstance(choice.logprobs, dict) else None
+            content = None if logprobs is None else logprobs.get(_wire.CONTENT)
+            if isinstance(content, list):
+                if self._logprobs is None:
+                    self._logprobs = []
+                self._logprobs.extend(content)
+            if isinstance(choice.finish_reason, str):
+                self._finish_reason = choice.finish_reason
+                self._stop_reason = None if choice.stop_reason is UNSET else choice.stop_reason
+            events.extend(self._delta(text, logprobs, path))
+        return events
+
+    @abc.abstractmethod
+    def _start(self) -> list[dict[str, Any]]: ...
+
+    @abc.abstractmethod
+    def _delta(
+        self, text: str, logprobs: dict[str, Any] | None, path: str
+    ) -> list[dict[str, Any]]: ...
+
+    @abc.abstractmethod
+    def _end(self) -> list[dict[str, Any]]: ...
+
+    @abc.abstractmethod
+    def _error(self, error: object) -> list[dict[str, Any]]: ...
+
+    @abc.abstractmethod
+    def _format(self, event: dict[str, Any]) -> bytes: ...
