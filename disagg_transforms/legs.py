@@ -282,7 +282,9 @@ def _decode_generate(
     if mode is OutputMode.DERENDER:
         context = parse_context if parse_context is not None else leg.get(w.PARSE_CONTEXT)
         if context is None and mapping is not None:
-            context = mapping.parse_context
+            # Always one, even empty: a server with a tool or reasoning parser refuses a
+            # derender request without parse_context.
+            context = mapping.parse_context or {}
         if context is not None:
             leg[w.PARSE_CONTEXT] = dict(_validate.mapping(context, f"$.{w.PARSE_CONTEXT}"))
     elif mapping is not None:

@@ -868,3 +868,13 @@ def test_every_client_route_body_gives_single_token_legs_or_a_request_error(
         if not trusted:
             assert "remote_host" not in json.dumps(leg.body, default=str)
     assert body == before
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [(CHAT, chat()), (RESPONSES, {"input": "hi"}), (MESSAGES, {"max_tokens": 5, "messages": []})],
+)
+def test_derender_leg_always_has_a_parse_context(path: str, body: dict[str, Any]) -> None:
+    # vLLM refuses derender without parse_context on a server with a tool or reasoning parser.
+    assert decode(body, path=path, params=DERENDER).body["parse_context"] == {}
+    assert "parse_context" not in decode(body, path=path).body
