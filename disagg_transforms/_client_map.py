@@ -25,6 +25,8 @@ class ClientMapping(msgspec.Struct, frozen=True, kw_only=True):
     """Derender parse context built from the client's tools (chat tool shape), if any."""
     dropped: tuple[str, ...] = ()
     """Client keys left out of the leg on the documented list (e.g. ``messages``)."""
+    context_keys: tuple[str, ...] = ()
+    """Client keys that only feed ``parse_context``: dropped too when the leg writes none."""
 
 
 ClientMapper: TypeAlias = Callable[[Mapping[str, Any]], ClientMapping]

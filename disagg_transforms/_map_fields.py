@@ -1,122 +1,178 @@
-"""Typed readers for the client fields the Responses and Messages mappers carry to a leg.
+"""What every client mapper shares: one implementation of each mapping concept.
 
-Each reader takes the client body and a key, returns ``None`` when the key is absent or
-``null`` (vLLM treats both as "not set", and the generate leg must not invent a server
-default), and raises :class:`~disagg_transforms.errors.RequestError` naming ``$.<key>`` and the
-bad value otherwise.
+The sampling fields, structured outputs, logprobs, tools, the derender ``parse_context`` and the
+``dropped`` list.
+
+Each concept has one implementation here; a route's mapper (``_chat_map``, ``_responses_map``,
+``_messages_map``) only says which of its client keys feed which concept. Values are read through
+the typed readers of :mod:`disagg_transforms._validate`, so every refusal is a
+:class:`~disagg_transforms.errors.RequestError` naming the JSON path and the bad value.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import json
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from disagg_transforms import _wire as w
-from disagg_transforms._describe import describe
-from disagg_transforms.errors import RequestError
+from disagg_transforms._validate import integer, obj, refuse, typed
+from disagg_transforms.envelopes import JSON
+
+LEG_KEYS = frozenset(
+    {
+        w.MODEL,
+        w.STREAM,
+        w.STREAM_OPTIONS,
+        w.REQUEST_ID,
+        w.CACHE_SALT,
+        w.PRIORITY,
+        w.RETURN_TOKEN_IDS,
+        w.KV_TRANSFER_PARAMS,
+        w.EC_TRANSFER_PARAMS,
+        w.MIN_TOKENS,
+    }
+)
+"""Client keys the leg builder carries itself (on every route): neither mapped nor dropped by a
+mapper. The route's own cap is the mapper's to name (``apply_sampling_caps`` moves it); another
+route's cap key is dropped."""
+
+SAMPLING_FIELDS: Mapping[str, Any] = {
+    w.N: int,
+    w.PRESENCE_PENALTY: float,
+    w.FREQUENCY_PENALTY: float,
+    w.REPETITION_PENALTY: float,
+    w.TEMPERATURE: float,
+    w.TOP_P: float,
+    w.TOP_K: int,
+    w.MIN_P: float,
+    w.SEED: int,
+    w.STOP: str | list[str],
+    w.STOP_TOKEN_IDS: list[int],
+    w.IGNORE_EOS: bool,
+    w.SKIP_SPECIAL_TOKENS: bool,
+    w.SPACES_BETWEEN_SPECIAL_TOKENS: bool,
+    w.INCLUDE_STOP_STR_IN_OUTPUT: bool,
+    w.LOGIT_BIAS: dict[str, float],
+    w.BAD_WORDS: list[str],
+    w.ALLOWED_TOKEN_IDS: list[int],
+    w.THINKING_TOKEN_BUDGET: int,
+    w.REPETITION_DETECTION: dict[str, JSON],
+    w.STREAM_INTERVAL: int,
+    w.ROUTED_EXPERTS_PROMPT_START: int,
+    w.WATERMARKING: bool,
+    w.PROMPT_LOGPROBS: int,
+    w.LOGPROB_TOKEN_IDS: list[int],
+}
+"""vLLM ``SamplingParams`` fields a client sends under the same name, with the type vLLM gives
+them (checked, so a wrong type is refused at the client's own path)."""
 
 
-def refuse(value: object, why: str, *, at: str) -> RequestError:
-    """The error for the field at ``at`` that cannot be served (``why``: what it needed)."""
-    msg = f"{at}: {why}, got {describe(value)}"
-    return RequestError(msg, param=at)
+def copy_sampling(body: Mapping[str, Any], keys: Iterable[str]) -> dict[str, Any]:
+    """The set (non-null) ``SAMPLING_FIELDS`` among ``keys``, type-checked and as sent."""
+    return {
+        key: value for key in keys if (value := typed(body, key, SAMPLING_FIELDS[key])) is not None
+    }
 
 
-def client_object(body: object) -> Mapping[str, Any]:
-    """Check that the client body is a JSON object with string keys."""
-    if not isinstance(body, Mapping):
-        raise refuse(body, "expected a JSON object as the request body", at="$")
-    for key in body:
-        if not isinstance(key, str):
-            raise refuse(key, "expected string keys", at="$")
-    return body
+def extra_args(body: Mapping[str, Any], sampling: dict[str, Any]) -> None:
+    """Write ``vllm_xargs`` as ``sampling_params.extra_args`` (vLLM hands it to the engine so)."""
+    xargs = obj(body, w.VLLM_XARGS)
+    if xargs is not None:
+        sampling[w.EXTRA_ARGS] = dict(xargs)
 
 
-def _typed(
-    body: Mapping[str, Any], key: str, path: str | None, kinds: tuple[type, ...], what: str
-) -> Any:  # noqa: ANN401 - the callers narrow the value to the kinds they asked for
-    value = body.get(key)
-    # bool is an int to Python but not a number to JSON.
-    if value is not None and (
-        not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds)
-    ):
-        raise refuse(value, f"expected {what}", at=path or f"$.{key}")
-    return value
+def refuse_when_set(body: Mapping[str, Any], reasons: Mapping[str, str]) -> None:
+    """Refuse each key of ``reasons`` set to anything but null or false (the harmless values)."""
+    for key, why in reasons.items():
+        value = body.get(key)
+        if value is not None and value is not False:
+            raise refuse(value, f"is refused: {why}", at=f"$.{key}")
 
 
-def number(body: Mapping[str, Any], key: str) -> float | int | None:
-    """A JSON number."""
-    value: float | int | None = _typed(body, key, None, (int, float), "a number")
-    return value
+def logprobs(
+    body: Mapping[str, Any], sampling: dict[str, Any], *, wanted: bool, needs: str
+) -> None:
+    """``sampling_params.logprobs`` from the client's switch (``wanted``) and ``top_logprobs``.
+
+    vLLM's rule: when the switch is on, ``logprobs`` = ``top_logprobs`` (0 when unset) unless
+    ``logprob_token_ids`` asks for specific tokens. A ``top_logprobs`` above 0 or
+    ``logprob_token_ids`` with the switch off would be ignored, so it is refused (``needs`` says
+    what the switch is).
+    """
+    top = integer(body, w.TOP_LOGPROBS, minimum=-1)
+    if top is not None and top != 0 and not wanted:
+        raise refuse(top, f"needs {needs}", at=f"$.{w.TOP_LOGPROBS}")
+    if w.LOGPROB_TOKEN_IDS in sampling:
+        if not wanted:
+            raise refuse(sampling[w.LOGPROB_TOKEN_IDS], f"needs {needs}", at="$.logprob_token_ids")
+        return
+    if wanted:
+        sampling[w.LOGPROBS] = 0 if top is None else top
 
 
-def integer(body: Mapping[str, Any], key: str) -> int | None:
-    """A JSON integer; a whole-number float such as ``20.0`` is read as 20, as vLLM does."""
-    value = number(body, key)
-    if isinstance(value, float):
-        if not value.is_integer():
-            raise refuse(value, "expected an integer", at=f"$.{key}")
-        return int(value)
-    return value
+def _format_outputs(
+    fmt: Mapping[str, Any], path: str, kinds: tuple[str, ...], schema_in: str | None
+) -> dict[str, Any]:
+    kind = fmt.get(w.TYPE)
+    if kind not in kinds:
+        expected = ", ".join(f'"{k}"' for k in kinds)
+        raise refuse(kind, f"expected one of {expected}", at=f"{path}.{w.TYPE}")
+    if kind == w.JSON_OBJECT:
+        return {w.JSON_OBJECT: True}
+    if kind == w.STRUCTURAL_TAG:
+        # vLLM hands the structural tag to the grammar backend as the format's JSON text.
+        try:
+            return {w.STRUCTURAL_TAG: json.dumps(fmt)}
+        except (ValueError, TypeError, RecursionError):
+            raise refuse(fmt, "expected a JSON structural tag", at=path) from None
+    if kind != w.JSON_SCHEMA:
+        return {}  # "text": no constraint
+    holder, holder_path = fmt, path
+    if schema_in is not None:
+        holder_path = f"{path}.{schema_in}"
+        holder = obj(fmt, schema_in, path) or {}
+        if not holder:
+            raise refuse(fmt.get(schema_in), "a json_schema format needs it", at=holder_path)
+    schema = obj(holder, w.SCHEMA, holder_path)
+    if schema is None:
+        raise refuse(None, "a json_schema format needs a schema", at=f"{holder_path}.{w.SCHEMA}")
+    return {w.JSON_KEY: schema}
 
 
-def boolean(body: Mapping[str, Any], key: str) -> bool | None:
-    """A JSON boolean."""
-    value: bool | None = _typed(body, key, None, (bool,), "a boolean")
-    return value
-
-
-def string(body: Mapping[str, Any], key: str, path: str | None = None) -> str | None:
-    """A JSON string."""
-    value: str | None = _typed(body, key, path, (str,), "a string")
-    return value
-
-
-def obj(body: Mapping[str, Any], key: str, path: str | None = None) -> Mapping[str, Any] | None:
-    """A JSON object."""
-    value: Mapping[str, Any] | None = _typed(body, key, path, (Mapping,), "an object")
-    return value
-
-
-def array(body: Mapping[str, Any], key: str) -> list[Any] | None:
-    """A JSON array."""
-    value: list[Any] | None = _typed(body, key, None, (list,), "an array")
-    return value
-
-
-def string_list(body: Mapping[str, Any], key: str) -> list[str] | None:
-    """A string or an array of strings, as a list (vLLM turns a lone string into a list)."""
-    value = body.get(key)
-    if value is None:
-        return None
-    if isinstance(value, str):
-        return [value]
-    if not isinstance(value, list):
-        raise refuse(value, "expected a string or an array of strings", at=f"$.{key}")
-    for index, item in enumerate(value):
-        if not isinstance(item, str):
-            raise refuse(item, "expected a string", at=f"$.{key}[{index}]")
-    return list(value)
-
-
-def copy_scalars(
-    body: Mapping[str, Any],
+def structured_outputs(  # noqa: PLR0913 - each route names its own format key and kinds
     sampling: dict[str, Any],
     *,
-    numbers: tuple[str, ...] = (),
-    integers: tuple[str, ...] = (),
-    booleans: tuple[str, ...] = (),
+    given: Mapping[str, Any] | None,
+    fmt: Mapping[str, Any] | None,
+    path: str,
+    kinds: tuple[str, ...],
+    schema_in: str | None = None,
 ) -> None:
-    """Copy the set, well-typed scalar fields named by kind into ``sampling`` under their name."""
-    for key in numbers:
-        if (n := number(body, key)) is not None:
-            sampling[key] = n
-    for key in integers:
-        if (i := integer(body, key)) is not None:
-            sampling[key] = i
-    for key in booleans:
-        if (b := boolean(body, key)) is not None:
-            sampling[key] = b
+    """``sampling_params.structured_outputs`` from the client's output format or its own.
+
+    Args:
+        sampling: the ``sampling_params`` being built.
+        given: the client's own ``structured_outputs`` (a vLLM extension), if the route has it.
+        fmt: the client's format object (chat ``response_format``, Responses ``text.format``,
+            Messages ``output_config.format``), ``None`` when unset.
+        path: the JSON path of ``fmt``.
+        kinds: the format types the route accepts, of ``text`` (no constraint), ``json_object``,
+            ``json_schema`` and ``structural_tag``.
+        schema_in: the key of the object holding ``schema`` in a ``json_schema`` format (chat:
+            ``json_schema``); ``None`` when ``schema`` is in the format itself.
+
+    Raises:
+        RequestError: an unknown format type, a ``json_schema`` format without a schema, or
+            both a format and ``structured_outputs`` (vLLM would refuse the pair).
+    """
+    if given is not None and fmt is not None:
+        raise refuse(fmt, "cannot be set together with `structured_outputs`", at=path)
+    outputs = dict(given) if given is not None else None
+    if fmt is not None:
+        outputs = _format_outputs(fmt, path, kinds, schema_in)
+    if outputs:
+        sampling[w.STRUCTURED_OUTPUTS] = outputs
 
 
 def chat_function_tool(
@@ -142,17 +198,32 @@ def named_tool_choice(name: object, path: str) -> dict[str, Any]:
     return {w.TYPE: w.FUNCTION, w.FUNCTION: {w.NAME: name}}
 
 
+def tool_objects(body: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]] | None:
+    """The client's ``tools`` as ``($.tools[i], tool)`` pairs, each checked to be an object."""
+    tools = typed(body, w.TOOLS, list[Any])
+    if tools is None:
+        return None
+    pairs = []
+    for index, tool in enumerate(tools):
+        path = f"$.tools[{index}]"
+        if not isinstance(tool, Mapping):
+            raise refuse(tool, "expected a tool object", at=path)
+        pairs.append((path, tool))
+    return pairs
+
+
 def parse_context(
     *,
-    tools: list[dict[str, Any]] | None,
+    tools: list[Any] | None,
     tool_choice: object,
     parallel_tool_calls: bool | None,
     chat_template_kwargs: Mapping[str, Any] | None,
+    include_reasoning: bool | None = None,
 ) -> dict[str, Any] | None:
     """A ``parse_context`` in the chat shape with vLLM's chat defaults, or ``None`` when empty.
 
     ``tool_choice`` becomes ``"auto"`` when tools are present and it is unset (vLLM's chat
-    default); nulls and an empty tool list are left out.
+    default); nulls, an empty tool list and empty template kwargs are left out.
     """
     context: dict[str, Any] = {}
     if tools:
@@ -165,47 +236,16 @@ def parse_context(
         context[w.PARALLEL_TOOL_CALLS] = parallel_tool_calls
     if chat_template_kwargs:
         context[w.CHAT_TEMPLATE_KWARGS] = dict(chat_template_kwargs)
+    if include_reasoning is not None:
+        context[w.INCLUDE_REASONING] = include_reasoning
     return context or None
 
 
-def tool_objects(body: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]] | None:
-    """The client's ``tools`` as ``($.tools[i], tool)`` pairs, each checked to be an object."""
-    tools = array(body, w.TOOLS)
-    if tools is None:
-        return None
-    pairs = []
-    for index, tool in enumerate(tools):
-        path = f"$.tools[{index}]"
-        if not isinstance(tool, Mapping):
-            raise refuse(tool, "expected a tool object", at=path)
-        pairs.append((path, tool))
-    return pairs
+def dropped_keys(body: Mapping[str, Any], mapped: frozenset[str]) -> tuple[str, ...]:
+    """The body's keys, in body order, neither mapped nor the leg builder's: ``dropped``."""
+    return tuple(key for key in body if key not in mapped and key not in LEG_KEYS)
 
 
-def json_schema_output(fmt: Mapping[str, Any], path: str) -> dict[str, Any]:
-    """``structured_outputs`` for a ``{type: "json_schema", schema}`` format at ``path``."""
-    schema = obj(fmt, w.SCHEMA, f"{path}.schema")
-    if schema is None:
-        raise refuse(None, "a json_schema format needs a schema", at=f"{path}.schema")
-    return {w.JSON_KEY: schema}
-
-
-LEG_KEYS = frozenset(
-    {
-        w.MODEL,
-        w.STREAM,
-        w.STREAM_OPTIONS,
-        w.REQUEST_ID,
-        w.CACHE_SALT,
-        w.PRIORITY,
-        w.RETURN_TOKEN_IDS,
-        w.KV_TRANSFER_PARAMS,
-        w.EC_TRANSFER_PARAMS,
-    }
-)
-"""Keys the leg builder carries itself: neither mapped nor dropped by a mapper."""
-
-
-def leftover_keys(body: Mapping[str, Any], consumed: frozenset[str]) -> tuple[str, ...]:
-    """The body's keys, in body order, that no rule consumed: the ``dropped`` list."""
-    return tuple(key for key in body if key not in consumed)
+def present(body: Mapping[str, Any], keys: Iterable[str]) -> tuple[str, ...]:
+    """The ``keys`` the body has (for ``ClientMapping.context_keys``)."""
+    return tuple(key for key in keys if key in body)

@@ -1,5 +1,9 @@
 """Checks of what the router and the client hand in: token IDs, multimodal features, typed views.
 
+This is the one home of the typed readers every client mapper and leg builder uses
+(:func:`typed`, :func:`integer`, :func:`obj`, :func:`whole_number`, :func:`mapping`) and of
+:func:`refuse`, the error they raise.
+
 Every failure is a :class:`~disagg_transforms.errors.RequestError` whose ``param`` is the JSON
 path of the bad value (``$.token_ids[3]``, ``$.features.mm_placeholders.image[2].offset``) and
 whose message names that value; nothing else escapes.
@@ -25,6 +29,7 @@ MAX_TOKEN_ID = 2**63 - 1
 # msgspec ends a validation message with " - at `$.a.b[3]`"; the path is re-rooted on ours.
 _MSGSPEC_PATH = re.compile(r" - at `\$(?P<path>[^`]*)`$")
 _PATH_STEP = re.compile(r"\.(?P<key>[^.\[]+)|\[(?P<index>\d+)\]")
+_MSGSPEC_GOT = re.compile(r", got `[^`]*`$")
 _MISSING = object()
 
 
@@ -40,6 +45,12 @@ def _value_at(root: object, path: str) -> object:
         else:
             return _MISSING
     return value
+
+
+def refuse(value: object, why: str, *, at: str) -> RequestError:
+    """The error for the value at JSON path ``at`` (``why``: what was expected or needed)."""
+    msg = f"{at}: {why}, got {describe(value)}"
+    return RequestError(msg, param=at)
 
 
 def convert(value: object, view: type[T], path: str) -> T:
@@ -59,40 +70,33 @@ def convert(value: object, view: type[T], path: str) -> T:
         where = path + inner
         reason = reason[: found.start()] if found else reason
         bad = _value_at(value, inner)
-        shown = f", got {describe(bad)}" if bad is not _MISSING else ""
-        msg = f"{where}: {reason}{shown}"
-        raise RequestError(msg, param=where) from None
+        if bad is _MISSING:
+            msg = f"{where}: {reason}"
+            raise RequestError(msg, param=where) from None
+        # "Expected `float`, got `str`" names the JSON type; the value itself says more.
+        reason = _MSGSPEC_GOT.sub("", reason)
+        raise refuse(bad, reason[:1].lower() + reason[1:], at=where) from None
 
 
 def mapping(value: object, path: str) -> Mapping[str, Any]:
     """Return ``value`` if it is a JSON object, else raise a RequestError at ``path``."""
     if not isinstance(value, Mapping):
-        msg = f"{path}: expected an object, got {describe(value)}"
-        raise RequestError(msg, param=path)
+        raise refuse(value, "expected an object", at=path)
     return value
 
 
-def optional_mapping(body: Mapping[str, Any], key: str, path: str) -> Mapping[str, Any] | None:
-    """Return ``body[key]`` when it is an object, ``None`` when absent or null; else refuse."""
-    value = body.get(key)
-    if value is None:
-        return None
-    return mapping(value, f"{path}.{key}")
+def client_object(body: object) -> Mapping[str, Any]:
+    """Check that a client body is a JSON object with string keys (the root, ``$``)."""
+    body = mapping(body, "$")
+    for key in body:
+        if not isinstance(key, str):
+            raise refuse(key, "expected string keys", at="$")
+    return body
 
 
-def optional_bool(body: Mapping[str, Any], key: str, path: str = "$") -> bool:
-    """Return ``body[key]`` as a bool (absent or null: false); a non-bool is refused."""
-    value = body.get(key)
-    if value is None:
-        return False
-    if not isinstance(value, bool):
-        where = f"{path}.{key}"
-        msg = f"{where}: expected true or false, got {describe(value)}"
-        raise RequestError(msg, param=where)
-    return value
-
-
-def whole_number(value: object, path: str, *, minimum: int, maximum: int | None = None) -> int:
+def whole_number(
+    value: object, path: str, *, minimum: int | None = None, maximum: int | None = None
+) -> int:
     """Return ``value`` as an int in ``[minimum, maximum]``; a whole float such as 5.0 is 5.
 
     Bools, floats with a fraction, strings, null and anything else are refused, as are values
@@ -104,13 +108,45 @@ def whole_number(value: object, path: str, *, minimum: int, maximum: int | None 
     elif isinstance(value, float) and value.is_integer():
         number = int(value)
     if number is None:
-        msg = f"{path}: expected an integer, got {describe(value)}"
-        raise RequestError(msg, param=path)
-    if number < minimum or (maximum is not None and number > maximum):
+        raise refuse(value, "expected an integer", at=path)
+    if (minimum is not None and number < minimum) or (maximum is not None and number > maximum):
         bound = f"at least {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
-        msg = f"{path}: expected an integer {bound}, got {describe(value)}"
-        raise RequestError(msg, param=path)
+        raise refuse(value, f"expected an integer {bound}", at=path)
     return number
+
+
+# The field readers: ``body[key]`` at ``{parent}.{key}``; absent and null are both ``None``
+# (vLLM reads null as "not set", and a leg must not invent a server default).
+
+
+def typed(body: Mapping[str, Any], key: str, view: Any, parent: str = "$") -> Any:  # noqa: ANN401 - a JSON value of the view's type
+    """``body[key]`` checked against the msgspec type ``view`` and returned as sent.
+
+    ``int`` is read by :func:`whole_number` (``20.0`` is 20, as vLLM reads it); for any other
+    view the value is returned unchanged once it conforms (``1`` for a ``float`` stays ``1``).
+    """
+    value = body.get(key)
+    if value is None:
+        return None
+    path = f"{parent}.{key}"
+    if view is int:
+        return whole_number(value, path)
+    convert(value, view, path)
+    return value
+
+
+def integer(
+    body: Mapping[str, Any], key: str, parent: str = "$", *, minimum: int | None = None
+) -> int | None:
+    """``body[key]`` as an integer of at least ``minimum`` (a whole float counts)."""
+    value = body.get(key)
+    return None if value is None else whole_number(value, f"{parent}.{key}", minimum=minimum)
+
+
+def obj(body: Mapping[str, Any], key: str, parent: str = "$") -> Mapping[str, Any] | None:
+    """``body[key]`` as a JSON object (returned as sent, not copied)."""
+    value = body.get(key)
+    return None if value is None else mapping(value, f"{parent}.{key}")
 
 
 def token_ids(value: object, path: str = "$.token_ids") -> list[int]:
@@ -122,8 +158,7 @@ def token_ids(value: object, path: str = "$.token_ids") -> list[int]:
         RequestError: with the index of the first bad item, e.g. ``$.token_ids[3]``.
     """
     if not isinstance(value, Sequence) or isinstance(value, (str, bytes)):
-        msg = f"{path}: expected an array of token IDs, got {describe(value)}"
-        raise RequestError(msg, param=path)
+        raise refuse(value, "expected an array of token IDs", at=path)
     exact = True
     for index, item in enumerate(value):
         # The common case (a plain int in range) stays on this cheap branch.
@@ -139,8 +174,7 @@ def token_ids(value: object, path: str = "$.token_ids") -> list[int]:
 def _modality_list(group: Mapping[str, Any], modality: str, path: str) -> Sequence[Any]:
     value = group.get(modality)
     if not isinstance(value, list):
-        msg = f"{path}.{modality}: expected an array, got {describe(value)}"
-        raise RequestError(msg, param=f"{path}.{modality}")
+        raise refuse(value, "expected an array", at=f"{path}.{modality}")
     return value
 
 
@@ -162,7 +196,7 @@ def _placeholder(value: object, n_tokens: int, path: str) -> None:
 
 
 def _data_items(features: Mapping[str, Any], key: str, modality: str, count: int) -> None:
-    group = optional_mapping(features, key, "$.features")
+    group = obj(features, key, "$.features")
     if group is None or modality not in group:
         return
     path = f"$.features.{key}"
@@ -172,9 +206,8 @@ def _data_items(features: Mapping[str, Any], key: str, modality: str, count: int
         # A cache hit is JSON null: vLLM decodes "" as an inline tensor and fails.
         if item is None or (isinstance(item, str) and item):
             continue
-        where = f"{path}.{modality}[{index}]"
-        msg = f"{where}: expected a non-empty string or null (a cache hit), got {describe(item)}"
-        raise RequestError(msg, param=where)
+        why = "expected a non-empty string or null (a cache hit)"
+        raise refuse(item, why, at=f"{path}.{modality}[{index}]")
 
 
 def _same_length(items: Sequence[Any], count: int, path: str) -> None:
@@ -207,9 +240,7 @@ def features(value: object, n_tokens: int) -> Mapping[str, Any]:
         items = _modality_list(hashes, modality, hash_path)
         for index, item in enumerate(items):
             if not isinstance(item, str):
-                where = f"{hash_path}.{modality}[{index}]"
-                msg = f"{where}: expected a string, got {describe(item)}"
-                raise RequestError(msg, param=where)
+                raise refuse(item, "expected a string", at=f"{hash_path}.{modality}[{index}]")
         place_path = f"$.features.{w.MM_PLACEHOLDERS}"
         spans = _modality_list(placeholders, modality, place_path)
         _same_length(spans, len(items), f"{place_path}.{modality}")

@@ -52,7 +52,7 @@ def _cap(value: object, path: str) -> int | None:
 
 
 def _sampling_params(body: Mapping[str, Any]) -> dict[str, Any]:
-    found = _validate.optional_mapping(body, w.SAMPLING_PARAMS, "$")
+    found = _validate.obj(body, w.SAMPLING_PARAMS)
     return {} if found is None else dict(found)
 
 

@@ -16,14 +16,11 @@ import msgspec
 
 from disagg_transforms import _validate
 from disagg_transforms import _wire as w
-from disagg_transforms._chat_map import (
-    CARRIED,
-    map_caps_only,
-    map_chat_request,
-    map_completions_request,
-)
+from disagg_transforms._chat_map import map_chat_request, map_completions_request
 from disagg_transforms._client_map import ClientMapper, ClientMapping
 from disagg_transforms._describe import describe
+from disagg_transforms._messages_map import map_messages_request
+from disagg_transforms._responses_map import map_responses_request
 from disagg_transforms.caps import TOP_LEVEL_CAPS, apply_sampling_caps, apply_single_token_cap
 from disagg_transforms.config import (
     DecodeParams,
@@ -47,20 +44,13 @@ __all__ = (
 CLIENT_MAPPERS: Mapping[Route, ClientMapper] = {
     Route.CHAT_COMPLETIONS: map_chat_request,
     Route.COMPLETIONS: map_completions_request,
-    Route.RESPONSES: map_caps_only,
-    Route.MESSAGES: map_caps_only,
+    Route.RESPONSES: map_responses_request,
+    Route.MESSAGES: map_messages_request,
 }
 """The one table a generate leg picks a non-generate client's field mapper from."""
 
 _TRANSFER_KEYS = (w.KV_TRANSFER_PARAMS, w.EC_TRANSFER_PARAMS)
 _PREFILL_KV: Mapping[str, Any] = {w.DO_REMOTE_DECODE: True, w.DO_REMOTE_PREFILL: False}
-_PARSE_CONTEXT_KEYS = (
-    w.TOOLS,
-    w.TOOL_CHOICE,
-    w.PARALLEL_TOOL_CALLS,
-    w.CHAT_TEMPLATE_KWARGS,
-    w.INCLUDE_REASONING,
-)
 # Carried from a non-generate client onto its generate leg, when set (not null).
 _CARRIED_AS_IS = (w.MODEL, w.CACHE_SALT, w.PRIORITY, w.RETURN_TOKEN_IDS)
 
@@ -123,13 +113,13 @@ def _take_transfer(
     found = {k: (body[k], f"$.{k}") for k in _TRANSFER_KEYS if body.get(k) is not None}
     where = [k for k in _TRANSFER_KEYS if k in body]
     for outer, inner in ((w.SAMPLING_PARAMS, w.EXTRA_ARGS), (w.VLLM_XARGS, None)):
-        container = _validate.optional_mapping(body, outer, "$")
+        container = _validate.obj(body, outer)
         if container is None:
             continue
         path = outer
         args: Mapping[str, Any] | None = container
         if inner is not None:
-            args = _validate.optional_mapping(container, inner, f"$.{outer}")
+            args = _validate.obj(container, inner, f"$.{outer}")
             path = f"{outer}.{inner}"
         if args is None or not any(k in args for k in _TRANSFER_KEYS):
             continue
@@ -262,7 +252,7 @@ def _check_generate(body: Mapping[str, Any]) -> None:
 
 def _leg_stream(body: Mapping[str, Any], mode: OutputMode | None) -> tuple[bool, bool]:
     """Return (leg streams, client streams)."""
-    client_streams = _validate.optional_bool(body, w.STREAM)
+    client_streams = _validate.typed(body, w.STREAM, bool) is True
     return client_streams and mode is not OutputMode.DERENDER, client_streams
 
 
@@ -288,15 +278,17 @@ def _decode_generate(
         dropped.append(w.STREAM_OPTIONS)
     mapping = core.mapping
     if mapping is not None:
-        dropped.extend(k for k in mapping.dropped if k not in CARRIED)
+        dropped.extend(mapping.dropped)
     if mode is OutputMode.DERENDER:
         context = parse_context if parse_context is not None else leg.get(w.PARSE_CONTEXT)
         if context is None and mapping is not None:
-            context = mapping.parse_context
+            # Always one, even empty: a server with a tool or reasoning parser refuses a
+            # derender request without parse_context.
+            context = mapping.parse_context or {}
         if context is not None:
             leg[w.PARSE_CONTEXT] = dict(_validate.mapping(context, f"$.{w.PARSE_CONTEXT}"))
     elif mapping is not None:
-        dropped.extend(k for k in _PARSE_CONTEXT_KEYS if k in body)
+        dropped.extend(mapping.context_keys)
     return leg, streams, client_streams, tuple(dict.fromkeys(dropped))
 
 
@@ -338,7 +330,7 @@ def build_decode_request(  # noqa: PLR0913 - the router hands in what it has, by
     trusted = params.trust_client_transfer_params
     if route is not Route.GENERATE:
         leg, transfer = _openai_leg(body, route, token_ids=token_ids, trusted=trusted, kv=kv)
-        streams = _validate.optional_bool(body, w.STREAM)
+        streams = _validate.typed(body, w.STREAM, bool) is True
         return DecodeLeg(
             path=route.value,
             route=route,

@@ -472,3 +472,62 @@ def single_choice_text_streams(draw: st.DrawFn) -> bytes:
         b"data: " + json.dumps(event, ensure_ascii=False).encode() + separator for event in events
     )
     return body + b"data: [DONE]" + separator
+
+
+# ---- request legs for every client route (Responses / Messages mappers wired in) ----
+
+_client_transfer = st.fixed_dictionaries(
+    {},
+    optional={
+        "kv_transfer_params": _transfer_values | json_values,
+        "ec_transfer_params": _transfer_values,
+        "vllm_xargs": st.fixed_dictionaries({}, optional={"kv_transfer_params": _transfer_values}),
+    },
+)
+
+_responses_valid = st.fixed_dictionaries(
+    {},
+    optional={
+        "max_output_tokens": cap_values,
+        "temperature": st.floats(0, 2),
+        "tools": st.just([{"type": "function", "name": "f", "parameters": {"type": "object"}}]),
+        "tool_choice": st.sampled_from(["auto", "none", {"type": "function", "name": "f"}]),
+        "text": st.sampled_from(
+            [{"format": {"type": "json_schema", "name": "x", "schema": {}}}, {"format": None}]
+        ),
+        "include": st.just(["message.output_text.logprobs"]),
+        "top_logprobs": st.integers(0, 5),
+        "stream": st.booleans(),
+    },
+)
+
+_messages_valid = st.fixed_dictionaries(
+    {"max_tokens": st.integers(1, 300) | cap_values},
+    optional={
+        "top_k": st.integers(1, 50),
+        "stop_sequences": st.lists(st.text(min_size=1, max_size=3), max_size=2),
+        "tools": st.just([{"name": "f", "input_schema": {}}]),
+        "tool_choice": st.sampled_from([{"type": "any"}, {"type": "tool", "name": "f"}]),
+        "system": st.text(max_size=4),
+        "stream": st.booleans(),
+    },
+)
+
+
+def _merged(*parts: st.SearchStrategy[dict[str, Any]]) -> st.SearchStrategy[dict[str, Any]]:
+    return st.tuples(*parts).map(lambda dicts: {k: v for d in dicts for k, v in d.items()})
+
+
+# (client path, body): each non-generate client route with a body shaped for it (valid fields,
+# random values for its own keys, unknown keys and client-supplied transfer params).
+client_route_bodies: st.SearchStrategy[tuple[str, dict[str, Any]]] = (
+    st.tuples(st.sampled_from(["/v1/chat/completions", "/v1/completions"]), client_request_bodies)
+    | st.tuples(
+        st.just("/v1/responses"),
+        _merged(responses_client_bodies, _responses_valid, _client_transfer),
+    )
+    | st.tuples(
+        st.just("/v1/messages"),
+        _merged(messages_client_bodies, _messages_valid, _client_transfer),
+    )
+)

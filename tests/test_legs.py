@@ -11,7 +11,7 @@ import pytest
 from golden import load_fixture
 from hypothesis import given
 from hypothesis import strategies as st
-from strategies import client_paths, client_request_bodies
+from strategies import client_paths, client_request_bodies, client_route_bodies
 
 from disagg_transforms import (
     TOP_LEVEL_CAPS,
@@ -441,8 +441,8 @@ def test_responses_and_messages_caps_over_generate(path: str) -> None:
     key = "max_output_tokens" if path == RESPONSES else "max_tokens"
     body = {"model": "m", "input": "hi", key: 33, "temperature": 0.5}
     leg = decode(body, path=path)
-    assert leg.body["sampling_params"] == {"max_tokens": 33}
-    assert set(leg.dropped) == {"input", "temperature"}
+    assert leg.body["sampling_params"] == {"temperature": 0.5, "max_tokens": 33}
+    assert leg.dropped == ("input",)
     assert_generate_request(leg.body)
 
 
@@ -580,8 +580,7 @@ def test_prefill_generate_single_token(path: str) -> None:
     assert leg.body["cache_salt"] == "s"
     assert leg.body["request_id"] == "rid"
     assert "output_mode" not in leg.body
-    if path in {CHAT, GENERATE}:
-        assert sampling["temperature"] == 0.4
+    assert sampling["temperature"] == 0.4
     assert_generate_request(leg.body)
 
 
@@ -692,3 +691,190 @@ def test_prefill_and_encode_return_a_leg_or_a_request_error(
             assert_generate_request(leg.body, passthrough=body if path == GENERATE else ())
         if not trusted:
             assert "remote_host" not in json.dumps(leg.body, default=str)
+
+
+# ---- Responses and Messages clients end to end ----
+
+WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}}
+
+
+def responses_client(**fields: Any) -> dict[str, Any]:
+    return {
+        "model": "m",
+        "input": "Weather in Paris?",
+        "max_output_tokens": 300,
+        "temperature": 0.2,
+        "tools": [{"type": "function", "name": "get_weather", "parameters": WEATHER}],
+        "text": {"format": {"type": "json_schema", "name": "w", "schema": WEATHER}},
+        **fields,
+    }
+
+
+def messages_client(**fields: Any) -> dict[str, Any]:
+    return {
+        "model": "claude",
+        "max_tokens": 256,
+        "system": "Be brief.",
+        "messages": [{"role": "user", "content": "Weather in Paris?"}],
+        "stop_sequences": ["\n\nHuman:"],
+        "top_k": 20,
+        "tools": [{"name": "get_weather", "input_schema": WEATHER}],
+        "tool_choice": {"type": "any"},
+        **fields,
+    }
+
+
+def test_responses_client_decode_leg_over_generate() -> None:
+    body = responses_client(stream=True)
+    before = copy.deepcopy(body)
+    leg = decode(body, path=RESPONSES, params=DERENDER, kv_transfer_params=ROUTER_KV)
+    assert body == before
+    assert leg.body["sampling_params"] == {
+        "temperature": 0.2,
+        "structured_outputs": {"json": WEATHER},
+        "max_tokens": 300,
+        "extra_args": {"kv_transfer_params": ROUTER_KV},
+    }
+    assert leg.body["parse_context"] == {
+        "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}}],
+        "tool_choice": "auto",
+    }
+    assert leg.body["stream"] is False
+    assert leg.single_frame is True
+    assert leg.wrap_chat_completion is False
+    assert leg.dropped == ("input",)
+    assert_generate_request(leg.body)
+
+
+def test_responses_client_text_mode_reports_the_tools_dropped() -> None:
+    leg = decode(responses_client(), path=RESPONSES)
+    assert "parse_context" not in leg.body
+    assert leg.dropped == ("input", "tools")
+
+
+def test_messages_client_decode_leg_over_generate() -> None:
+    leg = decode(messages_client(), path=MESSAGES, params=DERENDER)
+    assert leg.body["sampling_params"] == {
+        "top_k": 20,
+        "stop": ["\n\nHuman:"],
+        "max_tokens": 256,
+    }
+    assert leg.body["parse_context"] == {
+        "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}}],
+        "tool_choice": "required",
+    }
+    assert leg.body["model"] == "claude"
+    assert leg.dropped == ("system", "messages")
+    assert "max_tokens" not in leg.body
+    assert_generate_request(leg.body)
+
+
+@pytest.mark.parametrize(
+    ("body", "path", "param"),
+    [
+        (responses_client(previous_response_id="resp_1"), RESPONSES, "$.previous_response_id"),
+        (responses_client(tools=[{"type": "web_search"}]), RESPONSES, "$.tools[0].type"),
+        ({"model": "claude", "messages": []}, MESSAGES, "$.max_tokens"),
+        (messages_client(temperature="hot"), MESSAGES, "$.temperature"),
+    ],
+)
+def test_responses_and_messages_refusals_through_every_builder(
+    body: dict[str, Any], path: str, param: str
+) -> None:
+    for build, params in (
+        (build_decode_request, TEXT),
+        (build_prefill_request, PrefillParams(use_openai_format=False)),
+        (build_encode_request, EncodeParams(use_openai_format=False)),
+    ):
+        with pytest.raises(RequestError) as caught:
+            build(body, client_path=path, params=params, token_ids=TOKENS)  # type: ignore[operator]
+        assert caught.value.param == param
+        assert param in caught.value.message
+
+
+def test_responses_prefill_caps_max_output_tokens_on_both_routes() -> None:
+    body = responses_client(stream=True)
+    openai = build_prefill_request(body, client_path=RESPONSES, params=PrefillParams())
+    assert openai.body["max_output_tokens"] == 1
+    assert "max_tokens" not in openai.body
+    assert openai.body["text"] == body["text"]
+    generate = build_prefill_request(
+        body, client_path=RESPONSES, params=PrefillParams(use_openai_format=False), token_ids=TOKENS
+    )
+    sampling = generate.body["sampling_params"]
+    assert sampling["max_tokens"] == 1
+    assert sampling["temperature"] == 0.2
+    assert sampling["structured_outputs"] == {"json": WEATHER}
+    assert "max_output_tokens" not in generate.body
+    assert "parse_context" not in generate.body
+    assert_generate_request(generate.body)
+
+
+def test_messages_prefill_and_encode_over_generate() -> None:
+    for build, params in (
+        (build_prefill_request, PrefillParams(use_openai_format=False)),
+        (build_encode_request, EncodeParams(use_openai_format=False)),
+    ):
+        leg = build(messages_client(), client_path=MESSAGES, params=params, token_ids=TOKENS)  # type: ignore[operator]
+        assert leg.body["sampling_params"]["max_tokens"] == 1
+        assert leg.body["sampling_params"]["stop"] == ["\n\nHuman:"]
+        assert_generate_request(leg.body)
+
+
+@given(client_route_bodies, _ALL_PARAMS, st.booleans())
+def test_every_client_route_body_gives_a_decode_leg_or_a_request_error(
+    route_body: tuple[str, dict[str, Any]], params: DecodeParams, trusted: bool
+) -> None:
+    path, body = route_body
+    params = msgspec.structs.replace(params, trust_client_transfer_params=trusted)
+    before = copy.deepcopy(body)
+    try:
+        leg = decode(body, path=path, params=params, kv_transfer_params={"router": 1})
+    except RequestError as error:
+        assert error.param is not None
+        assert error.param.startswith("$")
+        assert body == before
+        return
+    assert body == before
+    if leg.route is Route.GENERATE:
+        assert_generate_request(leg.body)
+        # Dropped: the client's own keys, or the path of a transfer param it nested.
+        for key in leg.dropped:
+            assert key in body or key.endswith(("kv_transfer_params", "ec_transfer_params"))
+    if not trusted:
+        assert "remote_host" not in json.dumps(leg.body, default=str)
+
+
+@given(client_route_bodies, st.booleans(), st.booleans())
+def test_every_client_route_body_gives_single_token_legs_or_a_request_error(
+    route_body: tuple[str, dict[str, Any]], use_openai: bool, trusted: bool
+) -> None:
+    path, body = route_body
+    before = copy.deepcopy(body)
+    for build, params_cls in (
+        (build_prefill_request, PrefillParams),
+        (build_encode_request, EncodeParams),
+    ):
+        params = params_cls(use_openai_format=use_openai, trust_client_transfer_params=trusted)
+        try:
+            leg = build(body, client_path=path, params=params, token_ids=TOKENS)  # type: ignore[operator]
+        except RequestError as error:
+            assert error.param is not None
+            continue
+        assert body == before
+        if leg.route is Route.GENERATE:
+            assert leg.body["sampling_params"]["max_tokens"] == 1
+            assert_generate_request(leg.body)
+        if not trusted:
+            assert "remote_host" not in json.dumps(leg.body, default=str)
+    assert body == before
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [(CHAT, chat()), (RESPONSES, {"input": "hi"}), (MESSAGES, {"max_tokens": 5, "messages": []})],
+)
+def test_derender_leg_always_has_a_parse_context(path: str, body: dict[str, Any]) -> None:
+    # vLLM refuses derender without parse_context on a server with a tool or reasoning parser.
+    assert decode(body, path=path, params=DERENDER).body["parse_context"] == {}
+    assert "parse_context" not in decode(body, path=path).body

@@ -39,7 +39,7 @@ def test_responses_sampling_fields_map_as_vllm_maps_them() -> None:
         "top_p": 0.9,
         "top_k": 20,
         "seed": 7,
-        "stop": ["END"],
+        "stop": "END",
         "logprobs": 3,
         "structured_outputs": {"json": WEATHER_SCHEMA},
         "extra_args": {"x": 1},
@@ -67,7 +67,12 @@ def test_responses_tools_become_chat_tools_with_auto_choice() -> None:
 
 
 def test_responses_logprobs_need_include() -> None:
-    assert "logprobs" not in map_responses_request({"top_logprobs": 3}).sampling_params
+    # As for chat's `logprobs: true`: top_logprobs without the switch would be ignored.
+    with pytest.raises(RequestError) as info:
+        map_responses_request({"top_logprobs": 3})
+    assert info.value.param == "$.top_logprobs"
+    assert "include" in info.value.message
+    assert map_responses_request({"top_logprobs": 0}).sampling_params == {}
     include = {"include": ["message.output_text.logprobs"]}
     assert map_responses_request(include).sampling_params == {"logprobs": 0}
 
@@ -181,6 +186,8 @@ def test_messages_tool_choice(choice: dict[str, Any], expected: object) -> None:
         ({"max_tokens": 1, "tool_choice": "auto"}, "$.tool_choice"),
         ({"max_tokens": 1, "stop_sequences": [None]}, "$.stop_sequences[0]"),
         ({"max_tokens": 1, "top_k": "5"}, "$.top_k"),
+        ({"max_tokens": 1, "tool_choice": {"type": "any", "disable_parallel_tool_use": 1}},
+         "$.tool_choice.disable_parallel_tool_use"),
         ({"max_tokens": 1, "output_config": {"format": {"type": "xml"}}},
          "$.output_config.format.type"),
     ],
