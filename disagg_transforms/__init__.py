@@ -37,6 +37,7 @@ from disagg_transforms.errors import (
 )
 from disagg_transforms.hooks import (
     ENTRY_POINT_GROUP,
+    LegInputs,
     Pipeline,
     RequestTransform,
     ResponseTransform,
@@ -58,6 +59,13 @@ from disagg_transforms.streaming import (
     single_frame_chat_chunks,
     single_frame_chat_stream,
 )
+from disagg_transforms.transforms import (
+    SamplingCaps,
+    decode_request,
+    sampling_caps,
+    strip_client_transfer_params,
+    wrap_response,
+)
 from disagg_transforms.wrap import wrap_chat_completion
 
 __all__ = [
@@ -71,6 +79,7 @@ __all__ = [
     "EncodeParams",
     "KvTransferPlacement",
     "Leg",
+    "LegInputs",
     "MIN_VLLM_VERSION",
     "OutputMode",
     "Pipeline",
@@ -80,6 +89,7 @@ __all__ = [
     "RequestTransform",
     "ResponseTransform",
     "Route",
+    "SamplingCaps",
     "Step",
     "StepParams",
     "THINKING_SIGNATURE",
@@ -94,17 +104,21 @@ __all__ = [
     "build_encode_request",
     "build_prefill_request",
     "check_output_mode_echo",
+    "decode_request",
     "detect_route",
     "load_transforms",
     "openai_error_body",
     "parse_pipeline_params",
     "parse_step_params",
     "resolve_format",
+    "sampling_caps",
     "single_frame_chat_chunks",
     "single_frame_chat_stream",
+    "strip_client_transfer_params",
     "validate_output_mode",
     "wrap_anthropic_message",
     "wrap_chat_completion",
+    "wrap_response",
     "wrap_responses_response",
 ]
 
