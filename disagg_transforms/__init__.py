@@ -43,6 +43,7 @@ from disagg_transforms.errors import (
 )
 from disagg_transforms.hooks import (
     ENTRY_POINT_GROUP,
+    LegInputs,
     Pipeline,
     RequestTransform,
     ResponseTransform,
@@ -69,6 +70,13 @@ from disagg_transforms.streaming import (
     single_frame_chat_chunks,
     single_frame_chat_stream,
 )
+from disagg_transforms.transforms import (
+    SamplingCaps,
+    decode_request,
+    sampling_caps,
+    strip_client_transfer_params,
+    wrap_response,
+)
 from disagg_transforms.wrap import wrap_chat_completion
 
 __all__ = [
@@ -83,6 +91,7 @@ __all__ = [
     "EncodeParams",
     "KvTransferPlacement",
     "Leg",
+    "LegInputs",
     "MIN_VLLM_VERSION",
     "OutputMode",
     "Pipeline",
@@ -93,6 +102,7 @@ __all__ = [
     "ResponseTransform",
     "ResponsesStreamConverter",
     "Route",
+    "SamplingCaps",
     "Step",
     "StepParams",
     "THINKING_SIGNATURE",
@@ -107,21 +117,25 @@ __all__ = [
     "build_encode_request",
     "build_prefill_request",
     "check_output_mode_echo",
+    "decode_request",
     "detect_route",
     "load_transforms",
     "openai_error_body",
     "parse_pipeline_params",
     "parse_step_params",
     "resolve_format",
+    "sampling_caps",
     "single_frame_anthropic_events",
     "single_frame_anthropic_stream",
     "single_frame_chat_chunks",
     "single_frame_chat_stream",
     "single_frame_responses_events",
     "single_frame_responses_stream",
+    "strip_client_transfer_params",
     "validate_output_mode",
     "wrap_anthropic_message",
     "wrap_chat_completion",
+    "wrap_response",
     "wrap_responses_response",
 ]
 

@@ -12,13 +12,30 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-import msgspec
 import orjson
 
+from disagg_transforms._demo import demo_text, indented_json, params_json
 from disagg_transforms._describe import describe
-from disagg_transforms.config import Step, StepParams, parse_pipeline_params, parse_step_params
-from disagg_transforms.errors import ConfigError
-from disagg_transforms.routes import Route, resolve_format
+from disagg_transforms.anthropic import wrap_anthropic_message
+from disagg_transforms.config import (
+    DecodeParams,
+    EncodeParams,
+    OutputMode,
+    PrefillParams,
+    Step,
+    StepParams,
+    parse_pipeline_params,
+    parse_step_params,
+)
+from disagg_transforms.errors import ConfigError, DisaggTransformError
+from disagg_transforms.legs import (
+    Leg,
+    build_decode_request,
+    build_encode_request,
+    build_prefill_request,
+)
+from disagg_transforms.responses_api import wrap_responses_response
+from disagg_transforms.wrap import wrap_chat_completion
 
 _PROG = "disagg-transforms"
 _STDIN = "-"
@@ -28,29 +45,6 @@ _TOP_LEVEL_KEYS = ("steps", "use_openai_format")
 
 class _CliError(Exception):
     """A failure reported as one line on stderr with exit code 2."""
-
-
-def _heading(text: str) -> str:
-    return f"\n{text}\n{'=' * len(text)}"
-
-
-def _params_json(params: StepParams) -> str:
-    return msgspec.json.encode(msgspec.structs.asdict(params)).decode()
-
-
-def _demo() -> str:
-    lines = [_heading("Where each leg goes (resolve_format)")]
-    lines.append(f"{'client route':<24} {'use_openai_format=true':<26} use_openai_format=false")
-    lines.extend(
-        f"{route.value:<24} {resolve_format(True, route.value).value:<26} "  # noqa: FBT003
-        f"{resolve_format(False, route.value).value}"  # noqa: FBT003
-        for route in Route
-    )
-    lines.append(_heading("Step defaults (parse_step_params with no keys)"))
-    lines.extend(
-        f"{step.value:<20} {_params_json(parse_step_params(step.value, {}))}" for step in Step
-    )
-    return "\n".join(lines)
 
 
 def _one_line(error: BaseException) -> str:
@@ -170,12 +164,77 @@ def _check_config(args: argparse.Namespace) -> int:
 
 
 def _print_steps(parsed: Mapping[Step, StepParams]) -> None:
-    lines = [f"{step.value:<20} {_params_json(params)}" for step, params in parsed.items()]
+    lines = [f"{step.value:<20} {params_json(params)}" for step, params in parsed.items()]
     sys.stdout.write("\n".join(["valid", *lines]) + "\n")
 
 
 def _run_demo(_args: argparse.Namespace) -> int:
-    sys.stdout.write(_demo() + "\n")
+    sys.stdout.write(demo_text())
+    return 0
+
+
+def _json_option(text: str, option: str) -> object:
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError as exc:
+        msg = f"{option}: not valid JSON: {_one_line(exc)}"
+        raise _CliError(msg) from None
+
+
+def _token_ids(value: str | None) -> object:
+    """``--token-ids``: a JSON list given inline, or the name of a file holding one."""
+    if value is None:
+        return None
+    if value.lstrip().startswith("["):
+        return _json_option(value, "--token-ids")
+    return _read_json(value)
+
+
+def _build_leg(args: argparse.Namespace) -> Leg:
+    body: object = _read_json(args.file)
+    step = Step(args.step)
+    params = parse_step_params(step.value, _params_option(args.params))
+    common: dict[str, object] = {"client_path": args.path, "token_ids": _token_ids(args.token_ids)}
+    # parse_step_params returns the step's own params class; the isinstance checks tell mypy.
+    if isinstance(params, DecodeParams):
+        return build_decode_request(body, params=params, **common)  # type: ignore[arg-type]
+    if isinstance(params, PrefillParams):
+        return build_prefill_request(body, params=params, **common)  # type: ignore[arg-type]
+    if isinstance(params, EncodeParams):
+        return build_encode_request(body, params=params, **common)  # type: ignore[arg-type]
+    msg = f"--step: {step.value} has no leg to build"  # pragma: no cover - choices exclude it
+    raise _CliError(msg)  # pragma: no cover
+
+
+def _params_option(text: str | None) -> dict[str, object]:
+    if text is None:
+        return {}
+    params = _json_option(text, "--params")
+    if not isinstance(params, dict):
+        msg = f"--params: expected a JSON object of step params, got {describe(params)}"
+        raise _CliError(msg)
+    return params
+
+
+def _request(args: argparse.Namespace) -> int:
+    leg = _build_leg(args)
+    sys.stdout.write(f"POST {leg.path}\n{indented_json(leg.body)}\n")
+    return 0
+
+
+_ENVELOPES: Mapping[str, Callable[..., dict[str, object]]] = {
+    "chat": wrap_chat_completion,
+    "responses": wrap_responses_response,
+    "anthropic": wrap_anthropic_message,
+}
+
+
+def _response(args: argparse.Namespace) -> int:
+    response = _read_json(args.file)
+    client_body = None if args.client_body is None else _read_json(args.client_body)
+    wrap = _ENVELOPES[args.envelope]
+    envelope = wrap(response, requested=OutputMode(args.mode), client_body=client_body)
+    sys.stdout.write(indented_json(envelope) + "\n")
     return 0
 
 
@@ -185,8 +244,43 @@ def _parser() -> argparse.ArgumentParser:
         description="Build disaggregated-serving leg bodies for vLLM, and read them back.",
     )
     commands = parser.add_subparsers(dest="command", required=True)
-    demo = commands.add_parser("demo", help="show routes and step defaults")
+    demo = commands.add_parser(
+        "demo", help="run an embedded chat request and vLLM answers through every leg"
+    )
     demo.set_defaults(handler=_run_demo)
+    request = commands.add_parser(
+        "request",
+        help="print the leg a router would send for a client body",
+        description="Read a client's JSON body; print the leg's path, then its body.",
+    )
+    request.add_argument("file", help="the client's JSON body, or - for stdin")
+    request.add_argument(
+        "--path", default="/v1/chat/completions", help="the path the client called"
+    )
+    request.add_argument(
+        "--step", choices=("prefill", "decode", "encode"), default="decode", help="the leg"
+    )
+    request.add_argument(
+        "--params", help='the step\'s params as JSON, e.g. \'{"output_mode": "derender"}\''
+    )
+    request.add_argument(
+        "--token-ids", help="the rendered prompt: a JSON list, or a file holding one"
+    )
+    request.set_defaults(handler=_request)
+    response = commands.add_parser(
+        "response",
+        help="print the envelope a client gets for a generate response",
+        description="Read a generate response (JSON); print the envelope rebuilt from it.",
+    )
+    response.add_argument("file", help="the worker's JSON answer, or - for stdin")
+    response.add_argument(
+        "--mode", choices=("text", "derender"), default="text", help="the requested output_mode"
+    )
+    response.add_argument("--client-body", help="the client's JSON request (a file)")
+    response.add_argument(
+        "--envelope", choices=tuple(_ENVELOPES), default="chat", help="the client's API"
+    )
+    response.set_defaults(handler=_response)
     check = commands.add_parser(
         "check-config",
         help="validate a pipeline's step params (JSON, or YAML with PyYAML)",
@@ -212,8 +306,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     handler: Callable[[argparse.Namespace], int] = args.handler
     try:
         return handler(args)
-    except _CliError as error:
-        sys.stderr.write(f"{_PROG}: error: {error}\n")
+    except (_CliError, DisaggTransformError) as error:
+        sys.stderr.write(f"{_PROG}: error: {_one_line(error)}\n")
         return _EXIT_USAGE
 
 

@@ -33,6 +33,7 @@ from disagg_transforms.routes import Route, detect_route
 
 __all__ = (
     "ENTRY_POINT_GROUP",
+    "LegInputs",
     "Pipeline",
     "RequestTransform",
     "ResponseTransform",
@@ -45,6 +46,28 @@ ENTRY_POINT_GROUP = "disagg_transforms.transforms"
 """The entry-point group third-party distributions publish their transforms in."""
 
 _MAX_REASON = 200
+
+
+class LegInputs(msgspec.Struct, frozen=True, kw_only=True):
+    """What the router hands a leg builder besides the client's body, for one request.
+
+    The keyword arguments of :func:`~disagg_transforms.legs.build_decode_request` that vary per
+    request; the built-in :func:`~disagg_transforms.transforms.decode_request` transform passes
+    them on. Every field defaults to ``None`` (not given).
+    """
+
+    token_ids: Sequence[int] | None = None
+    """The rendered prompt."""
+    kv_transfer_params: Mapping[str, Any] | None = None
+    """What the router's KV connector supplies for this leg."""
+    features: Mapping[str, Any] | None = None
+    """Multimodal features of the prompt."""
+    rendered: Mapping[str, Any] | None = None
+    """The ``GenerateRequest`` vLLM's ``/render`` answered for this request."""
+    request_id: str | None = None
+    """The router's request ID."""
+    parse_context: Mapping[str, Any] | None = None
+    """The ``parse_context`` ``/render`` returned (derender mode)."""
 
 
 class TransformContext(msgspec.Struct, frozen=True, kw_only=True):
@@ -61,6 +84,10 @@ class TransformContext(msgspec.Struct, frozen=True, kw_only=True):
     """The step's parsed params, when the host has them."""
     extra: Mapping[str, Any] = MappingProxyType({})
     """The host's own data, opaque to the library (request ids, tenant, deadlines...)."""
+    client_body: Mapping[str, Any] | None = None
+    """The client's original request, for response transforms (its ``top_logprobs``, model)."""
+    inputs: LegInputs = msgspec.field(default_factory=LegInputs)
+    """The router's per-request inputs to the leg builders (token IDs, ``/render`` answer...)."""
 
     @property
     def client_route(self) -> Route:

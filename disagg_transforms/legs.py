@@ -133,6 +133,17 @@ def _take_transfer(
     return result, found, where
 
 
+def strip_transfer_params(body: Mapping[str, Any]) -> dict[str, Any]:
+    """``body`` without any transfer param (top level, ``extra_args``, ``vllm_xargs``).
+
+    Shared with the built-in transform and the LiteLLM callbacks; ``body`` is not mutated.
+
+    Raises:
+        RequestError: ``body`` (or a container the params hide in) is not a JSON object.
+    """
+    return _take_transfer(_validate.mapping(body, "$"))[0]
+
+
 def _transfer(
     body: Mapping[str, Any],
     *,

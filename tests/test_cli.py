@@ -9,10 +9,23 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from golden import load_fixture
 from hypothesis import given
 from hypothesis import strategies as st
 from strategies import json_values
 
+from disagg_transforms import (
+    DecodeParams,
+    EncodeParams,
+    OutputMode,
+    PrefillParams,
+    build_decode_request,
+    build_encode_request,
+    build_prefill_request,
+    wrap_anthropic_message,
+    wrap_chat_completion,
+    wrap_responses_response,
+)
 from disagg_transforms.__main__ import main
 
 
@@ -237,3 +250,198 @@ def test_any_document_gives_exit_0_or_2_and_one_line_per_error(document: dict[st
     assert all(
         line.startswith(("<stdin>: ", "disagg-transforms: error: <stdin>: ")) for line in lines
     )
+
+
+# --- demo, request, response ---------------------------------------------------------------------
+
+
+def test_demo_runs_every_leg(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo"]) == 0
+    out = capsys.readouterr().out
+    for heading in (
+        "1. The client's request",
+        "2. Prefill leg: POST /inference/v1/generate",
+        "3. Decode leg, output_mode text",
+        "4. Decode leg, output_mode derender",
+        "5b. ... wrapped for a non-streaming chat client",
+        "6b. ... wrapped for a non-streaming chat client",
+        "7. The derender answer as a single-frame stream",
+        "8b. ... converted for the streaming chat client",
+    ):
+        assert heading in out
+    assert '"content": "It is sunny in Paris."' in out
+    assert '"max_tokens": 1' in out  # the prefill leg
+    assert '"remote_host": "10.0.0.66"' not in out.split("2. Prefill leg")[1]  # the client's, gone
+    assert out.rstrip().endswith("[DONE]")
+
+
+def _fixture_file(tmp_path: Path, name: str) -> tuple[str, Any]:
+    body = load_fixture(name)
+    return _write(tmp_path, name, json.dumps(body)), body
+
+
+def _leg_output(out: str) -> tuple[str, Any]:
+    first, _, rest = out.partition("\n")
+    return first, json.loads(rest)
+
+
+@pytest.mark.parametrize(
+    ("step", "params", "builder"),
+    [
+        (
+            "decode",
+            {"use_openai_format": False, "output_mode": "derender"},
+            (build_decode_request, DecodeParams),
+        ),
+        ("prefill", {"use_openai_format": False}, (build_prefill_request, PrefillParams)),
+        ("encode", {"use_openai_format": False}, (build_encode_request, EncodeParams)),
+    ],
+)
+def test_request_round_trips_the_rendered_fixture(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    step: str,
+    params: dict[str, Any],
+    builder: tuple[Any, Any],
+) -> None:
+    build, params_type = builder
+    path, body = _fixture_file(tmp_path, "request-decode-derender.json")
+    argv = ["request", path, "--path", "/inference/v1/generate", "--step", step]
+    assert main([*argv, "--params", json.dumps(params)]) == 0
+    first, printed = _leg_output(capsys.readouterr().out)
+    expected = build(body, client_path="/inference/v1/generate", params=params_type(**params))
+    assert first == f"POST {expected.path}"
+    assert printed == expected.body
+
+
+def test_request_maps_a_chat_client_with_token_ids_from_a_file_or_inline(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
+    ids = _write(tmp_path, "ids.json", "[1, 2, 3]")
+    params = '{"use_openai_format": false}'
+    _stdin(monkeypatch, json.dumps(chat).encode())
+    assert main(["request", "-", "--params", params, "--token-ids", ids]) == 0
+    first, printed = _leg_output(capsys.readouterr().out)
+    assert first == "POST /inference/v1/generate"
+    assert printed["token_ids"] == [1, 2, 3]
+    assert printed["sampling_params"] == {"max_tokens": 5}
+    path = _write(tmp_path, "chat.json", json.dumps(chat))
+    assert main(["request", path, "--params", params, "--token-ids", "[4]"]) == 0
+    assert _leg_output(capsys.readouterr().out)[1]["token_ids"] == [4]
+    # The default decode step keeps the client's route: the body comes back as sent.
+    assert main(["request", path]) == 0
+    assert _leg_output(capsys.readouterr().out) == ("POST /v1/chat/completions", chat)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "response-text.json",
+        "response-text-logprobs.json",
+        "response-text-finish-abort.json",
+        "response-text-finish-repetition.json",
+        "response-derender-text.json",
+        "response-derender-tool-call.json",
+    ],
+)
+def test_response_round_trips_the_fixtures(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str
+) -> None:
+    path, body = _fixture_file(tmp_path, name)
+    mode = body["output_mode"]
+    client = {"model": "m", "top_logprobs": 1}
+    client_path = _write(tmp_path, "client.json", json.dumps(client))
+    wrappers = {
+        "chat": wrap_chat_completion,
+        "responses": wrap_responses_response,
+        "anthropic": wrap_anthropic_message,
+    }
+    for envelope, wrap in wrappers.items():
+        argv = ["response", path, "--mode", mode, "--envelope", envelope]
+        assert main([*argv, "--client-body", client_path]) == 0, capsys.readouterr().err
+        printed = json.loads(capsys.readouterr().out)
+        expected = wrap(body, requested=OutputMode(mode), client_body=client)
+        if "created" in expected and "created" not in body:
+            printed.pop("created", None)
+            expected.pop("created")
+        assert printed == expected
+
+
+def test_response_refuses_a_mismatched_echo_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path, _ = _fixture_file(tmp_path, "response-tokens.json")
+    assert main(["response", path, "--mode", "text"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    [line] = captured.err.splitlines()
+    assert line.startswith('disagg-transforms: error: $.output_mode: requested "text"')
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["request", "{missing}"], "cannot read {missing}: "),
+        (["response", "{missing}"], "cannot read {missing}: "),
+        (["request", "{bad}"], "{bad}: not valid JSON: "),
+        (["response", "{bad}"], "{bad}: not valid JSON: "),
+        (["response", "{good}", "--client-body", "{bad}"], "{bad}: not valid JSON: "),
+        (["request", "{good}", "--params", "{{"], "--params: not valid JSON: "),
+        (["request", "{good}", "--params", "[1]"], "--params: expected a JSON object"),
+        (["request", "{good}", "--params", '{"typo": 1}'], "decode.typo: "),
+        (["request", "{good}", "--token-ids", "[1, "], "--token-ids: not valid JSON: "),
+        (["request", "{good}", "--token-ids", "{missing}"], "cannot read {missing}: "),
+        (
+            ["request", "{good}", "--params", '{"use_openai_format": false}'],
+            "$.token_ids: required",
+        ),
+        (["response", "{good}"], '$.output_mode: requested "text"'),
+        (["request", "{array}"], "$: expected an object"),
+    ],
+)
+def test_request_and_response_errors_are_one_line_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], says: str
+) -> None:
+    files = {
+        "missing": str(tmp_path / "nope.json"),
+        "bad": _write(tmp_path, "bad.json", "{not json"),
+        "good": _write(tmp_path, "good.json", json.dumps({"model": "m"})),
+        "array": _write(tmp_path, "array.json", "[1]"),
+    }
+
+    def fill(text: str) -> str:
+        for key, value in files.items():
+            text = text.replace(f"{{{key}}}", value)
+        return text
+
+    argv = [fill(arg) for arg in argv]
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    [line] = captured.err.splitlines()
+    assert line.startswith("disagg-transforms: error: ")
+    assert fill(says) in line
+
+
+def test_request_errors_never_show_a_traceback(tmp_path: Path) -> None:
+    path = _write(tmp_path, "chat.json", json.dumps({"max_tokens": 0}))
+    done = subprocess.run(  # noqa: S603 - our own interpreter on a file the test wrote
+        [
+            sys.executable,
+            "-m",
+            "disagg_transforms",
+            "request",
+            path,
+            "--params",
+            '{"use_openai_format": false}',
+            "--token-ids",
+            "[1]",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr
+    assert done.stderr.startswith("disagg-transforms: error: $.max_tokens")
