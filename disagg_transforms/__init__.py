@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from importlib.metadata import version as _metadata_version
 
+from disagg_transforms.anthropic import THINKING_SIGNATURE, wrap_anthropic_message
+from disagg_transforms.caps import TOP_LEVEL_CAPS, apply_sampling_caps, apply_single_token_cap
 from disagg_transforms.config import (
     MIN_VLLM_VERSION,
     ConditionalDecodeParams,
@@ -23,36 +25,87 @@ from disagg_transforms.config import (
     parse_step_params,
     validate_output_mode,
 )
+from disagg_transforms.echo import check_output_mode_echo
 from disagg_transforms.errors import (
     ConfigError,
     DisaggTransformError,
+    PluginLoadError,
     RequestError,
+    TransformError,
     UpstreamContractError,
     openai_error_body,
 )
+from disagg_transforms.hooks import (
+    ENTRY_POINT_GROUP,
+    Pipeline,
+    RequestTransform,
+    ResponseTransform,
+    TransformContext,
+    available_transforms,
+    load_transforms,
+)
+from disagg_transforms.legs import (
+    DecodeLeg,
+    Leg,
+    build_decode_request,
+    build_encode_request,
+    build_prefill_request,
+)
+from disagg_transforms.responses_api import wrap_responses_response
 from disagg_transforms.routes import Route, detect_route, resolve_format
+from disagg_transforms.streaming import (
+    ChatStreamConverter,
+    single_frame_chat_chunks,
+    single_frame_chat_stream,
+)
+from disagg_transforms.wrap import wrap_chat_completion
 
 __all__ = [
+    "ChatStreamConverter",
     "ConditionalDecodeParams",
     "ConfigError",
+    "DecodeLeg",
     "DecodeParams",
     "DisaggTransformError",
+    "ENTRY_POINT_GROUP",
     "EncodeParams",
     "KvTransferPlacement",
+    "Leg",
     "MIN_VLLM_VERSION",
     "OutputMode",
+    "Pipeline",
+    "PluginLoadError",
     "PrefillParams",
     "RequestError",
+    "RequestTransform",
+    "ResponseTransform",
     "Route",
     "Step",
     "StepParams",
+    "THINKING_SIGNATURE",
+    "TOP_LEVEL_CAPS",
+    "TransformContext",
+    "TransformError",
     "UpstreamContractError",
+    "apply_sampling_caps",
+    "apply_single_token_cap",
+    "available_transforms",
+    "build_decode_request",
+    "build_encode_request",
+    "build_prefill_request",
+    "check_output_mode_echo",
     "detect_route",
+    "load_transforms",
     "openai_error_body",
     "parse_pipeline_params",
     "parse_step_params",
     "resolve_format",
+    "single_frame_chat_chunks",
+    "single_frame_chat_stream",
     "validate_output_mode",
+    "wrap_anthropic_message",
+    "wrap_chat_completion",
+    "wrap_responses_response",
 ]
 
 

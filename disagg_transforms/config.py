@@ -69,6 +69,13 @@ class _StepParamsBase(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     trust_client_transfer_params: bool = False
     """Keep transfer params the client put in its body (off: only the router's reach a leg)."""
 
+    def __post_init__(self) -> None:
+        # Built directly (not through parse_step_params), a struct is still checked, and a
+        # wire string such as "top_level" becomes its enum member.
+        for key, reader in _READERS[self.step].items():
+            param = f"{self.step.value}.{key}"
+            msgspec.structs.force_setattr(self, key, reader(getattr(self, key), param))
+
 
 class EncodeParams(_StepParamsBase, frozen=True, kw_only=True):
     """Params of the encode step."""
@@ -228,7 +235,8 @@ def parse_step_params(step: str, params: Mapping[str, object]) -> StepParams:
             accepted = ", ".join(sorted(readers))
             msg = f"{param}: unknown key {describe(key)}; {parsed_step.value} accepts {accepted}"
             raise ConfigError(msg, param=param)
-        values[key] = reader(value, param)
+        values[key] = value
+    # The struct's __post_init__ runs each key's reader.
     return _PARAMS_CLASS[parsed_step](**values)  # type: ignore[arg-type]
 
 

@@ -357,16 +357,9 @@ GenerateResponse: TypeAlias = (
 """A non-streaming generate response; pick the class by its ``output_mode`` (absent: tokens)."""
 
 
-class GenerateStreamChoice(WireStruct, kw_only=True):
+class GenerateStreamChoice(_GenerateChoiceBase, kw_only=True):
     """A choice of a generate stream chunk: ``token_ids`` and ``text`` are deltas."""
 
-    index: int
-    finish_reason: str | UnsetType | None = UNSET
-    stop_reason: int | str | UnsetType | None = UNSET
-    token_ids: list[int] | UnsetType | None = UNSET
-    routed_experts: str | UnsetType | None = UNSET
-    sampling_mask: list[list[int]] | UnsetType | None = UNSET
-    weight_versions: list[WeightVersion] | UnsetType | None = UNSET
     text: str | UnsetType = UNSET
     logprobs: JSON | UnsetType = UNSET
 

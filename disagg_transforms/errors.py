@@ -4,7 +4,9 @@ Every error is a :class:`DisaggTransformError`; catch that one class to catch th
 
     DisaggTransformError        (never raised itself)
     ├── ConfigError             ValueError too; bad step params, raised at startup    (500)
+    │   └── PluginLoadError     a transform plugin named by the host cannot be loaded (500)
     ├── RequestError            ValueError too; the client's body cannot be served   (400)
+    ├── TransformError          a pipeline transform failed with a foreign error      (500)
     └── UpstreamContractError   a worker answered outside the contract                (502)
 
 Each error carries ``param`` (the JSON path such as ``$.sampling_params.max_tokens``, or the
@@ -19,7 +21,9 @@ from typing import Any, ClassVar
 __all__ = (
     "ConfigError",
     "DisaggTransformError",
+    "PluginLoadError",
     "RequestError",
+    "TransformError",
     "UpstreamContractError",
     "openai_error_body",
 )
@@ -75,6 +79,63 @@ class UpstreamContractError(DisaggTransformError):
 
     status_hint: ClassVar[int] = 502
     error_type: ClassVar[str] = "BadGatewayError"
+
+
+class TransformError(DisaggTransformError):
+    """A transform in a pipeline raised an error that is not one of ours, or returned a non-dict.
+
+    The original exception is chained as ``__cause__``; a transform that raises one of this
+    library's errors is not wrapped.
+
+    Attributes:
+        transform: The qualified name of the transform that failed.
+    """
+
+    status_hint: ClassVar[int] = 500
+    error_type: ClassVar[str] = "InternalServerError"
+
+    def __init__(self, message: str, *, transform: str, param: str | None = None) -> None:
+        super().__init__(message, param=param)
+        self.transform = transform
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        kwargs = {"param": self.param, "transform": self.transform}
+        return (_rebuild_with, (type(self), self.message, kwargs))
+
+
+class PluginLoadError(ConfigError):
+    """A transform plugin the host asked for is missing, fails to import, or is not a transform.
+
+    Raised by :func:`disagg_transforms.hooks.load_transforms` while the router starts; the
+    import error, if any, is chained as ``__cause__``.
+
+    Attributes:
+        plugin: The entry-point name the host asked for.
+        distribution: The distribution that publishes it (``"name version"``), or ``None``.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        plugin: str,
+        distribution: str | None = None,
+        param: str | None = None,
+    ) -> None:
+        super().__init__(message, param=param)
+        self.plugin = plugin
+        self.distribution = distribution
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        kwargs = {"param": self.param, "plugin": self.plugin, "distribution": self.distribution}
+        return (_rebuild_with, (type(self), self.message, kwargs))
+
+
+def _rebuild_with(
+    cls: type[DisaggTransformError], message: str, kwargs: dict[str, Any]
+) -> DisaggTransformError:
+    # Subclasses with keyword-only attributes of their own pickle through this.
+    return cls(message, **kwargs)
 
 
 def openai_error_body(error: DisaggTransformError) -> dict[str, dict[str, Any]]:

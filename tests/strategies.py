@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from hypothesis import strategies as st
 
 # JSON scalars as a client could send them (no NaN: JSON has none; the hostile strategies
 # below add those literals on purpose).
-json_scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text()
+json_scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text()
+)
 
 json_values: st.SearchStrategy[Any] = st.recursive(
     json_scalars,
@@ -52,5 +59,381 @@ paths = st.text() | st.sampled_from(
         "/v1/chat/completions/render",
         "/prefix/v1/messages?beta=true",
         "",
+    ]
+)
+
+# --------------------------------------------------------------------------------------------
+# Response side: generate responses (text / derender) and generate SSE streams (issue 4)
+
+GENERATE_ONLY_TOP_KEYS = (
+    "request_id",
+    "output_mode",
+    "kv_transfer_params",
+    "ec_transfer_params",
+    "prompt_token_ids",
+    "prompt_token_id_logprobs",
+    "mm_placeholders",
+    "metrics",
+)
+GENERATE_ONLY_CHOICE_KEYS = ("token_ids", "weight_versions", "routed_experts", "sampling_mask")
+VLLM_FINISH_REASONS = ("stop", "length", "tool_calls", "abort", "repetition")
+
+_tokens = st.text(max_size=6)
+_logprob = st.floats(min_value=-50, max_value=0)
+
+
+@st.composite
+def chat_logprobs(draw: st.DrawFn) -> dict[str, Any]:
+    """Chat-shaped logprobs, top lists longer than a client usually asks (as vLLM sends)."""
+    entries = []
+    for _ in range(draw(st.integers(0, 3))):
+        tops = [
+            {"token": draw(_tokens), "logprob": draw(_logprob), "bytes": None}
+            for _ in range(draw(st.integers(0, 4)))
+        ]
+        entries.append(
+            {"token": draw(_tokens), "logprob": draw(_logprob), "bytes": [1], "top_logprobs": tops}
+        )
+    return {"content": entries}
+
+
+_tool_calls = st.lists(
+    st.fixed_dictionaries(
+        {
+            "id": st.text(min_size=1, max_size=8),
+            "type": st.just("function"),
+            "function": st.fixed_dictionaries(
+                {"name": st.text(min_size=1, max_size=8), "arguments": st.text(max_size=12)}
+            ),
+        }
+    ),
+    min_size=1,
+    max_size=3,
+)
+
+# Unknown keys a newer vLLM could add; the names never collide with a chat field.
+_extra_fields = st.dictionaries(st.sampled_from(["x_new", "y_future", "z_more"]), json_values)
+
+
+@st.composite
+def generate_messages(draw: st.DrawFn) -> dict[str, Any]:
+    """A derendered assistant message: content, reasoning, tool calls, unknown keys."""
+    message: dict[str, Any] = {"role": "assistant", "content": draw(st.none() | st.text())}
+    if draw(st.booleans()):
+        message["reasoning"] = draw(st.none() | st.text())
+    if draw(st.booleans()):
+        message["tool_calls"] = draw(_tool_calls)
+    if draw(st.booleans()):
+        message["x_parser_note"] = draw(json_values)
+    return message
+
+
+@st.composite
+def generate_responses(draw: st.DrawFn, mode: str) -> dict[str, Any]:
+    """A valid non-streaming generate response in ``mode`` ("text" or "derender")."""
+    n = draw(st.integers(1, 4))
+    indices = draw(st.permutations(list(range(n))))
+    choices = []
+    for index in indices:
+        choice: dict[str, Any] = {
+            "index": index,
+            "finish_reason": draw(st.sampled_from(VLLM_FINISH_REASONS)),
+            "stop_reason": draw(st.none() | st.integers(0, 10) | st.text(max_size=3)),
+            "token_ids": draw(st.lists(st.integers(0, 2**31), max_size=4)),
+            "routed_experts": None,
+            "sampling_mask": None,
+            "weight_versions": [{"version": "v1", "start": 0, "end": 1}],
+            "logprobs": draw(st.none() | chat_logprobs()),
+        }
+        if mode == "text":
+            choice["text"] = draw(st.text())
+        else:
+            choice["message"] = draw(generate_messages())
+        choice.update(draw(_extra_fields))
+        choices.append(choice)
+    response: dict[str, Any] = {
+        "request_id": draw(st.sampled_from(["generate-tokens-chatcmpl-", "chatcmpl-", ""]))
+        + draw(st.text(max_size=8)),
+        "model": draw(st.none() | st.text(min_size=1, max_size=10)),
+        "created": draw(st.none() | st.integers(0, 2**40)),
+        "usage": {"prompt_tokens": 3, "total_tokens": 5, "completion_tokens": 2},
+        "prompt_logprobs": None,
+        "prompt_token_id_logprobs": None,
+        "prompt_token_ids": draw(st.none() | st.lists(st.integers(0, 99), max_size=3)),
+        "mm_placeholders": None,
+        "metrics": draw(st.none() | st.just({"queue_time_ms": 1.0})),
+        "kv_transfer_params": draw(st.none() | st.just({"remote_host": "10.0.0.1"})),
+        "ec_transfer_params": None,
+        "output_mode": mode,
+        "choices": choices,
+    }
+    response.update(draw(_extra_fields))
+    return response
+
+
+@st.composite
+def generate_text_streams(draw: st.DrawFn) -> bytes:
+    """A valid text-mode generate SSE stream: interleaved choices, usage chunk, ``[DONE]``."""
+    n = draw(st.integers(1, 3))
+    pending = {
+        index: draw(st.lists(st.text(max_size=5), min_size=1, max_size=3)) for index in range(n)
+    }
+    events: list[dict[str, Any]] = []
+    while pending:
+        index = draw(st.sampled_from(sorted(pending)))
+        text = pending[index].pop(0)
+        last = not pending[index]
+        if last:
+            del pending[index]
+        choice = {
+            "index": index,
+            "finish_reason": draw(st.sampled_from(VLLM_FINISH_REASONS)) if last else None,
+            "stop_reason": None,
+            "token_ids": [7],
+            "text": text,
+            "logprobs": draw(st.none() | chat_logprobs()),
+        }
+        events.append(
+            {"request_id": "generate-tokens-r", "output_mode": "text", "choices": [choice]}
+        )
+    if draw(st.booleans()):
+        events.append(
+            {
+                "request_id": "generate-tokens-r",
+                "usage": {"prompt_tokens": 1, "total_tokens": 2, "completion_tokens": 1},
+                "output_mode": "text",
+                "choices": [],
+            }
+        )
+    separator = draw(st.sampled_from([b"\n\n", b"\r\n\r\n", b"\r\r"]))
+    body = b"".join(
+        b"data: " + json.dumps(event, ensure_ascii=False).encode() + separator for event in events
+    )
+    return body + b"data: [DONE]" + separator
+
+
+# Generate responses for the Responses / Anthropic envelopes, and their client bodies.
+
+FINISH_REASONS = ["stop", "length", "tool_calls", "abort", "repetition"]
+
+_ids = st.text("abcdefghijklmnopqrstuvwxyz0123456789-_", min_size=1, max_size=16)
+_counts = st.integers(min_value=0, max_value=2**31)
+
+_generate_usage = st.fixed_dictionaries(
+    {"prompt_tokens": _counts, "completion_tokens": _counts, "total_tokens": _counts},
+    optional={
+        "prompt_tokens_details": st.none() | st.fixed_dictionaries({"cached_tokens": _counts}),
+        "completion_tokens_details": st.none()
+        | st.fixed_dictionaries({"reasoning_tokens": _counts}),
+    },
+)
+
+# Fields a generate response carries that no client envelope may show.
+_generate_only_extras = st.fixed_dictionaries(
+    {},
+    optional={
+        "prompt_token_ids": st.none() | st.lists(st.integers(0, 2**20), max_size=4),
+        "metrics": st.none() | st.fixed_dictionaries({"ttft": st.floats(0, 10)}),
+        "kv_transfer_params": st.none() | st.fixed_dictionaries({"remote_engine_id": _ids}),
+        "ec_transfer_params": st.none(),
+        "mm_placeholders": st.none(),
+        "prompt_logprobs": st.none(),
+        "prompt_token_id_logprobs": st.none(),
+        "vllm_future_field": json_values,
+    },
+)
+
+_choice_extras = st.fixed_dictionaries(
+    {"token_ids": st.lists(st.integers(0, 2**20), max_size=4)},
+    optional={
+        "weight_versions": st.none(),
+        "routed_experts": st.none(),
+        "sampling_mask": st.none(),
+        "vllm_future_choice_field": json_values,
+    },
+)
+
+json_object_args = st.dictionaries(st.text(max_size=8), json_values, max_size=4).map(json.dumps)
+
+_tool_call = st.fixed_dictionaries(
+    {
+        "id": _ids,
+        "type": st.just("function"),
+        "function": st.fixed_dictionaries(
+            {"name": st.text(min_size=1, max_size=12), "arguments": json_object_args}
+        ),
+    }
+)
+
+
+def _response(mode: str, choice: st.SearchStrategy[dict[str, Any]]) -> st.SearchStrategy[Any]:
+    def build(parts: tuple[Any, ...]) -> dict[str, Any]:
+        request_id, model, created, usage, extras, one_choice, choice_extras = parts
+        return {
+            "request_id": "generate-tokens-" + request_id,
+            "model": model,
+            "created": created,
+            "usage": usage,
+            **extras,
+            "output_mode": mode,
+            "choices": [{**choice_extras, **one_choice}],
+        }
+
+    return st.tuples(
+        _ids,
+        st.text(min_size=1, max_size=20),
+        st.integers(0, 2**33),
+        _generate_usage,
+        _generate_only_extras,
+        choice,
+        _choice_extras,
+    ).map(build)
+
+
+_finish = st.fixed_dictionaries(
+    {
+        "index": st.just(0),
+        "finish_reason": st.sampled_from(FINISH_REASONS),
+        "stop_reason": st.none() | st.integers(0, 2**20) | st.text(max_size=4),
+    }
+)
+
+generate_text_responses = _response(
+    "text",
+    st.tuples(_finish, st.text()).map(lambda parts: {**parts[0], "text": parts[1]}),
+)
+
+_derender_message = st.fixed_dictionaries(
+    {"role": st.just("assistant"), "content": st.none() | st.text()},
+    optional={
+        "reasoning": st.none() | st.text(),
+        "tool_calls": st.lists(_tool_call, min_size=1, max_size=3),
+        "refusal": st.none(),
+        "annotations": st.none(),
+        "audio": st.none(),
+        "function_call": st.none(),
+    },
+)
+
+generate_derender_responses = _response(
+    "derender",
+    st.tuples(_finish, _derender_message).map(lambda parts: {**parts[0], "message": parts[1]}),
+)
+
+# (response, output_mode value)
+generate_envelope_responses = generate_text_responses.map(lambda r: (r, "text")) | (
+    generate_derender_responses.map(lambda r: (r, "derender"))
+)
+
+_responses_keys = [
+    "model", "input", "instructions", "temperature", "top_p", "top_k", "seed", "stop",
+    "tools", "tool_choice", "parallel_tool_calls", "reasoning", "text", "include",
+    "top_logprobs", "previous_response_id", "conversation", "background", "store",
+    "structured_outputs", "vllm_xargs", "logit_bias", "metadata", "max_output_tokens",
+]  # fmt: skip
+_messages_keys = [
+    "model", "messages", "system", "max_tokens", "temperature", "top_p", "top_k",
+    "stop_sequences", "tools", "tool_choice", "thinking", "output_config", "metadata",
+    "chat_template_kwargs", "stream",
+]  # fmt: skip
+
+
+def _client_bodies(keys: list[str]) -> st.SearchStrategy[dict[str, Any]]:
+    return st.dictionaries(st.sampled_from(keys) | st.text(max_size=8), json_values, max_size=8)
+
+
+responses_client_bodies = _client_bodies(_responses_keys)
+messages_client_bodies = _client_bodies(_messages_keys)
+
+
+# Hooks: bodies a pipeline runs over (JSON objects, possibly with tuples and shared subtrees).
+json_objects: st.SearchStrategy[dict[str, Any]] = st.dictionaries(
+    st.text(max_size=8), json_values | st.tuples(json_values, json_values), max_size=6
+)
+
+
+# ---- request legs (issue 3): client bodies, caps, token IDs ----
+
+cap_values = (
+    st.none()
+    | st.integers(min_value=-3, max_value=300)
+    | st.floats(allow_nan=False, max_value=300)
+    | st.booleans()
+    | st.text(max_size=3)
+)
+
+cap_bodies: st.SearchStrategy[dict[str, Any]] = st.fixed_dictionaries(
+    {},
+    optional={
+        "max_tokens": cap_values,
+        "max_completion_tokens": cap_values,
+        "max_output_tokens": cap_values,
+        "min_tokens": cap_values,
+        "sampling_params": st.none()
+        | st.fixed_dictionaries({}, optional={"max_tokens": cap_values, "min_tokens": cap_values})
+        | json_values,
+        "model": st.text(max_size=5),
+    },
+)
+
+token_id_lists = st.lists(st.integers(min_value=0, max_value=2**63 - 1), min_size=1, max_size=8)
+
+_transfer_values = st.dictionaries(st.sampled_from(["remote_host", "remote_port"]), json_scalars)
+
+client_request_bodies: st.SearchStrategy[dict[str, Any]] = st.fixed_dictionaries(
+    {},
+    optional={
+        "model": st.text(max_size=5) | json_scalars,
+        "messages": st.just([{"role": "user", "content": "hi"}]),
+        "prompt": st.text(max_size=5),
+        "token_ids": token_id_lists | json_values,
+        "sampling_params": st.fixed_dictionaries(
+            {},
+            optional={
+                "max_tokens": cap_values,
+                "temperature": st.floats(0, 2),
+                "extra_args": st.fixed_dictionaries(
+                    {}, optional={"kv_transfer_params": _transfer_values}
+                ),
+            },
+        )
+        | json_values,
+        "max_tokens": cap_values,
+        "max_completion_tokens": cap_values,
+        "max_output_tokens": cap_values,
+        "min_tokens": cap_values,
+        "temperature": st.floats(0, 2) | json_scalars,
+        "top_p": st.floats(0.1, 1) | json_scalars,
+        "seed": st.integers(0, 99) | json_scalars,
+        "stop": st.text(min_size=1, max_size=3) | json_values,
+        "logprobs": st.booleans() | json_scalars,
+        "top_logprobs": st.integers(0, 5) | json_scalars,
+        "response_format": st.sampled_from(
+            [{"type": "json_object"}, {"type": "text"}, {"type": "bogus"}]
+        )
+        | json_values,
+        "tools": st.just([{"type": "function", "function": {"name": "f"}}]) | json_values,
+        "stream": st.booleans() | json_scalars,
+        "stream_options": st.just({"include_usage": True}) | json_values,
+        "kv_transfer_params": _transfer_values | json_values,
+        "ec_transfer_params": _transfer_values,
+        "vllm_xargs": st.fixed_dictionaries({}, optional={"kv_transfer_params": _transfer_values}),
+        "cache_salt": st.text(min_size=1, max_size=4),
+        "priority": st.integers(-2, 2),
+        "request_id": st.text(max_size=4),
+    },
+).flatmap(
+    lambda body: st.dictionaries(st.text(max_size=6), json_values, max_size=3).map(
+        lambda extra: {**extra, **body}
+    )
+)
+
+client_paths = st.sampled_from(
+    [
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/responses",
+        "/v1/messages",
+        "/inference/v1/generate",
     ]
 )

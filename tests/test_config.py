@@ -280,3 +280,17 @@ def test_pipeline_step_errors_name_the_step() -> None:
     with pytest.raises(ConfigError) as caught:
         parse_pipeline_params({"render": {}})
     assert caught.value.param == "step"
+
+
+def test_direct_construction_is_checked_and_coerced() -> None:
+    params = DecodeParams(
+        kv_transfer_placement="top_level",  # type: ignore[arg-type]
+        output_mode="derender",  # type: ignore[arg-type]
+    )
+    assert params.kv_transfer_placement is KvTransferPlacement.TOP_LEVEL
+    assert params.output_mode is OutputMode.DERENDER
+    with pytest.raises(ConfigError) as caught:
+        PrefillParams(use_openai_format="false")  # type: ignore[arg-type]
+    assert caught.value.param == "prefill.use_openai_format"
+    with pytest.raises(ConfigError):
+        DecodeParams(output_mode=OutputMode.TOKENS)

@@ -1,0 +1,120 @@
+r"""Server-sent events framing shared by every streaming converter.
+
+:class:`SseParser` takes the bytes of an ``text/event-stream`` body as a socket delivers them,
+split anywhere (inside a multi-byte UTF-8 character, inside a ``\r\n``), and returns each
+complete event's ``data`` payload as bytes; :func:`format_sse_event` writes one event the way
+vLLM does, ``data: <compact JSON>\n\n``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Final
+
+import msgspec
+
+from disagg_transforms import _wire
+from disagg_transforms.errors import UpstreamContractError
+
+DEFAULT_MAX_EVENT_BYTES: Final = 16 * 1024 * 1024
+"""Default bound on one buffered event: a first chunk may carry a 128k-token prompt's IDs."""
+
+DONE_EVENT: Final = b"data: " + _wire.SSE_DONE + b"\n\n"
+
+_LINE_END = re.compile(rb"\r\n|\r|\n")
+_DATA: Final = b"data"
+_ENCODER = msgspec.json.Encoder()
+
+
+class SseParser:
+    r"""Incremental SSE parser: bytes in at arbitrary boundaries, ``data`` payloads out.
+
+    Follows the WHATWG event-stream rules that matter here: lines end with ``\r\n``, ``\n`` or
+    ``\r``; a blank line ends an event; ``data:`` lines (one optional space after the colon)
+    are joined with ``\n``; comments (``:``) and other fields (``event``, ``id``, ``retry``)
+    are ignored; an event without ``data`` yields nothing. ``[DONE]`` comes out as the payload
+    ``b"[DONE]"``, for the caller to recognise.
+
+    Memory is bounded: the unfinished line plus the current event's data may not exceed
+    ``max_event_bytes``, else :class:`UpstreamContractError`.
+    """
+
+    __slots__ = ("_buf", "_data", "_data_size", "_max", "_scan")
+
+    def __init__(self, *, max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES) -> None:
+        self._max = max_event_bytes
+        self._buf = bytearray()
+        self._scan = 0  # where to resume looking for a line end in _buf
+        self._data: list[bytes] = []
+        self._data_size = 0
+
+    def feed(self, data: bytes) -> list[bytes]:
+        """Consume ``data`` and return the payloads of the events it completed, in order.
+
+        Raises:
+            UpstreamContractError: the event being read grew past ``max_event_bytes``.
+        """
+        self._buf += data
+        payloads: list[bytes] = []
+        start = 0
+        while (match := _LINE_END.search(self._buf, max(start, self._scan))) is not None:
+            if match.group() == b"\r" and match.end() == len(self._buf):
+                break  # a "\r" at the end may be the first half of a "\r\n"
+            self._line(bytes(self._buf[start : match.start()]), payloads)
+            start = match.end()
+            self._scan = start
+        del self._buf[:start]
+        self._scan = max(len(self._buf) - 1, 0) if self._buf.endswith(b"\r") else len(self._buf)
+        if len(self._buf) + self._data_size > self._max:
+            msg = (
+                f"$: a server-sent event grew past {self._max} bytes without ending; "
+                "raise max_event_bytes if the worker's events are legitimately that large"
+            )
+            raise UpstreamContractError(msg, param="$")
+        return payloads
+
+    def close(self) -> list[bytes]:
+        r"""End of the stream: return the payload a held final ``\r`` completes, if any.
+
+        Raises:
+            UpstreamContractError: the stream stopped in the middle of an event.
+        """
+        payloads: list[bytes] = []
+        if self._buf == b"\r":  # held back by feed() in case a "\n" followed; none will
+            self._buf.clear()
+            self._line(b"", payloads)
+        if self._data or self._buf:
+            msg = "$: the stream ended in the middle of an event"
+            raise UpstreamContractError(msg, param="$")
+        return payloads
+
+    def _line(self, line: bytes, payloads: list[bytes]) -> None:
+        if not line:
+            if self._data:
+                payloads.append(b"\n".join(self._data))
+            self._data, self._data_size = [], 0
+            return
+        field, colon, value = line.partition(b":")
+        if not field and colon:
+            return  # a comment line
+        if field != _DATA:
+            return  # event / id / retry: nothing a JSON stream needs
+        if value.startswith(b" "):
+            value = value[1:]
+        self._data.append(value)
+        self._data_size += len(value) + 1
+
+
+def format_sse_event(payload: object) -> bytes:
+    r"""One SSE event, ``data: <compact JSON>\n\n``, keys in the payload's own order.
+
+    Raises:
+        UpstreamContractError: the payload holds a value JSON cannot carry (it came from the
+            worker, e.g. an integer too large for any JSON parser).
+    """
+    try:
+        body = _ENCODER.encode(payload)
+    except (TypeError, ValueError, OverflowError, msgspec.EncodeError) as error:
+        msg = f"$: the converted event cannot be written as JSON: {error}"
+        raise UpstreamContractError(msg, param="$") from None
+    return b"data: " + body + b"\n\n"

@@ -1,0 +1,220 @@
+"""Checks of what the router and the client hand in: token IDs, multimodal features, typed views.
+
+Every failure is a :class:`~disagg_transforms.errors.RequestError` whose ``param`` is the JSON
+path of the bad value (``$.token_ids[3]``, ``$.features.mm_placeholders.image[2].offset``) and
+whose message names that value; nothing else escapes.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeVar
+
+import msgspec
+
+from disagg_transforms import _wire as w
+from disagg_transforms._describe import describe
+from disagg_transforms.errors import RequestError
+
+T = TypeVar("T")
+
+MAX_TOKEN_ID = 2**63 - 1
+"""vLLM stores token IDs as int64."""
+
+# msgspec ends a validation message with " - at `$.a.b[3]`"; the path is re-rooted on ours.
+_MSGSPEC_PATH = re.compile(r" - at `\$(?P<path>[^`]*)`$")
+_PATH_STEP = re.compile(r"\.(?P<key>[^.\[]+)|\[(?P<index>\d+)\]")
+_MISSING = object()
+
+
+def _value_at(root: object, path: str) -> object:
+    """Follow a msgspec-style ``.key[3]`` path into ``root``; ``_MISSING`` if it goes nowhere."""
+    value = root
+    for step in _PATH_STEP.finditer(path):
+        key, index = step.group("key"), step.group("index")
+        if key is not None and isinstance(value, Mapping) and key in value:
+            value = value[key]
+        elif index is not None and isinstance(value, list) and int(index) < len(value):
+            value = value[int(index)]
+        else:
+            return _MISSING
+    return value
+
+
+def convert(value: object, view: type[T], path: str) -> T:
+    """Read ``value`` through the typed ``view``; a mismatch is a RequestError at ``path``.
+
+    Args:
+        value: a decoded JSON value (dicts, lists, scalars).
+        view: the msgspec type to read it as.
+        path: the JSON path of ``value`` in the client's or router's body (``$`` for the root).
+    """
+    try:
+        return msgspec.convert(value, view)
+    except (msgspec.ValidationError, RecursionError) as exc:
+        reason = str(exc) if isinstance(exc, msgspec.ValidationError) else "nesting too deep"
+        found = _MSGSPEC_PATH.search(reason)
+        inner = found.group("path") if found else ""
+        where = path + inner
+        reason = reason[: found.start()] if found else reason
+        bad = _value_at(value, inner)
+        shown = f", got {describe(bad)}" if bad is not _MISSING else ""
+        msg = f"{where}: {reason}{shown}"
+        raise RequestError(msg, param=where) from None
+
+
+def mapping(value: object, path: str) -> Mapping[str, Any]:
+    """Return ``value`` if it is a JSON object, else raise a RequestError at ``path``."""
+    if not isinstance(value, Mapping):
+        msg = f"{path}: expected an object, got {describe(value)}"
+        raise RequestError(msg, param=path)
+    return value
+
+
+def optional_mapping(body: Mapping[str, Any], key: str, path: str) -> Mapping[str, Any] | None:
+    """Return ``body[key]`` when it is an object, ``None`` when absent or null; else refuse."""
+    value = body.get(key)
+    if value is None:
+        return None
+    return mapping(value, f"{path}.{key}")
+
+
+def optional_bool(body: Mapping[str, Any], key: str, path: str = "$") -> bool:
+    """Return ``body[key]`` as a bool (absent or null: false); a non-bool is refused."""
+    value = body.get(key)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        where = f"{path}.{key}"
+        msg = f"{where}: expected true or false, got {describe(value)}"
+        raise RequestError(msg, param=where)
+    return value
+
+
+def whole_number(value: object, path: str, *, minimum: int, maximum: int | None = None) -> int:
+    """Return ``value`` as an int in ``[minimum, maximum]``; a whole float such as 5.0 is 5.
+
+    Bools, floats with a fraction, strings, null and anything else are refused, as are values
+    out of range.
+    """
+    number: int | None = None
+    if isinstance(value, int) and not isinstance(value, bool):
+        number = value
+    elif isinstance(value, float) and value.is_integer():
+        number = int(value)
+    if number is None:
+        msg = f"{path}: expected an integer, got {describe(value)}"
+        raise RequestError(msg, param=path)
+    if number < minimum or (maximum is not None and number > maximum):
+        bound = f"at least {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
+        msg = f"{path}: expected an integer {bound}, got {describe(value)}"
+        raise RequestError(msg, param=path)
+    return number
+
+
+def token_ids(value: object, path: str = "$.token_ids") -> list[int]:
+    """Check a token-ID list: integers in ``[0, 2**63 - 1]``; whole floats become ints.
+
+    Returns the list itself when every item is already an int (no copy), else a normalised copy.
+
+    Raises:
+        RequestError: with the index of the first bad item, e.g. ``$.token_ids[3]``.
+    """
+    if not isinstance(value, Sequence) or isinstance(value, (str, bytes)):
+        msg = f"{path}: expected an array of token IDs, got {describe(value)}"
+        raise RequestError(msg, param=path)
+    exact = True
+    for index, item in enumerate(value):
+        # The common case (a plain int in range) stays on this cheap branch.
+        if type(item) is int and 0 <= item <= MAX_TOKEN_ID:
+            continue
+        whole_number(item, f"{path}[{index}]", minimum=0, maximum=MAX_TOKEN_ID)
+        exact = False
+    if exact and isinstance(value, list):
+        return value
+    return [whole_number(item, path, minimum=0) for item in value]
+
+
+def _modality_list(group: Mapping[str, Any], modality: str, path: str) -> Sequence[Any]:
+    value = group.get(modality)
+    if not isinstance(value, list):
+        msg = f"{path}.{modality}: expected an array, got {describe(value)}"
+        raise RequestError(msg, param=f"{path}.{modality}")
+    return value
+
+
+def _placeholder(value: object, n_tokens: int, path: str) -> None:
+    item = mapping(value, path)
+    offset = whole_number(item.get(w.OFFSET), f"{path}.{w.OFFSET}", minimum=0)
+    length = whole_number(item.get(w.LENGTH), f"{path}.{w.LENGTH}", minimum=0)
+    if offset >= n_tokens:
+        where = f"{path}.{w.OFFSET}"
+        msg = f"{where}: offset {offset} is outside the prompt of {n_tokens} token IDs"
+        raise RequestError(msg, param=where)
+    if offset + length > n_tokens:
+        where = f"{path}.{w.LENGTH}"
+        msg = (
+            f"{where}: the span at offset {offset} with length {length} runs past the "
+            f"prompt of {n_tokens} token IDs"
+        )
+        raise RequestError(msg, param=where)
+
+
+def _data_items(features: Mapping[str, Any], key: str, modality: str, count: int) -> None:
+    group = optional_mapping(features, key, "$.features")
+    if group is None or modality not in group:
+        return
+    path = f"$.features.{key}"
+    items = _modality_list(group, modality, path)
+    _same_length(items, count, f"{path}.{modality}")
+    for index, item in enumerate(items):
+        # A cache hit is JSON null: vLLM decodes "" as an inline tensor and fails.
+        if item is None or (isinstance(item, str) and item):
+            continue
+        where = f"{path}.{modality}[{index}]"
+        msg = f"{where}: expected a non-empty string or null (a cache hit), got {describe(item)}"
+        raise RequestError(msg, param=where)
+
+
+def _same_length(items: Sequence[Any], count: int, path: str) -> None:
+    if len(items) != count:
+        msg = f"{path}: has {len(items)} items but mm_hashes has {count} for this modality"
+        raise RequestError(msg, param=path)
+
+
+def features(value: object, n_tokens: int) -> Mapping[str, Any]:
+    """Check multimodal ``features`` against a prompt of ``n_tokens`` token IDs.
+
+    Per modality, ``mm_hashes`` / ``mm_placeholders`` / ``kwargs_data`` / ``mm_metadata`` are
+    parallel lists of equal length; each placeholder's ``offset`` and ``length`` are
+    non-negative integers with ``offset < n_tokens`` and ``offset + length <= n_tokens``; a
+    ``kwargs_data`` item is a non-empty string or JSON null. Returns ``value`` unchanged.
+
+    Raises:
+        RequestError: with the JSON path, e.g. ``$.features.mm_placeholders.image[2].offset``.
+    """
+    root = mapping(value, "$.features")
+    hashes = mapping(root.get(w.MM_HASHES), f"$.features.{w.MM_HASHES}")
+    placeholders = mapping(root.get(w.MM_PLACEHOLDERS), f"$.features.{w.MM_PLACEHOLDERS}")
+    for modality in placeholders:
+        if modality not in hashes:
+            where = f"$.features.{w.MM_PLACEHOLDERS}.{modality}"
+            msg = f"{where}: modality {describe(modality)} has placeholders but no mm_hashes"
+            raise RequestError(msg, param=where)
+    for modality in hashes:
+        hash_path = f"$.features.{w.MM_HASHES}"
+        items = _modality_list(hashes, modality, hash_path)
+        for index, item in enumerate(items):
+            if not isinstance(item, str):
+                where = f"{hash_path}.{modality}[{index}]"
+                msg = f"{where}: expected a string, got {describe(item)}"
+                raise RequestError(msg, param=where)
+        place_path = f"$.features.{w.MM_PLACEHOLDERS}"
+        spans = _modality_list(placeholders, modality, place_path)
+        _same_length(spans, len(items), f"{place_path}.{modality}")
+        for index, span in enumerate(spans):
+            _placeholder(span, n_tokens, f"{place_path}.{modality}[{index}]")
+        _data_items(root, w.KWARGS_DATA, modality, len(items))
+        _data_items(root, w.MM_METADATA, modality, len(items))
+    return root

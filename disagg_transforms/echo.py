@@ -1,0 +1,77 @@
+"""The ``output_mode`` echo check (SPEC §5.1).
+
+Every vLLM generate response and stream chunk echoes the ``output_mode`` it was asked for. A
+worker older than the field ignores it and answers token IDs only, which leaves a chat client
+with no text; so a missing echo (read as ``"tokens"``) or a different one is a contract breach.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from msgspec import UNSET
+
+from disagg_transforms import _wire
+from disagg_transforms._describe import describe
+from disagg_transforms.config import MIN_VLLM_VERSION, OutputMode
+from disagg_transforms.errors import ConfigError, UpstreamContractError
+
+__all__ = ("check_output_mode_echo",)
+
+_PARAM = f"$.{_wire.OUTPUT_MODE}"
+
+
+def as_output_mode(requested: object) -> OutputMode:
+    """``requested`` as an :class:`OutputMode`; a router may pass the wire string instead."""
+    if isinstance(requested, str):
+        try:
+            return OutputMode(requested)
+        except ValueError:
+            pass
+    msg = (
+        f"requested output_mode: expected one of tokens, text, derender, got {describe(requested)}"
+    )
+    raise ConfigError(msg, param=_wire.OUTPUT_MODE)
+
+
+def _versions() -> str:
+    return ", ".join(f'"{mode.value}" needs vLLM >= {v}' for mode, v in MIN_VLLM_VERSION.items())
+
+
+def check_echoed_mode(echoed: object, requested: OutputMode, *, where: str = "response") -> None:
+    """Check one echoed ``output_mode`` (``UNSET``: the key was absent) against ``requested``.
+
+    Shared by :func:`check_output_mode_echo` and the stream converters, which read the echo
+    through their own narrow views.
+    """
+    mode = as_output_mode(requested)
+    came_back = OutputMode.TOKENS.value if echoed is UNSET else echoed
+    if came_back == mode.value:
+        return
+    shown = 'no output_mode (read as "tokens")' if echoed is UNSET else describe(echoed)
+    msg = (
+        f'{_PARAM}: requested "{mode.value}", the worker\'s {where} carries {shown}; '
+        f"a worker that predates output_mode answers token IDs only. {_versions()}"
+    )
+    raise UpstreamContractError(msg, param=_PARAM)
+
+
+def check_output_mode_echo(response: Mapping[str, Any], requested: OutputMode) -> None:
+    """Check that a generate response or stream chunk echoes the requested ``output_mode``.
+
+    Args:
+        response: A decoded generate response or stream chunk.
+        requested: The mode the leg asked for.
+
+    Raises:
+        UpstreamContractError: ``response`` is not an object, or its ``output_mode`` is missing
+            (read as ``"tokens"``, what an older worker answers) or differs from ``requested``;
+            the message names both and the vLLM version each mode needs.
+        ConfigError: ``requested`` is not an output mode.
+    """
+    untyped: object = response  # a worker's answer may be any JSON value
+    if not isinstance(untyped, Mapping):
+        msg = f"$: a generate response must be a JSON object, got {describe(untyped)}"
+        raise UpstreamContractError(msg, param="$")
+    check_echoed_mode(untyped.get(_wire.OUTPUT_MODE, UNSET), requested)

@@ -1,0 +1,497 @@
+"""Request legs: the bodies of the encode, prefill and decode requests a router sends to workers.
+
+Each builder takes the client's body (never mutated), the client's path and the step's params,
+and returns where to send the leg and its body. A leg on the client's own OpenAI-style route keeps
+the client's body and adds the transfer params; a leg on the generate route is a generate body
+with the client's cap and sampling fields where vLLM reads them (``sampling_params``). See
+``docs/request-legs.md`` for worked examples and the field table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import msgspec
+
+from disagg_transforms import _validate
+from disagg_transforms import _wire as w
+from disagg_transforms._chat_map import (
+    CARRIED,
+    map_caps_only,
+    map_chat_request,
+    map_completions_request,
+)
+from disagg_transforms._client_map import ClientMapper, ClientMapping
+from disagg_transforms._describe import describe
+from disagg_transforms.caps import TOP_LEVEL_CAPS, apply_sampling_caps, apply_single_token_cap
+from disagg_transforms.config import (
+    DecodeParams,
+    EncodeParams,
+    KvTransferPlacement,
+    OutputMode,
+    PrefillParams,
+)
+from disagg_transforms.envelopes import GenerateRequest
+from disagg_transforms.errors import RequestError
+from disagg_transforms.routes import Route, detect_route, resolve_format
+
+__all__ = (
+    "DecodeLeg",
+    "Leg",
+    "build_decode_request",
+    "build_encode_request",
+    "build_prefill_request",
+)
+
+CLIENT_MAPPERS: Mapping[Route, ClientMapper] = {
+    Route.CHAT_COMPLETIONS: map_chat_request,
+    Route.COMPLETIONS: map_completions_request,
+    Route.RESPONSES: map_caps_only,
+    Route.MESSAGES: map_caps_only,
+}
+"""The one table a generate leg picks a non-generate client's field mapper from."""
+
+_TRANSFER_KEYS = (w.KV_TRANSFER_PARAMS, w.EC_TRANSFER_PARAMS)
+_PREFILL_KV: Mapping[str, Any] = {w.DO_REMOTE_DECODE: True, w.DO_REMOTE_PREFILL: False}
+_PARSE_CONTEXT_KEYS = (
+    w.TOOLS,
+    w.TOOL_CHOICE,
+    w.PARALLEL_TOOL_CALLS,
+    w.CHAT_TEMPLATE_KWARGS,
+    w.INCLUDE_REASONING,
+)
+# Carried from a non-generate client onto its generate leg, when set (not null).
+_CARRIED_AS_IS = (w.MODEL, w.CACHE_SALT, w.PRIORITY, w.RETURN_TOKEN_IDS)
+
+
+class Leg(msgspec.Struct, frozen=True, kw_only=True):
+    """An encode or prefill request: where to send it and its body."""
+
+    path: str
+    """The path to POST to (``route.value``)."""
+    route: Route
+    """The route the leg speaks (its wire format)."""
+    body: dict[str, Any]
+    """The JSON body (a new dict; the client's body is never mutated)."""
+
+
+class DecodeLeg(Leg, frozen=True, kw_only=True):
+    """A decode request and how its answer must be handled."""
+
+    stream: bool
+    """The leg streams (SSE)."""
+    single_frame: bool
+    """The client streams but the leg does not (derender): its answer comes in one frame."""
+    wrap_chat_completion: bool
+    """The answer must be rebuilt into the chat envelope (chat client, generate leg, step on)."""
+    output_mode: OutputMode | None
+    """The requested ``output_mode`` on the generate route; ``None`` on an OpenAI-format leg."""
+    dropped: tuple[str, ...]
+    """Client keys left out of the leg, on the documented list (``docs/request-legs.md``)."""
+
+
+class _Transfer(msgspec.Struct, frozen=True, kw_only=True):
+    """The transfer params a leg carries, and the client keys stripped on the way."""
+
+    kv: Mapping[str, Any] | None
+    ec: Mapping[str, Any] | None
+    stripped: tuple[str, ...]
+
+
+def _client_route(client_path: object) -> Route:
+    if not isinstance(client_path, str):
+        msg = f"client_path: expected the client's request path, got {describe(client_path)}"
+        raise RequestError(msg, param="client_path")
+    return detect_route(client_path)
+
+
+def _router_object(value: object, name: str) -> Mapping[str, Any] | None:
+    return None if value is None else _validate.mapping(value, f"$.{name}")
+
+
+def _take_transfer(
+    body: Mapping[str, Any],
+) -> tuple[dict[str, Any], dict[str, tuple[object, str]], list[str]]:
+    """Remove every transfer param from a body: (cleaned body, values found, where found).
+
+    Looked for at the top level, in ``sampling_params.extra_args`` and in ``vllm_xargs`` (which
+    vLLM turns into ``extra_args``): any of them would steer a worker. A value found is kept with
+    its JSON path; a top-level value is preferred over a nested one.
+    """
+    result = {k: v for k, v in body.items() if k not in _TRANSFER_KEYS}
+    found = {k: (body[k], f"$.{k}") for k in _TRANSFER_KEYS if body.get(k) is not None}
+    where = [k for k in _TRANSFER_KEYS if k in body]
+    for outer, inner in ((w.SAMPLING_PARAMS, w.EXTRA_ARGS), (w.VLLM_XARGS, None)):
+        container = _validate.optional_mapping(body, outer, "$")
+        if container is None:
+            continue
+        path = outer
+        args: Mapping[str, Any] | None = container
+        if inner is not None:
+            args = _validate.optional_mapping(container, inner, f"$.{outer}")
+            path = f"{outer}.{inner}"
+        if args is None or not any(k in args for k in _TRANSFER_KEYS):
+            continue
+        for key in _TRANSFER_KEYS:
+            if key in args:
+                where.append(f"{path}.{key}")
+                if args[key] is not None:
+                    found.setdefault(key, (args[key], f"$.{path}.{key}"))
+        cleaned = {k: v for k, v in args.items() if k not in _TRANSFER_KEYS}
+        result[outer] = cleaned if inner is None else {**container, inner: cleaned}
+    return result, found, where
+
+
+def _transfer(
+    body: Mapping[str, Any],
+    *,
+    trusted: bool,
+    kv: Mapping[str, Any] | None,
+    ec: Mapping[str, Any] | None,
+) -> tuple[dict[str, Any], _Transfer]:
+    """Strip the client's transfer params and decide the ones the leg carries (router's win)."""
+    cleaned, found, where = _take_transfer(body)
+    client = (
+        {key: _validate.mapping(value, path) for key, (value, path) in found.items()}
+        if trusted
+        else {}
+    )
+    final_kv = kv if kv is not None else client.get(w.KV_TRANSFER_PARAMS)
+    final_ec = ec or client.get(w.EC_TRANSFER_PARAMS)
+    stripped = () if trusted else tuple(where)
+    return cleaned, _Transfer(kv=final_kv, ec=final_ec, stripped=stripped)
+
+
+def _place_top_level(body: dict[str, Any], transfer: _Transfer) -> dict[str, Any]:
+    for key, value in ((w.KV_TRANSFER_PARAMS, transfer.kv), (w.EC_TRANSFER_PARAMS, transfer.ec)):
+        if value is not None:
+            body[key] = dict(value)
+    return body
+
+
+def _place_generate(
+    body: dict[str, Any], transfer: _Transfer, placement: KvTransferPlacement
+) -> dict[str, Any]:
+    if placement is not KvTransferPlacement.EXTRA_ARGS:
+        _place_top_level(body, transfer)
+    if placement is KvTransferPlacement.TOP_LEVEL:
+        return body
+    values = {
+        key: dict(value)
+        for key, value in ((w.KV_TRANSFER_PARAMS, transfer.kv), (w.EC_TRANSFER_PARAMS, transfer.ec))
+        if value is not None
+    }
+    if values:
+        sampling = body[w.SAMPLING_PARAMS]
+        extra = sampling.get(w.EXTRA_ARGS) or {}
+        body[w.SAMPLING_PARAMS] = {**sampling, w.EXTRA_ARGS: {**extra, **values}}
+    return body
+
+
+def _token_ids(token_ids: object, fallback: object, *, required: bool) -> list[int] | None:
+    value = token_ids if token_ids is not None else fallback
+    if value is None:
+        if required:
+            msg = f"$.{w.TOKEN_IDS}: required on the generate route (the rendered prompt)"
+            raise RequestError(msg, param=f"$.{w.TOKEN_IDS}")
+        return None
+    checked = _validate.token_ids(value)
+    if required and not checked:
+        msg = f"$.{w.TOKEN_IDS}: must hold at least one token ID, got an empty array"
+        raise RequestError(msg, param=f"$.{w.TOKEN_IDS}")
+    return checked
+
+
+class _Core(msgspec.Struct, frozen=True, kw_only=True):
+    """A generate body before the step-specific part (stream, output mode, single-token cap)."""
+
+    body: dict[str, Any]
+    mapping: ClientMapping | None
+    """The client's field mapping (``None`` for a client already on the generate route)."""
+    transfer: _Transfer
+
+
+def _generate_core(  # noqa: PLR0913 - one keyword per thing a router may hand in
+    body: Mapping[str, Any],
+    client_route: Route,
+    *,
+    token_ids: Sequence[int] | None,
+    features: Mapping[str, Any] | None,
+    rendered: Mapping[str, Any] | None,
+    request_id: str | None,
+    trusted: bool,
+    kv: Mapping[str, Any] | None,
+    ec: Mapping[str, Any] | None,
+) -> _Core:
+    mapping = None
+    if client_route is Route.GENERATE:
+        leg = apply_sampling_caps(body, Route.GENERATE)
+    else:
+        mapping = CLIENT_MAPPERS[client_route](body)
+        if rendered is not None:
+            leg = apply_sampling_caps(_validate.mapping(rendered, "$"), Route.GENERATE)
+        else:
+            caps = {k: body[k] for k in (*TOP_LEVEL_CAPS, w.MIN_TOKENS) if k in body}
+            sampling = apply_sampling_caps(caps, client_route)[w.SAMPLING_PARAMS]
+            leg = {w.SAMPLING_PARAMS: {**mapping.sampling_params, **sampling}}
+        for key in _CARRIED_AS_IS:
+            if body.get(key) is not None:
+                leg.setdefault(key, body[key])
+        # The client's transfer params are judged below; the rendered ones came from it too.
+        for key in _TRANSFER_KEYS:
+            if body.get(key) is not None:
+                leg.setdefault(key, body[key])
+        if body.get(w.REQUEST_ID) is not None:
+            leg[w.REQUEST_ID] = body[w.REQUEST_ID]
+    if request_id is not None:
+        leg[w.REQUEST_ID] = request_id
+    ids = _token_ids(token_ids, leg.get(w.TOKEN_IDS), required=True)
+    leg[w.TOKEN_IDS] = ids
+    given_features = features if features is not None else leg.get(w.FEATURES)
+    if given_features is not None:
+        leg[w.FEATURES] = _validate.features(given_features, len(ids or ()))
+    leg, transfer = _transfer(leg, trusted=trusted, kv=kv, ec=ec)
+    return _Core(body=leg, mapping=mapping, transfer=transfer)
+
+
+def _check_generate(body: Mapping[str, Any]) -> None:
+    # One typed read of the whole leg: a wrong type anywhere is refused at its JSON path.
+    _validate.convert(body, GenerateRequest, "$")
+
+
+def _leg_stream(body: Mapping[str, Any], mode: OutputMode | None) -> tuple[bool, bool]:
+    """Return (leg streams, client streams)."""
+    client_streams = _validate.optional_bool(body, w.STREAM)
+    return client_streams and mode is not OutputMode.DERENDER, client_streams
+
+
+def _decode_generate(
+    body: Mapping[str, Any],
+    client_route: Route,
+    params: DecodeParams,
+    core: _Core,
+    parse_context: Mapping[str, Any] | None,
+) -> tuple[dict[str, Any], bool, bool, tuple[str, ...]]:
+    leg = _place_generate(core.body, core.transfer, params.kv_transfer_placement)
+    mode = params.output_mode
+    streams, client_streams = _leg_stream(body, mode)
+    dropped = list(core.transfer.stripped)
+    leg[w.OUTPUT_MODE] = mode.value
+    leg[w.STREAM] = streams
+    options = leg.pop(w.STREAM_OPTIONS, None)
+    if client_route is not Route.GENERATE:
+        options = body.get(w.STREAM_OPTIONS)
+    if options is not None and streams:
+        leg[w.STREAM_OPTIONS] = options
+    elif w.STREAM_OPTIONS in body:
+        dropped.append(w.STREAM_OPTIONS)
+    mapping = core.mapping
+    if mapping is not None:
+        dropped.extend(k for k in mapping.dropped if k not in CARRIED)
+    if mode is OutputMode.DERENDER:
+        context = parse_context if parse_context is not None else leg.get(w.PARSE_CONTEXT)
+        if context is None and mapping is not None:
+            context = mapping.parse_context
+        if context is not None:
+            leg[w.PARSE_CONTEXT] = dict(_validate.mapping(context, f"$.{w.PARSE_CONTEXT}"))
+    elif mapping is not None:
+        dropped.extend(k for k in _PARSE_CONTEXT_KEYS if k in body)
+    return leg, streams, client_streams, tuple(dict.fromkeys(dropped))
+
+
+def build_decode_request(  # noqa: PLR0913 - the router hands in what it has, by keyword
+    client_body: Mapping[str, Any],
+    *,
+    client_path: str,
+    params: DecodeParams,
+    token_ids: Sequence[int] | None = None,
+    kv_transfer_params: Mapping[str, Any] | None = None,
+    features: Mapping[str, Any] | None = None,
+    rendered: Mapping[str, Any] | None = None,
+    request_id: str | None = None,
+    parse_context: Mapping[str, Any] | None = None,
+) -> DecodeLeg:
+    """Build the decode leg for a client request (SPEC §4.2).
+
+    Args:
+        client_body: the client's JSON body (never mutated).
+        client_path: the path the client called (it decides the client's route).
+        params: the decode step's params.
+        token_ids: the rendered prompt; required on the generate route unless ``rendered`` or a
+            generate client's own body has them.
+        kv_transfer_params: what the router's KV connector supplies for decode.
+        features: multimodal features for the prompt (generate route).
+        rendered: a ``GenerateRequest`` from vLLM's ``/render`` for this request: the leg is
+            built from it (its ``sampling_params`` kept) instead of mapping the client's fields.
+        request_id: the router's request ID (else the client's, else none).
+        parse_context: the one ``/render`` returned (derender mode).
+
+    Raises:
+        RequestError: the body (or what the router handed in) cannot make a valid leg; ``param``
+            is the JSON path of the offending value.
+    """
+    body = _validate.mapping(client_body, "$")
+    client_route = _client_route(client_path)
+    route = resolve_format(params.use_openai_format, client_path)
+    kv = _router_object(kv_transfer_params, w.KV_TRANSFER_PARAMS)
+    trusted = params.trust_client_transfer_params
+    if route is not Route.GENERATE:
+        leg, transfer = _openai_leg(body, route, token_ids=token_ids, trusted=trusted, kv=kv)
+        streams = _validate.optional_bool(body, w.STREAM)
+        return DecodeLeg(
+            path=route.value,
+            route=route,
+            body=_place_top_level(leg, transfer),
+            stream=streams,
+            single_frame=False,
+            wrap_chat_completion=False,
+            output_mode=None,
+            dropped=transfer.stripped,
+        )
+    core = _generate_core(
+        body,
+        client_route,
+        token_ids=token_ids,
+        features=_router_object(features, w.FEATURES),
+        rendered=_router_object(rendered, "rendered"),
+        request_id=request_id,
+        trusted=trusted,
+        kv=kv,
+        ec=None,
+    )
+    leg, streams, client_streams, dropped = _decode_generate(
+        body, client_route, params, core, _router_object(parse_context, w.PARSE_CONTEXT)
+    )
+    _check_generate(leg)
+    return DecodeLeg(
+        path=route.value,
+        route=route,
+        body=leg,
+        stream=streams,
+        single_frame=client_streams and not streams,
+        wrap_chat_completion=params.wrap_chat_completion and client_route is Route.CHAT_COMPLETIONS,
+        output_mode=params.output_mode,
+        dropped=dropped,
+    )
+
+
+def _openai_leg(  # noqa: PLR0913 - decode passes no ec, prefill does
+    body: Mapping[str, Any],
+    route: Route,
+    *,
+    token_ids: Sequence[int] | None,
+    trusted: bool,
+    kv: Mapping[str, Any] | None,
+    ec: Mapping[str, Any] | None = None,
+) -> tuple[dict[str, Any], _Transfer]:
+    leg, transfer = _transfer(body, trusted=trusted, kv=kv, ec=ec)
+    if route is Route.COMPLETIONS:
+        ids = _token_ids(token_ids, None, required=False)
+        if ids is not None and ids:
+            leg[w.PROMPT] = ids
+    return leg, transfer
+
+
+def _single_token_leg(  # noqa: PLR0913 - prefill and encode share every argument but transfer
+    client_body: Mapping[str, Any],
+    *,
+    client_path: str,
+    use_openai_format: bool,
+    trusted: bool,
+    token_ids: Sequence[int] | None,
+    features: Mapping[str, Any] | None,
+    rendered: Mapping[str, Any] | None,
+    request_id: str | None,
+    kv: Mapping[str, Any] | None,
+    ec: Mapping[str, Any] | None,
+    placement: KvTransferPlacement,
+) -> Leg:
+    body = _validate.mapping(client_body, "$")
+    client_route = _client_route(client_path)
+    route = resolve_format(use_openai_format, client_path)
+    if route is not Route.GENERATE:
+        leg, transfer = _openai_leg(body, route, token_ids=token_ids, trusted=trusted, kv=kv, ec=ec)
+        leg = apply_single_token_cap(_place_top_level(leg, transfer), route)
+        return Leg(path=route.value, route=route, body=leg)
+    core = _generate_core(
+        body,
+        client_route,
+        token_ids=token_ids,
+        features=_router_object(features, w.FEATURES),
+        rendered=_router_object(rendered, "rendered"),
+        request_id=request_id,
+        trusted=trusted,
+        kv=kv,
+        ec=ec,
+    )
+    # A prefill or encode answer is never read for text: tokens mode, the route's default.
+    leg = {k: v for k, v in core.body.items() if k != w.OUTPUT_MODE}
+    leg = apply_single_token_cap(_place_generate(leg, core.transfer, placement), Route.GENERATE)
+    _check_generate(leg)
+    return Leg(path=route.value, route=route, body=leg)
+
+
+def build_prefill_request(  # noqa: PLR0913 - the router hands in what it has, by keyword
+    client_body: Mapping[str, Any],
+    *,
+    client_path: str,
+    params: PrefillParams,
+    token_ids: Sequence[int] | None = None,
+    kv_transfer_params: Mapping[str, Any] | None = None,
+    ec_transfer_params: Mapping[str, Any] | None = None,
+    features: Mapping[str, Any] | None = None,
+    rendered: Mapping[str, Any] | None = None,
+    request_id: str | None = None,
+) -> Leg:
+    """Build the prefill leg (SPEC §4.4): the client's request capped at one output token.
+
+    ``kv_transfer_params`` is ``{"do_remote_decode": true, "do_remote_prefill": false}`` merged
+    with what the router's connector supplies (the router's keys win); ``ec_transfer_params`` is
+    written when the router supplies a non-empty one. Client sampling fields stay, so the
+    prefill's cache key matches decode's. Other arguments as for :func:`build_decode_request`.
+    """
+    kv = _router_object(kv_transfer_params, w.KV_TRANSFER_PARAMS)
+    return _single_token_leg(
+        client_body,
+        client_path=client_path,
+        use_openai_format=params.use_openai_format,
+        trusted=params.trust_client_transfer_params,
+        token_ids=token_ids,
+        features=features,
+        rendered=rendered,
+        request_id=request_id,
+        kv={**_PREFILL_KV, **(kv or {})},
+        ec=_router_object(ec_transfer_params, w.EC_TRANSFER_PARAMS),
+        placement=params.kv_transfer_placement,
+    )
+
+
+def build_encode_request(  # noqa: PLR0913 - the router hands in what it has, by keyword
+    client_body: Mapping[str, Any],
+    *,
+    client_path: str,
+    params: EncodeParams,
+    token_ids: Sequence[int] | None = None,
+    features: Mapping[str, Any] | None = None,
+    rendered: Mapping[str, Any] | None = None,
+    request_id: str | None = None,
+) -> Leg:
+    """Build an encode leg (SPEC §4.4): capped at one token, with no transfer params.
+
+    Client-supplied transfer params are stripped unless the step trusts them. Arguments as for
+    :func:`build_decode_request`.
+    """
+    return _single_token_leg(
+        client_body,
+        client_path=client_path,
+        use_openai_format=params.use_openai_format,
+        trusted=params.trust_client_transfer_params,
+        token_ids=token_ids,
+        features=features,
+        rendered=rendered,
+        request_id=request_id,
+        kv=None,
+        ec=None,
+        placement=KvTransferPlacement.BOTH,
+    )

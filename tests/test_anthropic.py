@@ -1,0 +1,138 @@
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+import pytest
+from anthropic.types import Message
+from golden import load_fixture
+from hypothesis import given
+from strategies import generate_envelope_responses
+from test_responses_api import FIXTURES, wrap_checked
+
+from disagg_transforms import (
+    THINKING_SIGNATURE,
+    ConfigError,
+    OutputMode,
+    UpstreamContractError,
+    wrap_anthropic_message,
+)
+
+
+def derender_with(message: dict[str, Any], finish_reason: str = "stop", **choice: Any) -> Any:
+    response = copy.deepcopy(load_fixture("response-derender-text.json"))
+    response["choices"][0]["message"] = {"role": "assistant", **message}
+    response["choices"][0]["finish_reason"] = finish_reason
+    response["choices"][0].update(choice)
+    return response
+
+
+@pytest.mark.parametrize(("name", "mode"), FIXTURES)
+def test_golden_fixtures_parse_with_the_anthropic_sdk(name: str, mode: OutputMode) -> None:
+    _, parsed = wrap_checked(wrap_anthropic_message, Message, load_fixture(name), mode)
+    assert (parsed.id, parsed.type, parsed.role) == ("msg_abc123", "message", "assistant")
+    assert (parsed.usage.input_tokens, parsed.usage.output_tokens) == (12, 4)
+
+
+def test_derender_tool_call_gives_thinking_then_tool_use() -> None:
+    result = wrap_anthropic_message(
+        load_fixture("response-derender-tool-call.json"), requested=OutputMode.DERENDER
+    )
+    assert result["content"] == [
+        {"type": "thinking", "thinking": "User wants weather.", "signature": THINKING_SIGNATURE},
+        {"type": "tool_use", "id": "chatcmpl-tool-1", "name": "get_weather",
+         "input": {"city": "Paris"}},
+    ]  # fmt: skip
+    assert (result["stop_reason"], result["stop_sequence"]) == ("tool_use", None)
+
+
+@pytest.mark.parametrize(
+    ("finish", "expected"),
+    [("stop", "end_turn"), ("length", "max_tokens"), ("repetition", "end_turn"), ("abort", None)],
+)
+def test_stop_reasons(finish: str, expected: str | None) -> None:
+    response = derender_with({"content": "hi"}, finish)
+    result = wrap_anthropic_message(response, requested=OutputMode.DERENDER)
+    assert result["stop_reason"] == expected
+    Message.model_validate(result)
+
+
+def test_a_matched_stop_sequence_is_reported() -> None:
+    response = derender_with({"content": "hi"}, "stop", stop_reason="END")
+    result = wrap_anthropic_message(
+        response, requested=OutputMode.DERENDER, client_body={"stop_sequences": ["END"]}
+    )
+    assert (result["stop_reason"], result["stop_sequence"]) == ("stop_sequence", "END")
+    other = wrap_anthropic_message(
+        response, requested=OutputMode.DERENDER, client_body={"stop_sequences": ["X"]}
+    )
+    assert (other["stop_reason"], other["stop_sequence"]) == ("end_turn", None)
+
+
+def test_tool_calls_that_finish_with_stop_are_tool_use() -> None:
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    response = derender_with({"content": None, "tool_calls": [call]}, "stop")
+    result = wrap_anthropic_message(response, requested=OutputMode.DERENDER)
+    assert result["stop_reason"] == "tool_use"
+
+
+@pytest.mark.parametrize("arguments", ['{"a": ', "[1, 2]", '"text"', "", "nan"])
+def test_arguments_that_are_not_a_json_object_are_a_clear_upstream_error(arguments: str) -> None:
+    calls = [
+        {"id": "c0", "type": "function", "function": {"name": "f", "arguments": "{}"}},
+        {"id": "c1", "type": "function", "function": {"name": "g", "arguments": arguments}},
+    ]
+    response = derender_with({"content": None, "tool_calls": calls}, "tool_calls")
+    with pytest.raises(UpstreamContractError) as info:
+        wrap_anthropic_message(response, requested=OutputMode.DERENDER)
+    assert info.value.param == "$.choices[0].message.tool_calls[1].function.arguments"
+    assert info.value.status_hint == 502
+    assert "object" in info.value.message
+
+
+def test_text_mode_text_is_the_single_text_block_and_empty_text_no_block() -> None:
+    response = load_fixture("response-text.json")
+    result = wrap_anthropic_message(response, requested=OutputMode.TEXT)
+    assert result["content"] == [{"type": "text", "text": "Hello!"}]
+    response = copy.deepcopy(response)
+    response["choices"][0]["text"] = ""
+    assert wrap_anthropic_message(response, requested=OutputMode.TEXT)["content"] == []
+
+
+def test_cached_tokens_become_cache_read_input_tokens() -> None:
+    response = copy.deepcopy(load_fixture("response-text.json"))
+    response["usage"]["prompt_tokens_details"] = {"cached_tokens": 8}
+    result = wrap_anthropic_message(response, requested=OutputMode.TEXT)
+    assert result["usage"] == {"input_tokens": 12, "output_tokens": 4,
+                               "cache_read_input_tokens": 8}  # fmt: skip
+
+
+def test_missing_usage_is_an_upstream_error() -> None:
+    response = {**load_fixture("response-text.json"), "usage": None}
+    with pytest.raises(UpstreamContractError) as info:
+        wrap_anthropic_message(response, requested=OutputMode.TEXT)
+    assert info.value.param == "$.usage"
+
+
+def test_wrong_echo_and_tokens_mode() -> None:
+    with pytest.raises(UpstreamContractError) as info:
+        wrap_anthropic_message(load_fixture("response-tokens.json"), requested=OutputMode.TEXT)
+    assert info.value.status_hint == 502
+    with pytest.raises(ConfigError):
+        wrap_anthropic_message(load_fixture("response-tokens.json"), requested=OutputMode.TOKENS)
+
+
+@given(generate_envelope_responses)
+def test_any_valid_generate_response_gives_an_sdk_valid_message(case: Any) -> None:
+    response, mode = case
+    _, parsed = wrap_checked(wrap_anthropic_message, Message, response, OutputMode(mode))
+    choice = response["choices"][0]
+    tool_uses = [block for block in parsed.content if block.type == "tool_use"]
+    calls = [] if mode == "text" else choice["message"].get("tool_calls") or []
+    assert [(b.id, b.input) for b in tool_uses] == [
+        (c["id"], json.loads(c["function"]["arguments"])) for c in calls
+    ]
+    texts = [block.text for block in parsed.content if block.type == "text"]
+    content = choice["text"] if mode == "text" else choice["message"]["content"]
+    assert texts == ([content] if content else [])

@@ -1,0 +1,694 @@
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import msgspec
+import pytest
+from golden import load_fixture
+from hypothesis import given
+from hypothesis import strategies as st
+from strategies import client_paths, client_request_bodies
+
+from disagg_transforms import (
+    TOP_LEVEL_CAPS,
+    DecodeLeg,
+    DecodeParams,
+    EncodeParams,
+    KvTransferPlacement,
+    Leg,
+    OutputMode,
+    PrefillParams,
+    RequestError,
+    Route,
+    build_decode_request,
+    build_encode_request,
+    build_prefill_request,
+)
+from disagg_transforms.envelopes import GenerateRequest
+
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+RESPONSES = "/v1/responses"
+MESSAGES = "/v1/messages"
+GENERATE = "/inference/v1/generate"
+TOKENS = [11, 12, 13, 14]
+ROUTER_KV = {"do_remote_decode": False, "do_remote_prefill": True, "remote_host": "10.0.0.1"}
+SCHEMA = json.loads(
+    (Path(__file__).parent / "fixtures" / "request-json-schema.json").read_text(encoding="utf-8")
+)["body"]
+
+TEXT = DecodeParams(use_openai_format=False)
+DERENDER = DecodeParams(use_openai_format=False, output_mode=OutputMode.DERENDER)
+
+
+def assert_generate_request(body: dict[str, Any], passthrough: Any = frozenset()) -> None:
+    """The body is a valid vLLM 0.33 GenerateRequest (typed view, JSON schema, value rules).
+
+    Every top-level key the library emits is a schema property; ``passthrough`` names the keys
+    a generate client sent itself (kept as sent, whatever they are).
+    """
+    msgspec.convert(body, GenerateRequest)
+    jsonschema.validate(body, SCHEMA)
+    assert set(body) - set(passthrough) <= set(SCHEMA["properties"])
+    assert body["token_ids"]
+    assert all(isinstance(t, int) and t >= 0 for t in body["token_ids"])
+    sampling = body["sampling_params"]
+    assert isinstance(sampling, dict)
+    assert body.get("output_mode", "tokens") in {"tokens", "text", "derender"}
+    cap = sampling.get("max_tokens")
+    if cap is not None:
+        assert cap >= 1
+        assert sampling.get("min_tokens", 0) <= cap
+    assert not any(key in body for key in (*TOP_LEVEL_CAPS, "min_tokens"))
+
+
+def chat(**fields: Any) -> dict[str, Any]:
+    return {"model": "m", "messages": [{"role": "user", "content": "hi"}], **fields}
+
+
+def decode(body: Any, path: str = CHAT, params: DecodeParams = TEXT, **kw: Any) -> DecodeLeg:
+    kw.setdefault("token_ids", TOKENS)
+    return build_decode_request(body, client_path=path, params=params, **kw)
+
+
+# ---- decode, chat client over generate ----
+
+
+def test_chat_cap_precedence_reaches_sampling_params() -> None:
+    leg = decode(chat(max_completion_tokens=200, max_tokens=50))
+    assert leg.body["sampling_params"]["max_tokens"] == 200
+    assert "max_tokens" not in leg.body
+    assert "max_completion_tokens" not in leg.body
+    assert leg.path == GENERATE
+    assert leg.route is Route.GENERATE
+    assert_generate_request(leg.body)
+
+
+def test_chat_sampling_fields_reach_sampling_params() -> None:
+    leg = decode(
+        chat(
+            temperature=0.7,
+            top_p=0.9,
+            seed=7,
+            stop="\n\n",
+            logprobs=True,
+            top_logprobs=2,
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": "x", "schema": {"type": "object"}},
+            },
+            n=2,
+            top_k=40,
+            min_p=0.1,
+            presence_penalty=0.5,
+            frequency_penalty=0.25,
+            repetition_penalty=1.1,
+            stop_token_ids=[2],
+            ignore_eos=False,
+            logit_bias={"5": -1.0},
+            skip_special_tokens=False,
+            min_tokens=1,
+            max_tokens=10,
+        )
+    )
+    assert leg.body["sampling_params"] == {
+        "temperature": 0.7,
+        "top_p": 0.9,
+        "seed": 7,
+        "stop": "\n\n",
+        "logprobs": 2,
+        "structured_outputs": {"json": {"type": "object"}},
+        "n": 2,
+        "top_k": 40,
+        "min_p": 0.1,
+        "presence_penalty": 0.5,
+        "frequency_penalty": 0.25,
+        "repetition_penalty": 1.1,
+        "stop_token_ids": [2],
+        "ignore_eos": False,
+        "logit_bias": {"5": -1.0},
+        "skip_special_tokens": False,
+        "min_tokens": 1,
+        "max_tokens": 10,
+    }
+    assert_generate_request(leg.body)
+
+
+def test_golden_decode_request_sampling_fields_match() -> None:
+    golden = load_fixture("request-decode-derender.json")
+    leg = decode(
+        chat(
+            temperature=0.7,
+            top_p=0.9,
+            seed=7,
+            stop=["\n\n"],
+            logprobs=True,
+            top_logprobs=2,
+            max_completion_tokens=256,
+        ),
+        params=DERENDER,
+        token_ids=golden["token_ids"],
+        request_id=golden["request_id"],
+    )
+    for key, value in leg.body["sampling_params"].items():
+        assert golden["sampling_params"][key] == value
+    assert leg.body["token_ids"] == golden["token_ids"]
+    assert leg.body["output_mode"] == golden["output_mode"]
+    assert_generate_request(leg.body)
+
+
+@pytest.mark.parametrize(
+    ("fields", "expected"),
+    [
+        ({"logprobs": False, "top_logprobs": 0}, None),
+        ({"logprobs": True}, 0),
+        ({"logprobs": None}, None),
+        ({"logprobs": True, "logprob_token_ids": [3]}, None),
+    ],
+)
+def test_chat_logprobs_rules(fields: dict[str, Any], expected: int | None) -> None:
+    sampling = decode(chat(**fields)).body["sampling_params"]
+    assert sampling.get("logprobs") == expected
+
+
+@pytest.mark.parametrize(
+    ("response_format", "structured"),
+    [
+        ({"type": "json_object"}, {"json_object": True}),
+        ({"type": "text"}, None),
+        (
+            {"type": "structural_tag", "format": {"type": "x"}},
+            {"structural_tag": json.dumps({"type": "structural_tag", "format": {"type": "x"}})},
+        ),
+    ],
+)
+def test_response_format_becomes_structured_outputs(
+    response_format: dict[str, Any], structured: dict[str, Any] | None
+) -> None:
+    sampling = decode(chat(response_format=response_format)).body["sampling_params"]
+    assert sampling.get("structured_outputs") == structured
+
+
+def test_structured_outputs_and_vllm_xargs_are_mapped() -> None:
+    sampling = decode(chat(structured_outputs={"regex": "a+"}, vllm_xargs={"k": 1})).body[
+        "sampling_params"
+    ]
+    assert sampling["structured_outputs"] == {"regex": "a+"}
+    assert sampling["extra_args"]["k"] == 1
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"temperature": "hot"}, "$.temperature"),
+        ({"stop": [1]}, "$.stop[0]"),
+        ({"response_format": {"type": "yaml"}}, "$.response_format.type"),
+        ({"response_format": {"type": "json_schema"}}, "$.response_format.json_schema"),
+        ({"top_logprobs": 3}, "$.top_logprobs"),
+        ({"logprob_token_ids": [1]}, "$.logprob_token_ids"),
+        ({"echo": True}, "$.echo"),
+        ({"use_beam_search": True}, "$.use_beam_search"),
+        ({"logprobs": "yes"}, "$.logprobs"),
+        ({"tools": "f"}, "$.tools"),
+        ({"model": 5}, "$.model"),
+    ],
+)
+def test_refused_chat_fields_are_named(fields: dict[str, Any], param: str) -> None:
+    with pytest.raises(RequestError) as caught:
+        decode(chat(**fields), params=DERENDER)
+    assert caught.value.param == param
+    assert param.split(".")[1] in caught.value.message
+
+
+def test_dropped_fields_are_reported() -> None:
+    leg = decode(
+        chat(user="u", metadata={"a": "b"}, tools=[{"type": "function", "function": {"name": "f"}}])
+    )
+    assert leg.dropped == ("messages", "user", "metadata", "tools")
+    assert not {"messages", "user", "metadata", "tools"} & set(leg.body)
+
+
+def test_carried_fields() -> None:
+    leg = decode(
+        chat(cache_salt="s", priority=1, return_token_ids=True, request_id="client-id"),
+    )
+    assert leg.body["cache_salt"] == "s"
+    assert leg.body["priority"] == 1
+    assert leg.body["return_token_ids"] is True
+    assert leg.body["request_id"] == "client-id"
+    assert leg.body["model"] == "m"
+    assert (
+        decode(chat(request_id="client-id"), request_id="router-id").body["request_id"]
+        == "router-id"
+    )
+    assert "request_id" not in decode(chat()).body
+
+
+def test_sampling_params_always_present() -> None:
+    leg = decode({"messages": []})
+    assert leg.body["sampling_params"] == {}
+    assert_generate_request(leg.body)
+
+
+@pytest.mark.parametrize("token_ids", [None, []])
+def test_generate_leg_needs_token_ids(token_ids: list[int] | None) -> None:
+    with pytest.raises(RequestError) as caught:
+        decode(chat(), token_ids=token_ids)
+    assert caught.value.param == "$.token_ids"
+
+
+def test_text_stream_keeps_stream_options() -> None:
+    leg = decode(chat(stream=True, stream_options={"include_usage": True}))
+    assert leg.stream is True
+    assert leg.single_frame is False
+    assert leg.body["stream"] is True
+    assert leg.body["stream_options"] == {"include_usage": True}
+    assert leg.output_mode is OutputMode.TEXT
+    assert leg.body["output_mode"] == "text"
+
+
+def test_derender_with_streaming_client_is_one_unstreamed_frame() -> None:
+    leg = decode(chat(stream=True, stream_options={"include_usage": True}), params=DERENDER)
+    assert leg.body["stream"] is False
+    assert "stream_options" not in leg.body
+    assert leg.stream is False
+    assert leg.single_frame is True
+    assert "stream_options" in leg.dropped
+    assert_generate_request(leg.body)
+
+
+def test_derender_parse_context_built_from_tools() -> None:
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
+    leg = decode(
+        chat(
+            tools=tools,
+            parallel_tool_calls=None,
+            include_reasoning=False,
+            chat_template_kwargs={"t": 1},
+        ),
+        params=DERENDER,
+    )
+    assert leg.body["parse_context"] == {
+        "tools": tools,
+        "tool_choice": "auto",
+        "include_reasoning": False,
+        "chat_template_kwargs": {"t": 1},
+    }
+    assert "tools" not in leg.dropped
+    assert_generate_request(leg.body)
+
+
+def test_derender_parse_context_from_render_wins() -> None:
+    rendered_context = {"tools": [], "tool_choice": "none", "chat_template_kwargs": {}}
+    leg = decode(
+        chat(tools=[{"type": "function", "function": {"name": "f"}}]),
+        params=DERENDER,
+        parse_context=rendered_context,
+    )
+    assert leg.body["parse_context"] == rendered_context
+
+
+def test_text_mode_writes_no_parse_context() -> None:
+    leg = decode(
+        chat(tools=[{"type": "function", "function": {"name": "f"}}], tool_choice="required")
+    )
+    assert "parse_context" not in leg.body
+    assert {"tools", "tool_choice"} <= set(leg.dropped)
+
+
+@pytest.mark.parametrize(
+    ("wrap", "path", "use_openai", "expected"),
+    [
+        (True, CHAT, False, True),
+        (False, CHAT, False, False),
+        (True, CHAT, True, False),
+        (True, RESPONSES, False, False),
+        (True, GENERATE, False, False),
+    ],
+)
+def test_wrap_chat_completion_flag(wrap: bool, path: str, use_openai: bool, expected: bool) -> None:
+    params = DecodeParams(use_openai_format=use_openai, wrap_chat_completion=wrap)
+    body = chat() if path != GENERATE else {"token_ids": [1], "sampling_params": {}}
+    assert decode(body, path=path, params=params).wrap_chat_completion is expected
+
+
+def test_rendered_request_is_merged() -> None:
+    rendered = {
+        "request_id": "chatcmpl-1",
+        "token_ids": [5, 6],
+        "sampling_params": {"max_tokens": 256, "temperature": 0.7, "skip_clone": True},
+        "model": "m",
+        "parse_context": {"tools": None, "chat_template_kwargs": {}},
+        "kv_transfer_params": {"remote_host": "evil"},
+    }
+    leg = build_decode_request(
+        chat(max_tokens=5, temperature=0.1, stream=True),
+        client_path=CHAT,
+        params=DERENDER,
+        rendered=rendered,
+        kv_transfer_params=ROUTER_KV,
+    )
+    assert leg.body["sampling_params"]["max_tokens"] == 256
+    assert leg.body["sampling_params"]["temperature"] == 0.7
+    assert leg.body["token_ids"] == [5, 6]
+    assert leg.body["request_id"] == "chatcmpl-1"
+    assert leg.body["output_mode"] == "derender"
+    assert leg.body["parse_context"] == rendered["parse_context"]
+    assert leg.body["kv_transfer_params"] == ROUTER_KV
+    assert leg.single_frame is True
+    assert rendered["kv_transfer_params"] == {"remote_host": "evil"}
+    assert_generate_request(leg.body)
+
+
+# ---- decode, other clients ----
+
+
+def test_generate_client_keeps_every_field() -> None:
+    body = {
+        "request_id": "r",
+        "token_ids": TOKENS,
+        "model": "m",
+        "sampling_params": {"max_tokens": 50, "temperature": 0.2, "extra_args": {"x": 1}},
+        "cache_salt": "s",
+        "priority": 0,
+        "return_token_ids": True,
+        "reasoning_ended": False,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "some_future_field": [1, 2],
+    }
+    leg = build_decode_request(
+        body, client_path=GENERATE, params=DecodeParams(), kv_transfer_params=ROUTER_KV
+    )
+    for key, value in body.items():
+        if key != "sampling_params":
+            assert leg.body[key] == value
+    assert leg.body["sampling_params"] == {
+        "max_tokens": 50,
+        "temperature": 0.2,
+        "extra_args": {"x": 1, "kv_transfer_params": ROUTER_KV},
+    }
+    assert leg.body["output_mode"] == "text"
+    assert leg.body["kv_transfer_params"] == ROUTER_KV
+    assert leg.dropped == ()
+    assert leg.wrap_chat_completion is False
+
+
+def test_generate_client_top_level_cap_is_relocated_but_its_own_wins() -> None:
+    leg = build_decode_request(
+        {"token_ids": [1], "max_tokens": 9, "sampling_params": {"max_tokens": 50}},
+        client_path=GENERATE,
+        params=DecodeParams(),
+    )
+    assert leg.body["sampling_params"] == {"max_tokens": 50}
+    assert "max_tokens" not in leg.body
+
+
+@pytest.mark.parametrize("path", [CHAT, RESPONSES, MESSAGES])
+def test_openai_format_leg_keeps_the_client_body(path: str) -> None:
+    body = chat(
+        max_tokens=5, temperature=0.3, stream=True, kv_transfer_params={"remote_host": "evil"}
+    )
+    leg = decode(body, path=path, params=DecodeParams(), kv_transfer_params=ROUTER_KV)
+    assert leg.path == path
+    assert leg.output_mode is None
+    assert leg.stream is True
+    expected = {**body, "kv_transfer_params": ROUTER_KV}
+    assert leg.body == expected
+    assert body["kv_transfer_params"] == {"remote_host": "evil"}
+
+
+def test_completions_client_gets_prompt_token_ids_on_its_own_route() -> None:
+    body = {"model": "m", "prompt": "hello", "max_tokens": 5}
+    leg = decode(body, path=COMPLETIONS, params=TEXT, kv_transfer_params=ROUTER_KV)
+    assert leg.path == COMPLETIONS
+    assert leg.body == {
+        "model": "m",
+        "prompt": TOKENS,
+        "max_tokens": 5,
+        "kv_transfer_params": ROUTER_KV,
+    }
+    without = decode(body, path=COMPLETIONS, token_ids=None)
+    assert without.body == body
+
+
+@pytest.mark.parametrize("path", [RESPONSES, MESSAGES])
+def test_responses_and_messages_caps_over_generate(path: str) -> None:
+    key = "max_output_tokens" if path == RESPONSES else "max_tokens"
+    body = {"model": "m", "input": "hi", key: 33, "temperature": 0.5}
+    leg = decode(body, path=path)
+    assert leg.body["sampling_params"] == {"max_tokens": 33}
+    assert set(leg.dropped) == {"input", "temperature"}
+    assert_generate_request(leg.body)
+
+
+# ---- transfer params ----
+
+
+@pytest.mark.parametrize(
+    ("placement", "top", "extra"),
+    [
+        (KvTransferPlacement.BOTH, True, True),
+        (KvTransferPlacement.TOP_LEVEL, True, False),
+        (KvTransferPlacement.EXTRA_ARGS, False, True),
+    ],
+)
+def test_kv_placement(placement: KvTransferPlacement, top: bool, extra: bool) -> None:
+    params = DecodeParams(use_openai_format=False, kv_transfer_placement=placement)
+    leg = decode(chat(), params=params, kv_transfer_params=ROUTER_KV)
+    assert ("kv_transfer_params" in leg.body) is top
+    extra_args = leg.body["sampling_params"].get("extra_args", {})
+    assert ("kv_transfer_params" in extra_args) is extra
+
+
+def test_client_transfer_params_are_stripped_everywhere() -> None:
+    evil = {"remote_host": "evil"}
+    body = {
+        "token_ids": [1],
+        "kv_transfer_params": evil,
+        "ec_transfer_params": evil,
+        "sampling_params": {
+            "extra_args": {"kv_transfer_params": evil, "ec_transfer_params": evil, "k": 1}
+        },
+    }
+    leg = build_decode_request(body, client_path=GENERATE, params=DecodeParams())
+    assert "evil" not in json.dumps(leg.body)
+    assert leg.body["sampling_params"]["extra_args"] == {"k": 1}
+    assert set(leg.dropped) == {
+        "kv_transfer_params",
+        "ec_transfer_params",
+        "sampling_params.extra_args.kv_transfer_params",
+        "sampling_params.extra_args.ec_transfer_params",
+    }
+    chat_leg = decode(chat(vllm_xargs={"kv_transfer_params": evil}), params=DecodeParams())
+    assert "evil" not in json.dumps(chat_leg.body)
+
+
+def test_trusted_client_transfer_params_are_kept() -> None:
+    mine = {"remote_host": "trusted"}
+    params = DecodeParams(use_openai_format=False, trust_client_transfer_params=True)
+    leg = decode(chat(kv_transfer_params=mine), params=params)
+    assert leg.body["kv_transfer_params"] == mine
+    assert leg.body["sampling_params"]["extra_args"]["kv_transfer_params"] == mine
+    routed = decode(chat(kv_transfer_params=mine), params=params, kv_transfer_params=ROUTER_KV)
+    assert routed.body["kv_transfer_params"] == ROUTER_KV
+
+
+# ---- prefill and encode ----
+
+PREFILL_KV = {"do_remote_decode": True, "do_remote_prefill": False}
+
+
+@pytest.mark.parametrize(
+    ("path", "cap_key"),
+    [
+        (CHAT, "max_tokens"),
+        (RESPONSES, "max_output_tokens"),
+        (MESSAGES, "max_tokens"),
+        (COMPLETIONS, "max_tokens"),
+    ],
+)
+def test_prefill_openai_format_single_token(path: str, cap_key: str) -> None:
+    body = {
+        "model": "m",
+        cap_key: 500,
+        "min_tokens": 3,
+        "stream": True,
+        "stream_options": {},
+        "temperature": 0.4,
+        "cache_salt": "s",
+    }
+    leg = build_prefill_request(
+        body,
+        client_path=path,
+        params=PrefillParams(),
+        token_ids=TOKENS,
+        kv_transfer_params={"remote_engine_id": None},
+    )
+    assert leg.path == path
+    assert leg.body[cap_key] == 1
+    assert "min_tokens" not in leg.body
+    assert leg.body["stream"] is False
+    assert "stream_options" not in leg.body
+    assert leg.body["temperature"] == 0.4
+    assert leg.body["cache_salt"] == "s"
+    assert leg.body["kv_transfer_params"] == {**PREFILL_KV, "remote_engine_id": None}
+    if path == COMPLETIONS:
+        assert leg.body["prompt"] == TOKENS
+
+
+@pytest.mark.parametrize("path", [CHAT, RESPONSES, MESSAGES, GENERATE])
+def test_prefill_generate_single_token(path: str) -> None:
+    body: dict[str, Any] = {
+        "model": "m",
+        "temperature": 0.4,
+        "cache_salt": "s",
+        "stream": True,
+        "max_tokens": 100,
+        "max_output_tokens": 100,
+        "min_tokens": 2,
+    }
+    if path == GENERATE:
+        body = {
+            "token_ids": TOKENS,
+            "sampling_params": {"max_tokens": 100, "min_tokens": 2, "temperature": 0.4},
+            "cache_salt": "s",
+            "output_mode": "text",
+            "stream": True,
+        }
+    leg = build_prefill_request(
+        body,
+        client_path=path,
+        params=PrefillParams(use_openai_format=False),
+        token_ids=TOKENS,
+        ec_transfer_params={"h": {"d": 1}},
+        request_id="rid",
+    )
+    assert leg.path == GENERATE
+    assert isinstance(leg, Leg)
+    sampling = leg.body["sampling_params"]
+    assert sampling["max_tokens"] == 1
+    assert "min_tokens" not in sampling
+    assert sampling["extra_args"]["kv_transfer_params"] == PREFILL_KV
+    assert sampling["extra_args"]["ec_transfer_params"] == {"h": {"d": 1}}
+    assert leg.body["kv_transfer_params"] == PREFILL_KV
+    assert leg.body["stream"] is False
+    assert leg.body["cache_salt"] == "s"
+    assert leg.body["request_id"] == "rid"
+    assert "output_mode" not in leg.body
+    if path in {CHAT, GENERATE}:
+        assert sampling["temperature"] == 0.4
+    assert_generate_request(leg.body)
+
+
+@pytest.mark.parametrize("path", [CHAT, RESPONSES, MESSAGES, COMPLETIONS, GENERATE])
+@pytest.mark.parametrize("use_openai", [True, False])
+def test_encode_has_no_transfer_params(path: str, use_openai: bool) -> None:
+    body = {
+        "model": "m",
+        "token_ids": [1],
+        "max_tokens": 9,
+        "kv_transfer_params": {"remote_host": "evil"},
+    }
+    leg = build_encode_request(
+        body, client_path=path, params=EncodeParams(use_openai_format=use_openai), token_ids=TOKENS
+    )
+    assert "transfer_params" not in json.dumps(leg.body)
+    if leg.route is Route.GENERATE:
+        assert leg.body["sampling_params"]["max_tokens"] == 1
+        assert_generate_request(leg.body)
+    elif leg.route is Route.RESPONSES:
+        assert leg.body["max_output_tokens"] == 1
+    else:
+        assert leg.body["max_tokens"] == 1
+
+
+def test_encode_with_features() -> None:
+    feats = {
+        "mm_hashes": {"image": ["h"]},
+        "mm_placeholders": {"image": [{"offset": 1, "length": 3}]},
+        "kwargs_data": {"image": [None]},
+    }
+    leg = build_encode_request(
+        {"model": "m"},
+        client_path=GENERATE,
+        params=EncodeParams(),
+        token_ids=TOKENS,
+        features=feats,
+    )
+    assert leg.body["features"] == feats
+    assert_generate_request(leg.body)
+
+
+def test_bad_client_path_is_a_request_error() -> None:
+    with pytest.raises(RequestError):
+        build_decode_request({}, client_path=None, params=DecodeParams())  # type: ignore[arg-type]
+
+
+# ---- properties ----
+
+_ALL_PARAMS = st.sampled_from(
+    [
+        DecodeParams(),
+        TEXT,
+        DERENDER,
+        DecodeParams(use_openai_format=False, trust_client_transfer_params=True),
+        DecodeParams(use_openai_format=False, kv_transfer_placement=KvTransferPlacement.EXTRA_ARGS),
+    ]
+)
+
+
+@given(client_request_bodies, client_paths, _ALL_PARAMS, st.booleans())
+def test_decode_builder_returns_a_leg_or_a_request_error(
+    body: dict[str, Any], path: str, params: DecodeParams, with_tokens: bool
+) -> None:
+    before = copy.deepcopy(body)
+    try:
+        leg = decode(body, path=path, params=params, token_ids=TOKENS if with_tokens else None)
+    except RequestError as error:
+        assert error.param is not None
+        assert body == before
+        return
+    assert body == before
+    if leg.route is Route.GENERATE:
+        assert_generate_request(leg.body, passthrough=body if path == GENERATE else ())
+    else:
+        untouched = {
+            "kv_transfer_params",
+            "ec_transfer_params",
+            "vllm_xargs",
+            "sampling_params",
+            "prompt",
+        }
+        for key, value in body.items():
+            if key not in untouched:
+                assert leg.body[key] == value
+    if not params.trust_client_transfer_params:
+        dumped = json.dumps(leg.body, default=str)
+        assert "remote_host" not in dumped
+        assert "remote_port" not in dumped
+
+
+@given(client_request_bodies, client_paths, st.booleans(), st.booleans())
+def test_prefill_and_encode_return_a_leg_or_a_request_error(
+    body: dict[str, Any], path: str, use_openai: bool, trusted: bool
+) -> None:
+    before = copy.deepcopy(body)
+    for build in (build_prefill_request, build_encode_request):
+        params_cls = PrefillParams if build is build_prefill_request else EncodeParams
+        params = params_cls(use_openai_format=use_openai, trust_client_transfer_params=trusted)
+        try:
+            leg = build(body, client_path=path, params=params, token_ids=TOKENS)  # type: ignore[operator]
+        except RequestError:
+            continue
+        assert body == before
+        assert leg.body["stream"] is False
+        if leg.route is Route.GENERATE:
+            assert leg.body["sampling_params"]["max_tokens"] == 1
+            assert_generate_request(leg.body, passthrough=body if path == GENERATE else ())
+        if not trusted:
+            assert "remote_host" not in json.dumps(leg.body, default=str)

@@ -1,0 +1,93 @@
+from __future__ import annotations
+
+import pytest
+from golden import load_stream
+from hypothesis import given
+from hypothesis import strategies as st
+
+from disagg_transforms import UpstreamContractError
+from disagg_transforms._sse import SseParser, format_sse_event
+
+
+def _feed_all(parser: SseParser, pieces: list[bytes]) -> list[bytes]:
+    return [payload for piece in pieces for payload in parser.feed(piece)]
+
+
+def test_golden_stream_payloads() -> None:
+    payloads = SseParser().feed(load_stream("stream-text.sse"))
+    assert len(payloads) == 5
+    assert payloads[-1] == b"[DONE]"
+    assert payloads[0].startswith(b'{"request_id":"generate-tokens-r1"')
+
+
+@pytest.mark.parametrize("name", ["stream-text.sse", "stream-text-error.sse"])
+def test_every_byte_boundary_gives_the_same_payloads(name: str) -> None:
+    stream = load_stream(name)
+    whole = SseParser().feed(stream)
+    for cut in range(len(stream) + 1):
+        parser = SseParser()
+        assert _feed_all(parser, [stream[:cut], stream[cut:]]) == whole
+        assert parser.close() == []
+    one_by_one = SseParser()
+    assert _feed_all(one_by_one, [bytes([b]) for b in stream]) == whole
+
+
+def test_line_endings_comments_fields_and_multiline_data() -> None:
+    stream = b": hi\r\nevent: x\r\ndata: a\r\ndata:b\r\n\r\nid: 1\n\ndata\rdata: c\r\r"
+    parser = SseParser()
+    # The last "\r" could be half of a "\r\n" until the stream ends.
+    assert parser.feed(stream) == [b"a\nb"]
+    assert parser.close() == [b"\nc"]
+    one_by_one = SseParser()
+    pieces = [stream[i : i + 1] for i in range(len(stream))]
+    assert [*_feed_all(one_by_one, pieces), *one_by_one.close()] == [b"a\nb", b"\nc"]
+
+
+def test_crlf_split_between_feeds_is_one_line_end() -> None:
+    parser = SseParser()
+    assert parser.feed(b"data: x\r") == []
+    assert parser.feed(b"\n") == []
+    assert parser.feed(b"\r") == []
+    assert parser.feed(b"\n") == [b"x"]
+
+
+def test_multibyte_character_split_anywhere() -> None:
+    stream = 'data: {"t":"é😀"}\n\n'.encode()
+    for cut in range(len(stream) + 1):
+        assert _feed_all(SseParser(), [stream[:cut], stream[cut:]]) == ['{"t":"é😀"}'.encode()]
+
+
+def test_event_size_is_bounded() -> None:
+    parser = SseParser(max_event_bytes=16)
+    parser.feed(b"data: 0123456789\n")
+    with pytest.raises(UpstreamContractError) as caught:
+        parser.feed(b"data: 0123456789\n")
+    assert caught.value.status_hint == 502
+    with pytest.raises(UpstreamContractError):
+        SseParser(max_event_bytes=16).feed(b"data: " + b"x" * 32)
+
+
+@pytest.mark.parametrize("tail", [b"data: {", b"data: {}\n", b"data: {}\r"])
+def test_close_refuses_a_stream_cut_mid_event(tail: bytes) -> None:
+    parser = SseParser()
+    parser.feed(tail)
+    with pytest.raises(UpstreamContractError):
+        parser.close()
+
+
+def test_format_is_compact_json() -> None:
+    assert (
+        format_sse_event({"a": [1, "é"], "b": None}) == 'data: {"a":[1,"é"],"b":null}\n\n'.encode()
+    )
+
+
+def test_format_refuses_what_json_cannot_carry() -> None:
+    with pytest.raises(UpstreamContractError):
+        format_sse_event({"a": object()})
+
+
+@given(st.binary(max_size=300), st.lists(st.integers(0, 300), max_size=6))
+def test_random_splits_match_whole_feed(stream: bytes, cuts: list[int]) -> None:
+    points = sorted({min(c, len(stream)) for c in cuts})
+    pieces = [stream[a:b] for a, b in zip([0, *points], [*points, len(stream)], strict=True)]
+    assert _feed_all(SseParser(), pieces) == SseParser().feed(stream)

@@ -1,0 +1,203 @@
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from disagg_transforms import DecodeParams, RequestError, build_decode_request
+from disagg_transforms._validate import features, token_ids
+
+GENERATE = "/inference/v1/generate"
+
+
+def test_token_ids_plain_ints_pass_without_copy() -> None:
+    ids = [0, 1, 2**63 - 1]
+    assert token_ids(ids) is ids
+
+
+def test_token_ids_whole_floats_become_ints() -> None:
+    result = token_ids([1, 5.0])
+    assert result == [1, 5]
+    assert all(type(item) is int for item in result)
+
+
+@pytest.mark.parametrize("bad", [True, 1.5, "3", None, -1, 2**63, 1e19, [1], {"a": 1}], ids=repr)
+def test_token_ids_bad_item_names_its_index(bad: object) -> None:
+    with pytest.raises(RequestError) as caught:
+        token_ids([1, 2, 3, bad])
+    assert caught.value.param == "$.token_ids[3]"
+
+
+@pytest.mark.parametrize("bad", ["123", None, 5, {"a": 1}])
+def test_token_ids_not_a_list(bad: object) -> None:
+    with pytest.raises(RequestError) as caught:
+        token_ids(bad)
+    assert caught.value.param == "$.token_ids"
+
+
+def _features(**overrides: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "mm_hashes": {"image": ["h0", "h1"]},
+        "mm_placeholders": {"image": [{"offset": 1, "length": 2}, {"offset": 4, "length": 1}]},
+        "kwargs_data": {"image": ["b64", None]},
+    }
+    base.update(overrides)
+    return base
+
+
+def test_valid_features_pass_unchanged() -> None:
+    value = _features()
+    assert features(value, 5) is value
+
+
+def test_span_ending_exactly_at_the_prompt_end_is_allowed() -> None:
+    value = _features(
+        mm_placeholders={"image": [{"offset": 0, "length": 3}, {"offset": 3, "length": 2}]}
+    )
+    assert features(value, 5) is value
+
+
+@pytest.mark.parametrize(
+    ("overrides", "n", "param"),
+    [
+        (
+            {
+                "mm_placeholders": {
+                    "image": [{"offset": 1, "length": 2}, {"offset": 5, "length": 1}]
+                }
+            },
+            5,
+            "$.features.mm_placeholders.image[1].offset",
+        ),
+        (
+            {
+                "mm_placeholders": {
+                    "image": [{"offset": 1, "length": 2}, {"offset": 4, "length": 2}]
+                }
+            },
+            5,
+            "$.features.mm_placeholders.image[1].length",
+        ),
+        (
+            {
+                "mm_placeholders": {
+                    "image": [{"offset": -1, "length": 2}, {"offset": 4, "length": 1}]
+                }
+            },
+            5,
+            "$.features.mm_placeholders.image[0].offset",
+        ),
+        (
+            {
+                "mm_placeholders": {
+                    "image": [{"offset": 1, "length": -2}, {"offset": 4, "length": 1}]
+                }
+            },
+            5,
+            "$.features.mm_placeholders.image[0].length",
+        ),
+        (
+            {
+                "mm_placeholders": {
+                    "image": [
+                        {"offset": 1, "length": 2},
+                        {"offset": 2, "length": 2},
+                        {"offset": 2, "length": 1.5},
+                    ]
+                }
+            },
+            5,
+            "$.features.mm_placeholders.image",
+        ),
+        (
+            {"mm_placeholders": {"image": [{"offset": 1, "length": 2}]}},
+            5,
+            "$.features.mm_placeholders.image",
+        ),
+        ({"kwargs_data": {"image": ["b64"]}}, 5, "$.features.kwargs_data.image"),
+        ({"kwargs_data": {"image": ["b64", ""]}}, 5, "$.features.kwargs_data.image[1]"),
+        ({"kwargs_data": {"image": ["b64", 3]}}, 5, "$.features.kwargs_data.image[1]"),
+        ({"kwargs_data": []}, 5, "$.features.kwargs_data"),
+        ({"mm_hashes": {"image": ["h0", 7]}}, 5, "$.features.mm_hashes.image[1]"),
+        ({"mm_hashes": {"image": "h0"}}, 5, "$.features.mm_hashes.image"),
+        ({"mm_hashes": []}, 5, "$.features.mm_hashes"),
+        ({"mm_placeholders": None}, 5, "$.features.mm_placeholders"),
+        (
+            {"mm_placeholders": {"image": [{"offset": 1, "length": 2}, 3]}},
+            5,
+            "$.features.mm_placeholders.image[1]",
+        ),
+        (
+            {
+                "mm_placeholders": {
+                    "image": [{"offset": 1, "length": 2}, {"offset": 4, "length": 1}],
+                    "audio": [],
+                }
+            },
+            5,
+            "$.features.mm_placeholders.audio",
+        ),
+    ],
+)
+def test_bad_features_name_the_path(overrides: dict[str, Any], n: int, param: str) -> None:
+    with pytest.raises(RequestError) as caught:
+        features(_features(**overrides), n)
+    assert caught.value.param == param
+
+
+def test_features_not_an_object() -> None:
+    with pytest.raises(RequestError) as caught:
+        features([], 5)
+    assert caught.value.param == "$.features"
+
+
+# ---- through the builder: a generate client's own fields are validated too ----
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"token_ids": [1, True], "sampling_params": {}}, "$.token_ids[1]"),
+        (
+            {"token_ids": [1, 2], "sampling_params": {"temperature": "hot"}},
+            "$.sampling_params.temperature",
+        ),
+        ({"token_ids": [1, 2], "sampling_params": {"stop": [1]}}, "$.sampling_params.stop[0]"),
+        ({"token_ids": [1, 2], "sampling_params": {}, "priority": "high"}, "$.priority"),
+        ({"token_ids": [1, 2], "sampling_params": {}, "stream": "yes"}, "$.stream"),
+        (
+            {
+                "token_ids": [1, 2],
+                "sampling_params": {},
+                "features": {
+                    "mm_hashes": {"image": ["h"]},
+                    "mm_placeholders": {"image": [{"offset": 2, "length": 1}]},
+                },
+            },
+            "$.features.mm_placeholders.image[0].offset",
+        ),
+        ({"token_ids": [], "sampling_params": {}}, "$.token_ids"),
+        ({"sampling_params": {}}, "$.token_ids"),
+    ],
+)
+def test_generate_client_body_errors_carry_the_path(body: dict[str, Any], param: str) -> None:
+    with pytest.raises(RequestError) as caught:
+        build_decode_request(body, client_path=GENERATE, params=DecodeParams())
+    assert caught.value.param == param
+
+
+def test_type_error_message_names_the_bad_value() -> None:
+    with pytest.raises(RequestError) as caught:
+        build_decode_request(
+            {"token_ids": [1], "sampling_params": {"temperature": "hot"}},
+            client_path=GENERATE,
+            params=DecodeParams(),
+        )
+    assert '"hot"' in caught.value.message
+
+
+@pytest.mark.parametrize("bad", [[], "x", 3, None])
+def test_non_object_client_body_is_refused(bad: object) -> None:
+    with pytest.raises(RequestError) as caught:
+        build_decode_request(bad, client_path=GENERATE, params=DecodeParams())  # type: ignore[arg-type]
+    assert caught.value.param == "$"
