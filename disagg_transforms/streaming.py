@@ -20,16 +20,17 @@ from msgspec import UNSET, UnsetType
 
 from disagg_transforms import _wire
 from disagg_transforms._chat import (
+    RAW_CODEC,
     client_top_logprobs,
     contract_error,
-    cut_logprobs,
     finish_fields,
+    logprobs_out,
     require_text_mode,
 )
 from disagg_transforms._sse import DEFAULT_MAX_EVENT_BYTES, DONE_EVENT, SseParser, format_sse_event
 from disagg_transforms.config import OutputMode
 from disagg_transforms.echo import as_output_mode, check_echoed_mode
-from disagg_transforms.envelopes import ChatLogprobs, Usage
+from disagg_transforms.envelopes import Usage
 from disagg_transforms.errors import UpstreamContractError
 from disagg_transforms.wrap import wrap_chat_completion
 
@@ -138,7 +139,8 @@ class _StreamChoice(msgspec.Struct, kw_only=True):
     text: str | UnsetType = UNSET
     finish_reason: str | UnsetType | None = UNSET
     stop_reason: int | str | UnsetType | None = UNSET
-    logprobs: dict[str, Any] | UnsetType | None = UNSET
+    # Handed on undecoded (only the cut splits its top_logprobs lists).
+    logprobs: msgspec.Raw | UnsetType = UNSET  # absent reads as null
 
 
 class _StreamEvent(msgspec.Struct, kw_only=True):
@@ -313,17 +315,11 @@ class ChatStreamConverter:
                 msg = f"{path}.index: expected an integer >= 0, got {choice.index}"
                 raise UpstreamContractError(msg, param=f"{path}.index")
             delta[_wire.CONTENT] = choice.text
-            logprobs = None if choice.logprobs is UNSET else choice.logprobs
-            if logprobs is not None:
-                try:
-                    msgspec.convert(logprobs, ChatLogprobs)
-                except msgspec.ValidationError as error:
-                    raise contract_error(error, f"{path}.logprobs") from None
             built.append(
                 {
                     _wire.INDEX: choice.index,
                     _wire.DELTA: delta,
-                    _wire.LOGPROBS: cut_logprobs(logprobs, self._top),
+                    _wire.LOGPROBS: logprobs_out(RAW_CODEC, choice.logprobs, self._top, path),
                     **finish_fields(
                         choice.finish_reason, streaming=True, passthrough=self._passthrough
                     ),
