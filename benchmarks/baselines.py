@@ -43,9 +43,7 @@ def syntax_scan(raw: bytes) -> bytes:
 
 def _decode_leg_on_dict(body: dict[str, Any]) -> dict[str, Any]:
     token_ids = body["token_ids"]
-    if not token_ids or not all(
-        type(t) is int and 0 <= t <= _INT64_MAX for t in token_ids
-    ):
+    if not token_ids or not all(type(t) is int and 0 <= t <= _INT64_MAX for t in token_ids):
         msg = "bad token_ids"
         raise ValueError(msg)
     out = dict(body)
@@ -65,13 +63,16 @@ def decode_leg_orjson(raw: bytes) -> bytes:
 
 
 def decode_leg_stdlib(raw: bytes) -> bytes:
-    return json.dumps(_decode_leg_on_dict(json.loads(raw)), separators=(",", ":")).encode()
+    leg = _decode_leg_on_dict(json.loads(raw))
+    return json.dumps(leg, separators=(",", ":"), ensure_ascii=False).encode()
 
 
 class _PydanticGenerateRequest(pydantic.BaseModel):
     model_config = pydantic.ConfigDict(extra="allow")
 
-    token_ids: Annotated[list[Annotated[int, pydantic.Field(ge=0, le=_INT64_MAX)]], pydantic.Field(min_length=1)]
+    token_ids: Annotated[
+        list[Annotated[int, pydantic.Field(ge=0, le=_INT64_MAX)]], pydantic.Field(min_length=1)
+    ]
     sampling_params: dict[str, Any] = pydantic.Field(default_factory=dict)
     max_tokens: int | None = None
     output_mode: str = "tokens"
@@ -93,14 +94,26 @@ _CHOICE_KEEP = ("index", "logprobs", "finish_reason", "stop_reason")
 _TOP_KEEP = ("created", "model", "usage")
 
 
-def _wrap_on_dict(response: dict[str, Any]) -> dict[str, Any]:
+def _cut(logprobs: dict[str, Any] | None, top: int) -> dict[str, Any] | None:
+    # Text mode: each top_logprobs list cut to the client's top_logprobs, as the chat route does.
+    if not logprobs:
+        return logprobs
+    content = [{**e, "top_logprobs": e["top_logprobs"][:top]} for e in logprobs["content"]]
+    return {**logprobs, "content": content}
+
+
+def _wrap_on_dict(response: dict[str, Any], mode: str, top: int) -> dict[str, Any]:
+    if response.get("output_mode") != mode:
+        msg = "output_mode echo"
+        raise ValueError(msg)
     choices = []
     for choice in response["choices"]:
         out = {key: choice[key] for key in _CHOICE_KEEP if key in choice}
-        if "message" in choice:
+        if mode == "derender":
             out["message"] = choice["message"]
         else:
             out["message"] = {"role": "assistant", "content": choice["text"]}
+            out["logprobs"] = _cut(choice.get("logprobs"), top)
         choices.append(out)
     wrapped = {key: response[key] for key in _TOP_KEEP if key in response}
     wrapped["id"] = response["request_id"].removeprefix("generate-tokens-")
@@ -109,12 +122,13 @@ def _wrap_on_dict(response: dict[str, Any]) -> dict[str, Any]:
     return wrapped
 
 
-def wrap_orjson(raw: bytes) -> bytes:
-    return orjson.dumps(_wrap_on_dict(orjson.loads(raw)))
+def wrap_orjson(raw: bytes, mode: str, top: int) -> bytes:
+    return orjson.dumps(_wrap_on_dict(orjson.loads(raw), mode, top))
 
 
-def wrap_stdlib(raw: bytes) -> bytes:
-    return json.dumps(_wrap_on_dict(json.loads(raw)), separators=(",", ":")).encode()
+def wrap_stdlib(raw: bytes, mode: str, top: int) -> bytes:
+    wrapped = _wrap_on_dict(json.loads(raw), mode, top)
+    return json.dumps(wrapped, separators=(",", ":"), ensure_ascii=False).encode()
 
 
 class _PydanticChoice(pydantic.BaseModel):
@@ -137,8 +151,11 @@ class _PydanticResponse(pydantic.BaseModel):
     choices: list[_PydanticChoice]
 
 
-def wrap_pydantic(raw: bytes) -> bytes:
+def wrap_pydantic(raw: bytes, mode: str, top: int) -> bytes:
     response = _PydanticResponse.model_validate_json(raw)
+    if response.output_mode != mode:
+        msg = "output_mode echo"
+        raise ValueError(msg)
     wrapped = {
         "id": response.request_id.removeprefix("generate-tokens-"),
         "object": "chat.completion",
@@ -148,8 +165,10 @@ def wrap_pydantic(raw: bytes) -> bytes:
         "choices": [
             {
                 "index": c.index,
-                "message": c.message or {"role": "assistant", "content": c.text},
-                "logprobs": c.logprobs,
+                "message": c.message
+                if mode == "derender"
+                else {"role": "assistant", "content": c.text},
+                "logprobs": c.logprobs if mode == "derender" else _cut(c.logprobs, top),
                 "finish_reason": c.finish_reason,
                 "stop_reason": c.stop_reason,
             }

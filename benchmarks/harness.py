@@ -6,6 +6,7 @@ import gc
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -36,22 +37,25 @@ def median_seconds(func: Callable[[], object], *, repeats: int = 15) -> float:
 
 
 _CHILD = """
-import resource, sys
+import sys
 sys.path.insert(0, {bench_dir!r})
 import memory_probe
-print(memory_probe.measure({case!r}, {name!r}))
+print(memory_probe.measure({case!r}, {name!r}, {payload_file!r}))
 """
 
 
-def peak_rss_growth(case: str, name: str) -> int:
-    """Peak RSS growth in bytes of one call of ``name`` on payload ``case``, in a fresh process.
+def peak_rss_growth(case: str, name: str, payload: bytes) -> int:
+    """Peak RSS growth in bytes of one call of ``name`` on ``payload`` of ``case``, in a child.
 
     tracemalloc misreads orjson's over-allocated buffers, so the kernel's view is used: the peak
     resident set size after the call minus the peak before it.
     """
     bench_dir = str(Path(__file__).parent)
-    code = _CHILD.format(bench_dir=bench_dir, case=case, name=name)
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True
-    )
+    with tempfile.NamedTemporaryFile(suffix=".json") as file:
+        file.write(payload)
+        file.flush()
+        code = _CHILD.format(bench_dir=bench_dir, case=case, name=name, payload_file=file.name)
+        done = subprocess.run(  # noqa: S603 - our own interpreter running our own probe
+            [sys.executable, "-c", code], capture_output=True, text=True, check=True
+        )
     return int(done.stdout.strip())

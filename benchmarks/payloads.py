@@ -31,7 +31,7 @@ def _tools() -> list[dict[str, Any]]:
 
 def chat_request(n_messages: int) -> bytes:
     """A chat client's body with ``n_messages`` messages, tools and sampling fields."""
-    rng = random.Random(n_messages)
+    rng = random.Random(n_messages)  # noqa: S311 - seeded payloads, not secrets
     messages = [{"role": "system", "content": "You are helpful."}]
     for i in range(n_messages - 1):
         role = "user" if i % 2 == 0 else "assistant"
@@ -56,7 +56,7 @@ def chat_request(n_messages: int) -> bytes:
 
 def generate_request(n_tokens: int) -> bytes:
     """A generate client's body with ``n_tokens`` prompt token IDs and a top-level cap."""
-    rng = random.Random(n_tokens)
+    rng = random.Random(n_tokens)  # noqa: S311 - seeded payloads, not secrets
     body = {
         "request_id": "chatcmpl-bench",
         "token_ids": [rng.randrange(_VOCAB) for _ in range(n_tokens)],
@@ -96,7 +96,7 @@ def _logprobs(rng: random.Random, tokens: list[str]) -> dict[str, Any]:
 
 def generate_response(n_tokens: int, mode: str, *, logprobs: bool) -> bytes:
     """A generate response in ``text`` or ``derender`` mode with ``n_tokens`` output tokens."""
-    rng = random.Random(n_tokens * 2 + logprobs)
+    rng = random.Random(n_tokens * 2 + logprobs)  # noqa: S311 - seeded payloads, not secrets
     tokens = [rng.choice(_WORDS) for _ in range(n_tokens)]
     choice: dict[str, Any] = {
         "index": 0,

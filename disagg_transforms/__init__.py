@@ -46,8 +46,10 @@ from disagg_transforms.hooks import (
 )
 from disagg_transforms.legs import (
     DecodeLeg,
+    DecodeLegBytes,
     Leg,
     build_decode_request,
+    build_decode_request_bytes,
     build_encode_request,
     build_prefill_request,
 )
@@ -58,13 +60,14 @@ from disagg_transforms.streaming import (
     single_frame_chat_chunks,
     single_frame_chat_stream,
 )
-from disagg_transforms.wrap import wrap_chat_completion
+from disagg_transforms.wrap import wrap_chat_completion, wrap_chat_completion_bytes
 
 __all__ = [
     "ChatStreamConverter",
     "ConditionalDecodeParams",
     "ConfigError",
     "DecodeLeg",
+    "DecodeLegBytes",
     "DecodeParams",
     "DisaggTransformError",
     "ENTRY_POINT_GROUP",
@@ -91,6 +94,7 @@ __all__ = [
     "apply_single_token_cap",
     "available_transforms",
     "build_decode_request",
+    "build_decode_request_bytes",
     "build_encode_request",
     "build_prefill_request",
     "check_output_mode_echo",
@@ -105,6 +109,7 @@ __all__ = [
     "validate_output_mode",
     "wrap_anthropic_message",
     "wrap_chat_completion",
+    "wrap_chat_completion_bytes",
     "wrap_responses_response",
 ]
 
