@@ -53,8 +53,10 @@ from disagg_transforms.hooks import (
 )
 from disagg_transforms.legs import (
     DecodeLeg,
+    DecodeLegBytes,
     Leg,
     build_decode_request,
+    build_decode_request_bytes,
     build_encode_request,
     build_prefill_request,
 )
@@ -77,7 +79,7 @@ from disagg_transforms.transforms import (
     strip_client_transfer_params,
     wrap_response,
 )
-from disagg_transforms.wrap import wrap_chat_completion
+from disagg_transforms.wrap import wrap_chat_completion, wrap_chat_completion_bytes
 
 __all__ = [
     "AnthropicStreamConverter",
@@ -85,6 +87,7 @@ __all__ = [
     "ConditionalDecodeParams",
     "ConfigError",
     "DecodeLeg",
+    "DecodeLegBytes",
     "DecodeParams",
     "DisaggTransformError",
     "ENTRY_POINT_GROUP",
@@ -114,6 +117,7 @@ __all__ = [
     "apply_single_token_cap",
     "available_transforms",
     "build_decode_request",
+    "build_decode_request_bytes",
     "build_encode_request",
     "build_prefill_request",
     "check_output_mode_echo",
@@ -135,6 +139,7 @@ __all__ = [
     "validate_output_mode",
     "wrap_anthropic_message",
     "wrap_chat_completion",
+    "wrap_chat_completion_bytes",
     "wrap_response",
     "wrap_responses_response",
 ]

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import Any, Final, Generic, TypeVar
 
 import msgspec
+from msgspec import UNSET, UnsetType
 
-from disagg_transforms import _wire
+from disagg_transforms import _raw, _wire
 from disagg_transforms._describe import describe
 from disagg_transforms.config import OutputMode
 from disagg_transforms.errors import ConfigError, RequestError, UpstreamContractError
@@ -26,6 +27,8 @@ SDK_FINISH_REASONS: Final = frozenset(
 _MAPPED_FINISH_REASON: Final = "stop"
 _ALL_TOP_LOGPROBS: Final = -1
 _AT_PATH = re.compile(r"at `(\$[^`]*)`")
+_P = TypeVar("_P")
+_T = TypeVar("_T")
 
 
 def chat_id(request_id: str) -> str:
@@ -87,7 +90,8 @@ def client_top_logprobs(client_body: Mapping[str, Any] | None) -> int | None:
 def cut_logprobs(logprobs: object, top: int | None) -> object:
     """``logprobs`` with each ``top_logprobs`` list cut to its first ``top`` entries.
 
-    The input was validated as :class:`ChatLogprobs`; it is copied where cut, never mutated.
+    Only the ``top_logprobs`` lists are read: anything else (or a shape the cut does not
+    recognise) passes through as the worker sent it. Copied where cut, never mutated.
     """
     if top is None or not isinstance(logprobs, Mapping):
         return logprobs
@@ -96,11 +100,50 @@ def cut_logprobs(logprobs: object, top: int | None) -> object:
         return dict(logprobs)
     cut = [
         {**entry, _wire.TOP_LOGPROBS: entry[_wire.TOP_LOGPROBS][:top]}
-        if isinstance(entry.get(_wire.TOP_LOGPROBS), list)
+        if isinstance(entry, Mapping) and isinstance(entry.get(_wire.TOP_LOGPROBS), list)
         else entry
         for entry in content
     ]
     return {**logprobs, _wire.CONTENT: cut}
+
+
+_RAW_NULL: Final = msgspec.Raw(b"null")
+_RAW_OBJECT: Final = msgspec.json.Decoder(dict[str, msgspec.Raw])
+_RAW_ENTRIES: Final = msgspec.json.Decoder(list[dict[str, msgspec.Raw]])
+_RAW_ITEMS: Final = msgspec.json.Decoder(list[msgspec.Raw])
+
+
+def cut_logprobs_raw(logprobs: msgspec.Raw, top: int | None) -> object:
+    """:func:`cut_logprobs` on raw JSON: only the ``top_logprobs`` lists are split and cut.
+
+    ``logprobs`` is a member of a document msgspec has parsed (valid JSON). The result is the
+    input itself when nothing is cut, else a structure of ``msgspec.Raw`` parts for the encoder;
+    an unusual shape is decoded and handed to :func:`cut_logprobs`, so both give one answer.
+    """
+    if top is None:
+        return logprobs
+    try:
+        members: dict[str, Any] = _RAW_OBJECT.decode(logprobs)
+        content = members.get(_wire.CONTENT)
+        entries: list[dict[str, Any]] | None = (
+            _RAW_ENTRIES.decode(content) if content is not None else None
+        )
+    except msgspec.ValidationError:
+        return cut_logprobs(msgspec.json.decode(logprobs), top)
+    if entries is None:
+        return logprobs
+    for entry in entries:
+        top_list = entry.get(_wire.TOP_LOGPROBS)
+        if top_list is None:
+            continue
+        try:
+            items = _RAW_ITEMS.decode(top_list)
+        except msgspec.ValidationError:
+            continue  # not a list (null or another value): the dict cut leaves it as well
+        if len(items) > top:
+            entry[_wire.TOP_LOGPROBS] = items[:top]
+    members[_wire.CONTENT] = entries
+    return members
 
 
 def finish_fields(value: object, *, streaming: bool, passthrough: bool) -> dict[str, Any]:
@@ -115,3 +158,92 @@ def finish_fields(value: object, *, streaming: bool, passthrough: bool) -> dict[
     if passthrough or value in SDK_FINISH_REASONS or (streaming and value is None):
         return {_wire.FINISH_REASON: value}
     return {_wire.FINISH_REASON: _MAPPED_FINISH_REASON, _wire.VLLM_FINISH_REASON: value}
+
+
+def _rooted(error: msgspec.ValidationError, path: str) -> UpstreamContractError:
+    # msgspec reports "... - at `$.x`" relative to the member; put the member's path in front.
+    text = str(error)
+    if " - at `$" in text:
+        text = text.replace(" - at `$", f" - at `{path}", 1)
+    else:
+        text = f"{text} - at `{path}`"
+    return contract_error(msgspec.ValidationError(text), "the generate response")
+
+
+class Codec(Generic[_P]):
+    """How one path reads and writes the members moved across whole; the rules are shared."""
+
+    def read(self, value: _P, view: type[_T], path: str) -> _T:
+        """Read a passed-through member through a typed view (a contract error at ``path``)."""
+        raise NotImplementedError
+
+    def is_object(self, value: _P) -> bool:
+        """The member is a JSON object."""
+        raise NotImplementedError
+
+    def is_null(self, value: _P) -> bool:
+        """The member is JSON null."""
+        raise NotImplementedError
+
+    def extend(self, message: _P, key: str, value: object) -> object:
+        """A message with one more key, the rest as given."""
+        raise NotImplementedError
+
+    def cut(self, logprobs: _P, top: int | None) -> object:
+        """``logprobs`` cut to ``top`` alternatives per token (``None``: as given)."""
+        raise NotImplementedError
+
+
+class _DictCodec(Codec[Any]):
+    def read(self, value: Any, view: type[_T], path: str) -> _T:  # noqa: ANN401 - JSON value
+        try:
+            return msgspec.convert(value, view)
+        except msgspec.ValidationError as error:
+            raise _rooted(error, path) from None
+
+    def is_object(self, value: Any) -> bool:  # noqa: ANN401 - JSON value
+        return isinstance(value, Mapping)
+
+    def is_null(self, value: Any) -> bool:  # noqa: ANN401 - JSON value
+        return value is None
+
+    def extend(self, message: Any, key: str, value: object) -> object:  # noqa: ANN401
+        return {**message, key: value}
+
+    def cut(self, logprobs: Any, top: int | None) -> object:  # noqa: ANN401 - JSON value
+        # Without a cut the worker's object is handed on as is (a copy when cut).
+        return cut_logprobs(logprobs, top)
+
+
+class _RawCodec(Codec[msgspec.Raw]):
+    def read(self, value: msgspec.Raw, view: type[_T], path: str) -> _T:
+        try:
+            return msgspec.json.decode(value, type=view)
+        except msgspec.ValidationError as error:
+            raise _rooted(error, path) from None
+
+    def is_object(self, value: msgspec.Raw) -> bool:
+        return bytes(memoryview(value)[:1]) == b"{"  # valid JSON; a Raw has no leading blank
+
+    def is_null(self, value: msgspec.Raw) -> bool:
+        return value == _RAW_NULL
+
+    def extend(self, message: msgspec.Raw, key: str, value: object) -> object:
+        return {**_raw.split(message, UpstreamContractError, "a message"), key: value}
+
+    def cut(self, logprobs: msgspec.Raw, top: int | None) -> object:
+        return cut_logprobs_raw(logprobs, top)
+
+
+DICT_CODEC = _DictCodec()
+RAW_CODEC = _RawCodec()
+
+
+def logprobs_out(codec: Codec[_P], value: _P | UnsetType, top: int | None, path: str) -> object:
+    # Handed on as the worker sent them (only the text-mode cut reads them): an object or null.
+    if value is UNSET or codec.is_null(value):
+        return None
+    if not codec.is_object(value):
+        msg = f"{path}.logprobs: expected an object or null"
+        raise UpstreamContractError(msg, param=f"{path}.logprobs")
+    return codec.cut(value, top)

@@ -14,7 +14,7 @@ from typing import Any
 
 import msgspec
 
-from disagg_transforms import _validate
+from disagg_transforms import _raw, _validate
 from disagg_transforms import _wire as w
 from disagg_transforms._chat_map import map_chat_request, map_completions_request
 from disagg_transforms._client_map import ClientMapper, ClientMapping
@@ -35,8 +35,10 @@ from disagg_transforms.routes import Route, detect_route, resolve_format
 
 __all__ = (
     "DecodeLeg",
+    "DecodeLegBytes",
     "Leg",
     "build_decode_request",
+    "build_decode_request_bytes",
     "build_encode_request",
     "build_prefill_request",
 )
@@ -190,8 +192,12 @@ def _place_generate(
     return body
 
 
-def _token_ids(token_ids: object, fallback: object, *, required: bool) -> list[int] | None:
+def _token_ids(
+    token_ids: object, fallback: object, *, required: bool
+) -> list[int] | _raw.RawTokenIds | None:
     value = token_ids if token_ids is not None else fallback
+    if isinstance(value, _raw.RawTokenIds):
+        return value  # the bytes path proved it a non-empty array of int64-range integers
     if value is None:
         if required:
             msg = f"$.{w.TOKEN_IDS}: required on the generate route (the rendered prompt)"
@@ -258,7 +264,8 @@ def _generate_core(  # noqa: PLR0913 - one keyword per thing a router may hand i
 
 def _check_generate(body: Mapping[str, Any]) -> None:
     # One typed read of the whole leg: a wrong type anywhere is refused at its JSON path.
-    _validate.convert(body, GenerateRequest, "$")
+    # token_ids were checked by _token_ids (the bytes path keeps them as bytes): not re-read.
+    _validate.convert({**body, w.TOKEN_IDS: []}, GenerateRequest, "$")
 
 
 def _leg_stream(body: Mapping[str, Any], mode: OutputMode | None) -> tuple[bool, bool]:
@@ -334,7 +341,105 @@ def build_decode_request(  # noqa: PLR0913 - the router hands in what it has, by
         RequestError: the body (or what the router handed in) cannot make a valid leg; ``param``
             is the JSON path of the offending value.
     """
-    body = _validate.mapping(client_body, "$")
+    return _decode_leg(
+        _validate.mapping(client_body, "$"),
+        client_path=client_path,
+        params=params,
+        token_ids=token_ids,
+        kv_transfer_params=kv_transfer_params,
+        features=features,
+        rendered=rendered,
+        request_id=request_id,
+        parse_context=parse_context,
+    )
+
+
+class DecodeLegBytes(msgspec.Struct, frozen=True, kw_only=True):
+    """A decode request built on the bytes path: as :class:`DecodeLeg`, with a JSON body."""
+
+    path: str
+    """The path to POST to (``route.value``)."""
+    route: Route
+    """The route the leg speaks (its wire format)."""
+    body: bytes
+    """The leg's JSON body; every client member the leg keeps unchanged has its input bytes."""
+    stream: bool
+    """As :attr:`DecodeLeg.stream`."""
+    single_frame: bool
+    """As :attr:`DecodeLeg.single_frame`."""
+    wrap_chat_completion: bool
+    """As :attr:`DecodeLeg.wrap_chat_completion`."""
+    output_mode: OutputMode | None
+    """As :attr:`DecodeLeg.output_mode`."""
+    dropped: tuple[str, ...]
+    """As :attr:`DecodeLeg.dropped`."""
+
+
+def build_decode_request_bytes(  # noqa: PLR0913 - the router hands in what it has, by keyword
+    client_body: bytes,
+    *,
+    client_path: str,
+    params: DecodeParams,
+    token_ids: Sequence[int] | None = None,
+    kv_transfer_params: Mapping[str, Any] | None = None,
+    features: Mapping[str, Any] | None = None,
+    rendered: Mapping[str, Any] | None = None,
+    request_id: str | None = None,
+    parse_context: Mapping[str, Any] | None = None,
+) -> DecodeLegBytes:
+    """Build the decode leg from the client's JSON bytes, decoding only what the rules read.
+
+    The same leg as :func:`build_decode_request` (same rules, same errors), written as JSON
+    bytes: the body is split into raw top-level members, a member is decoded only when a rule
+    reads it, ``token_ids`` is proved clean by a byte scan instead of a decode, and every member
+    the leg keeps unchanged is written with its input bytes, in the input's key order. See
+    ``docs/bytes.md``.
+
+    Raises:
+        RequestError: as :func:`build_decode_request`; also ``param`` ``$`` when the body is not
+            bytes, not valid JSON, not a JSON object, or not UTF-8.
+    """
+    members = _raw.RawMembers(
+        _raw.split(client_body, RequestError, "the client body"),
+        RequestError,
+        token_ids_key=w.TOKEN_IDS,
+    )
+    leg = _decode_leg(
+        members,
+        client_path=client_path,
+        params=params,
+        token_ids=token_ids,
+        kv_transfer_params=kv_transfer_params,
+        features=features,
+        rendered=rendered,
+        request_id=request_id,
+        parse_context=parse_context,
+    )
+    return DecodeLegBytes(
+        path=leg.path,
+        route=leg.route,
+        body=members.encode(leg.body),
+        stream=leg.stream,
+        single_frame=leg.single_frame,
+        wrap_chat_completion=leg.wrap_chat_completion,
+        output_mode=leg.output_mode,
+        dropped=leg.dropped,
+    )
+
+
+def _decode_leg(  # noqa: PLR0913 - build_decode_request's arguments
+    body: Mapping[str, Any],
+    *,
+    client_path: str,
+    params: DecodeParams,
+    token_ids: Sequence[int] | None,
+    kv_transfer_params: Mapping[str, Any] | None,
+    features: Mapping[str, Any] | None,
+    rendered: Mapping[str, Any] | None,
+    request_id: str | None,
+    parse_context: Mapping[str, Any] | None,
+) -> DecodeLeg:
+    """The decode-leg rules, on a dict body or on raw members alike."""
     client_route = _client_route(client_path)
     route = resolve_format(params.use_openai_format, client_path)
     kv = _router_object(kv_transfer_params, w.KV_TRANSFER_PARAMS)

@@ -12,74 +12,155 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import msgspec
 from msgspec import UNSET, UnsetType
 
-from disagg_transforms import _wire
+from disagg_transforms import _raw, _wire
 from disagg_transforms._chat import (
+    DICT_CODEC,
+    RAW_CODEC,
+    Codec,
     chat_id,
     client_top_logprobs,
     contract_error,
-    cut_logprobs,
     finish_fields,
+    logprobs_out,
     require_text_mode,
 )
+from disagg_transforms._describe import describe
 from disagg_transforms.config import OutputMode
-from disagg_transforms.echo import as_output_mode, check_output_mode_echo
-from disagg_transforms.envelopes import ChatLogprobs, ChatMessage, Usage
+from disagg_transforms.echo import as_output_mode, check_echoed_mode, check_output_mode_echo
+from disagg_transforms.envelopes import ChatMessage, Usage
 from disagg_transforms.errors import UpstreamContractError
 
-__all__ = ("wrap_chat_completion",)
+__all__ = ("wrap_chat_completion", "wrap_chat_completion_bytes")
+
+_P = TypeVar("_P")
 
 
-class _Choice(msgspec.Struct, kw_only=True):
-    # Narrow view: token_ids, routed_experts, sampling_mask... are never read nor decoded.
+class _Choice(msgspec.Struct, Generic[_P], kw_only=True):
+    # Narrow view: token_ids, routed_experts, sampling_mask... are never read nor decoded. The
+    # members moved across whole are _P: the caller's own objects (dict path) or Raw (bytes).
     index: int
     finish_reason: str | UnsetType | None = UNSET
     stop_reason: int | str | UnsetType | None = UNSET
     text: str | UnsetType = UNSET
-    message: ChatMessage | UnsetType = UNSET
-    logprobs: ChatLogprobs | UnsetType | None = UNSET
+    message: _P | UnsetType = UNSET
+    logprobs: _P | UnsetType = UNSET  # absent reads as null
 
 
-class _Response(msgspec.Struct, kw_only=True):
+class _Response(msgspec.Struct, Generic[_P], kw_only=True):
     request_id: str
+    output_mode: Any = UNSET
     model: str | UnsetType | None = UNSET
     created: int | UnsetType | None = UNSET
-    usage: Usage | UnsetType | None = UNSET
-    prompt_logprobs: list[dict[str, Any] | None] | UnsetType | None = UNSET
-    choices: list[_Choice]
+    # msgspec cannot put Raw in a union with None: a null member is Raw(b"null") (codec.is_null).
+    usage: _P | UnsetType = UNSET
+    prompt_logprobs: _P | UnsetType = UNSET
+    choices: list[_Choice[_P]]
+
+
+_DICT_VIEW = _Response[Any]
+_RAW_DECODER = msgspec.json.Decoder(_Response[msgspec.Raw])
 
 
 def _message(
-    choice: Mapping[str, Any], view: _Choice, requested: OutputMode, path: str, *, reasoning: bool
-) -> dict[str, Any]:
+    codec: Codec[_P], view: _Choice[_P], requested: OutputMode, path: str, *, reasoning: bool
+) -> object:
     if requested is OutputMode.DERENDER:
         if view.message is UNSET:
             msg = f"{path}.message: a derender choice must carry the parsed message; it is missing"
             raise UpstreamContractError(msg, param=f"{path}.message")
-        message = dict(choice[_wire.MESSAGE])  # whole: reasoning, tool_calls, unknown keys
-        if reasoning and view.message.reasoning is not UNSET:
-            message[_wire.REASONING_CONTENT] = view.message.reasoning
-        return message
+        # Read for its reasoning and to check it; written whole: tool_calls, unknown keys.
+        parsed = codec.read(view.message, ChatMessage, f"{path}.message")
+        if reasoning and parsed.reasoning is not UNSET:
+            return codec.extend(view.message, _wire.REASONING_CONTENT, parsed.reasoning)
+        return view.message
     if view.text is UNSET:
         msg = f"{path}.text: a text choice must carry its text; it is missing"
         raise UpstreamContractError(msg, param=f"{path}.text")
     return {_wire.ROLE: _wire.ASSISTANT, _wire.CONTENT: view.text}
 
 
-def _model(view: _Response, model: str | None, client_body: Mapping[str, Any] | None) -> str:
-    for candidate in (
-        view.model,
-        model,
-        None if client_body is None else client_body.get(_wire.MODEL),
-    ):
+def _model(view: _Response[Any], model: str | None, client_model: object) -> str:
+    for candidate in (view.model, model, client_model):
         if isinstance(candidate, str):
             return candidate
     msg = "$.model: the response names no model, and neither model= nor the client body gives one"
     raise UpstreamContractError(msg, param="$.model")
+
+
+class _ClientView(msgspec.Struct, kw_only=True):
+    # What the wrap reads of the client's request; the rest of its bytes is skipped.
+    model: Any = None
+    top_logprobs: Any = None
+
+
+_CLIENT_DECODER = msgspec.json.Decoder(_ClientView)
+
+
+def _client_fields(client_body: object) -> Mapping[str, Any] | None:
+    """The client body's ``model`` and ``top_logprobs`` (a bytes body is read narrowly)."""
+    if client_body is None or isinstance(client_body, Mapping):
+        return client_body
+    if isinstance(client_body, (bytes, bytearray, memoryview)):
+        try:
+            view = _CLIENT_DECODER.decode(client_body)
+        except (msgspec.DecodeError, RecursionError):
+            pass
+        else:
+            return {_wire.MODEL: view.model, _wire.TOP_LOGPROBS: view.top_logprobs}
+    msg = f"client_body: expected the client's JSON object, got {describe(client_body)}"
+    raise UpstreamContractError(msg, param="client_body")
+
+
+def _wrap(  # noqa: PLR0913 - the options of wrap_chat_completion, plus the path's codec
+    codec: Codec[_P],
+    view: _Response[_P],
+    *,
+    requested: OutputMode,
+    client: Mapping[str, Any] | None,
+    model: str | None,
+    clock: Callable[[], float],
+    vllm_finish_reasons: bool,
+    reasoning_content: bool,
+) -> dict[str, Any]:
+    """The rules of the chat envelope, on either path's view of the response."""
+    top = client_top_logprobs(client) if requested is OutputMode.TEXT else None
+    choices = []
+    for position, choice in enumerate(view.choices):
+        path = f"$.{_wire.CHOICES}[{position}]"
+        message = _message(codec, choice, requested, path, reasoning=reasoning_content)
+        built: dict[str, Any] = {_wire.INDEX: choice.index, _wire.MESSAGE: message}
+        built[_wire.LOGPROBS] = logprobs_out(codec, choice.logprobs, top, path)
+        built.update(
+            finish_fields(choice.finish_reason, streaming=False, passthrough=vllm_finish_reasons)
+        )
+        built[_wire.STOP_REASON] = None if choice.stop_reason is UNSET else choice.stop_reason
+        choices.append(built)
+    choices.sort(key=lambda built: built[_wire.INDEX])
+    created = view.created if isinstance(view.created, int) else int(clock())
+    client_model = None if client is None else client.get(_wire.MODEL)
+    result: dict[str, Any] = {
+        _wire.ID: chat_id(view.request_id),
+        _wire.OBJECT: _wire.CHAT_COMPLETION_OBJECT,
+        _wire.CREATED: created,
+        _wire.MODEL: _model(view, model, client_model),
+        _wire.CHOICES: choices,
+    }
+    if view.usage is not UNSET:
+        if not codec.is_null(view.usage):
+            codec.read(view.usage, Usage, f"$.{_wire.USAGE}")
+        result[_wire.USAGE] = view.usage
+    if view.prompt_logprobs is not UNSET and not codec.is_null(view.prompt_logprobs):
+        codec.read(view.prompt_logprobs, _PromptLogprobs, f"$.{_wire.PROMPT_LOGPROBS}")
+        result[_wire.PROMPT_LOGPROBS] = view.prompt_logprobs
+    return result
+
+
+_PromptLogprobs = list[dict[str, Any] | None]
 
 
 def wrap_chat_completion(  # noqa: PLR0913 - every option is keyword-only and documented
@@ -116,33 +197,80 @@ def wrap_chat_completion(  # noqa: PLR0913 - every option is keyword-only and do
     check_output_mode_echo(response, requested)
     require_text_mode(requested, streaming=False)
     try:
-        view = msgspec.convert(dict(response), _Response)
+        view = msgspec.convert(dict(response), _DICT_VIEW)
     except msgspec.ValidationError as error:
         raise contract_error(error, "the generate response") from None
-    top = client_top_logprobs(client_body) if requested is OutputMode.TEXT else None
-    raw_choices: list[Mapping[str, Any]] = response[_wire.CHOICES]
-    choices = []
-    for position, (raw, choice) in enumerate(zip(raw_choices, view.choices, strict=True)):
-        path = f"$.{_wire.CHOICES}[{position}]"
-        message = _message(raw, choice, requested, path, reasoning=reasoning_content)
-        built: dict[str, Any] = {_wire.INDEX: choice.index, _wire.MESSAGE: message}
-        built[_wire.LOGPROBS] = cut_logprobs(raw.get(_wire.LOGPROBS), top)
-        built.update(
-            finish_fields(choice.finish_reason, streaming=False, passthrough=vllm_finish_reasons)
+    return _wrap(
+        DICT_CODEC,
+        view,
+        requested=requested,
+        client=client_body,
+        model=model,
+        clock=clock,
+        vllm_finish_reasons=vllm_finish_reasons,
+        reasoning_content=reasoning_content,
+    )
+
+
+def wrap_chat_completion_bytes(  # noqa: PLR0913 - the options of wrap_chat_completion
+    response: bytes,
+    *,
+    requested: OutputMode,
+    client_body: Mapping[str, Any] | bytes | None = None,
+    model: str | None = None,
+    clock: Callable[[], float] = time.time,
+    vllm_finish_reasons: bool = False,
+    reasoning_content: bool = False,
+) -> bytes:
+    """:func:`wrap_chat_completion` from the worker's JSON bytes to the client's JSON bytes.
+
+    Same rules, same errors; only what the rules read is decoded: per choice its ``index``,
+    finish fields and ``text`` or ``message``; ``usage`` and ``prompt_logprobs`` are checked
+    and written with their input bytes, ``logprobs`` too unless text mode cuts them (then only
+    the ``top_logprobs`` lists are split), and ``token_ids`` and every dropped member are
+    skipped undecoded. ``client_body`` may be the client's JSON bytes (only its ``model`` and
+    ``top_logprobs`` are read). See ``docs/bytes.md``.
+
+    Raises:
+        UpstreamContractError: as :func:`wrap_chat_completion`; also ``param`` ``$`` when the
+            response is not bytes, not valid JSON, not an object, or not UTF-8.
+        ConfigError: ``requested`` is ``tokens``.
+        RequestError: the client's ``top_logprobs`` is not an integer >= -1.
+    """
+    requested = as_output_mode(requested)
+    untyped: object = response  # the caller's value may be anything
+    if not isinstance(untyped, (bytes, bytearray, memoryview)):
+        msg = f"$: the generate response must be JSON bytes, got {describe(untyped)}"
+        raise UpstreamContractError(msg, param="$")
+    # A Raw is a view of its input: a private immutable copy keeps a caller's buffer out of it.
+    data = bytes(untyped)
+    _raw.check_utf8(data, UpstreamContractError)
+    try:
+        view = _RAW_DECODER.decode(data)
+    except msgspec.ValidationError as error:
+        if not data.lstrip().startswith(b"{"):
+            msg = "$: a generate response must be a JSON object"
+            raise UpstreamContractError(msg, param="$") from None
+        # The echo is checked before the shape, as on the dict path.
+        echoed = _raw.split(data, UpstreamContractError, "the generate response").get(
+            _wire.OUTPUT_MODE
         )
-        built[_wire.STOP_REASON] = None if choice.stop_reason is UNSET else choice.stop_reason
-        choices.append(built)
-    choices.sort(key=lambda built: built[_wire.INDEX])
-    created = view.created if isinstance(view.created, int) else int(clock())
-    result: dict[str, Any] = {
-        _wire.ID: chat_id(view.request_id),
-        _wire.OBJECT: _wire.CHAT_COMPLETION_OBJECT,
-        _wire.CREATED: created,
-        _wire.MODEL: _model(view, model, client_body),
-        _wire.CHOICES: choices,
-    }
-    if view.usage is not UNSET:
-        result[_wire.USAGE] = response[_wire.USAGE]
-    if view.prompt_logprobs is not None and view.prompt_logprobs is not UNSET:
-        result[_wire.PROMPT_LOGPROBS] = response[_wire.PROMPT_LOGPROBS]
-    return result
+        mode = UNSET if echoed is None else _raw.decode_member(echoed, "$", UpstreamContractError)
+        check_echoed_mode(mode, requested)
+        raise contract_error(error, "the generate response") from None
+    except (msgspec.DecodeError, RecursionError) as error:
+        msg = f"$: the generate response is not valid JSON: {error}"
+        raise UpstreamContractError(msg, param="$") from None
+    check_echoed_mode(view.output_mode, requested)
+    require_text_mode(requested, streaming=False)
+    wrapped = _wrap(
+        RAW_CODEC,
+        view,
+        requested=requested,
+        client=_client_fields(client_body),
+        model=model,
+        clock=clock,
+        vllm_finish_reasons=vllm_finish_reasons,
+        reasoning_content=reasoning_content,
+    )
+    return _raw.encode(wrapped)

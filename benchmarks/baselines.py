@@ -1,0 +1,178 @@
+"""The baselines the library is measured against, each doing the same job another way.
+
+- ``orjson_round_trip``: ``orjson.loads`` + ``orjson.dumps`` of the same bytes, the floor of
+  "parse it once".
+- ``syntax_scan``: decoding into an empty ``msgspec.Struct``: every value is skipped but the JSON
+  syntax is still checked, the floor of any transform that refuses bad JSON.
+- ``decode_leg_*`` / ``wrap_*``: the same transform written the usual way, on dicts, with orjson,
+  with the stdlib ``json`` module, and with pydantic v2 models that validate the fields the way
+  vLLM's own protocol layer does (``token_ids`` as a list of non-negative ints).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+import msgspec
+import orjson
+import pydantic
+
+_CAPS = ("max_completion_tokens", "max_tokens", "max_output_tokens")
+_INT64_MAX = 2**63 - 1
+
+
+class _Empty(msgspec.Struct):
+    pass
+
+
+_SCAN = msgspec.json.Decoder(_Empty)
+
+
+def orjson_round_trip(raw: bytes) -> bytes:
+    return orjson.dumps(orjson.loads(raw))
+
+
+def syntax_scan(raw: bytes) -> bytes:
+    _SCAN.decode(raw)
+    return raw
+
+
+# --- decode leg for a generate client: validate token_ids, move the cap, set output_mode ------
+
+
+def _decode_leg_on_dict(body: dict[str, Any]) -> dict[str, Any]:
+    token_ids = body["token_ids"]
+    if not token_ids or not all(type(t) is int and 0 <= t <= _INT64_MAX for t in token_ids):
+        msg = "bad token_ids"
+        raise ValueError(msg)
+    out = dict(body)
+    sampling = dict(out.get("sampling_params") or {})
+    for key in _CAPS:
+        if key in out:
+            cap = out.pop(key)
+            if cap is not None and "max_tokens" not in sampling:
+                sampling["max_tokens"] = cap
+    out["sampling_params"] = sampling
+    out["output_mode"] = "text"
+    return out
+
+
+def decode_leg_orjson(raw: bytes) -> bytes:
+    return orjson.dumps(_decode_leg_on_dict(orjson.loads(raw)))
+
+
+def decode_leg_stdlib(raw: bytes) -> bytes:
+    leg = _decode_leg_on_dict(json.loads(raw))
+    return json.dumps(leg, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+class _PydanticGenerateRequest(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="allow")
+
+    token_ids: Annotated[
+        list[Annotated[int, pydantic.Field(ge=0, le=_INT64_MAX)]], pydantic.Field(min_length=1)
+    ]
+    sampling_params: dict[str, Any] = pydantic.Field(default_factory=dict)
+    max_tokens: int | None = None
+    output_mode: str = "tokens"
+
+
+def decode_leg_pydantic(raw: bytes) -> bytes:
+    request = _PydanticGenerateRequest.model_validate_json(raw)
+    sampling = dict(request.sampling_params)
+    if request.max_tokens is not None and "max_tokens" not in sampling:
+        sampling["max_tokens"] = request.max_tokens
+    update = {"sampling_params": sampling, "output_mode": "text"}
+    out = request.model_copy(update=update)
+    return out.model_dump_json(exclude={"max_tokens"}).encode()
+
+
+# --- wrap a generate response into a chat.completion -------------------------------------------
+
+_CHOICE_KEEP = ("index", "logprobs", "finish_reason", "stop_reason")
+_TOP_KEEP = ("created", "model", "usage")
+
+
+def _cut(logprobs: dict[str, Any] | None, top: int) -> dict[str, Any] | None:
+    # Text mode: each top_logprobs list cut to the client's top_logprobs, as the chat route does.
+    if not logprobs:
+        return logprobs
+    content = [{**e, "top_logprobs": e["top_logprobs"][:top]} for e in logprobs["content"]]
+    return {**logprobs, "content": content}
+
+
+def _wrap_on_dict(response: dict[str, Any], mode: str, top: int) -> dict[str, Any]:
+    if response.get("output_mode") != mode:
+        msg = "output_mode echo"
+        raise ValueError(msg)
+    choices = []
+    for choice in response["choices"]:
+        out = {key: choice[key] for key in _CHOICE_KEEP if key in choice}
+        if mode == "derender":
+            out["message"] = choice["message"]
+        else:
+            out["message"] = {"role": "assistant", "content": choice["text"]}
+            out["logprobs"] = _cut(choice.get("logprobs"), top)
+        choices.append(out)
+    wrapped = {key: response[key] for key in _TOP_KEEP if key in response}
+    wrapped["id"] = response["request_id"].removeprefix("generate-tokens-")
+    wrapped["object"] = "chat.completion"
+    wrapped["choices"] = choices
+    return wrapped
+
+
+def wrap_orjson(raw: bytes, mode: str, top: int) -> bytes:
+    return orjson.dumps(_wrap_on_dict(orjson.loads(raw), mode, top))
+
+
+def wrap_stdlib(raw: bytes, mode: str, top: int) -> bytes:
+    wrapped = _wrap_on_dict(json.loads(raw), mode, top)
+    return json.dumps(wrapped, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+class _PydanticChoice(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="allow")
+    index: int
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    text: str | None = None
+    message: dict[str, Any] | None = None
+    logprobs: dict[str, Any] | None = None
+
+
+class _PydanticResponse(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="allow")
+    request_id: str
+    model: str | None = None
+    created: int | None = None
+    usage: dict[str, Any] | None = None
+    output_mode: str
+    choices: list[_PydanticChoice]
+
+
+def wrap_pydantic(raw: bytes, mode: str, top: int) -> bytes:
+    response = _PydanticResponse.model_validate_json(raw)
+    if response.output_mode != mode:
+        msg = "output_mode echo"
+        raise ValueError(msg)
+    wrapped = {
+        "id": response.request_id.removeprefix("generate-tokens-"),
+        "object": "chat.completion",
+        "created": response.created,
+        "model": response.model,
+        "usage": response.usage,
+        "choices": [
+            {
+                "index": c.index,
+                "message": c.message
+                if mode == "derender"
+                else {"role": "assistant", "content": c.text},
+                "logprobs": c.logprobs if mode == "derender" else _cut(c.logprobs, top),
+                "finish_reason": c.finish_reason,
+                "stop_reason": c.stop_reason,
+            }
+            for c in response.choices
+        ],
+    }
+    return pydantic.TypeAdapter(dict[str, Any]).dump_json(wrapped)

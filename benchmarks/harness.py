@@ -1,0 +1,61 @@
+"""Timing and memory measurement: medians of repeated runs, RSS growth in a child process."""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+_TARGET_SECONDS_PER_REPEAT = 0.02
+
+
+def median_seconds(func: Callable[[], object], *, repeats: int = 15) -> float:
+    """Median time of one call, each repeat looping enough calls to outlast timer noise."""
+    func()  # warm up caches and lazily built decoders
+    start = time.perf_counter()
+    func()
+    once = max(time.perf_counter() - start, 1e-7)
+    loops = max(1, int(_TARGET_SECONDS_PER_REPEAT / once))
+    samples = []
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for _ in range(repeats):
+            start = time.perf_counter()
+            for _ in range(loops):
+                func()
+            samples.append((time.perf_counter() - start) / loops)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    return statistics.median(samples)
+
+
+_CHILD = """
+import sys
+sys.path.insert(0, {bench_dir!r})
+import memory_probe
+print(memory_probe.measure({case!r}, {name!r}, {payload_file!r}))
+"""
+
+
+def peak_rss_growth(case: str, name: str, payload: bytes) -> int:
+    """Peak RSS growth in bytes of one call of ``name`` on ``payload`` of ``case``, in a child.
+
+    tracemalloc misreads orjson's over-allocated buffers, so the kernel's view is used: the peak
+    resident set size after the call minus the peak before it.
+    """
+    bench_dir = str(Path(__file__).parent)
+    with tempfile.NamedTemporaryFile(suffix=".json") as file:
+        file.write(payload)
+        file.flush()
+        code = _CHILD.format(bench_dir=bench_dir, case=case, name=name, payload_file=file.name)
+        done = subprocess.run(  # noqa: S603 - our own interpreter running our own probe
+            [sys.executable, "-c", code], capture_output=True, text=True, check=True
+        )
+    return int(done.stdout.strip())

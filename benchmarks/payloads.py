@@ -1,0 +1,145 @@
+"""Realistic payloads for the benchmark, built deterministically (seeded) as JSON bytes."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import orjson
+
+_VOCAB = 151_936
+_WORDS = ["the", "model", " answer", " Paris", " is", " weather", "é", "日本", " tool", "\n"]
+
+
+def _tools() -> list[dict[str, Any]]:
+    return [
+        {
+            "type": "function",
+            "function": {
+                "name": f"tool_{i}",
+                "description": "Look something up. " * 4,
+                "parameters": {
+                    "type": "object",
+                    "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+                    "required": ["city"],
+                },
+            },
+        }
+        for i in range(4)
+    ]
+
+
+def chat_request(n_messages: int) -> bytes:
+    """A chat client's body with ``n_messages`` messages, tools and sampling fields."""
+    rng = random.Random(n_messages)  # noqa: S311 - seeded payloads, not secrets
+    messages = [{"role": "system", "content": "You are helpful."}]
+    for i in range(n_messages - 1):
+        role = "user" if i % 2 == 0 else "assistant"
+        text = "".join(rng.choice(_WORDS) for _ in range(60))
+        messages.append({"role": role, "content": text})
+    body = {
+        "model": "Qwen/Qwen3-0.6B",
+        "messages": messages,
+        "tools": _tools(),
+        "max_completion_tokens": 512,
+        "temperature": 0.7,
+        "top_p": 0.9,
+        "seed": 7,
+        "stop": ["\n\n"],
+        "logprobs": True,
+        "top_logprobs": 2,
+        "stream": False,
+        "user": "bench",
+    }
+    return orjson.dumps(body)
+
+
+def generate_request(n_tokens: int) -> bytes:
+    """A generate client's body with ``n_tokens`` prompt token IDs and a top-level cap."""
+    rng = random.Random(n_tokens)  # noqa: S311 - seeded payloads, not secrets
+    body = {
+        "request_id": "chatcmpl-bench",
+        "token_ids": [rng.randrange(_VOCAB) for _ in range(n_tokens)],
+        "sampling_params": {
+            "temperature": 0.7,
+            "top_p": 0.9,
+            "seed": 7,
+            "stop": [],
+            "stop_token_ids": [],
+            "output_kind": 2,
+            "skip_clone": True,
+            "bad_words": [],
+            "skip_reading_prefix_cache": False,
+        },
+        "max_tokens": 256,
+        "model": "Qwen/Qwen3-0.6B",
+        "stream": False,
+        "cache_salt": "tenant-a",
+    }
+    return orjson.dumps(body)
+
+
+def _logprobs(rng: random.Random, tokens: list[str]) -> dict[str, Any]:
+    content = []
+    for token in tokens:
+        top = [
+            {
+                "token": t,
+                "logprob": -rng.random() * 5,
+                "bytes": list(t.encode()),
+            }
+            for t in [token, *rng.sample(_WORDS, 4)]
+        ]
+        content.append({**top[0], "top_logprobs": top})
+    return {"content": content}
+
+
+def generate_response(n_tokens: int, mode: str, *, logprobs: bool) -> bytes:
+    """A generate response in ``text`` or ``derender`` mode with ``n_tokens`` output tokens."""
+    rng = random.Random(n_tokens * 2 + logprobs)  # noqa: S311 - seeded payloads, not secrets
+    tokens = [rng.choice(_WORDS) for _ in range(n_tokens)]
+    choice: dict[str, Any] = {
+        "index": 0,
+        "finish_reason": "length",
+        "stop_reason": None,
+        "token_ids": [rng.randrange(_VOCAB) for _ in range(n_tokens)],
+        "routed_experts": None,
+        "sampling_mask": None,
+        "weight_versions": [{"version": "v1", "start": 0, "end": n_tokens}],
+    }
+    text = "".join(tokens)
+    if mode == "text":
+        choice["text"] = text
+    else:
+        choice["message"] = {
+            "role": "assistant",
+            "content": text,
+            "refusal": None,
+            "annotations": None,
+            "audio": None,
+            "function_call": None,
+            "reasoning": "Thinking about it.",
+        }
+    choice["logprobs"] = _logprobs(rng, tokens) if logprobs else None
+    body = {
+        "request_id": "generate-tokens-chatcmpl-bench",
+        "model": "Qwen/Qwen3-0.6B",
+        "created": 1796000000,
+        "usage": {
+            "prompt_tokens": 1024,
+            "total_tokens": 1024 + n_tokens,
+            "completion_tokens": n_tokens,
+            "prompt_tokens_details": None,
+            "completion_tokens_details": None,
+        },
+        "prompt_logprobs": None,
+        "prompt_token_id_logprobs": None,
+        "prompt_token_ids": None,
+        "mm_placeholders": None,
+        "metrics": None,
+        "kv_transfer_params": {"do_remote_prefill": False, "remote_engine_id": "e1"},
+        "ec_transfer_params": None,
+        "output_mode": mode,
+        "choices": [choice],
+    }
+    return orjson.dumps(body)

@@ -1,0 +1,186 @@
+"""JSON bodies as raw top-level members: the bytes fast path's reading and writing side.
+
+A body is split once into its top-level members (``msgspec.Raw`` slices, the JSON syntax of the
+whole document checked on the way); :class:`RawMembers` then looks like a read-only mapping to
+the rules shared with the dict path, decoding a member only when a rule reads it, and
+:meth:`RawMembers.encode` writes a result back with every member a rule passed through unchanged
+taken byte for byte from the input. ``token_ids`` gets a scan instead of a decode
+(:func:`scan_token_ids`): proving an array holds only non-negative integers below 19 digits
+costs a ``bytes.translate`` and a substring search, far less than building 128k ``int`` objects.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Mapping
+from typing import Any, Final, TypeAlias
+
+import msgspec
+
+from disagg_transforms._describe import describe
+from disagg_transforms.errors import DisaggTransformError
+
+ErrorFactory: TypeAlias = type[DisaggTransformError]
+"""The error of one side: RequestError for a client body, UpstreamContractError for a worker's."""
+
+_SPLITTER: Final = msgspec.json.Decoder(dict[str, msgspec.Raw])
+_DECODER: Final = msgspec.json.Decoder()
+_ENCODER: Final = msgspec.json.Encoder()
+
+# Digits become "0", the bytes a flat integer array may hold stay, anything else becomes NUL:
+# one translate answers "only integers?" (no NUL) and "any of 19+ digits?" (a run of "0").
+_ARRAY_BYTES: Final = b",[] \t\n\r"
+_SCAN_TABLE: Final = bytes(
+    0x30 if chr(i).isdigit() and i < 0x80 else i if i in _ARRAY_BYTES else 0 for i in range(256)
+)
+# 2**63 - 1 has 19 digits and JSON has no leading zeros: 18 digits are always in range.
+_LONG_NUMBER: Final = b"0" * 19
+_EMPTY_ARRAY: Final = re.compile(rb"\[\s*\]\Z")
+
+
+def check_utf8(data: bytes, error: ErrorFactory) -> None:
+    """Refuse a body that is not UTF-8: msgspec does not check inside the values it skips."""
+    if data.isascii():
+        return
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        msg = f"$: the body is not valid UTF-8 ({exc.reason} at byte {exc.start})"
+        raise error(msg, param="$") from None
+
+
+def split(data: object, error: ErrorFactory, what: str) -> dict[str, msgspec.Raw]:
+    """Split a JSON object's bytes into raw top-level members, in the document's order.
+
+    Raises:
+        DisaggTransformError: from ``error``: ``data`` is not bytes, not JSON, not an object,
+            or not UTF-8; ``param`` is ``$``.
+    """
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        msg = f"$: {what} must be JSON bytes, got {describe(data)}"
+        raise error(msg, param="$")
+    # A Raw is a view of its input: a private immutable copy keeps a caller's buffer out of it.
+    body = data if isinstance(data, bytes) else bytes(data)
+    try:
+        members = _SPLITTER.decode(body)
+    except msgspec.ValidationError:
+        msg = f"$: {what} must be a JSON object, got {describe(_first_token(body))}"
+        raise error(msg, param="$") from None
+    except (msgspec.DecodeError, RecursionError) as exc:
+        msg = f"$: {what} is not valid JSON: {exc}"
+        raise error(msg, param="$") from None
+    check_utf8(body, error)
+    return members
+
+
+def _first_token(body: bytes) -> str:
+    head = body.lstrip()[:1]
+    return {b"[": "an array", b'"': "a string"}.get(head, "a JSON scalar")
+
+
+def decode_member(raw: msgspec.Raw, path: str, error: ErrorFactory) -> Any:  # noqa: ANN401 - JSON
+    """Decode one member already known to be valid JSON; only nesting depth can fail."""
+    try:
+        return _DECODER.decode(raw)
+    except (msgspec.DecodeError, RecursionError):
+        msg = f"{path}: nesting too deep"
+        raise error(msg, param=path) from None
+
+
+class RawTokenIds:
+    """A ``token_ids`` array proved to hold 1+ integers in ``[0, 2**63 - 1]``, kept as bytes."""
+
+    __slots__ = ("_count", "raw")
+
+    def __init__(self, raw: msgspec.Raw) -> None:
+        self.raw = raw
+        self._count = -1
+
+    def __bool__(self) -> bool:
+        return True  # never empty: checked by scan_token_ids; no count needed to say so
+
+    def __len__(self) -> int:
+        if self._count < 0:  # counted only when asked (features check their spans against it)
+            self._count = bytes(self.raw).count(b",") + 1
+        return self._count
+
+
+def scan_token_ids(raw: msgspec.Raw) -> RawTokenIds | None:
+    """Prove, without decoding, that ``raw`` is a non-empty flat array of int64-range integers.
+
+    ``raw`` is a member of a document msgspec has already parsed, so it is valid JSON; holding
+    only digits, commas, whitespace and one ``[`` then means a flat array of non-negative
+    integers. ``None`` means "not proved": the caller decodes and validates it the slow way,
+    which also finds the index of a bad item for the error.
+    """
+    data = bytes(raw)
+    mapped = data.translate(_SCAN_TABLE)
+    if (
+        b"\0" in mapped
+        or not data.startswith(b"[")
+        or data.find(b"[", 1) >= 0
+        or _LONG_NUMBER in mapped
+        or _EMPTY_ARRAY.match(data) is not None
+    ):
+        return None
+    return RawTokenIds(raw)
+
+
+class RawMembers(Mapping[str, Any]):
+    """A read-only mapping over raw members that decodes a member when a rule first reads it.
+
+    ``token_ids`` is scanned, not decoded (:func:`scan_token_ids`); when the scan cannot prove
+    it clean it is decoded, and the shared rules refuse it exactly as on the dict path.
+    """
+
+    __slots__ = ("_decoded", "_error", "_members")
+
+    def __init__(
+        self, members: dict[str, msgspec.Raw], error: ErrorFactory, *, token_ids_key: str
+    ) -> None:
+        self._members = members
+        self._error = error
+        self._decoded: dict[str, Any] = {}
+        if token_ids_key in members:
+            scanned = scan_token_ids(members[token_ids_key])
+            if scanned is not None:
+                self._decoded[token_ids_key] = scanned
+
+    def __getitem__(self, key: str) -> Any:  # noqa: ANN401 - a JSON value
+        try:
+            return self._decoded[key]
+        except KeyError:
+            value = decode_member(self._members[key], f"$.{key}", self._error)
+            self._decoded[key] = value
+            return value
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._members)
+
+    def __len__(self) -> int:
+        return len(self._members)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._members
+
+    def encode(self, result: Mapping[str, Any]) -> bytes:
+        """Write ``result`` (built by the rules from this mapping) as JSON bytes.
+
+        A value that is the very object this mapping handed out for the same key was passed
+        through unchanged: its input bytes are written. A :class:`RawTokenIds` anywhere at the
+        top level is written as its bytes. Everything else is encoded.
+        """
+        out: dict[str, Any] = {}
+        for key, value in result.items():
+            if isinstance(value, RawTokenIds):
+                out[key] = value.raw
+            elif key in self._decoded and self._decoded[key] is value:
+                out[key] = self._members[key]
+            else:
+                out[key] = value
+        return encode(out)
+
+
+def encode(value: object) -> bytes:
+    """Encode a JSON value whose parts may be ``msgspec.Raw`` (written as they are)."""
+    return _ENCODER.encode(value)

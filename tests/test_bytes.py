@@ -1,0 +1,197 @@
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import msgspec
+import pytest
+from golden import load_fixture
+from hypothesis import given, reject
+from hypothesis import strategies as st
+from strategies import client_paths, client_request_bodies, generate_responses, token_id_lists
+
+from disagg_transforms import (
+    DecodeParams,
+    DisaggTransformError,
+    OutputMode,
+    RequestError,
+    UpstreamContractError,
+    build_decode_request,
+    build_decode_request_bytes,
+    wrap_chat_completion,
+    wrap_chat_completion_bytes,
+)
+
+GENERATE = "/inference/v1/generate"
+TEXT = DecodeParams(use_openai_format=False, output_mode=OutputMode.TEXT)
+_SPLIT = msgspec.json.Decoder(dict[str, msgspec.Raw])
+
+
+def _outcome(call: Any) -> tuple[str, Any]:
+    try:
+        return "ok", call()
+    except DisaggTransformError as error:
+        return type(error).__name__, error.param
+
+
+def _loose(body: dict[str, Any]) -> bytes:
+    # Not msgspec's own spelling (spaces, \u escapes): a re-encoded member would differ.
+    # Infinity is not JSON: such a body cannot reach the bytes path as bytes.
+    try:
+        return json.dumps(body, indent=1, ensure_ascii=True, allow_nan=False).encode()
+    except ValueError:
+        reject()
+
+
+@given(
+    body=client_request_bodies,
+    path=client_paths,
+    router_ids=st.none() | token_id_lists,
+    mode=st.sampled_from([OutputMode.TEXT, OutputMode.DERENDER]),
+    openai=st.booleans(),
+)
+def test_decode_bytes_path_equals_dict_path(
+    body: dict[str, Any], path: str, router_ids: list[int] | None, mode: OutputMode, openai: bool
+) -> None:
+    raw = _loose(body)
+    decoded = json.loads(raw)
+    params = DecodeParams(use_openai_format=openai, output_mode=mode)
+    kind, by_dict = _outcome(
+        lambda: build_decode_request(decoded, client_path=path, params=params, token_ids=router_ids)
+    )
+    kind_b, by_bytes = _outcome(
+        lambda: build_decode_request_bytes(
+            raw, client_path=path, params=params, token_ids=router_ids
+        )
+    )
+    assert kind == kind_b
+    if kind != "ok":
+        assert by_dict == by_bytes  # the same param
+        return
+    assert json.loads(by_bytes.body) == json.loads(json.dumps(by_dict.body))
+    assert (by_bytes.path, by_bytes.stream, by_bytes.single_frame, by_bytes.dropped) == (
+        by_dict.path,
+        by_dict.stream,
+        by_dict.single_frame,
+        by_dict.dropped,
+    )
+    # Same key order; a member the dict path passed through (the same object) keeps its bytes.
+    out = _SPLIT.decode(by_bytes.body)
+    assert list(out) == list(by_dict.body)
+    members = _SPLIT.decode(raw)
+    for key, value in by_dict.body.items():
+        if key in decoded and value is decoded[key]:
+            assert bytes(out[key]) == bytes(members[key])
+
+
+@pytest.mark.parametrize("mode", ["text", "derender"])
+@given(data=st.data(), top=st.none() | st.integers(-1, 4), as_bytes=st.booleans())
+def test_wrap_bytes_path_equals_dict_path(
+    mode: str, data: st.DataObject, top: int | None, as_bytes: bool
+) -> None:
+    response = data.draw(generate_responses(mode))
+    client = {"model": "m", "top_logprobs": top}
+    raw = _loose(response)
+    by_dict = wrap_chat_completion(
+        json.loads(raw), requested=OutputMode(mode), client_body=client, clock=lambda: 7.0
+    )
+    by_bytes = wrap_chat_completion_bytes(
+        raw,
+        requested=OutputMode(mode),
+        client_body=json.dumps(client).encode() if as_bytes else client,
+        clock=lambda: 7.0,
+    )
+    assert json.loads(by_bytes) == json.loads(json.dumps(by_dict))
+
+
+def test_wrap_bytes_keeps_passthrough_bytes() -> None:
+    response = load_fixture("response-derender-tool-call.json")
+    raw = _loose(response)
+    out = _SPLIT.decode(wrap_chat_completion_bytes(raw, requested=OutputMode.DERENDER))
+    assert bytes(out["usage"]) == bytes(_SPLIT.decode(raw)["usage"])
+    choice = msgspec.json.decode(out["choices"], type=list[dict[str, msgspec.Raw]])[0]
+    given_choice = msgspec.json.decode(
+        _SPLIT.decode(raw)["choices"], type=list[dict[str, msgspec.Raw]]
+    )[0]
+    assert bytes(choice["message"]) == bytes(given_choice["message"])
+
+
+def _leg(body: bytes, **kwargs: Any) -> Any:
+    return build_decode_request_bytes(body, client_path=GENERATE, params=TEXT, **kwargs)
+
+
+def _generate(token_ids: str) -> bytes:
+    return b'{"token_ids": ' + token_ids.encode() + b', "model": "m"}'
+
+
+def test_token_ids_pass_byte_for_byte() -> None:
+    out = _SPLIT.decode(_leg(_generate("[1,  2,\n3]")).body)
+    assert bytes(out["token_ids"]) == b"[1,  2,\n3]"
+
+
+@pytest.mark.parametrize(
+    ("token_ids", "param"),
+    [
+        ("[1, 9223372036854775808]", "$.token_ids[1]"),
+        ("[1, -2]", "$.token_ids[1]"),
+        ("[1, 2.5]", "$.token_ids[1]"),
+        ("[1, [2]]", "$.token_ids[1]"),
+        ('[1, "2"]', "$.token_ids[1]"),
+        ("[]", "$.token_ids"),
+        ("[ ]", "$.token_ids"),
+        ("7", "$.token_ids"),
+    ],
+)
+def test_bad_token_ids_are_refused_at_their_index(token_ids: str, param: str) -> None:
+    with pytest.raises(RequestError) as caught:
+        _leg(_generate(token_ids))
+    assert caught.value.param == param
+
+
+def test_long_in_range_and_whole_float_token_ids_are_kept() -> None:
+    body = json.loads(_leg(_generate("[9223372036854775807, 5.0, 1234567890123456789]")).body)
+    assert body["token_ids"] == [2**63 - 1, 5, 1234567890123456789]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b"", b"{", b"[1]", b'"x"', b"null", b'{"a": "\xff"}', b'{"a": 1}{'],
+)
+def test_bad_request_bytes_are_a_request_error_at_root(body: bytes) -> None:
+    with pytest.raises(RequestError) as caught:
+        _leg(body, token_ids=[1])
+    assert caught.value.param == "$"
+
+
+def test_non_bytes_body_is_refused() -> None:
+    with pytest.raises(RequestError):
+        build_decode_request_bytes({"a": 1}, client_path=GENERATE, params=TEXT)  # type: ignore[arg-type]
+
+
+def test_bytearray_body_is_copied_before_use() -> None:
+    buffer = bytearray(_generate("[1, 2]"))
+    leg = _leg(buffer)  # type: ignore[arg-type]
+    buffer[:] = b"x" * len(buffer)
+    assert json.loads(leg.body)["token_ids"] == [1, 2]
+
+
+@pytest.mark.parametrize("body", [b"", b"[1]", b'{"request_id": "\xff"}', b"{"])
+def test_bad_response_bytes_are_an_upstream_error(body: bytes) -> None:
+    with pytest.raises(UpstreamContractError) as caught:
+        wrap_chat_completion_bytes(body, requested=OutputMode.TEXT)
+    assert caught.value.param == "$"
+
+
+def test_wrap_bytes_checks_the_echo_first() -> None:
+    body = b'{"output_mode": "tokens", "choices": 5}'
+    with pytest.raises(UpstreamContractError) as caught:
+        wrap_chat_completion_bytes(body, requested=OutputMode.TEXT)
+    assert caught.value.param == "$.output_mode"
+
+
+def test_wrap_bytes_refuses_logprobs_that_are_not_an_object() -> None:
+    response = load_fixture("response-text.json")
+    response["choices"][0]["logprobs"] = [1]
+    with pytest.raises(UpstreamContractError) as caught:
+        wrap_chat_completion_bytes(json.dumps(response).encode(), requested=OutputMode.TEXT)
+    assert caught.value.param == "$.choices[0].logprobs"
