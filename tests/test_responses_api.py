@@ -32,9 +32,16 @@ GENERATE_ONLY = {
 }
 
 
+# A tool_use block's `input` is the model's own arguments: any key may appear there.
+_MODEL_DATA = frozenset({"input"})
+
+
 def keys_of(value: Any) -> set[str]:
+    """Every key of the envelope, not descending into the model's tool arguments."""
     if isinstance(value, dict):
-        return set(value) | {k for v in value.values() for k in keys_of(v)}
+        return set(value) | {
+            k for key, v in value.items() if key not in _MODEL_DATA for k in keys_of(v)
+        }
     if isinstance(value, list):
         return {k for v in value for k in keys_of(v)}
     return set()
