@@ -26,6 +26,7 @@ from disagg_transforms._chat import (
     finish_fields,
     require_text_mode,
 )
+from disagg_transforms._validate import CONVERT_ERRORS
 from disagg_transforms.config import OutputMode
 from disagg_transforms.echo import as_output_mode, check_output_mode_echo
 from disagg_transforms.envelopes import ChatLogprobs, ChatMessage, Usage
@@ -74,7 +75,7 @@ def _model(view: _Response, model: str | None, client_body: Mapping[str, Any] | 
     for candidate in (
         view.model,
         model,
-        None if client_body is None else client_body.get(_wire.MODEL),
+        client_body.get(_wire.MODEL) if isinstance(client_body, Mapping) else None,
     ):
         if isinstance(candidate, str):
             return candidate
@@ -117,7 +118,7 @@ def wrap_chat_completion(  # noqa: PLR0913 - every option is keyword-only and do
     require_text_mode(requested, streaming=False)
     try:
         view = msgspec.convert(dict(response), _Response)
-    except msgspec.ValidationError as error:
+    except CONVERT_ERRORS as error:
         raise contract_error(error, "the generate response") from None
     top = client_top_logprobs(client_body) if requested is OutputMode.TEXT else None
     raw_choices: list[Mapping[str, Any]] = response[_wire.CHOICES]
