@@ -194,15 +194,16 @@ def _placeholder(value: object, n_tokens: int, path: str) -> None:
     item = mapping(value, path)
     offset = whole_number(item.get(w.OFFSET), f"{path}.{w.OFFSET}", minimum=0)
     length = whole_number(item.get(w.LENGTH), f"{path}.{w.LENGTH}", minimum=0)
+    # describe(), not f"{offset}": an attacker-sized integer has too many digits for str().
     if offset >= n_tokens:
         where = f"{path}.{w.OFFSET}"
-        msg = f"{where}: offset {offset} is outside the prompt of {n_tokens} token IDs"
+        msg = f"{where}: offset {describe(offset)} is outside the prompt of {n_tokens} token IDs"
         raise RequestError(msg, param=where)
     if offset + length > n_tokens:
         where = f"{path}.{w.LENGTH}"
         msg = (
-            f"{where}: the span at offset {offset} with length {length} runs past the "
-            f"prompt of {n_tokens} token IDs"
+            f"{where}: the span at offset {offset} with length {describe(length)} runs past "
+            f"the prompt of {n_tokens} token IDs"
         )
         raise RequestError(msg, param=where)
 
