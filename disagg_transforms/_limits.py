@@ -17,7 +17,6 @@ import msgspec
 
 from disagg_transforms import _validate
 from disagg_transforms import _wire as w
-from disagg_transforms._describe import describe
 from disagg_transforms.errors import DisaggTransformError, RequestError, UpstreamContractError
 
 MAX_CACHE_SALT_CHARS: Final = 128
@@ -134,7 +133,7 @@ def _cache_salt(salt: object, path: str) -> None:
         raise _validate.refuse(salt, why, at=path)
     bad = [char for char in _CACHE_SALT_FORBIDDEN if char in salt]
     if bad:
-        why = f"must not contain {describe(bad[0])} (vLLM refuses @, /, \\ and NUL)"
+        why = f"must not contain {bad[0]!r} (vLLM refuses @, /, \\ and NUL)"
         raise _validate.refuse(salt, why, at=path)
 
 

@@ -10,6 +10,7 @@ import pytest
 
 from disagg_transforms import (
     DEFAULT_LIMITS,
+    ConfigError,
     DecodeParams,
     EncodeParams,
     Limits,
@@ -204,3 +205,17 @@ def test_caps_at_int64_and_past() -> None:
     with pytest.raises(RequestError, match="at most") as error:
         apply_sampling_caps({"max_tokens": top + 1}, Route.CHAT_COMPLETIONS)
     assert error.value.param == "$.max_tokens"
+
+
+# Messages name the field and the value (kills mutmut's message mutants in echo.py).
+
+
+def test_echo_messages_name_what_came_back() -> None:
+    with pytest.raises(UpstreamContractError, match=r"must be a JSON object, got an array"):
+        check_output_mode_echo([], OutputMode.TEXT)  # type: ignore[arg-type]
+    with pytest.raises(UpstreamContractError, match=r"the worker's response carries \"tokens\""):
+        check_output_mode_echo({"output_mode": "tokens"}, OutputMode.TEXT)
+    with pytest.raises(UpstreamContractError, match=r'no output_mode \(read as "tokens"\)'):
+        check_output_mode_echo({}, OutputMode.DERENDER)
+    with pytest.raises(ConfigError, match=r"expected one of tokens, text, derender, got \"bogus\""):
+        check_output_mode_echo({}, "bogus")  # type: ignore[arg-type]
