@@ -16,7 +16,7 @@ from typing import Any
 
 import msgspec
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from strategies import (
     GENERATE_ONLY_CHOICE_KEYS,
@@ -273,8 +273,13 @@ def _plain(result: object) -> object:
 
 # ---- the properties ---------------------------------------------------------------------
 
+# The tables hold ~80 entry points, each its own test: a share of the profile's examples each
+# keeps the `ci` profile inside CI's time while `fuzz` still runs thousands per entry point.
+PER_ENTRY_POINT = settings(max_examples=max(20, settings.default.max_examples // 8))
+
 
 @pytest.mark.parametrize("name", sorted(REQUEST_ENTRY_POINTS))
+@PER_ENTRY_POINT
 @given(case=hostile_route_bodies | st.tuples(st.just(""), hostile_values))
 def test_request_entry_points_hold_under_hostile_bodies(name: str, case: tuple[str, Any]) -> None:
     call = REQUEST_ENTRY_POINTS[name]
@@ -287,6 +292,7 @@ def test_request_entry_points_hold_under_hostile_bodies(name: str, case: tuple[s
 
 @pytest.mark.parametrize("mode", [OutputMode.TEXT, OutputMode.DERENDER])
 @pytest.mark.parametrize("name", sorted(_responses(OutputMode.TEXT)))
+@PER_ENTRY_POINT
 @given(
     case=hostile_generate_responses,
     client=st.none()
@@ -313,6 +319,7 @@ def test_response_entry_points_hold_under_hostile_responses(
 
 
 @pytest.mark.parametrize("name", sorted(STREAM_ENTRY_POINTS))
+@PER_ENTRY_POINT
 @given(data=hostile_sse_streams(), cut=st.integers(0, 200), client=st.none() | hostile_values)
 def test_stream_entry_points_hold_under_hostile_bytes(
     name: str, data: bytes, cut: int, client: Any
