@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from importlib.metadata import version as _metadata_version
 
+from disagg_transforms._limits import DEFAULT_LIMITS, Limits
 from disagg_transforms.anthropic import (
     THINKING_SIGNATURE,
     AnthropicStreamConverter,
@@ -86,6 +87,7 @@ __all__ = [
     "ChatStreamConverter",
     "ConditionalDecodeParams",
     "ConfigError",
+    "DEFAULT_LIMITS",
     "DecodeLeg",
     "DecodeLegBytes",
     "DecodeParams",
@@ -95,6 +97,7 @@ __all__ = [
     "KvTransferPlacement",
     "Leg",
     "LegInputs",
+    "Limits",
     "MIN_VLLM_VERSION",
     "OutputMode",
     "Pipeline",

@@ -16,7 +16,9 @@ import msgspec
 from msgspec import UnsetType
 
 from disagg_transforms import _wire as w
+from disagg_transforms._chat import contract_error
 from disagg_transforms._describe import describe
+from disagg_transforms._validate import CONVERT_ERRORS
 from disagg_transforms.config import OutputMode
 from disagg_transforms.echo import check_output_mode_echo
 from disagg_transforms.envelopes import (
@@ -82,9 +84,9 @@ def read_turn(response: Mapping[str, Any], requested: OutputMode) -> AssistantTu
     )
     try:
         parsed = msgspec.convert(response, view)
-    except msgspec.ValidationError as err:
-        msg = f"the generate response does not match vLLM's {requested.value} response: {err}"
-        raise UpstreamContractError(msg) from None
+    except CONVERT_ERRORS as err:
+        what = f"the generate response (vLLM's {requested.value} response)"
+        raise contract_error(err, what) from None
     if not parsed.choices:
         msg = "$.choices: the generate response has no choice"
         raise UpstreamContractError(msg, param="$.choices")

@@ -39,8 +39,12 @@ def chat_id(request_id: str) -> str:
     return _wire.CHAT_COMPLETION_ID_PREFIX + bare
 
 
-def contract_error(error: msgspec.ValidationError, what: str) -> UpstreamContractError:
-    """Turn a view's validation error into an :class:`UpstreamContractError` with its path."""
+def contract_error(error: Exception, what: str) -> UpstreamContractError:
+    """Turn a view's validation error into an :class:`UpstreamContractError` with its path.
+
+    ``error`` is one of :data:`~disagg_transforms._validate.CONVERT_ERRORS`; one without a
+    path (nesting too deep, a lone surrogate in a key) is reported at ``$``.
+    """
     found = _AT_PATH.search(str(error))
     param = found.group(1) if found else "$"
     return UpstreamContractError(f"{param}: {what} breaks the contract: {error}", param=param)
@@ -70,14 +74,16 @@ def client_top_logprobs(client_body: Mapping[str, Any] | None) -> int | None:
     """How many alternatives per token the chat client gets; ``None``: do not cut.
 
     As vLLM's chat route: absent or ``null`` means 0 (``logprobs: true`` alone gives empty
-    ``top_logprobs`` lists), ``-1`` means all. Without a client body nothing is cut.
+    ``top_logprobs`` lists), ``-1`` means all. Without a client body (or with one that is not a
+    JSON object, as the other envelopes read it) nothing is cut.
 
     Raises:
         RequestError: ``top_logprobs`` is not an integer >= -1.
     """
-    if client_body is None:
+    untyped: object = client_body  # the client's JSON may be any value
+    if not isinstance(untyped, Mapping):
         return None
-    value = client_body.get(_wire.TOP_LOGPROBS)
+    value = untyped.get(_wire.TOP_LOGPROBS)
     if value is None:
         return 0
     if isinstance(value, bool) or not isinstance(value, int) or value < _ALL_TOP_LOGPROBS:

@@ -21,6 +21,7 @@ from disagg_transforms import _wire
 from disagg_transforms._chat import contract_error, require_text_mode
 from disagg_transforms._describe import describe
 from disagg_transforms._sse import SseParser
+from disagg_transforms._validate import CONVERT_ERRORS
 from disagg_transforms.config import OutputMode
 from disagg_transforms.echo import as_output_mode, check_echoed_mode
 from disagg_transforms.envelopes import ChatLogprobs, Usage
@@ -118,7 +119,7 @@ class GenerateStreamReader:
 def _check(value: object, view: type[msgspec.Struct], what: str) -> None:
     try:
         msgspec.convert(value, view)
-    except msgspec.ValidationError as error:
+    except CONVERT_ERRORS as error:
         raise contract_error(error, what) from None
 
 

@@ -26,6 +26,10 @@ T = TypeVar("T")
 MAX_TOKEN_ID = 2**63 - 1
 """vLLM stores token IDs as int64."""
 
+CONVERT_ERRORS = (msgspec.ValidationError, RecursionError, UnicodeEncodeError)
+"""What ``msgspec.convert`` raises on hostile input: a mismatch, a nesting deeper than the
+interpreter's stack, or a key holding a lone surrogate (it cannot be matched as UTF-8)."""
+
 # msgspec ends a validation message with " - at `$.a.b[3]`"; the path is re-rooted on ours.
 _MSGSPEC_PATH = re.compile(r" - at `\$(?P<path>[^`]*)`$")
 _PATH_STEP = re.compile(r"\.(?P<key>[^.\[]+)|\[(?P<index>\d+)\]")
@@ -63,8 +67,14 @@ def convert(value: object, view: type[T], path: str) -> T:
     """
     try:
         return msgspec.convert(value, view)
-    except (msgspec.ValidationError, RecursionError) as exc:
-        reason = str(exc) if isinstance(exc, msgspec.ValidationError) else "nesting too deep"
+    except CONVERT_ERRORS as exc:
+        reason = (
+            str(exc)
+            if isinstance(exc, msgspec.ValidationError)
+            else "nesting too deep"
+            if isinstance(exc, RecursionError)
+            else "a string that is not valid Unicode (a lone surrogate)"
+        )
         found = _MSGSPEC_PATH.search(reason)
         inner = found.group("path") if found else ""
         where = path + inner
@@ -109,9 +119,11 @@ def whole_number(
         number = int(value)
     if number is None:
         raise refuse(value, "expected an integer", at=path)
-    if (minimum is not None and number < minimum) or (maximum is not None and number > maximum):
-        bound = f"at least {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
-        raise refuse(value, f"expected an integer {bound}", at=path)
+    # Name the bound that was broken: "at most 2**63 - 1" is noise to a client who sent 0.
+    if minimum is not None and number < minimum:
+        raise refuse(value, f"expected an integer at least {minimum}", at=path)
+    if maximum is not None and number > maximum:
+        raise refuse(value, f"expected an integer at most {maximum}", at=path)
     return number
 
 
@@ -182,15 +194,16 @@ def _placeholder(value: object, n_tokens: int, path: str) -> None:
     item = mapping(value, path)
     offset = whole_number(item.get(w.OFFSET), f"{path}.{w.OFFSET}", minimum=0)
     length = whole_number(item.get(w.LENGTH), f"{path}.{w.LENGTH}", minimum=0)
+    # describe(), not f"{offset}": an attacker-sized integer has too many digits for str().
     if offset >= n_tokens:
         where = f"{path}.{w.OFFSET}"
-        msg = f"{where}: offset {offset} is outside the prompt of {n_tokens} token IDs"
+        msg = f"{where}: offset {describe(offset)} is outside the prompt of {n_tokens} token IDs"
         raise RequestError(msg, param=where)
     if offset + length > n_tokens:
         where = f"{path}.{w.LENGTH}"
         msg = (
-            f"{where}: the span at offset {offset} with length {length} runs past the "
-            f"prompt of {n_tokens} token IDs"
+            f"{where}: the span at offset {offset} with length {describe(length)} runs past "
+            f"the prompt of {n_tokens} token IDs"
         )
         raise RequestError(msg, param=where)
 

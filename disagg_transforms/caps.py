@@ -48,7 +48,7 @@ def _cap(value: object, path: str) -> int | None:
     # vLLM requires an integer >= 1 (a whole float counts); null means "the rest of the context".
     if value is None:
         return None
-    return _validate.whole_number(value, path, minimum=1)
+    return _validate.whole_number(value, path, minimum=1, maximum=_validate.MAX_TOKEN_ID)
 
 
 def _sampling_params(body: Mapping[str, Any]) -> dict[str, Any]:

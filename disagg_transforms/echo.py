@@ -14,6 +14,7 @@ from msgspec import UNSET
 
 from disagg_transforms import _wire
 from disagg_transforms._describe import describe
+from disagg_transforms._limits import check_response_depth
 from disagg_transforms.config import MIN_VLLM_VERSION, OutputMode
 from disagg_transforms.errors import ConfigError, UpstreamContractError
 
@@ -67,7 +68,8 @@ def check_output_mode_echo(response: Mapping[str, Any], requested: OutputMode) -
     Raises:
         UpstreamContractError: ``response`` is not an object, or its ``output_mode`` is missing
             (read as ``"tokens"``, what an older worker answers) or differs from ``requested``;
-            the message names both and the vLLM version each mode needs.
+            the message names both and the vLLM version each mode needs; or it nests deeper
+            than the default ``Limits.max_depth``.
         ConfigError: ``requested`` is not an output mode.
     """
     untyped: object = response  # a worker's answer may be any JSON value
@@ -75,3 +77,4 @@ def check_output_mode_echo(response: Mapping[str, Any], requested: OutputMode) -
         msg = f"$: a generate response must be a JSON object, got {describe(untyped)}"
         raise UpstreamContractError(msg, param="$")
     check_echoed_mode(untyped.get(_wire.OUTPUT_MODE, UNSET), requested)
+    check_response_depth(untyped)

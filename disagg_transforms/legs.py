@@ -14,11 +14,12 @@ from typing import Any
 
 import msgspec
 
-from disagg_transforms import _raw, _validate
+from disagg_transforms import _limits, _raw, _validate
 from disagg_transforms import _wire as w
 from disagg_transforms._chat_map import map_chat_request, map_completions_request
 from disagg_transforms._client_map import ClientMapper, ClientMapping
 from disagg_transforms._describe import describe
+from disagg_transforms._limits import DEFAULT_LIMITS, Limits
 from disagg_transforms._messages_map import map_messages_request
 from disagg_transforms._responses_map import map_responses_request
 from disagg_transforms.caps import TOP_LEVEL_CAPS, apply_sampling_caps, apply_single_token_cap
@@ -321,6 +322,7 @@ def build_decode_request(  # noqa: PLR0913 - the router hands in what it has, by
     rendered: Mapping[str, Any] | None = None,
     request_id: str | None = None,
     parse_context: Mapping[str, Any] | None = None,
+    limits: Limits = DEFAULT_LIMITS,
 ) -> DecodeLeg:
     """Build the decode leg for a client request (SPEC §4.2).
 
@@ -336,10 +338,11 @@ def build_decode_request(  # noqa: PLR0913 - the router hands in what it has, by
             built from it (its ``sampling_params`` kept) instead of mapping the client's fields.
         request_id: the router's request ID (else the client's, else none).
         parse_context: the one ``/render`` returned (derender mode).
+        limits: the bounds on the body (``docs/security.md``).
 
     Raises:
-        RequestError: the body (or what the router handed in) cannot make a valid leg; ``param``
-            is the JSON path of the offending value.
+        RequestError: the body (or what the router handed in) cannot make a valid leg or is
+            past a limit; ``param`` is the JSON path of the offending value.
     """
     return _decode_leg(
         _validate.mapping(client_body, "$"),
@@ -351,6 +354,7 @@ def build_decode_request(  # noqa: PLR0913 - the router hands in what it has, by
         rendered=rendered,
         request_id=request_id,
         parse_context=parse_context,
+        limits=limits,
     )
 
 
@@ -386,6 +390,7 @@ def build_decode_request_bytes(  # noqa: PLR0913 - the router hands in what it h
     rendered: Mapping[str, Any] | None = None,
     request_id: str | None = None,
     parse_context: Mapping[str, Any] | None = None,
+    limits: Limits = DEFAULT_LIMITS,
 ) -> DecodeLegBytes:
     """Build the decode leg from the client's JSON bytes, decoding only what the rules read.
 
@@ -397,8 +402,11 @@ def build_decode_request_bytes(  # noqa: PLR0913 - the router hands in what it h
 
     Raises:
         RequestError: as :func:`build_decode_request`; also ``param`` ``$`` when the body is not
-            bytes, not valid JSON, not a JSON object, or not UTF-8.
+            bytes, not valid JSON, not a JSON object, not UTF-8, or over
+            ``limits.max_body_bytes``.
     """
+    if isinstance(client_body, bytes):
+        _limits.check_body_size(client_body, limits, error=RequestError)
     members = _raw.RawMembers(
         _raw.split(client_body, RequestError, "the client body"),
         RequestError,
@@ -414,6 +422,7 @@ def build_decode_request_bytes(  # noqa: PLR0913 - the router hands in what it h
         rendered=rendered,
         request_id=request_id,
         parse_context=parse_context,
+        limits=limits,
     )
     return DecodeLegBytes(
         path=leg.path,
@@ -438,19 +447,23 @@ def _decode_leg(  # noqa: PLR0913 - build_decode_request's arguments
     rendered: Mapping[str, Any] | None,
     request_id: str | None,
     parse_context: Mapping[str, Any] | None,
+    limits: Limits,
 ) -> DecodeLeg:
     """The decode-leg rules, on a dict body or on raw members alike."""
+    _limits.check_client_body(body, limits)
     client_route = _client_route(client_path)
     route = resolve_format(params.use_openai_format, client_path)
     kv = _router_object(kv_transfer_params, w.KV_TRANSFER_PARAMS)
     trusted = params.trust_client_transfer_params
     if route is not Route.GENERATE:
         leg, transfer = _openai_leg(body, route, token_ids=token_ids, trusted=trusted, kv=kv)
+        placed = _place_top_level(leg, transfer)
+        _limits.check_token_count(placed, limits)
         streams = _validate.typed(body, w.STREAM, bool) is True
         return DecodeLeg(
             path=route.value,
             route=route,
-            body=_place_top_level(leg, transfer),
+            body=placed,
             stream=streams,
             single_frame=False,
             wrap_chat_completion=False,
@@ -472,6 +485,7 @@ def _decode_leg(  # noqa: PLR0913 - build_decode_request's arguments
         body, client_route, params, core, _router_object(parse_context, w.PARSE_CONTEXT)
     )
     _check_generate(leg)
+    _limits.check_token_count(leg, limits)
     return DecodeLeg(
         path=route.value,
         route=route,
@@ -514,13 +528,16 @@ def _single_token_leg(  # noqa: PLR0913 - prefill and encode share every argumen
     kv: Mapping[str, Any] | None,
     ec: Mapping[str, Any] | None,
     placement: KvTransferPlacement,
+    limits: Limits,
 ) -> Leg:
     body = _validate.mapping(client_body, "$")
+    _limits.check_client_body(body, limits)
     client_route = _client_route(client_path)
     route = resolve_format(use_openai_format, client_path)
     if route is not Route.GENERATE:
         leg, transfer = _openai_leg(body, route, token_ids=token_ids, trusted=trusted, kv=kv, ec=ec)
         leg = apply_single_token_cap(_place_top_level(leg, transfer), route)
+        _limits.check_token_count(leg, limits)
         return Leg(path=route.value, route=route, body=leg)
     core = _generate_core(
         body,
@@ -537,6 +554,7 @@ def _single_token_leg(  # noqa: PLR0913 - prefill and encode share every argumen
     leg = {k: v for k, v in core.body.items() if k != w.OUTPUT_MODE}
     leg = apply_single_token_cap(_place_generate(leg, core.transfer, placement), Route.GENERATE)
     _check_generate(leg)
+    _limits.check_token_count(leg, limits)
     return Leg(path=route.value, route=route, body=leg)
 
 
@@ -551,6 +569,7 @@ def build_prefill_request(  # noqa: PLR0913 - the router hands in what it has, b
     features: Mapping[str, Any] | None = None,
     rendered: Mapping[str, Any] | None = None,
     request_id: str | None = None,
+    limits: Limits = DEFAULT_LIMITS,
 ) -> Leg:
     """Build the prefill leg (SPEC §4.4): the client's request capped at one output token.
 
@@ -572,6 +591,7 @@ def build_prefill_request(  # noqa: PLR0913 - the router hands in what it has, b
         kv={**_PREFILL_KV, **(kv or {})},
         ec=_router_object(ec_transfer_params, w.EC_TRANSFER_PARAMS),
         placement=params.kv_transfer_placement,
+        limits=limits,
     )
 
 
@@ -584,6 +604,7 @@ def build_encode_request(  # noqa: PLR0913 - the router hands in what it has, by
     features: Mapping[str, Any] | None = None,
     rendered: Mapping[str, Any] | None = None,
     request_id: str | None = None,
+    limits: Limits = DEFAULT_LIMITS,
 ) -> Leg:
     """Build an encode leg (SPEC §4.4): capped at one token, with no transfer params.
 
@@ -602,4 +623,5 @@ def build_encode_request(  # noqa: PLR0913 - the router hands in what it has, by
         kv=None,
         ec=None,
         placement=KvTransferPlacement.BOTH,
+        limits=limits,
     )

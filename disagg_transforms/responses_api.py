@@ -18,6 +18,7 @@ import msgspec
 
 from disagg_transforms import _wire as w
 from disagg_transforms._assistant_turn import AssistantTurn, ToolCallOut, read_turn, resolve_model
+from disagg_transforms._limits import DEFAULT_LIMITS, check_depth
 from disagg_transforms._sse import DEFAULT_MAX_EVENT_BYTES, format_sse_typed_event
 from disagg_transforms._stream_events import NamedEventConverter, error_field, error_message
 from disagg_transforms.config import OutputMode
@@ -71,9 +72,12 @@ def wrap_responses_response(
     Raises:
         UpstreamContractError: the echo is missing or wrong, or the body breaks the contract.
         ConfigError: ``requested`` is ``tokens``.
+        RequestError: the client body nests deeper than ``Limits.max_depth`` (its settings are
+            echoed into the response, so they must stay writable).
     """
     turn = read_turn(response, requested)
     client: Mapping[str, Any] = client_body if isinstance(client_body, Mapping) else {}
+    check_depth(client, DEFAULT_LIMITS.max_depth)
     status, incomplete_details = _status(turn)
     tools = client.get(w.TOOLS)
     tool_choice = client.get(w.TOOL_CHOICE)

@@ -44,7 +44,8 @@ DEFAULT_MAX_CHOICES: Final = 4096
 
 
 def _include_usage(client_body: Mapping[str, Any] | None) -> bool:
-    options = None if client_body is None else client_body.get(_wire.STREAM_OPTIONS)
+    untyped: object = client_body  # the client's JSON may be any value
+    options = untyped.get(_wire.STREAM_OPTIONS) if isinstance(untyped, Mapping) else None
     return isinstance(options, Mapping) and options.get(_wire.INCLUDE_USAGE) is True
 
 

@@ -17,7 +17,7 @@ from typing import Any, Generic, TypeVar
 import msgspec
 from msgspec import UNSET, UnsetType
 
-from disagg_transforms import _raw, _wire
+from disagg_transforms import _limits, _raw, _wire
 from disagg_transforms._chat import (
     DICT_CODEC,
     RAW_CODEC,
@@ -30,6 +30,8 @@ from disagg_transforms._chat import (
     require_text_mode,
 )
 from disagg_transforms._describe import describe
+from disagg_transforms._limits import DEFAULT_LIMITS, Limits
+from disagg_transforms._validate import CONVERT_ERRORS
 from disagg_transforms.config import OutputMode
 from disagg_transforms.echo import as_output_mode, check_echoed_mode, check_output_mode_echo
 from disagg_transforms.envelopes import ChatMessage, Usage
@@ -198,13 +200,13 @@ def wrap_chat_completion(  # noqa: PLR0913 - every option is keyword-only and do
     require_text_mode(requested, streaming=False)
     try:
         view = msgspec.convert(dict(response), _DICT_VIEW)
-    except msgspec.ValidationError as error:
+    except CONVERT_ERRORS as error:
         raise contract_error(error, "the generate response") from None
     return _wrap(
         DICT_CODEC,
         view,
         requested=requested,
-        client=client_body,
+        client=_client_fields(client_body),
         model=model,
         clock=clock,
         vllm_finish_reasons=vllm_finish_reasons,
@@ -221,6 +223,7 @@ def wrap_chat_completion_bytes(  # noqa: PLR0913 - the options of wrap_chat_comp
     clock: Callable[[], float] = time.time,
     vllm_finish_reasons: bool = False,
     reasoning_content: bool = False,
+    limits: Limits = DEFAULT_LIMITS,
 ) -> bytes:
     """:func:`wrap_chat_completion` from the worker's JSON bytes to the client's JSON bytes.
 
@@ -233,7 +236,8 @@ def wrap_chat_completion_bytes(  # noqa: PLR0913 - the options of wrap_chat_comp
 
     Raises:
         UpstreamContractError: as :func:`wrap_chat_completion`; also ``param`` ``$`` when the
-            response is not bytes, not valid JSON, not an object, or not UTF-8.
+            response is not bytes, not valid JSON, not an object, not UTF-8, or over
+            ``limits.max_body_bytes``.
         ConfigError: ``requested`` is ``tokens``.
         RequestError: the client's ``top_logprobs`` is not an integer >= -1.
     """
@@ -244,6 +248,7 @@ def wrap_chat_completion_bytes(  # noqa: PLR0913 - the options of wrap_chat_comp
         raise UpstreamContractError(msg, param="$")
     # A Raw is a view of its input: a private immutable copy keeps a caller's buffer out of it.
     data = bytes(untyped)
+    _limits.check_body_size(data, limits, error=UpstreamContractError)
     _raw.check_utf8(data, UpstreamContractError)
     try:
         view = _RAW_DECODER.decode(data)

@@ -531,3 +531,202 @@ client_route_bodies: st.SearchStrategy[tuple[str, dict[str, Any]]] = (
         _merged(messages_client_bodies, _messages_valid, _client_transfer),
     )
 )
+
+
+# --------------------------------------------------------------------------------------------
+# Hostile inputs (issue 8): any subtree replaced by any value, huge numbers, NaN / Infinity,
+# deep nesting, lone surrogates, and raw bytes that are truncated, invalid UTF-8 or duplicate
+# keys. Dict strategies feed the dict entry points; byte strategies feed the byte parsers.
+
+HUGE_NUMBERS = (2**63, 2**63 - 1, 2**64, 2**64 + 1, -1, -(2**63), -(2**63) - 1, 10**400)
+# Deep enough to overflow any recursive walk (the interpreter's default limit is 1000).
+DEEP = 5000
+
+hostile_scalars: st.SearchStrategy[Any] = (
+    json_scalars
+    | st.sampled_from(HUGE_NUMBERS)
+    | st.integers()
+    | st.floats()  # NaN and the infinities, as a Python dict can carry them
+    | st.text(st.characters(codec=None, categories=None), max_size=6)  # lone surrogates too
+    | st.sampled_from(["\ud800", "a\udfffb", "\x00", "\u202e", "@/\\"])
+)
+
+hostile_keys = st.text(max_size=6) | st.sampled_from(["\ud800", "", "\x00", "$", "[0]", "a.b"])
+
+
+def nested(depth: int, leaf: object = 0, *, kind: str = "list") -> object:
+    """A value nested ``depth`` levels deep, built without recursion."""
+    value = leaf
+    for _ in range(depth):
+        value = [value] if kind == "list" else {"a": value}
+    return value
+
+
+deep_values: st.SearchStrategy[Any] = st.builds(
+    nested,
+    st.sampled_from([DEEP, 1100, 300]),
+    st.just(0),
+    kind=st.sampled_from(["list", "dict"]),
+)
+
+hostile_values: st.SearchStrategy[Any] = (
+    st.recursive(
+        hostile_scalars,
+        lambda children: (
+            st.lists(children, max_size=3) | st.dictionaries(hostile_keys, children, max_size=3)
+        ),
+        max_leaves=8,
+    )
+    | deep_values
+)
+
+
+def _subtree_paths(value: object) -> list[tuple[object, ...]]:
+    """Every path to a subtree of ``value`` (dict keys and list indices), root first."""
+    paths: list[tuple[object, ...]] = [()]
+    pending: list[tuple[tuple[object, ...], object]] = [((), value)]
+    while pending and len(paths) < 200:
+        path, node = pending.pop()
+        items: list[tuple[object, object]] = []
+        if isinstance(node, dict):
+            items = list(node.items())
+        elif isinstance(node, list):
+            items = list(enumerate(node))
+        for key, child in items:
+            paths.append((*path, key))
+            pending.append(((*path, key), child))
+    return paths
+
+
+def _replaced(value: object, path: tuple[object, ...], new: object) -> object:
+    if not path:
+        return new
+    head, rest = path[0], path[1:]
+    if isinstance(value, dict):
+        return {**value, head: _replaced(value[head], rest, new)}
+    assert isinstance(value, list)
+    assert isinstance(head, int)
+    return [_replaced(v, rest, new) if i == head else v for i, v in enumerate(value)]
+
+
+def hostile(base: st.SearchStrategy[Any], *, max_edits: int = 3) -> st.SearchStrategy[Any]:
+    """``base`` values with up to ``max_edits`` subtrees (the root too) replaced by any value."""
+
+    @st.composite
+    def build(draw: st.DrawFn) -> Any:
+        value = draw(base)
+        for _ in range(draw(st.integers(0, max_edits))):
+            path = draw(st.sampled_from(_subtree_paths(value)))
+            value = _replaced(value, path, draw(hostile_values))
+        return value
+
+    return build()
+
+
+generate_client_bodies: st.SearchStrategy[dict[str, Any]] = st.fixed_dictionaries(
+    {"token_ids": token_id_lists},
+    optional={
+        "sampling_params": st.fixed_dictionaries(
+            {},
+            optional={
+                "max_tokens": cap_values,
+                "n": st.integers(-1, 3),
+                "extra_args": st.fixed_dictionaries(
+                    {}, optional={"kv_transfer_params": _transfer_values}
+                ),
+            },
+        ),
+        "model": st.text(max_size=5),
+        "stream": st.booleans(),
+        "cache_salt": st.text(min_size=1, max_size=4),
+        "kv_transfer_params": _transfer_values,
+        "ec_transfer_params": _transfer_values,
+        "features": st.just(
+            {
+                "mm_hashes": {"image": ["h"]},
+                "mm_placeholders": {"image": [{"offset": 0, "length": 1}]},
+            }
+        ),
+    },
+)
+
+# (client path, body) for all five client routes, valid-shaped.
+all_route_bodies: st.SearchStrategy[tuple[str, dict[str, Any]]] = client_route_bodies | st.tuples(
+    st.just("/inference/v1/generate"), generate_client_bodies
+)
+# The same with hostile edits anywhere in the body (the path stays a client route).
+hostile_route_bodies: st.SearchStrategy[tuple[str, Any]] = all_route_bodies.flatmap(
+    lambda pair: st.tuples(st.just(pair[0]), hostile(st.just(pair[1])))
+)
+
+# A generate response in the requested mode, with hostile edits: (response, mode value).
+hostile_generate_responses: st.SearchStrategy[tuple[Any, str]] = (
+    st.tuples(generate_responses("text"), st.just("text"))
+    | st.tuples(generate_responses("derender"), st.just("derender"))
+    | generate_envelope_responses
+).flatmap(lambda pair: st.tuples(hostile(st.just(pair[0])), st.just(pair[1])))
+
+
+def _raw_json(value: object) -> bytes:
+    try:
+        return json.dumps(value, allow_nan=True).encode()
+    except (RecursionError, ValueError):  # too deep for json; spell it out iteratively
+        return b"[" * DEEP + b"0" + b"]" * DEEP
+
+
+@st.composite
+def hostile_json_bytes(draw: st.DrawFn, base: st.SearchStrategy[Any] = hostile_values) -> bytes:
+    """JSON bytes of a ``base`` value, then maybe broken: truncated, invalid UTF-8, a lone
+    surrogate escape, a duplicate key, a NaN literal, or replaced by deep brackets."""
+    raw = _raw_json(draw(base))
+    edit = draw(
+        st.sampled_from(
+            ["none", "truncate", "utf8", "surrogate", "duplicate", "nan", "deep", "empty"]
+        )
+    )
+    if edit == "truncate":
+        raw = raw[: draw(st.integers(0, max(len(raw) - 1, 0)))]
+    elif edit == "utf8":
+        at = draw(st.integers(0, len(raw)))
+        raw = (
+            raw[:at]
+            + draw(st.sampled_from([b"\xff", b"\xc3", b"\xed\xa0\x80", b"\x80"]))
+            + raw[at:]
+        )
+    elif edit == "surrogate":
+        raw = raw.replace(b'"', b'"\\ud800', 1)
+    elif edit == "duplicate" and raw.startswith(b"{") and len(raw) > 2:
+        raw = b'{"output_mode": 1, "choices": 2, ' + raw[1:]
+    elif edit == "nan":
+        raw = (
+            raw.replace(b"0", b"NaN", 1)
+            .replace(b"1", b"-Infinity", 1)
+            .replace(b"2", b"Infinity", 1)
+        )
+    elif edit == "deep":
+        depth = draw(st.sampled_from([300, 1100, DEEP]))
+        raw = b'{"a":' * depth + b"1" + b"}" * depth
+    elif edit == "empty":
+        raw = b""
+    return raw
+
+
+def _sse(events: list[bytes], separator: bytes) -> bytes:
+    return b"".join(b"data: " + event + separator for event in events)
+
+
+@st.composite
+def hostile_sse_streams(draw: st.DrawFn) -> bytes:
+    """A generate SSE stream, valid or with hostile events, framing and truncation."""
+    valid = draw(generate_text_streams() | single_choice_text_streams())
+    kind = draw(st.sampled_from(["valid", "events", "truncated", "garbage"]))
+    if kind == "valid":
+        return valid
+    if kind == "truncated":
+        return valid[: draw(st.integers(0, len(valid)))]
+    if kind == "garbage":
+        return draw(st.binary(max_size=64))
+    events = draw(st.lists(hostile_json_bytes(), min_size=1, max_size=3))
+    separator = draw(st.sampled_from([b"\n\n", b"\r\n\r\n", b"\r\r"]))
+    stream = valid.split(b"data: [DONE]")[0] + _sse(events, separator)
+    return stream + draw(st.sampled_from([b"data: [DONE]\n\n", b"", b"data: [DONE]"]))

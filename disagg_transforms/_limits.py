@@ -1,0 +1,170 @@
+"""Size limits on what a client or a worker hands in, and the checks that enforce them.
+
+Each limit has a generous default, documented in ``docs/security.md``; a router that needs
+others builds one :class:`Limits` at startup and passes it to every leg builder (and, on the
+bytes paths, to the entry points that parse bytes). A value past a limit is a
+:class:`~disagg_transforms.errors.RequestError` (client side) or
+:class:`~disagg_transforms.errors.UpstreamContractError` (worker side) whose message names the
+limit, the JSON path and the value.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sized
+from typing import Any, Final
+
+import msgspec
+
+from disagg_transforms import _validate
+from disagg_transforms import _wire as w
+from disagg_transforms.errors import DisaggTransformError, RequestError, UpstreamContractError
+
+MAX_CACHE_SALT_CHARS: Final = 128
+"""vLLM's validator caps ``cache_salt`` at 128 characters (the schema says 1024)."""
+_CACHE_SALT_FORBIDDEN: Final = ("@", "/", "\\", "\x00")
+# A list made only of these has depth 1 whatever its length: checked at C speed.
+_LEAF_TYPES: Final = frozenset({int, float, str, bool, type(None)})
+
+
+class Limits(msgspec.Struct, frozen=True, kw_only=True):
+    """The bounds every entry point enforces on hostile input; frozen, build one at startup.
+
+    The defaults are generous: a real request never meets them, a hostile one is refused before
+    it costs memory or a worker's time.
+    """
+
+    max_depth: int = 128
+    """Deepest nesting of objects and arrays in a body (the body itself is depth 1).
+
+    orjson refuses to write anything deeper than 254, Python's ``json`` overflows near 1000.
+    """
+    max_body_bytes: int = 64 * 1024 * 1024
+    """Largest JSON body an entry point parses from bytes."""
+    max_token_ids: int = 1 << 20
+    """Most token IDs in a prompt (``token_ids``, or a completions ``prompt`` of IDs)."""
+    max_n: int = 16384
+    """Largest ``n`` (vLLM's ``VLLM_MAX_N_SEQUENCES`` default)."""
+
+
+DEFAULT_LIMITS: Final = Limits()
+
+
+def _too_deep(path: str, limit: int, error: type[DisaggTransformError]) -> DisaggTransformError:
+    msg = f"{path}: nested deeper than the limit of {limit} levels (Limits.max_depth)"
+    return error(msg, param=path)
+
+
+def check_depth(
+    value: object,
+    limit: int,
+    *,
+    path: str = "$",
+    error: type[DisaggTransformError] = RequestError,
+) -> None:
+    """Refuse ``value`` if its objects and arrays nest more than ``limit`` levels.
+
+    The walk is iterative (no ``RecursionError`` whatever the depth) and stops at the first
+    container past the limit, whose JSON path the error names. A list of scalars (a token
+    array) costs one C-level type scan.
+
+    Raises:
+        RequestError: (or ``error``) nested too deep.
+    """
+    if not isinstance(value, (Mapping, list, tuple)):
+        return
+    pending: list[tuple[Any, int, str]] = [(value, 1, path)]
+    while pending:
+        node, depth, where = pending.pop()
+        if depth > limit:
+            raise _too_deep(where, limit, error)
+        if isinstance(node, Mapping):
+            pending.extend(
+                (item, depth + 1, f"{where}.{key}")
+                for key, item in node.items()
+                if isinstance(item, (Mapping, list, tuple))
+            )
+        elif not _LEAF_TYPES.issuperset(map(type, node)):
+            pending.extend(
+                (item, depth + 1, f"{where}[{index}]")
+                for index, item in enumerate(node)
+                if isinstance(item, (Mapping, list, tuple))
+            )
+
+
+def check_body_size(data: bytes, limits: Limits, *, error: type[DisaggTransformError]) -> None:
+    """Refuse a JSON body of more than ``limits.max_body_bytes`` bytes, before parsing it.
+
+    Raises:
+        RequestError: (or ``error``) the body is too large.
+    """
+    if len(data) > limits.max_body_bytes:
+        msg = (
+            f"$: the body is {len(data)} bytes, over the limit of {limits.max_body_bytes} "
+            "(Limits.max_body_bytes)"
+        )
+        raise error(msg, param="$")
+
+
+def check_client_body(body: Mapping[str, Any], limits: Limits) -> None:
+    r"""The limits on a client's body: nesting depth, ``n``, ``cache_salt``.
+
+    ``n`` is read at the top level (OpenAI routes) and in ``sampling_params`` (generate route);
+    ``cache_salt`` must be 1..128 characters without ``@``, ``/``, ``\\`` or NUL, as vLLM's
+    validator requires.
+
+    Raises:
+        RequestError: naming the limit, the JSON path and the value.
+    """
+    check_depth(body, limits.max_depth)
+    sampling = body.get(w.SAMPLING_PARAMS)
+    for holder, parent in ((body, "$"), (sampling, f"$.{w.SAMPLING_PARAMS}")):
+        if isinstance(holder, Mapping) and holder.get(w.N) is not None:
+            _validate.whole_number(holder[w.N], f"{parent}.{w.N}", minimum=1, maximum=limits.max_n)
+    salt = body.get(w.CACHE_SALT)
+    if salt is not None:
+        _cache_salt(salt, f"$.{w.CACHE_SALT}")
+
+
+def _cache_salt(salt: object, path: str) -> None:
+    if not isinstance(salt, str):
+        raise _validate.refuse(salt, "expected a string", at=path)
+    if not 1 <= len(salt) <= MAX_CACHE_SALT_CHARS:
+        why = f"expected 1 to {MAX_CACHE_SALT_CHARS} characters (vLLM's cache_salt limit)"
+        raise _validate.refuse(salt, why, at=path)
+    bad = [char for char in _CACHE_SALT_FORBIDDEN if char in salt]
+    if bad:
+        why = f"must not contain {bad[0]!r} (vLLM refuses @, /, \\ and NUL)"
+        raise _validate.refuse(salt, why, at=path)
+
+
+def check_token_count(leg: Mapping[str, Any], limits: Limits) -> None:
+    """Refuse a leg whose prompt holds more than ``limits.max_token_ids`` token IDs.
+
+    Read from ``token_ids`` (generate route) or a completions ``prompt`` given as IDs.
+
+    Raises:
+        RequestError: naming the limit, the path and the count.
+    """
+    for key in (w.TOKEN_IDS, w.PROMPT):
+        ids = leg.get(key)
+        # A list, or the bytes path's scanned token array (it counts without decoding).
+        if (
+            isinstance(ids, Sized)
+            and not isinstance(ids, (str, Mapping))
+            and len(ids) > limits.max_token_ids
+        ):
+            path = f"$.{key}"
+            msg = (
+                f"{path}: {len(ids)} token IDs, over the limit of {limits.max_token_ids} "
+                "(Limits.max_token_ids)"
+            )
+            raise RequestError(msg, param=path)
+
+
+def check_response_depth(response: object) -> None:
+    """A worker's answer nested past the default ``max_depth`` breaks the contract.
+
+    Raises:
+        UpstreamContractError: naming the limit and the path.
+    """
+    check_depth(response, DEFAULT_LIMITS.max_depth, error=UpstreamContractError)

@@ -1,0 +1,221 @@
+"""Every limit at the limit and one past it (issue 8): depth, body size, token count, n,
+cache_salt, placeholder spans, caps."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from disagg_transforms import (
+    DEFAULT_LIMITS,
+    ConfigError,
+    DecodeParams,
+    EncodeParams,
+    Limits,
+    OutputMode,
+    PrefillParams,
+    RequestError,
+    UpstreamContractError,
+    apply_sampling_caps,
+    build_decode_request,
+    build_encode_request,
+    build_prefill_request,
+    check_output_mode_echo,
+)
+from disagg_transforms._limits import check_body_size, check_depth
+from disagg_transforms.routes import Route
+
+CHAT = "/v1/chat/completions"
+GENERATE_LEG = DecodeParams(use_openai_format=False)
+
+
+def nested(depth: int) -> object:
+    """A value of exactly ``depth`` levels: ``depth - 1`` lists around an empty dict."""
+    value: object = {}
+    for _ in range(depth - 1):
+        value = [value]
+    return value
+
+
+def decode(body: dict[str, Any], **kwargs: Any) -> Any:
+    return build_decode_request(
+        body, client_path=CHAT, params=GENERATE_LEG, token_ids=[1, 2], **kwargs
+    )
+
+
+def test_defaults_are_documented_values() -> None:
+    assert (
+        Limits(max_depth=128, max_body_bytes=64 * 1024 * 1024, max_token_ids=1 << 20, max_n=16384)
+        == DEFAULT_LIMITS
+    )
+
+
+@pytest.mark.parametrize("limit", [1, 2, 128])
+def test_depth_at_the_limit_passes_and_one_past_is_refused(limit: int) -> None:
+    check_depth(nested(limit), limit)
+    with pytest.raises(RequestError, match=f"limit of {limit} levels") as error:
+        check_depth(nested(limit + 1), limit)
+    assert error.value.param.startswith("$[0]") or error.value.param == "$"
+
+
+def test_depth_names_the_path_and_survives_any_nesting() -> None:
+    body = {"a": [{"b": nested(10_000)}]}
+    with pytest.raises(RequestError) as error:
+        check_depth(body, 5)
+    assert error.value.param == "$.a[0].b[0][0]"
+    check_depth([1, 2, 3] * 1000, 1)  # a flat token array is depth 1
+
+
+def test_depth_limit_on_the_legs() -> None:
+    limits = Limits(max_depth=3)
+    decode({"messages": [{"role": "user", "content": "hi"}]}, limits=limits)
+    too_deep = {"messages": [{"role": "user", "content": [{"type": "text"}]}]}
+    for build in (decode, _prefill, _encode):
+        with pytest.raises(RequestError, match=r"Limits\.max_depth") as error:
+            build(too_deep, limits=limits)
+        assert error.value.param == "$.messages[0].content"
+
+
+def _prefill(body: dict[str, Any], **kwargs: Any) -> Any:
+    return build_prefill_request(
+        body,
+        client_path=CHAT,
+        params=PrefillParams(use_openai_format=False),
+        token_ids=[1],
+        **kwargs,
+    )
+
+
+def _encode(body: dict[str, Any], **kwargs: Any) -> Any:
+    return build_encode_request(body, client_path=CHAT, params=EncodeParams(), **kwargs)
+
+
+def test_depth_limit_on_a_response() -> None:
+    ok = {"output_mode": "text", "x": nested(127)}
+    check_output_mode_echo(ok, OutputMode.TEXT)
+    with pytest.raises(UpstreamContractError, match=r"Limits\.max_depth"):
+        check_output_mode_echo({"output_mode": "text", "x": nested(128)}, OutputMode.TEXT)
+
+
+def test_body_size_at_the_limit_and_past() -> None:
+    limits = Limits(max_body_bytes=10)
+    check_body_size(b"x" * 10, limits, error=RequestError)
+    with pytest.raises(UpstreamContractError, match=r"11 bytes, over the limit of 10") as error:
+        check_body_size(b"x" * 11, limits, error=UpstreamContractError)
+    assert error.value.param == "$"
+
+
+@pytest.mark.parametrize("where", ["router", "generate client", "completions prompt"])
+def test_token_count_at_the_limit_and_past(where: str) -> None:
+    limits = Limits(max_token_ids=4)
+
+    def build(count: int) -> Any:
+        ids = list(range(count))
+        if where == "router":
+            return decode({}, limits=limits) if count == 2 else decode_ids(ids, limits)
+        if where == "generate client":
+            return build_decode_request(
+                {"token_ids": ids},
+                client_path="/inference/v1/generate",
+                params=GENERATE_LEG,
+                limits=limits,
+            )
+        return build_decode_request(
+            {"prompt": "x"},
+            client_path="/v1/completions",
+            params=DecodeParams(),
+            token_ids=ids,
+            limits=limits,
+        )
+
+    build(4)
+    with pytest.raises(RequestError, match=r"5 token IDs, over the limit of 4") as error:
+        build(5)
+    assert error.value.param in ("$.token_ids", "$.prompt")
+
+
+def decode_ids(ids: list[int], limits: Limits) -> Any:
+    return build_decode_request(
+        {}, client_path=CHAT, params=GENERATE_LEG, token_ids=ids, limits=limits
+    )
+
+
+@pytest.mark.parametrize(("key", "path"), [("n", "$.n"), ("sampling", "$.sampling_params.n")])
+def test_n_in_range(key: str, path: str) -> None:
+    def body(n: object) -> dict[str, Any]:
+        return {"n": n} if key == "n" else {"sampling_params": {"n": n}}
+
+    for good in (1, 16384, 16384.0):
+        decode(body(good))
+    for bad in (0, 16385, -1, 2**64, True, "2", 1.5):
+        with pytest.raises(RequestError) as error:
+            decode(body(bad))
+        assert error.value.param == path
+    decode(body(8), limits=Limits(max_n=8))
+    with pytest.raises(RequestError, match="at most 8"):
+        decode(body(9), limits=Limits(max_n=8))
+
+
+def test_cache_salt_length_and_characters() -> None:
+    decode({"cache_salt": "a"})
+    decode({"cache_salt": "s" * 128})
+    for bad in ("", "s" * 129, "a@b", "a/b", "a\\b", "a\x00b", 7, ["x"]):
+        with pytest.raises(RequestError) as error:
+            decode({"cache_salt": bad})
+        assert error.value.param == "$.cache_salt"
+        assert "got" in str(error.value)
+
+
+@pytest.mark.parametrize(
+    "length", [2**63, 2**64, 10**18, 10**5000], ids=["2^63", "2^64", "1e18", "1e5000"]
+)
+def test_an_attacker_sized_placeholder_length_is_refused_without_allocating(length: int) -> None:
+    features = {
+        "mm_hashes": {"image": ["h"]},
+        "mm_placeholders": {"image": [{"offset": 0, "length": length}]},
+    }
+    start = time.perf_counter()
+    with pytest.raises(RequestError) as error:
+        decode({}, features=features)
+    assert time.perf_counter() - start < 1.0
+    assert error.value.param == "$.features.mm_placeholders.image[0].length"
+
+
+def test_a_placeholder_at_the_end_of_the_prompt_passes_and_one_past_fails() -> None:
+    def span(offset: int, length: int) -> dict[str, Any]:
+        return {
+            "mm_hashes": {"image": ["h"]},
+            "mm_placeholders": {"image": [{"offset": offset, "length": length}]},
+        }
+
+    decode({}, features=span(0, 2))
+    with pytest.raises(RequestError):
+        decode({}, features=span(0, 3))
+    with pytest.raises(RequestError):
+        decode({}, features=span(2, 0))
+
+
+def test_caps_at_int64_and_past() -> None:
+    top = 2**63 - 1
+    assert apply_sampling_caps({"max_tokens": top}, Route.CHAT_COMPLETIONS) == {
+        "sampling_params": {"max_tokens": top}
+    }
+    with pytest.raises(RequestError, match="at most") as error:
+        apply_sampling_caps({"max_tokens": top + 1}, Route.CHAT_COMPLETIONS)
+    assert error.value.param == "$.max_tokens"
+
+
+# Messages name the field and the value (kills mutmut's message mutants in echo.py).
+
+
+def test_echo_messages_name_what_came_back() -> None:
+    with pytest.raises(UpstreamContractError, match=r"must be a JSON object, got an array"):
+        check_output_mode_echo([], OutputMode.TEXT)  # type: ignore[arg-type]
+    with pytest.raises(UpstreamContractError, match=r"the worker's response carries \"tokens\""):
+        check_output_mode_echo({"output_mode": "tokens"}, OutputMode.TEXT)
+    with pytest.raises(UpstreamContractError, match=r'no output_mode \(read as "tokens"\)'):
+        check_output_mode_echo({}, OutputMode.DERENDER)
+    with pytest.raises(ConfigError, match=r"expected one of tokens, text, derender, got \"bogus\""):
+        check_output_mode_echo({}, "bogus")  # type: ignore[arg-type]
