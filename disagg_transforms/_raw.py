@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import codecs
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import ItemsView, Iterator, Mapping
 from typing import Any, Final, TypeAlias
 
 import msgspec
@@ -167,6 +167,10 @@ class RawMembers(Mapping[str, Any]):
     def get(self, key: str, default: Any = None) -> Any:  # noqa: ANN401 - a JSON value
         """The member's value, or ``default`` when absent (Mapping's goes through a KeyError)."""
         return self[key] if key in self._members else default
+
+    def items(self) -> ItemsView[str, Any]:
+        """Every member, read as by ``self[key]``, in the document's order."""
+        return {key: self[key] for key in self._members}.items()  # no generator per member
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._members)
