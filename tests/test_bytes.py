@@ -201,9 +201,9 @@ def test_wrap_bytes_refuses_logprobs_that_are_not_an_object() -> None:
 @pytest.mark.parametrize("bad", [b"\xff", b"\xe6\x97", b"\xc3(", b"\xed\xa0\x80"])
 @pytest.mark.parametrize("offset", [0, 1, 2, 3])
 def test_utf8_is_checked_across_the_check_s_slices(bad: bytes, offset: int) -> None:
-    # A bad sequence on the boundary of the 64 KiB slices the check decodes one at a time.
-    head = b'{"text": "' + "é".encode() * (((1 << 16) - 12 - offset) // 2)
-    body = head + b"x" * (1 << 16) + b"\xe6\x97\xa5" + bad + b'"}'
+    # A bad sequence on the boundary of the 32 KiB slices the check decodes one at a time.
+    head = b'{"text": "' + "é".encode() * (((1 << 15) - 12 - offset) // 2)
+    body = head + b"x" * (1 << 15) + b"\xe6\x97\xa5" + bad + b'"}'
     cut = head + bad + b'"}'
     for data in (body, cut):
         try:
