@@ -170,6 +170,12 @@ cases get 1024 token IDs from the router. The wrap cases use a client asking
 `top_logprobs: 2` (the generated responses carry 5 alternatives per token, so text mode cuts
 them; derender passes them on untouched, as vLLM already cut them).
 
+What the baselines leave out (they are floors of the job, not more): the syntax scan does not
+check UTF-8 inside the values it skips (the library does; the wrap payloads are not ASCII); the
+hand-written orjson / stdlib / pydantic transforms check `token_ids` and move the cap but do not
+type-check the other generate fields, strip transfer params, map finish reasons or check
+`usage`, as the library does.
+
 Machine: {machine}.
 
 """

@@ -152,6 +152,48 @@ def cut_logprobs_raw(logprobs: msgspec.Raw, top: int | None) -> object:
     return members
 
 
+PRECUT_MAX_TOP: Final = 20
+"""The largest client ``top_logprobs`` the bytes path cuts while decoding (OpenAI's cap)."""
+
+
+def _precut_logprobs(top: int) -> type[msgspec.Struct]:
+    """A view of vLLM's chat logprobs that keeps the first ``top`` alternatives of each token.
+
+    The ``top_logprobs`` list is an array-like struct of ``top`` raw items: msgspec skips the
+    items after them while decoding, so the cut costs no object per dropped alternative. The
+    view takes vLLM's shape only (unknown keys, a shorter or null list fail to decode: the
+    caller then cuts with :func:`cut_logprobs_raw`); every other member is kept as raw bytes.
+    """
+    # Only Raw inside, so no cycle: untracked by the garbage collector (8k tokens, 50k objects).
+    items = msgspec.defstruct(
+        f"TopLogprobs{top}",
+        [(f"item_{i}", msgspec.Raw) for i in range(top)],
+        array_like=True,
+        gc=False,
+    )
+    entry = msgspec.defstruct(
+        f"Logprob{top}",
+        [
+            (_wire.TOKEN, msgspec.Raw, None),
+            (_wire.LOGPROB, msgspec.Raw, None),
+            (_wire.BYTES, msgspec.Raw, None),
+            (_wire.TOP_LOGPROBS, items, None),
+        ],
+        forbid_unknown_fields=True,
+        omit_defaults=True,  # an absent member (None) stays absent
+        gc=False,
+    )
+    return msgspec.defstruct(
+        f"Logprobs{top}",
+        [(_wire.CONTENT, list[entry] | None | UnsetType, UNSET)],  # type: ignore[valid-type]
+        forbid_unknown_fields=True,
+    )
+
+
+PRECUT_LOGPROBS: Final = tuple(_precut_logprobs(top) for top in range(PRECUT_MAX_TOP + 1))
+"""``PRECUT_LOGPROBS[k]``: the logprobs view cut to ``k`` alternatives while decoding."""
+
+
 def finish_fields(value: object, *, streaming: bool, passthrough: bool) -> dict[str, Any]:
     """``finish_reason`` (and ``vllm_finish_reason`` when mapped) for a chat choice.
 
@@ -221,23 +263,29 @@ class _DictCodec(Codec[Any]):
         return cut_logprobs(logprobs, top)
 
 
-class _RawCodec(Codec[msgspec.Raw]):
+class _RawCodec(Codec[Any]):
+    # Members are Raw, except logprobs decoded through a PRECUT_LOGPROBS view: a struct already
+    # cut, or None for null (hence Any).
     def read(self, value: msgspec.Raw, view: type[_T], path: str) -> _T:
         try:
             return msgspec.json.decode(value, type=view)
         except msgspec.ValidationError as error:
             raise _rooted(error, path) from None
 
-    def is_object(self, value: msgspec.Raw) -> bool:
+    def is_object(self, value: Any) -> bool:  # noqa: ANN401 - Raw, or a precut struct
+        if isinstance(value, msgspec.Struct):
+            return True
         return bytes(memoryview(value)[:1]) == b"{"  # valid JSON; a Raw has no leading blank
 
-    def is_null(self, value: msgspec.Raw) -> bool:
-        return value == _RAW_NULL
+    def is_null(self, value: Any) -> bool:  # noqa: ANN401 - Raw, or None from a precut view
+        return value is None or value == _RAW_NULL
 
     def extend(self, message: msgspec.Raw, key: str, value: object) -> object:
         return {**_raw.split(message, UpstreamContractError, "a message"), key: value}
 
-    def cut(self, logprobs: msgspec.Raw, top: int | None) -> object:
+    def cut(self, logprobs: Any, top: int | None) -> object:  # noqa: ANN401 - as is_object
+        if isinstance(logprobs, msgspec.Struct):
+            return logprobs
         return cut_logprobs_raw(logprobs, top)
 
 

@@ -25,6 +25,8 @@ _PARAM = f"$.{_wire.OUTPUT_MODE}"
 
 def as_output_mode(requested: object) -> OutputMode:
     """``requested`` as an :class:`OutputMode`; a router may pass the wire string instead."""
+    if isinstance(requested, OutputMode):
+        return requested  # the common case, without the enum's lookup by value
     if isinstance(requested, str):
         try:
             return OutputMode(requested)

@@ -20,6 +20,7 @@ from msgspec import UNSET, UnsetType
 from disagg_transforms import _limits, _raw, _wire
 from disagg_transforms._chat import (
     DICT_CODEC,
+    PRECUT_LOGPROBS,
     RAW_CODEC,
     Codec,
     chat_id,
@@ -35,25 +36,27 @@ from disagg_transforms._validate import CONVERT_ERRORS
 from disagg_transforms.config import OutputMode
 from disagg_transforms.echo import as_output_mode, check_echoed_mode, check_output_mode_echo
 from disagg_transforms.envelopes import ChatMessage, Usage
-from disagg_transforms.errors import UpstreamContractError
+from disagg_transforms.errors import DisaggTransformError, UpstreamContractError
 
 __all__ = ("wrap_chat_completion", "wrap_chat_completion_bytes")
 
 _P = TypeVar("_P")
+_L = TypeVar("_L")
 
 
-class _Choice(msgspec.Struct, Generic[_P], kw_only=True):
+class _Choice(msgspec.Struct, Generic[_P, _L], kw_only=True):
     # Narrow view: token_ids, routed_experts, sampling_mask... are never read nor decoded. The
-    # members moved across whole are _P: the caller's own objects (dict path) or Raw (bytes).
+    # members moved across whole are _P: the caller's own objects (dict path) or Raw (bytes);
+    # logprobs are _L: the same, or a view cut while decoding (bytes, text mode).
     index: int
     finish_reason: str | UnsetType | None = UNSET
     stop_reason: int | str | UnsetType | None = UNSET
     text: str | UnsetType = UNSET
     message: _P | UnsetType = UNSET
-    logprobs: _P | UnsetType = UNSET  # absent reads as null
+    logprobs: _L | UnsetType = UNSET  # absent reads as null
 
 
-class _Response(msgspec.Struct, Generic[_P], kw_only=True):
+class _Response(msgspec.Struct, Generic[_P, _L], kw_only=True):
     request_id: str
     output_mode: Any = UNSET
     model: str | UnsetType | None = UNSET
@@ -61,15 +64,20 @@ class _Response(msgspec.Struct, Generic[_P], kw_only=True):
     # msgspec cannot put Raw in a union with None: a null member is Raw(b"null") (codec.is_null).
     usage: _P | UnsetType = UNSET
     prompt_logprobs: _P | UnsetType = UNSET
-    choices: list[_Choice[_P]]
+    choices: list[_Choice[_P, _L]]
 
 
-_DICT_VIEW = _Response[Any]
-_RAW_DECODER = msgspec.json.Decoder(_Response[msgspec.Raw])
+_DICT_VIEW = _Response[Any, Any]
+_RAW_DECODER = msgspec.json.Decoder(_Response[msgspec.Raw, msgspec.Raw])
+# One per client top_logprobs: each choice's logprobs cut to it while the response is decoded.
+_PRECUT_DECODERS = tuple(
+    msgspec.json.Decoder(_Response[msgspec.Raw, view | None])  # type: ignore[valid-type]
+    for view in PRECUT_LOGPROBS
+)
 
 
 def _message(
-    codec: Codec[_P], view: _Choice[_P], requested: OutputMode, path: str, *, reasoning: bool
+    codec: Codec[_P], view: _Choice[_P, Any], requested: OutputMode, path: str, *, reasoning: bool
 ) -> object:
     if requested is OutputMode.DERENDER:
         if view.message is UNSET:
@@ -86,7 +94,7 @@ def _message(
     return {_wire.ROLE: _wire.ASSISTANT, _wire.CONTENT: view.text}
 
 
-def _model(view: _Response[Any], model: str | None, client_model: object) -> str:
+def _model(view: _Response[Any, Any], model: str | None, client_model: object) -> str:
     for candidate in (view.model, model, client_model):
         if isinstance(candidate, str):
             return candidate
@@ -120,7 +128,7 @@ def _client_fields(client_body: object) -> Mapping[str, Any] | None:
 
 def _wrap(  # noqa: PLR0913 - the options of wrap_chat_completion, plus the path's codec
     codec: Codec[_P],
-    view: _Response[_P],
+    view: _Response[_P, Any],
     *,
     requested: OutputMode,
     client: Mapping[str, Any] | None,
@@ -250,8 +258,49 @@ def wrap_chat_completion_bytes(  # noqa: PLR0913 - the options of wrap_chat_comp
     data = bytes(untyped)
     _limits.check_body_size(data, limits, error=UpstreamContractError)
     _raw.check_utf8(data, UpstreamContractError)
+    client: Mapping[str, Any] | None = None
+    top: int | None = None
     try:
-        view = _RAW_DECODER.decode(data)
+        client = _client_fields(client_body)
+        top = client_top_logprobs(client) if requested is OutputMode.TEXT else None
+    except DisaggTransformError:
+        pass  # raised again below, after the checks the dict path makes first
+    view = _precut(data, top)
+    if view is None:
+        view = _decode_response(data, requested)
+    check_echoed_mode(view.output_mode, requested)
+    require_text_mode(requested, streaming=False)
+    wrapped = _wrap(
+        RAW_CODEC,
+        view,
+        requested=requested,
+        client=_client_fields(client_body) if client is None else client,
+        model=model,
+        clock=clock,
+        vllm_finish_reasons=vllm_finish_reasons,
+        reasoning_content=reasoning_content,
+    )
+    return _raw.encode(wrapped)
+
+
+def _precut(data: bytes, top: int | None) -> _Response[msgspec.Raw, Any] | None:
+    """The response with text-mode logprobs cut to ``top`` while decoding; ``None``: not so.
+
+    ``None`` when there is no cut to make or it is beyond the views, and when the response does
+    not decode through the cutting view (another logprobs shape, or a broken response): the
+    caller then decodes it the general way, which cuts any shape and reports any error.
+    """
+    if top is None or top >= len(_PRECUT_DECODERS):
+        return None
+    try:
+        return _PRECUT_DECODERS[top].decode(data)
+    except (msgspec.DecodeError, RecursionError):
+        return None
+
+
+def _decode_response(data: bytes, requested: OutputMode) -> _Response[msgspec.Raw, msgspec.Raw]:
+    try:
+        return _RAW_DECODER.decode(data)
     except msgspec.ValidationError as error:
         if not data.lstrip().startswith(b"{"):
             msg = "$: a generate response must be a JSON object"
@@ -266,16 +315,3 @@ def wrap_chat_completion_bytes(  # noqa: PLR0913 - the options of wrap_chat_comp
     except (msgspec.DecodeError, RecursionError) as error:
         msg = f"$: the generate response is not valid JSON: {error}"
         raise UpstreamContractError(msg, param="$") from None
-    check_echoed_mode(view.output_mode, requested)
-    require_text_mode(requested, streaming=False)
-    wrapped = _wrap(
-        RAW_CODEC,
-        view,
-        requested=requested,
-        client=_client_fields(client_body),
-        model=model,
-        clock=clock,
-        vllm_finish_reasons=vllm_finish_reasons,
-        reasoning_content=reasoning_content,
-    )
-    return _raw.encode(wrapped)

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import msgspec
@@ -195,3 +196,98 @@ def test_wrap_bytes_refuses_logprobs_that_are_not_an_object() -> None:
     with pytest.raises(UpstreamContractError) as caught:
         wrap_chat_completion_bytes(json.dumps(response).encode(), requested=OutputMode.TEXT)
     assert caught.value.param == "$.choices[0].logprobs"
+
+
+@pytest.mark.parametrize("bad", [b"\xff", b"\xe6\x97", b"\xc3(", b"\xed\xa0\x80"])
+@pytest.mark.parametrize("offset", [0, 1, 2, 3])
+def test_utf8_is_checked_across_the_check_s_slices(bad: bytes, offset: int) -> None:
+    # A bad sequence on the boundary of the 32 KiB slices the check decodes one at a time.
+    head = b'{"text": "' + "é".encode() * (((1 << 15) - 12 - offset) // 2)
+    body = head + b"x" * (1 << 15) + b"\xe6\x97\xa5" + bad + b'"}'
+    cut = head + bad + b'"}'
+    for data in (body, cut):
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            expected = f"at byte {exc.start})"
+        with pytest.raises(UpstreamContractError, match=re.escape(expected)) as caught:
+            wrap_chat_completion_bytes(data, requested=OutputMode.TEXT)
+        assert caught.value.param == "$"
+
+
+def test_long_valid_utf8_body_is_accepted() -> None:
+    response = load_fixture("response-text.json")
+    response["choices"][0]["text"] = "日本é" * 50_000
+    raw = json.dumps(response, ensure_ascii=False).encode()
+    out = json.loads(wrap_chat_completion_bytes(raw, requested=OutputMode.TEXT))
+    assert out["choices"][0]["message"]["content"] == "日本é" * 50_000
+
+
+def _alternatives(n: int) -> list[dict[str, Any]]:
+    return [{"token": f"t{i}", "logprob": -1.5 * i, "bytes": [116, 48 + i]} for i in range(n)]
+
+
+def _entry(n: int, **extra: Any) -> dict[str, Any]:
+    return {
+        "token": "é",
+        "logprob": -0.25,
+        "bytes": None,
+        "top_logprobs": _alternatives(n),
+        **extra,
+    }
+
+
+@pytest.mark.parametrize(
+    "logprobs",
+    [
+        {"content": [_entry(5), _entry(3)]},  # the view vLLM sends: cut while decoding
+        {"content": [{"top_logprobs": _alternatives(4), "token": "a"}, _entry(2)]},
+        {"content": [_entry(5), _entry(1)]},  # a list shorter than the cut: the general cut
+        {"content": [_entry(5), _entry(5, rank=1)]},  # a key the view does not know
+        {"content": [_entry(5), {**_entry(0), "top_logprobs": None}]},
+        {"content": [_entry(5), 7]},
+        {"content": None},
+        {"content": [_entry(5)], "refusal": None},
+        {},
+    ],
+)
+@pytest.mark.parametrize("top", [0, 2, 25])
+def test_text_logprobs_cut_on_bytes_equals_the_dict_cut(logprobs: dict[str, Any], top: int) -> None:
+    response = load_fixture("response-text.json")
+    response["choices"][0]["logprobs"] = logprobs
+    response["choices"].append({**response["choices"][0], "index": 1, "logprobs": None})
+    client = {"model": "m", "top_logprobs": top}
+    by_dict = wrap_chat_completion(response, requested=OutputMode.TEXT, client_body=client)
+    for raw in (json.dumps(response).encode(), _loose(response)):
+        by_bytes = wrap_chat_completion_bytes(
+            raw, requested=OutputMode.TEXT, client_body=json.dumps(client).encode()
+        )
+        assert json.loads(by_bytes) == json.loads(json.dumps(by_dict))
+
+
+def test_a_broken_response_is_refused_after_a_failed_cutting_decode() -> None:
+    response = load_fixture("response-text.json")
+    response["choices"][0]["index"] = "zero"
+    response["choices"][0]["logprobs"] = {"content": [_entry(5)]}
+    with pytest.raises(UpstreamContractError) as caught:
+        wrap_chat_completion_bytes(
+            json.dumps(response).encode(),
+            requested=OutputMode.TEXT,
+            client_body={"top_logprobs": 2},
+        )
+    assert caught.value.param == "$.choices[0].index"
+
+
+def test_bad_client_top_logprobs_is_refused_after_the_echo_check() -> None:
+    response = load_fixture("response-text.json")
+    response["output_mode"] = "tokens"
+    raw = json.dumps(response).encode()
+    with pytest.raises(UpstreamContractError) as caught:
+        wrap_chat_completion_bytes(raw, requested=OutputMode.TEXT, client_body={"top_logprobs": -5})
+    assert caught.value.param == "$.output_mode"
+    with pytest.raises(RequestError):
+        wrap_chat_completion_bytes(
+            json.dumps(load_fixture("response-text.json")).encode(),
+            requested=OutputMode.TEXT,
+            client_body={"top_logprobs": -5},
+        )
