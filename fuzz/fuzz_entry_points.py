@@ -31,8 +31,10 @@ from disagg_transforms import (
     UpstreamContractError,
     apply_sampling_caps,
     build_decode_request,
+    build_decode_request_bytes,
     wrap_anthropic_message,
     wrap_chat_completion,
+    wrap_chat_completion_bytes,
     wrap_responses_response,
 )
 from disagg_transforms._sse import SseParser
@@ -150,6 +152,25 @@ TARGETS: tuple[tuple[str, Callable[[bytes], object]], ...] = (
         "build_decode_request (generate client)",
         _json(
             lambda v: build_decode_request(v, client_path="/inference/v1/generate", params=_DECODE)
+        ),
+    ),
+    # The bytes paths take the raw bytes themselves: no router-side parse in front of them.
+    (
+        "build_decode_request_bytes (generate client)",
+        lambda data: build_decode_request_bytes(
+            data, client_path="/inference/v1/generate", params=_DECODE
+        ),
+    ),
+    (
+        "build_decode_request_bytes (chat client)",
+        lambda data: build_decode_request_bytes(
+            data, client_path="/v1/chat/completions", params=_DECODE, token_ids=[1, 2, 3]
+        ),
+    ),
+    (
+        "wrap_chat_completion_bytes",
+        lambda data: wrap_chat_completion_bytes(
+            data, requested=OutputMode.TEXT, client_body=_CHAT_CLIENT, clock=_fixed_clock
         ),
     ),
 )
