@@ -211,6 +211,22 @@ def _token_ids(
     return checked
 
 
+class _Inputs(msgspec.Struct, frozen=True, kw_only=True):
+    """What the router hands a builder besides the client's body, its path and the step's params.
+
+    ``kv`` and ``ec`` are checked (and merged, for prefill) when this is built; ``features`` and
+    ``rendered`` only when a generate leg reads them (an OpenAI-format leg ignores them).
+    """
+
+    token_ids: Sequence[int] | None
+    features: object
+    rendered: object
+    request_id: str | None
+    kv: Mapping[str, Any] | None
+    ec: Mapping[str, Any] | None
+    limits: Limits
+
+
 class _Core(msgspec.Struct, frozen=True, kw_only=True):
     """A generate body before the step-specific part (stream, output mode, single-token cap)."""
 
@@ -220,18 +236,11 @@ class _Core(msgspec.Struct, frozen=True, kw_only=True):
     transfer: _Transfer
 
 
-def _generate_core(  # noqa: PLR0913 - one keyword per thing a router may hand in
-    body: Mapping[str, Any],
-    client_route: Route,
-    *,
-    token_ids: Sequence[int] | None,
-    features: Mapping[str, Any] | None,
-    rendered: Mapping[str, Any] | None,
-    request_id: str | None,
-    trusted: bool,
-    kv: Mapping[str, Any] | None,
-    ec: Mapping[str, Any] | None,
+def _generate_core(
+    body: Mapping[str, Any], client_route: Route, inputs: _Inputs, *, trusted: bool
 ) -> _Core:
+    features = _router_object(inputs.features, w.FEATURES)
+    rendered = _router_object(inputs.rendered, "rendered")
     mapping = None
     if client_route is Route.GENERATE:
         leg = apply_sampling_caps(body, Route.GENERATE)
@@ -252,14 +261,14 @@ def _generate_core(  # noqa: PLR0913 - one keyword per thing a router may hand i
                 leg.setdefault(key, body[key])
         if body.get(w.REQUEST_ID) is not None:
             leg[w.REQUEST_ID] = body[w.REQUEST_ID]
-    if request_id is not None:
-        leg[w.REQUEST_ID] = request_id
-    ids = _token_ids(token_ids, leg.get(w.TOKEN_IDS), required=True)
+    if inputs.request_id is not None:
+        leg[w.REQUEST_ID] = inputs.request_id
+    ids = _token_ids(inputs.token_ids, leg.get(w.TOKEN_IDS), required=True)
     leg[w.TOKEN_IDS] = ids
     given_features = features if features is not None else leg.get(w.FEATURES)
     if given_features is not None:
         leg[w.FEATURES] = _validate.features(given_features, len(ids or ()))
-    leg, transfer = _transfer(leg, trusted=trusted, kv=kv, ec=ec)
+    leg, transfer = _transfer(leg, trusted=trusted, kv=inputs.kv, ec=inputs.ec)
     return _Core(body=leg, mapping=mapping, transfer=transfer)
 
 
@@ -344,17 +353,47 @@ def build_decode_request(  # noqa: PLR0913 - the router hands in what it has, by
         RequestError: the body (or what the router handed in) cannot make a valid leg or is
             past a limit; ``param`` is the JSON path of the offending value.
     """
-    return _decode_leg(
-        _validate.mapping(client_body, "$"),
-        client_path=client_path,
-        params=params,
+    body, client_route, route = _routes(client_body, client_path, params.use_openai_format, limits)
+    inputs = _Inputs(
         token_ids=token_ids,
-        kv_transfer_params=kv_transfer_params,
         features=features,
         rendered=rendered,
         request_id=request_id,
-        parse_context=parse_context,
+        kv=_router_object(kv_transfer_params, w.KV_TRANSFER_PARAMS),
+        ec=None,
         limits=limits,
+    )
+    trusted = params.trust_client_transfer_params
+    if route is not Route.GENERATE:
+        leg, transfer = _openai_leg(body, route, inputs, trusted=trusted)
+        placed = _place_top_level(leg, transfer)
+        _limits.check_token_count(placed, limits)
+        streams = _validate.typed(body, w.STREAM, bool) is True
+        return DecodeLeg(
+            path=route.value,
+            route=route,
+            body=placed,
+            stream=streams,
+            single_frame=False,
+            wrap_chat_completion=False,
+            output_mode=None,
+            dropped=transfer.stripped,
+        )
+    core = _generate_core(body, client_route, inputs, trusted=trusted)
+    leg, streams, client_streams, dropped = _decode_generate(
+        body, client_route, params, core, _router_object(parse_context, w.PARSE_CONTEXT)
+    )
+    _check_generate(leg)
+    _limits.check_token_count(leg, limits)
+    return DecodeLeg(
+        path=route.value,
+        route=route,
+        body=leg,
+        stream=streams,
+        single_frame=client_streams and not streams,
+        wrap_chat_completion=params.wrap_chat_completion and client_route is Route.CHAT_COMPLETIONS,
+        output_mode=params.output_mode,
+        dropped=dropped,
     )
 
 
@@ -412,7 +451,7 @@ def build_decode_request_bytes(  # noqa: PLR0913 - the router hands in what it h
         RequestError,
         token_ids_key=w.TOKEN_IDS,
     )
-    leg = _decode_leg(
+    leg = build_decode_request(
         members,
         client_path=client_path,
         params=params,
@@ -436,120 +475,43 @@ def build_decode_request_bytes(  # noqa: PLR0913 - the router hands in what it h
     )
 
 
-def _decode_leg(  # noqa: PLR0913 - build_decode_request's arguments
-    body: Mapping[str, Any],
-    *,
-    client_path: str,
-    params: DecodeParams,
-    token_ids: Sequence[int] | None,
-    kv_transfer_params: Mapping[str, Any] | None,
-    features: Mapping[str, Any] | None,
-    rendered: Mapping[str, Any] | None,
-    request_id: str | None,
-    parse_context: Mapping[str, Any] | None,
-    limits: Limits,
-) -> DecodeLeg:
-    """The decode-leg rules, on a dict body or on raw members alike."""
+def _routes(
+    client_body: Mapping[str, Any], client_path: str, use_openai_format: bool, limits: Limits
+) -> tuple[Mapping[str, Any], Route, Route]:
+    """The checked client body, the client's route and the leg's route (every builder's start)."""
+    body = _validate.mapping(client_body, "$")
     _limits.check_client_body(body, limits)
     client_route = _client_route(client_path)
-    route = resolve_format(params.use_openai_format, client_path)
-    kv = _router_object(kv_transfer_params, w.KV_TRANSFER_PARAMS)
-    trusted = params.trust_client_transfer_params
-    if route is not Route.GENERATE:
-        leg, transfer = _openai_leg(body, route, token_ids=token_ids, trusted=trusted, kv=kv)
-        placed = _place_top_level(leg, transfer)
-        _limits.check_token_count(placed, limits)
-        streams = _validate.typed(body, w.STREAM, bool) is True
-        return DecodeLeg(
-            path=route.value,
-            route=route,
-            body=placed,
-            stream=streams,
-            single_frame=False,
-            wrap_chat_completion=False,
-            output_mode=None,
-            dropped=transfer.stripped,
-        )
-    core = _generate_core(
-        body,
-        client_route,
-        token_ids=token_ids,
-        features=_router_object(features, w.FEATURES),
-        rendered=_router_object(rendered, "rendered"),
-        request_id=request_id,
-        trusted=trusted,
-        kv=kv,
-        ec=None,
-    )
-    leg, streams, client_streams, dropped = _decode_generate(
-        body, client_route, params, core, _router_object(parse_context, w.PARSE_CONTEXT)
-    )
-    _check_generate(leg)
-    _limits.check_token_count(leg, limits)
-    return DecodeLeg(
-        path=route.value,
-        route=route,
-        body=leg,
-        stream=streams,
-        single_frame=client_streams and not streams,
-        wrap_chat_completion=params.wrap_chat_completion and client_route is Route.CHAT_COMPLETIONS,
-        output_mode=params.output_mode,
-        dropped=dropped,
-    )
+    return body, client_route, resolve_format(use_openai_format, client_path)
 
 
-def _openai_leg(  # noqa: PLR0913 - decode passes no ec, prefill does
-    body: Mapping[str, Any],
-    route: Route,
-    *,
-    token_ids: Sequence[int] | None,
-    trusted: bool,
-    kv: Mapping[str, Any] | None,
-    ec: Mapping[str, Any] | None = None,
+def _openai_leg(
+    body: Mapping[str, Any], route: Route, inputs: _Inputs, *, trusted: bool
 ) -> tuple[dict[str, Any], _Transfer]:
-    leg, transfer = _transfer(body, trusted=trusted, kv=kv, ec=ec)
+    leg, transfer = _transfer(body, trusted=trusted, kv=inputs.kv, ec=inputs.ec)
     if route is Route.COMPLETIONS:
-        ids = _token_ids(token_ids, None, required=False)
+        ids = _token_ids(inputs.token_ids, None, required=False)
         if ids is not None and ids:
             leg[w.PROMPT] = ids
     return leg, transfer
 
 
-def _single_token_leg(  # noqa: PLR0913 - prefill and encode share every argument but transfer
+def _single_token_leg(
     client_body: Mapping[str, Any],
-    *,
     client_path: str,
-    use_openai_format: bool,
-    trusted: bool,
-    token_ids: Sequence[int] | None,
-    features: Mapping[str, Any] | None,
-    rendered: Mapping[str, Any] | None,
-    request_id: str | None,
-    kv: Mapping[str, Any] | None,
-    ec: Mapping[str, Any] | None,
+    params: EncodeParams | PrefillParams,
     placement: KvTransferPlacement,
-    limits: Limits,
+    inputs: _Inputs,
 ) -> Leg:
-    body = _validate.mapping(client_body, "$")
-    _limits.check_client_body(body, limits)
-    client_route = _client_route(client_path)
-    route = resolve_format(use_openai_format, client_path)
+    limits = inputs.limits
+    body, client_route, route = _routes(client_body, client_path, params.use_openai_format, limits)
+    trusted = params.trust_client_transfer_params
     if route is not Route.GENERATE:
-        leg, transfer = _openai_leg(body, route, token_ids=token_ids, trusted=trusted, kv=kv, ec=ec)
+        leg, transfer = _openai_leg(body, route, inputs, trusted=trusted)
         leg = apply_single_token_cap(_place_top_level(leg, transfer), route)
         _limits.check_token_count(leg, limits)
         return Leg(path=route.value, route=route, body=leg)
-    core = _generate_core(
-        body,
-        client_route,
-        token_ids=token_ids,
-        features=_router_object(features, w.FEATURES),
-        rendered=_router_object(rendered, "rendered"),
-        request_id=request_id,
-        trusted=trusted,
-        kv=kv,
-        ec=ec,
-    )
+    core = _generate_core(body, client_route, inputs, trusted=trusted)
     # A prefill or encode answer is never read for text: tokens mode, the route's default.
     leg = {k: v for k, v in core.body.items() if k != w.OUTPUT_MODE}
     leg = apply_single_token_cap(_place_generate(leg, core.transfer, placement), Route.GENERATE)
@@ -579,20 +541,16 @@ def build_prefill_request(  # noqa: PLR0913 - the router hands in what it has, b
     prefill's cache key matches decode's. Other arguments as for :func:`build_decode_request`.
     """
     kv = _router_object(kv_transfer_params, w.KV_TRANSFER_PARAMS)
-    return _single_token_leg(
-        client_body,
-        client_path=client_path,
-        use_openai_format=params.use_openai_format,
-        trusted=params.trust_client_transfer_params,
+    inputs = _Inputs(
         token_ids=token_ids,
         features=features,
         rendered=rendered,
         request_id=request_id,
         kv={**_PREFILL_KV, **(kv or {})},
         ec=_router_object(ec_transfer_params, w.EC_TRANSFER_PARAMS),
-        placement=params.kv_transfer_placement,
         limits=limits,
     )
+    return _single_token_leg(client_body, client_path, params, params.kv_transfer_placement, inputs)
 
 
 def build_encode_request(  # noqa: PLR0913 - the router hands in what it has, by keyword
@@ -611,17 +569,13 @@ def build_encode_request(  # noqa: PLR0913 - the router hands in what it has, by
     Client-supplied transfer params are stripped unless the step trusts them. Arguments as for
     :func:`build_decode_request`.
     """
-    return _single_token_leg(
-        client_body,
-        client_path=client_path,
-        use_openai_format=params.use_openai_format,
-        trusted=params.trust_client_transfer_params,
+    inputs = _Inputs(
         token_ids=token_ids,
         features=features,
         rendered=rendered,
         request_id=request_id,
         kv=None,
         ec=None,
-        placement=KvTransferPlacement.BOTH,
         limits=limits,
     )
+    return _single_token_leg(client_body, client_path, params, KvTransferPlacement.BOTH, inputs)

@@ -126,38 +126,46 @@ def _client_fields(client_body: object) -> Mapping[str, Any] | None:
     raise UpstreamContractError(msg, param="client_body")
 
 
-def _wrap(  # noqa: PLR0913 - the options of wrap_chat_completion, plus the path's codec
+class _Options(msgspec.Struct, frozen=True, kw_only=True):
+    """The options of :func:`wrap_chat_completion` the rules read as given (both paths)."""
+
+    model: str | None
+    clock: Callable[[], float]
+    vllm_finish_reasons: bool
+    reasoning_content: bool
+
+
+def _wrap(
     codec: Codec[_P],
     view: _Response[_P, Any],
     *,
     requested: OutputMode,
     client: Mapping[str, Any] | None,
-    model: str | None,
-    clock: Callable[[], float],
-    vllm_finish_reasons: bool,
-    reasoning_content: bool,
+    options: _Options,
 ) -> dict[str, Any]:
     """The rules of the chat envelope, on either path's view of the response."""
     top = client_top_logprobs(client) if requested is OutputMode.TEXT else None
     choices = []
     for position, choice in enumerate(view.choices):
         path = f"$.{_wire.CHOICES}[{position}]"
-        message = _message(codec, choice, requested, path, reasoning=reasoning_content)
+        message = _message(codec, choice, requested, path, reasoning=options.reasoning_content)
         built: dict[str, Any] = {_wire.INDEX: choice.index, _wire.MESSAGE: message}
         built[_wire.LOGPROBS] = logprobs_out(codec, choice.logprobs, top, path)
         built.update(
-            finish_fields(choice.finish_reason, streaming=False, passthrough=vllm_finish_reasons)
+            finish_fields(
+                choice.finish_reason, streaming=False, passthrough=options.vllm_finish_reasons
+            )
         )
         built[_wire.STOP_REASON] = None if choice.stop_reason is UNSET else choice.stop_reason
         choices.append(built)
     choices.sort(key=lambda built: built[_wire.INDEX])
-    created = view.created if isinstance(view.created, int) else int(clock())
+    created = view.created if isinstance(view.created, int) else int(options.clock())
     client_model = None if client is None else client.get(_wire.MODEL)
     result: dict[str, Any] = {
         _wire.ID: chat_id(view.request_id),
         _wire.OBJECT: _wire.CHAT_COMPLETION_OBJECT,
         _wire.CREATED: created,
-        _wire.MODEL: _model(view, model, client_model),
+        _wire.MODEL: _model(view, options.model, client_model),
         _wire.CHOICES: choices,
     }
     if view.usage is not UNSET:
@@ -215,10 +223,12 @@ def wrap_chat_completion(  # noqa: PLR0913 - every option is keyword-only and do
         view,
         requested=requested,
         client=_client_fields(client_body),
-        model=model,
-        clock=clock,
-        vllm_finish_reasons=vllm_finish_reasons,
-        reasoning_content=reasoning_content,
+        options=_Options(
+            model=model,
+            clock=clock,
+            vllm_finish_reasons=vllm_finish_reasons,
+            reasoning_content=reasoning_content,
+        ),
     )
 
 
@@ -275,10 +285,12 @@ def wrap_chat_completion_bytes(  # noqa: PLR0913 - the options of wrap_chat_comp
         view,
         requested=requested,
         client=_client_fields(client_body) if client is None else client,
-        model=model,
-        clock=clock,
-        vllm_finish_reasons=vllm_finish_reasons,
-        reasoning_content=reasoning_content,
+        options=_Options(
+            model=model,
+            clock=clock,
+            vllm_finish_reasons=vllm_finish_reasons,
+            reasoning_content=reasoning_content,
+        ),
     )
     return _raw.encode(wrapped)
 

@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from disagg_transforms import OutputMode
+
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
@@ -17,3 +19,14 @@ def load_fixture(name: str) -> Any:
 def load_stream(name: str) -> bytes:
     """The raw bytes of a golden SSE stream."""
     return (FIXTURES / name).read_bytes()
+
+
+RESPONSE_FIXTURES = [
+    ("response-text.json", OutputMode.TEXT),
+    ("response-text-logprobs.json", OutputMode.TEXT),
+    ("response-text-finish-abort.json", OutputMode.TEXT),
+    ("response-text-finish-repetition.json", OutputMode.TEXT),
+    ("response-derender-text.json", OutputMode.DERENDER),
+    ("response-derender-tool-call.json", OutputMode.DERENDER),
+]
+"""The golden generate responses, each with the ``output_mode`` its leg requested."""

@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 from anthropic.types import Message
-from golden import load_fixture
+from golden import RESPONSE_FIXTURES, load_fixture
+from helpers import wrap_checked
 from hypothesis import given
 from strategies import generate_envelope_responses
-from test_responses_api import FIXTURES, wrap_checked
 
 from disagg_transforms import (
     THINKING_SIGNATURE,
@@ -28,7 +28,7 @@ def derender_with(message: dict[str, Any], finish_reason: str = "stop", **choice
     return response
 
 
-@pytest.mark.parametrize(("name", "mode"), FIXTURES)
+@pytest.mark.parametrize(("name", "mode"), RESPONSE_FIXTURES)
 def test_golden_fixtures_parse_with_the_anthropic_sdk(name: str, mode: OutputMode) -> None:
     _, parsed = wrap_checked(wrap_anthropic_message, Message, load_fixture(name), mode)
     assert (parsed.id, parsed.type, parsed.role) == ("msg_abc123", "message", "assistant")

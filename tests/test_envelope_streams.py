@@ -13,14 +13,13 @@ import openai
 import pytest
 from anthropic.lib.streaming._messages import accumulate_event
 from anthropic.types import ErrorResponse, RawMessageStreamEvent
-from golden import load_fixture, load_stream
+from golden import RESPONSE_FIXTURES, load_fixture, load_stream
 from hypothesis import given
 from hypothesis import strategies as st
 from openai.lib.streaming.responses import ResponseStreamState
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 from strategies import generate_envelope_responses, single_choice_text_streams
-from test_responses_api import FIXTURES
 
 from disagg_transforms import (
     AnthropicStreamConverter,
@@ -384,7 +383,7 @@ def test_arbitrary_events_give_output_or_a_typed_error(
 # ---------------------------------------------------------------------------- single frame
 
 
-@pytest.mark.parametrize(("name", "mode"), FIXTURES)
+@pytest.mark.parametrize(("name", "mode"), RESPONSE_FIXTURES)
 def test_single_frame_responses_accumulates_to_the_wrap(name: str, mode: OutputMode) -> None:
     response = load_fixture(name)
     sse = single_frame_responses_stream(response, requested=mode)
@@ -418,7 +417,7 @@ def test_single_frame_responses_tool_call_events() -> None:
     assert events[9]["delta"] == '{"city": "Paris"}'
 
 
-@pytest.mark.parametrize(("name", "mode"), FIXTURES)
+@pytest.mark.parametrize(("name", "mode"), RESPONSE_FIXTURES)
 def test_single_frame_anthropic_accumulates_to_the_wrap(name: str, mode: OutputMode) -> None:
     response = load_fixture(name)
     events = named_events(single_frame_anthropic_stream(response, requested=mode))

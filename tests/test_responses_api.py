@@ -1,73 +1,18 @@
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import pytest
-from golden import load_fixture
+from golden import RESPONSE_FIXTURES, load_fixture
+from helpers import wrap_checked
 from hypothesis import given
 from openai.types.responses import Response
 from strategies import generate_envelope_responses
 
 from disagg_transforms import OutputMode, UpstreamContractError, wrap_responses_response
 
-GENERATE_ONLY = {
-    "request_id",
-    "output_mode",
-    "kv_transfer_params",
-    "ec_transfer_params",
-    "prompt_token_ids",
-    "prompt_token_id_logprobs",
-    "prompt_logprobs",
-    "mm_placeholders",
-    "metrics",
-    "choices",
-    "token_ids",
-    "weight_versions",
-    "routed_experts",
-    "sampling_mask",
-    "finish_reason",
-    "vllm_future_field",
-    "vllm_future_choice_field",
-}
 
-
-# A tool_use block's `input` is the model's own arguments: any key may appear there.
-_MODEL_DATA = frozenset({"input"})
-
-
-def keys_of(value: Any) -> set[str]:
-    """Every key of the envelope, not descending into the model's tool arguments."""
-    if isinstance(value, dict):
-        return set(value) | {
-            k for key, v in value.items() if key not in _MODEL_DATA for k in keys_of(v)
-        }
-    if isinstance(value, list):
-        return {k for v in value for k in keys_of(v)}
-    return set()
-
-
-def wrap_checked(wrap: Any, sdk_model: Any, response: Any, mode: OutputMode) -> tuple[Any, Any]:
-    """Wrap, parse with the SDK; the input stays untouched and nothing generate-only leaks."""
-    before = copy.deepcopy(response)
-    result = wrap(response, requested=mode)
-    parsed = sdk_model.model_validate(result)
-    assert response == before
-    assert not keys_of(result) & GENERATE_ONLY
-    return result, parsed
-
-
-FIXTURES = [
-    ("response-text.json", OutputMode.TEXT),
-    ("response-text-logprobs.json", OutputMode.TEXT),
-    ("response-text-finish-abort.json", OutputMode.TEXT),
-    ("response-text-finish-repetition.json", OutputMode.TEXT),
-    ("response-derender-text.json", OutputMode.DERENDER),
-    ("response-derender-tool-call.json", OutputMode.DERENDER),
-]
-
-
-@pytest.mark.parametrize(("name", "mode"), FIXTURES)
+@pytest.mark.parametrize(("name", "mode"), RESPONSE_FIXTURES)
 def test_golden_fixtures_parse_with_the_openai_sdk(name: str, mode: OutputMode) -> None:
     _, parsed = wrap_checked(wrap_responses_response, Response, load_fixture(name), mode)
     assert parsed.id == "resp_abc123"

@@ -5,7 +5,7 @@ import copy
 from typing import Any
 
 import pytest
-from golden import load_fixture
+from golden import RESPONSE_FIXTURES, load_fixture
 from hypothesis import given
 from hypothesis import strategies as st
 from openai.types.chat import ChatCompletion
@@ -24,15 +24,6 @@ from disagg_transforms import (
     wrap_chat_completion,
 )
 
-FIXTURES = [
-    ("response-text.json", OutputMode.TEXT),
-    ("response-text-logprobs.json", OutputMode.TEXT),
-    ("response-text-finish-abort.json", OutputMode.TEXT),
-    ("response-text-finish-repetition.json", OutputMode.TEXT),
-    ("response-derender-text.json", OutputMode.DERENDER),
-    ("response-derender-tool-call.json", OutputMode.DERENDER),
-]
-
 
 def _assert_no_generate_only_key(wrapped: dict[str, Any]) -> None:
     assert not set(GENERATE_ONLY_TOP_KEYS) & set(wrapped)
@@ -40,7 +31,7 @@ def _assert_no_generate_only_key(wrapped: dict[str, Any]) -> None:
         assert not set(GENERATE_ONLY_CHOICE_KEYS) & set(choice)
 
 
-@pytest.mark.parametrize(("name", "mode"), FIXTURES)
+@pytest.mark.parametrize(("name", "mode"), RESPONSE_FIXTURES)
 def test_golden_wrap_validates_and_drops_generate_only_fields(name: str, mode: OutputMode) -> None:
     response = load_fixture(name)
     before = copy.deepcopy(response)

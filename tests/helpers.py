@@ -1,0 +1,47 @@
+"""Helpers shared by the test modules of the response envelopes (Responses API, Anthropic)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from strategies import GENERATE_ONLY_CHOICE_KEYS, GENERATE_ONLY_TOP_KEYS
+
+from disagg_transforms import OutputMode
+
+ENVELOPE_GENERATE_ONLY = frozenset(
+    {
+        *GENERATE_ONLY_TOP_KEYS,
+        *GENERATE_ONLY_CHOICE_KEYS,
+        "prompt_logprobs",
+        "choices",
+        "finish_reason",
+        "vllm_future_field",
+        "vllm_future_choice_field",
+    }
+)
+"""Generate-response keys no non-chat envelope may carry (its own names differ)."""
+
+# A tool_use block's `input` is the model's own arguments: any key may appear there.
+_MODEL_DATA = frozenset({"input"})
+
+
+def keys_of(value: Any) -> set[str]:
+    """Every key of the envelope, not descending into the model's tool arguments."""
+    if isinstance(value, dict):
+        return set(value) | {
+            k for key, v in value.items() if key not in _MODEL_DATA for k in keys_of(v)
+        }
+    if isinstance(value, list):
+        return {k for v in value for k in keys_of(v)}
+    return set()
+
+
+def wrap_checked(wrap: Any, sdk_model: Any, response: Any, mode: OutputMode) -> tuple[Any, Any]:
+    """Wrap, parse with the SDK; the input stays untouched and nothing generate-only leaks."""
+    before = copy.deepcopy(response)
+    result = wrap(response, requested=mode)
+    parsed = sdk_model.model_validate(result)
+    assert response == before
+    assert not keys_of(result) & ENVELOPE_GENERATE_ONLY
+    return result, parsed
