@@ -182,3 +182,56 @@ def test_single_token_generate_keeps_other_sampling_keys() -> None:
         "stream": False,
         "sampling_params": {"max_tokens": 1, "extra_args": {"a": 1}},
     }
+
+
+# ---- boundaries and exact messages ----
+
+
+@pytest.mark.parametrize("route", list(Route))
+def test_a_cap_of_one_is_the_smallest_accepted(route: Route) -> None:
+    key = "max_output_tokens" if route is Route.RESPONSES else "max_tokens"
+    assert apply_sampling_caps({key: 1}, route) == {"sampling_params": {"max_tokens": 1}}
+    with pytest.raises(RequestError) as caught:
+        apply_sampling_caps({key: 0}, route)
+    assert caught.value.message == f"$.{key}: expected an integer at least 1, got 0 (an integer)"
+
+
+@pytest.mark.parametrize(
+    ("body", "path"),
+    [
+        ({"min_tokens": -1}, "$.min_tokens"),
+        ({"sampling_params": {"min_tokens": -1}}, "$.sampling_params.min_tokens"),
+    ],
+)
+def test_min_tokens_zero_passes_and_a_negative_is_refused(body: dict[str, Any], path: str) -> None:
+    zero = {"min_tokens": 0} if "min_tokens" in body else {"sampling_params": {"min_tokens": 0}}
+    assert apply_sampling_caps(zero, Route.COMPLETIONS) == {"sampling_params": {"min_tokens": 0}}
+    with pytest.raises(RequestError) as caught:
+        apply_sampling_caps(body, Route.COMPLETIONS)
+    assert caught.value.param == path
+    assert caught.value.message == f"{path}: expected an integer at least 0, got -1 (an integer)"
+
+
+def test_min_tokens_equal_to_the_cap_passes_and_one_more_is_refused() -> None:
+    body = {"max_tokens": 2, "min_tokens": 2}
+    assert apply_sampling_caps(body, Route.COMPLETIONS) == {
+        "sampling_params": {"max_tokens": 2, "min_tokens": 2}
+    }
+    with pytest.raises(RequestError) as caught:
+        apply_sampling_caps({"max_tokens": 2, "min_tokens": 3}, Route.COMPLETIONS)
+    assert caught.value.message == (
+        "$.min_tokens: min_tokens 3 (an integer) exceeds the output cap max_tokens 2 ($.max_tokens)"
+    )
+    with pytest.raises(RequestError) as caught:
+        apply_sampling_caps({"sampling_params": {"max_tokens": 2, "min_tokens": 3}}, Route.GENERATE)
+    assert caught.value.message == (
+        "$.sampling_params.min_tokens: min_tokens 3 (an integer) exceeds the output cap "
+        "max_tokens 2 ($.sampling_params.max_tokens)"
+    )
+
+
+def test_single_token_non_object_body_is_refused() -> None:
+    with pytest.raises(RequestError) as caught:
+        apply_single_token_cap([], Route.COMPLETIONS)  # type: ignore[arg-type]
+    assert caught.value.param == "$"
+    assert caught.value.message == "$: expected an object, got an array of 0 items"

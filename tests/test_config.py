@@ -294,3 +294,78 @@ def test_direct_construction_is_checked_and_coerced() -> None:
     assert caught.value.param == "prefill.use_openai_format"
     with pytest.raises(ConfigError):
         DecodeParams(output_mode=OutputMode.TOKENS)
+
+
+# Exact messages: each names the step, the key, what is accepted and the bad value (SPEC §7).
+
+
+def test_placement_message_lists_the_accepted_values() -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_step_params("prefill", {"kv_transfer_placement": "Both"})
+    assert caught.value.message == (
+        'prefill.kv_transfer_placement: expected one of "both", "top_level", "extra_args", '
+        'got "Both" (a string)'
+    )
+
+
+def test_unknown_step_message_lists_the_steps() -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_step_params("render", {})
+    assert caught.value.message == (
+        'step: expected one of "encode", "prefill", "decode", "conditional-decode", '
+        'got "render" (a string)'
+    )
+
+
+def test_non_mapping_params_message() -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_step_params("decode", ["output_mode"])  # type: ignore[arg-type]
+    assert caught.value.message == "decode: params must be a mapping, got an array of 1 items"
+
+
+def test_conditional_decode_use_openai_format_message_says_why() -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_step_params("conditional-decode", {"use_openai_format": False})
+    assert caught.value.message == (
+        "conditional-decode.use_openai_format: conditional-decode takes no use_openai_format "
+        "(got false (a boolean)): it probes the client's own route with the body the client sent"
+    )
+
+
+def test_unknown_key_message_lists_the_accepted_keys() -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_step_params("decode", {"use_openai_fromat": False})
+    assert caught.value.message == (
+        'decode.use_openai_fromat: unknown key "use_openai_fromat" (a string); decode accepts '
+        "kv_transfer_placement, output_mode, trust_client_transfer_params, use_openai_format, "
+        "wrap_chat_completion"
+    )
+
+
+class _PosingKey:
+    """A non-string key that hashes and compares equal to a real key (a hostile loader)."""
+
+    def __hash__(self) -> int:
+        return hash("output_mode")
+
+    def __eq__(self, other: object) -> bool:
+        return other == "output_mode"
+
+
+def test_a_key_posing_as_a_string_is_an_unknown_key() -> None:
+    # Only str keys are looked up: anything else would reach the struct as a keyword.
+    with pytest.raises(ConfigError) as caught:
+        parse_step_params("decode", {_PosingKey(): "text"})  # type: ignore[dict-item]
+    assert "unknown key a _PosingKey" in caught.value.message
+
+
+@pytest.mark.parametrize(
+    ("steps", "shown"), [([], "an array of 0 items"), ("decode", '"decode" (a string)')]
+)
+def test_pipeline_steps_must_be_a_mapping(steps: object, shown: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_pipeline_params(steps)  # type: ignore[arg-type]
+    assert caught.value.param == "pipeline"
+    assert caught.value.message == (
+        f"pipeline: steps must be a mapping of step name to params, got {shown}"
+    )

@@ -59,3 +59,22 @@ def test_any_json_gives_none_or_a_typed_error(value: Any) -> None:
     else:
         assert value["output_mode"] == "text"
     assert value == before
+
+
+def test_missing_echo_message_in_full() -> None:
+    with pytest.raises(UpstreamContractError) as caught:
+        check_output_mode_echo({}, OutputMode.TEXT)
+    assert caught.value.message == (
+        '$.output_mode: requested "text", the worker\'s response carries no output_mode '
+        '(read as "tokens"); a worker that predates output_mode answers token IDs only. '
+        '"text" needs vLLM >= 0.32.0, "derender" needs vLLM >= 0.33.0'
+    )
+
+
+def test_bad_requested_mode_is_a_config_error_on_output_mode() -> None:
+    with pytest.raises(ConfigError) as caught:
+        check_output_mode_echo({}, "bogus")  # type: ignore[arg-type]
+    assert caught.value.param == "output_mode"
+    assert caught.value.message == (
+        'requested output_mode: expected one of tokens, text, derender, got "bogus" (a string)'
+    )

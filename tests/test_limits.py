@@ -24,7 +24,7 @@ from disagg_transforms import (
     build_prefill_request,
     check_output_mode_echo,
 )
-from disagg_transforms._limits import check_body_size, check_depth
+from disagg_transforms._limits import check_body_size, check_client_body, check_depth
 from disagg_transforms.routes import Route
 
 CHAT = "/v1/chat/completions"
@@ -219,3 +219,46 @@ def test_echo_messages_name_what_came_back() -> None:
         check_output_mode_echo({}, OutputMode.DERENDER)
     with pytest.raises(ConfigError, match=r"expected one of tokens, text, derender, got \"bogus\""):
         check_output_mode_echo({}, "bogus")  # type: ignore[arg-type]
+
+
+# Exact messages: each names the limit, the JSON path and the value (SPEC §7).
+
+
+def test_body_size_message_names_the_limit() -> None:
+    with pytest.raises(RequestError) as error:
+        check_body_size(b"x" * 11, Limits(max_body_bytes=10), error=RequestError)
+    assert error.value.message == (
+        "$: the body is 11 bytes, over the limit of 10 (Limits.max_body_bytes)"
+    )
+
+
+def test_token_count_message_names_the_limit() -> None:
+    with pytest.raises(RequestError) as error:
+        decode_ids([1] * 5, Limits(max_token_ids=4))
+    assert error.value.message == (
+        "$.token_ids: 5 token IDs, over the limit of 4 (Limits.max_token_ids)"
+    )
+
+
+_LENGTH = "expected 1 to 128 characters (vLLM's cache_salt limit)"
+_FORBIDDEN = "(vLLM refuses @, /, \\ and NUL)"
+
+
+@pytest.mark.parametrize(
+    ("salt", "message"),
+    [
+        (7, "expected a string, got 7 (an integer)"),
+        (["x"], "expected a string, got an array of 1 items"),
+        ("", f'{_LENGTH}, got "" (a string)'),
+        ("s" * 129, f'{_LENGTH}, got "{"s" * 60}\\u2026" (a string)'),
+        ("a@b", f"must not contain '@' {_FORBIDDEN}, got \"a@b\" (a string)"),
+        ("a/b", f"must not contain '/' {_FORBIDDEN}, got \"a/b\" (a string)"),
+        ("a\\b", f"must not contain '\\\\' {_FORBIDDEN}, got \"a\\\\b\" (a string)"),
+        ("a\x00b", f"must not contain '\\x00' {_FORBIDDEN}, got \"a\\u0000b\" (a string)"),
+    ],
+)
+def test_cache_salt_messages_name_the_rule_and_the_value(salt: object, message: str) -> None:
+    with pytest.raises(RequestError) as error:
+        check_client_body({"cache_salt": salt}, DEFAULT_LIMITS)
+    assert error.value.message == f"$.cache_salt: {message}"
+    assert error.value.param == "$.cache_salt"
