@@ -20,9 +20,11 @@ from disagg_transforms import (
     UpstreamContractError,
     apply_sampling_caps,
     build_decode_request,
+    build_decode_request_bytes,
     build_encode_request,
     build_prefill_request,
     check_output_mode_echo,
+    wrap_chat_completion_bytes,
 )
 from disagg_transforms._limits import check_body_size, check_client_body, check_depth
 from disagg_transforms.routes import Route
@@ -262,3 +264,36 @@ def test_cache_salt_messages_name_the_rule_and_the_value(salt: object, message: 
         check_client_body({"cache_salt": salt}, DEFAULT_LIMITS)
     assert error.value.message == f"$.cache_salt: {message}"
     assert error.value.param == "$.cache_salt"
+
+
+def test_bytes_entry_points_hold_the_body_size_limit_at_and_past() -> None:
+    body = b'{"token_ids":[1,2,3],"sampling_params":{},"max_tokens":5}'
+    params = DecodeParams(use_openai_format=False)
+    at_limit = Limits(max_body_bytes=len(body))
+    leg = build_decode_request_bytes(
+        body, client_path="/inference/v1/generate", params=params, limits=at_limit
+    )
+    assert b'"max_tokens":5' in leg.body
+    with pytest.raises(RequestError) as caught:
+        build_decode_request_bytes(
+            body,
+            client_path="/inference/v1/generate",
+            params=params,
+            limits=Limits(max_body_bytes=len(body) - 1),
+        )
+    assert caught.value.param == "$"
+    assert "Limits.max_body_bytes" in str(caught.value)
+
+    answer = (
+        b'{"request_id":"generate-tokens-r","model":"m","created":1,"output_mode":"text",'
+        b'"choices":[{"index":0,"finish_reason":"stop","text":"hi"}]}'
+    )
+    wrapped = wrap_chat_completion_bytes(
+        answer, requested=OutputMode.TEXT, limits=Limits(max_body_bytes=len(answer))
+    )
+    assert b'"content":"hi"' in wrapped
+    with pytest.raises(UpstreamContractError) as caught_upstream:
+        wrap_chat_completion_bytes(
+            answer, requested=OutputMode.TEXT, limits=Limits(max_body_bytes=len(answer) - 1)
+        )
+    assert caught_upstream.value.param == "$"
