@@ -10,13 +10,14 @@ limit, the JSON path and the value.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sized
+from collections.abc import Mapping
 from typing import Any, Final
 
 import msgspec
 
 from disagg_transforms import _validate
 from disagg_transforms import _wire as w
+from disagg_transforms._raw import RawTokenIds
 from disagg_transforms.errors import DisaggTransformError, RequestError, UpstreamContractError
 
 MAX_CACHE_SALT_CHARS: Final = 128
@@ -147,12 +148,13 @@ def check_token_count(leg: Mapping[str, Any], limits: Limits) -> None:
     """
     for key in (w.TOKEN_IDS, w.PROMPT):
         ids = leg.get(key)
-        # A list, or the bytes path's scanned token array (it counts without decoding).
-        if (
-            isinstance(ids, Sized)
-            and not isinstance(ids, (str, Mapping))
-            and len(ids) > limits.max_token_ids
-        ):
+        if isinstance(ids, RawTokenIds):
+            # N IDs take at least 2N + 1 bytes ("[1,2]"): a short array needs no count.
+            if len(ids.raw) <= 2 * limits.max_token_ids + 2:
+                continue
+        elif not isinstance(ids, list):
+            continue
+        if len(ids) > limits.max_token_ids:
             path = f"$.{key}"
             msg = (
                 f"{path}: {len(ids)} token IDs, over the limit of {limits.max_token_ids} "

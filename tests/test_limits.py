@@ -297,3 +297,24 @@ def test_bytes_entry_points_hold_the_body_size_limit_at_and_past() -> None:
             answer, requested=OutputMode.TEXT, limits=Limits(max_body_bytes=len(answer) - 1)
         )
     assert caught_upstream.value.param == "$"
+
+
+@pytest.mark.parametrize("spaces", [b"", b"  "])
+def test_bytes_decode_leg_holds_the_token_count_at_and_past(spaces: bytes) -> None:
+    # The bytes path counts the scanned token array without decoding it.
+    body = b'{"token_ids":[1,' + spaces + b'22,333],"sampling_params":{}}'
+    params = DecodeParams(use_openai_format=False)
+    leg = build_decode_request_bytes(
+        body, client_path="/inference/v1/generate", params=params, limits=Limits(max_token_ids=3)
+    )
+    assert b"[1," + spaces + b"22,333]" in leg.body
+    with pytest.raises(RequestError) as caught:
+        build_decode_request_bytes(
+            body,
+            client_path="/inference/v1/generate",
+            params=params,
+            limits=Limits(max_token_ids=2),
+        )
+    assert (
+        str(caught.value) == "$.token_ids: 3 token IDs, over the limit of 2 (Limits.max_token_ids)"
+    )
