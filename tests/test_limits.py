@@ -318,3 +318,16 @@ def test_bytes_decode_leg_holds_the_token_count_at_and_past(spaces: bytes) -> No
     assert (
         str(caught.value) == "$.token_ids: 3 token IDs, over the limit of 2 (Limits.max_token_ids)"
     )
+
+
+def test_bytes_token_count_shortcut_is_exact_at_its_bound() -> None:
+    # "[1,2,3]" is the shortest 3-ID array (2N + 1 bytes): the byte-length shortcut must still
+    # count it against a limit of 2.
+    body = b'{"token_ids":[1,2,3],"sampling_params":{}}'
+    with pytest.raises(RequestError, match="3 token IDs, over the limit of 2"):
+        build_decode_request_bytes(
+            body,
+            client_path="/inference/v1/generate",
+            params=DecodeParams(use_openai_format=False),
+            limits=Limits(max_token_ids=2),
+        )
