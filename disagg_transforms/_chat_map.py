@@ -84,8 +84,11 @@ def map_chat_request(body: Mapping[str, Any]) -> ClientMapping:
     wanted = typed(body, w.LOGPROBS, bool) is True
     f.logprobs(body, sampling, wanted=wanted, needs="logprobs set to true")
     tools = f.tool_objects(body)
-    return ClientMapping(
-        sampling_params=sampling,
+    return f.client_mapping(
+        body,
+        sampling,
+        mapped=_CHAT_MAPPED,
+        context_keys=_CONTEXT_KEYS,
         parse_context=f.parse_context(
             # A chat client's tools are already in the chat shape: passed on as sent.
             tools=None if tools is None else [tool for _, tool in tools],
@@ -94,8 +97,6 @@ def map_chat_request(body: Mapping[str, Any]) -> ClientMapping:
             chat_template_kwargs=obj(body, w.CHAT_TEMPLATE_KWARGS),
             include_reasoning=typed(body, w.INCLUDE_REASONING, bool),
         ),
-        dropped=f.dropped_keys(body, _CHAT_MAPPED),
-        context_keys=f.present(body, _CONTEXT_KEYS),
     )
 
 
@@ -106,6 +107,4 @@ def map_completions_request(body: Mapping[str, Any]) -> ClientMapping:
     count = integer(body, w.LOGPROBS, minimum=-1)
     if count is not None:
         sampling[w.LOGPROBS] = count
-    return ClientMapping(
-        sampling_params=sampling, dropped=f.dropped_keys(body, _COMPLETIONS_MAPPED)
-    )
+    return f.client_mapping(body, sampling, mapped=_COMPLETIONS_MAPPED)

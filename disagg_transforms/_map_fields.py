@@ -16,6 +16,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from disagg_transforms import _wire as w
+from disagg_transforms._client_map import ClientMapping
 from disagg_transforms._validate import integer, obj, refuse, typed
 from disagg_transforms.envelopes import JSON
 
@@ -241,11 +242,23 @@ def parse_context(
     return context or None
 
 
-def dropped_keys(body: Mapping[str, Any], mapped: frozenset[str]) -> tuple[str, ...]:
-    """The body's keys, in body order, neither mapped nor the leg builder's: ``dropped``."""
-    return tuple(key for key in body if key not in mapped and key not in LEG_KEYS)
+def client_mapping(
+    body: Mapping[str, Any],
+    sampling: dict[str, Any],
+    *,
+    mapped: frozenset[str],
+    parse_context: dict[str, Any] | None = None,
+    context_keys: Iterable[str] = (),
+) -> ClientMapping:
+    """What ``body`` contributes to a leg, its dropped keys derived one way for every route.
 
-
-def present(body: Mapping[str, Any], keys: Iterable[str]) -> tuple[str, ...]:
-    """The ``keys`` the body has (for ``ClientMapping.context_keys``)."""
-    return tuple(key for key in keys if key in body)
+    ``dropped`` is the body's keys, in body order, neither ``mapped`` nor the leg builder's
+    (:data:`LEG_KEYS`); ``context_keys`` is those of ``context_keys`` present (they only feed
+    ``parse_context``, so text mode drops them).
+    """
+    return ClientMapping(
+        sampling_params=sampling,
+        parse_context=parse_context,
+        dropped=tuple(key for key in body if key not in mapped and key not in LEG_KEYS),
+        context_keys=tuple(key for key in context_keys if key in body),
+    )

@@ -57,16 +57,17 @@ def map_messages_request(body: Mapping[str, Any]) -> ClientMapping:
         if effort is not None:
             kwargs.setdefault(w.REASONING_EFFORT, effort)
     tool_choice, parallel = _tool_choice(body)
-    return ClientMapping(
-        sampling_params=sampling,
+    return f.client_mapping(
+        body,
+        sampling,
+        mapped=_MAPPED,
+        context_keys=_CONTEXT_KEYS,
         parse_context=f.parse_context(
             tools=_tools(body),
             tool_choice=tool_choice,
             parallel_tool_calls=parallel,
             chat_template_kwargs=kwargs,
         ),
-        dropped=f.dropped_keys(body, _MAPPED),
-        context_keys=f.present(body, _CONTEXT_KEYS),
     )
 
 

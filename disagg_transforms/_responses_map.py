@@ -86,16 +86,17 @@ def map_responses_request(body: Mapping[str, Any]) -> ClientMapping:
     f.extra_args(body, sampling)
     reasoning = obj(body, w.REASONING)
     effort = None if reasoning is None else typed(reasoning, w.EFFORT, str, f"$.{w.REASONING}")
-    return ClientMapping(
-        sampling_params=sampling,
+    return f.client_mapping(
+        body,
+        sampling,
+        mapped=_MAPPED,
+        context_keys=_CONTEXT_KEYS,
         parse_context=f.parse_context(
             tools=_tools(body),
             tool_choice=_tool_choice(body),
             parallel_tool_calls=typed(body, w.PARALLEL_TOOL_CALLS, bool),
             chat_template_kwargs=None if effort is None else {w.REASONING_EFFORT: effort},
         ),
-        dropped=f.dropped_keys(body, _MAPPED),
-        context_keys=f.present(body, _CONTEXT_KEYS),
     )
 
 
