@@ -229,6 +229,14 @@ class Codec(Generic[_P]):
         """The member is a JSON object."""
         raise NotImplementedError
 
+    def is_string(self, value: _P) -> bool:
+        """The member is a JSON string."""
+        raise NotImplementedError
+
+    def load(self, value: _P, path: str) -> object:
+        """The member as a Python value (to describe it in an error)."""
+        raise NotImplementedError
+
     def is_null(self, value: _P) -> bool:
         """The member is JSON null."""
         raise NotImplementedError
@@ -251,6 +259,12 @@ class _DictCodec(Codec[Any]):
 
     def is_object(self, value: Any) -> bool:  # noqa: ANN401 - JSON value
         return isinstance(value, Mapping)
+
+    def is_string(self, value: Any) -> bool:  # noqa: ANN401 - JSON value
+        return isinstance(value, str)
+
+    def load(self, value: Any, path: str) -> object:  # noqa: ANN401, ARG002 - JSON value
+        return value
 
     def is_null(self, value: Any) -> bool:  # noqa: ANN401 - JSON value
         return value is None
@@ -276,6 +290,12 @@ class _RawCodec(Codec[Any]):
         if isinstance(value, msgspec.Struct):
             return True
         return bytes(memoryview(value)[:1]) == b"{"  # valid JSON; a Raw has no leading blank
+
+    def is_string(self, value: msgspec.Raw) -> bool:
+        return bytes(memoryview(value)[:1]) == b'"'
+
+    def load(self, value: msgspec.Raw, path: str) -> object:
+        return _raw.decode_member(value, path, UpstreamContractError)
 
     def is_null(self, value: Any) -> bool:  # noqa: ANN401 - Raw, or None from a precut view
         return value is None or value == _RAW_NULL

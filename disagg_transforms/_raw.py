@@ -43,11 +43,12 @@ _UNREAD: Final = object()
 _UTF8_SLICE: Final = 1 << 15
 
 
-def check_utf8(data: bytes, error: ErrorFactory) -> None:
-    """Refuse a body that is not UTF-8: msgspec does not check inside the values it skips."""
+def _first_bad_utf8(data: bytes) -> tuple[int, str] | None:
+    """Where ``data`` stops being UTF-8 (offset, reason), or ``None`` when it is UTF-8."""
     if data.isascii():
-        return
-    view = memoryview(data)
+        return None
+    # A body of one slice is decoded as is: no view, no slicing.
+    view = memoryview(data) if len(data) > _UTF8_SLICE else data
     start = 0
     try:
         while start < len(data):
@@ -55,8 +56,32 @@ def check_utf8(data: bytes, error: ErrorFactory) -> None:
             # A sequence cut by the slice's end is left unconsumed and starts the next slice.
             start += codecs.utf_8_decode(view[start:end], "strict", end >= len(data))[1]
     except UnicodeDecodeError as exc:
-        msg = f"$: the body is not valid UTF-8 ({exc.reason} at byte {start + exc.start})"
-        raise error(msg, param="$") from None
+        return start + exc.start, exc.reason
+    return None
+
+
+def _not_utf8(bad: tuple[int, str], error: ErrorFactory) -> DisaggTransformError:
+    offset, reason = bad
+    return error(f"$: the body is not valid UTF-8 ({reason} at byte {offset})", param="$")
+
+
+def check_utf8(data: bytes, error: ErrorFactory) -> None:
+    """Refuse a body that is not UTF-8: msgspec does not check inside the values it skips."""
+    bad = _first_bad_utf8(data)
+    if bad is not None:
+        raise _not_utf8(bad, error)
+
+
+def check_passed_on_utf8(out: bytes, source: bytes, error: ErrorFactory) -> None:
+    """Refuse ``out`` unless UTF-8; ``out`` holds ``source``'s bytes and valid encodings only.
+
+    Checking what is passed on, not the whole source, skips the bytes a transform drops (the
+    cut alternatives of 8k logprobs: most of the body). The error names the first bad byte of
+    ``source``, which exists whenever ``out`` has one.
+    """
+    bad = _first_bad_utf8(out)
+    if bad is not None:
+        raise _not_utf8(_first_bad_utf8(source) or bad, error)
 
 
 def split(data: object, error: ErrorFactory, what: str) -> dict[str, msgspec.Raw]:

@@ -46,12 +46,12 @@ _L = TypeVar("_L")
 
 class _Choice(msgspec.Struct, Generic[_P, _L], kw_only=True):
     # Narrow view: token_ids, routed_experts, sampling_mask... are never read nor decoded. The
-    # members moved across whole are _P: the caller's own objects (dict path) or Raw (bytes);
-    # logprobs are _L: the same, or a view cut while decoding (bytes, text mode).
+    # members moved across whole (text included) are _P: the caller's own objects (dict path)
+    # or Raw (bytes); logprobs are _L: the same, or a view cut while decoding (bytes, text mode).
     index: int
     finish_reason: str | UnsetType | None = UNSET
     stop_reason: int | str | UnsetType | None = UNSET
-    text: str | UnsetType = UNSET
+    text: _P | UnsetType = UNSET
     message: _P | UnsetType = UNSET
     logprobs: _L | UnsetType = UNSET  # absent reads as null
 
@@ -91,6 +91,10 @@ def _message(
     if view.text is UNSET:
         msg = f"{path}.text: a text choice must carry its text; it is missing"
         raise UpstreamContractError(msg, param=f"{path}.text")
+    if not codec.is_string(view.text):
+        got = describe(codec.load(view.text, f"{path}.text"))
+        msg = f"{path}.text: expected a string, got {got}"
+        raise UpstreamContractError(msg, param=f"{path}.text")
     return {_wire.ROLE: _wire.ASSISTANT, _wire.CONTENT: view.text}
 
 
@@ -126,6 +130,11 @@ def _client_fields(client_body: object) -> Mapping[str, Any] | None:
     raise UpstreamContractError(msg, param="client_body")
 
 
+def _cut_to(client: Mapping[str, Any] | None, requested: OutputMode) -> int | None:
+    """How many alternatives per token a text answer keeps (``None``: all; derender: as sent)."""
+    return client_top_logprobs(client) if requested is OutputMode.TEXT else None
+
+
 class _Options(msgspec.Struct, frozen=True, kw_only=True):
     """The options of :func:`wrap_chat_completion` the rules read as given (both paths)."""
 
@@ -135,16 +144,16 @@ class _Options(msgspec.Struct, frozen=True, kw_only=True):
     reasoning_content: bool
 
 
-def _wrap(
+def _wrap(  # noqa: PLR0913 - the view, the mode, and what the client asked for
     codec: Codec[_P],
     view: _Response[_P, Any],
     *,
     requested: OutputMode,
     client: Mapping[str, Any] | None,
+    top: int | None,
     options: _Options,
 ) -> dict[str, Any]:
     """The rules of the chat envelope, on either path's view of the response."""
-    top = client_top_logprobs(client) if requested is OutputMode.TEXT else None
     choices = []
     for position, choice in enumerate(view.choices):
         path = f"$.{_wire.CHOICES}[{position}]"
@@ -158,7 +167,8 @@ def _wrap(
         )
         built[_wire.STOP_REASON] = None if choice.stop_reason is UNSET else choice.stop_reason
         choices.append(built)
-    choices.sort(key=lambda built: built[_wire.INDEX])
+    if len(choices) > 1:
+        choices.sort(key=lambda built: built[_wire.INDEX])
     created = view.created if isinstance(view.created, int) else int(options.clock())
     client_model = None if client is None else client.get(_wire.MODEL)
     result: dict[str, Any] = {
@@ -218,11 +228,13 @@ def wrap_chat_completion(  # noqa: PLR0913 - every option is keyword-only and do
         view = msgspec.convert(dict(response), _DICT_VIEW)
     except CONVERT_ERRORS as error:
         raise contract_error(error, "the generate response") from None
+    client = _client_fields(client_body)
     return _wrap(
         DICT_CODEC,
         view,
         requested=requested,
-        client=_client_fields(client_body),
+        client=client,
+        top=_cut_to(client, requested),
         options=_Options(
             model=model,
             clock=clock,
@@ -267,24 +279,27 @@ def wrap_chat_completion_bytes(  # noqa: PLR0913 - the options of wrap_chat_comp
     # A Raw is a view of its input: a private immutable copy keeps a caller's buffer out of it.
     data = bytes(untyped)
     _limits.check_body_size(data, limits, error=UpstreamContractError)
-    _raw.check_utf8(data, UpstreamContractError)
     client: Mapping[str, Any] | None = None
     top: int | None = None
+    client_error: DisaggTransformError | None = None
     try:
         client = _client_fields(client_body)
-        top = client_top_logprobs(client) if requested is OutputMode.TEXT else None
-    except DisaggTransformError:
-        pass  # raised again below, after the checks the dict path makes first
+        top = _cut_to(client, requested)
+    except DisaggTransformError as error:
+        client_error = error  # raised below, after the checks the dict path makes first
     view = _precut(data, top)
     if view is None:
         view = _decode_response(data, requested)
     check_echoed_mode(view.output_mode, requested)
     require_text_mode(requested, streaming=False)
+    if client_error is not None:
+        raise client_error
     wrapped = _wrap(
         RAW_CODEC,
         view,
         requested=requested,
-        client=_client_fields(client_body) if client is None else client,
+        client=client,
+        top=top,
         options=_Options(
             model=model,
             clock=clock,
@@ -292,7 +307,9 @@ def wrap_chat_completion_bytes(  # noqa: PLR0913 - the options of wrap_chat_comp
             reasoning_content=reasoning_content,
         ),
     )
-    return _raw.encode(wrapped)
+    out = _raw.encode(wrapped)
+    _raw.check_passed_on_utf8(out, data, UpstreamContractError)
+    return out
 
 
 def _precut(data: bytes, top: int | None) -> _Response[msgspec.Raw, Any] | None:

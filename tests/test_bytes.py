@@ -215,6 +215,59 @@ def test_utf8_is_checked_across_the_check_s_slices(bad: bytes, offset: int) -> N
         assert caught.value.param == "$"
 
 
+def _text_response(text: str, **extra: Any) -> dict[str, Any]:
+    response = load_fixture("response-text.json")
+    response["choices"][0]["text"] = text
+    response.update(extra)
+    return response
+
+
+@pytest.mark.parametrize("bad", [b"\xff", b"\xc3(", b"\xed\xa0\x80"])
+def test_invalid_utf8_the_wrap_would_pass_on_is_refused_at_its_input_byte(bad: bytes) -> None:
+    raw = json.dumps(_text_response("caf\u00e9 MARK"), ensure_ascii=False).encode()
+    raw = raw.replace(b"MARK", bad)  # inside the text, which moves across undecoded
+    with pytest.raises(UpstreamContractError, match=rf"at byte {raw.index(bad)}\)") as caught:
+        wrap_chat_completion_bytes(raw, requested=OutputMode.TEXT)
+    assert caught.value.param == "$"
+
+
+@pytest.mark.parametrize(("text", "shown"), [(5, "5 (an integer)"), ([1], "an array of 1 items")])
+def test_text_that_is_not_a_string_is_refused_on_both_paths(text: object, shown: str) -> None:
+    response = _text_response("x")
+    response["choices"][0]["text"] = text
+    raw = json.dumps(response).encode()
+    for call in (
+        lambda: wrap_chat_completion(response, requested=OutputMode.TEXT),
+        lambda: wrap_chat_completion_bytes(raw, requested=OutputMode.TEXT),
+    ):
+        with pytest.raises(UpstreamContractError, match=re.escape(f"got {shown}")) as caught:
+            call()
+        assert caught.value.param == "$.choices[0].text"
+
+
+def test_invalid_utf8_in_what_the_wrap_drops_is_not_read() -> None:
+    # Only what is passed on must be UTF-8: a worker's dropped member is never read.
+    dropped = {"kv_transfer_params": {"note": "MARK"}}
+    clean = json.dumps(_text_response("hi", **dropped)).encode()
+    broken = clean.replace(b"MARK", b"\xffMARK")
+    out = wrap_chat_completion_bytes(broken, requested=OutputMode.TEXT, clock=lambda: 7.0)
+    out.decode("utf-8")
+    assert out == wrap_chat_completion_bytes(clean, requested=OutputMode.TEXT, clock=lambda: 7.0)
+
+
+@given(response=generate_responses("text"), bad=st.sampled_from([b"\xff", b"\xc3", b"\x80"]))
+def test_wrap_bytes_output_is_utf8_or_refused(response: dict[str, Any], bad: bytes) -> None:
+    raw = _loose(response)
+    at = raw.rindex(b'"', 0, len(raw) // 2 + 1)  # inside or beside some string
+    broken = raw[:at] + bad + raw[at:]
+    try:
+        out = wrap_chat_completion_bytes(broken, requested=OutputMode.TEXT)
+    except UpstreamContractError as error:
+        assert error.param.startswith("$")
+        return
+    out.decode("utf-8")
+
+
 def test_long_valid_utf8_body_is_accepted() -> None:
     response = load_fixture("response-text.json")
     response["choices"][0]["text"] = "日本é" * 50_000
