@@ -1,4 +1,4 @@
-"""Timing and memory measurement: medians of repeated runs, RSS growth in a child process."""
+"""Timing and memory measurement: medians of interleaved runs, RSS growth in a child process."""
 
 from __future__ import annotations
 
@@ -14,26 +14,36 @@ from pathlib import Path
 _TARGET_SECONDS_PER_REPEAT = 0.02
 
 
-def median_seconds(func: Callable[[], object], *, repeats: int = 15) -> float:
-    """Median time of one call, each repeat looping enough calls to outlast timer noise."""
-    func()  # warm up caches and lazily built decoders
-    start = time.perf_counter()
-    func()
-    once = max(time.perf_counter() - start, 1e-7)
-    loops = max(1, int(_TARGET_SECONDS_PER_REPEAT / once))
-    samples = []
+def median_seconds(
+    funcs: dict[str, Callable[[], object]], *, repeats: int = 15
+) -> dict[str, float]:
+    """Median time of one call of each function, their timed batches interleaved.
+
+    Each repeat times one batch of every function in turn (each batch loops enough calls to
+    outlast timer noise), so a slow spell of the machine hits all of them alike and the
+    ratios between them stay fair.
+    """
+    loops = {}
+    for name, func in funcs.items():
+        func()  # warm up caches and lazily built decoders
+        start = time.perf_counter()
+        func()
+        once = max(time.perf_counter() - start, 1e-7)
+        loops[name] = max(1, int(_TARGET_SECONDS_PER_REPEAT / once))
+    samples: dict[str, list[float]] = {name: [] for name in funcs}
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
         for _ in range(repeats):
-            start = time.perf_counter()
-            for _ in range(loops):
-                func()
-            samples.append((time.perf_counter() - start) / loops)
+            for name, func in funcs.items():
+                start = time.perf_counter()
+                for _ in range(loops[name]):
+                    func()
+                samples[name].append((time.perf_counter() - start) / loops[name])
     finally:
         if gc_was_enabled:
             gc.enable()
-    return statistics.median(samples)
+    return {name: statistics.median(times) for name, times in samples.items()}
 
 
 _CHILD = """

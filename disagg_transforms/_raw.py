@@ -28,9 +28,10 @@ _SPLITTER: Final = msgspec.json.Decoder(dict[str, msgspec.Raw])
 _DECODER: Final = msgspec.json.Decoder()
 _ENCODER: Final = msgspec.json.Encoder()
 
-# Digits become "0", the bytes a flat integer array may hold stay, anything else becomes NUL:
-# one translate answers "only integers?" (no NUL) and "any of 19+ digits?" (a run of "0").
-_ARRAY_BYTES: Final = b",[] \t\n\r"
+# Digits become "0", the bytes a flat integer array may hold stay, anything else becomes NUL
+# ("[" too: only the first byte may be one): one translate answers "only integers?" (no NUL
+# after the first byte) and "any of 19+ digits?" (a run of "0").
+_ARRAY_BYTES: Final = b",] \t\n\r"
 _SCAN_TABLE: Final = bytes(
     0x30 if chr(i).isdigit() and i < 0x80 else i if i in _ARRAY_BYTES else 0 for i in range(256)
 )
@@ -151,9 +152,8 @@ def scan_token_ids(raw: msgspec.Raw) -> RawTokenIds | None:
     data = bytes(raw)
     mapped = data.translate(_SCAN_TABLE)
     if (
-        b"\0" in mapped
-        or not data.startswith(b"[")
-        or data.find(b"[", 1) >= 0
+        not data.startswith(b"[")
+        or mapped.find(b"\0", 1) >= 0
         or _LONG_NUMBER in mapped
         or _EMPTY_ARRAY.match(data) is not None
     ):
