@@ -56,9 +56,9 @@ def require_text_mode(requested: OutputMode, *, streaming: bool) -> None:
     ``tokens`` carries token IDs only, and vLLM 0.33 cannot stream ``derender``; both are the
     router's configuration, not the worker's answer, hence :class:`ConfigError`.
     """
-    allowed = (OutputMode.TEXT,) if streaming else (OutputMode.TEXT, OutputMode.DERENDER)
-    if requested in allowed:
+    if requested is OutputMode.TEXT or (requested is OutputMode.DERENDER and not streaming):
         return
+    allowed = (OutputMode.TEXT,) if streaming else (OutputMode.TEXT, OutputMode.DERENDER)
     names = " or ".join(f'"{mode.value}"' for mode in allowed)
     what = "a streamed answer" if streaming else "a chat completion"
     msg = (
@@ -114,6 +114,8 @@ def cut_logprobs(logprobs: object, top: int | None) -> object:
 
 
 _RAW_NULL: Final = msgspec.Raw(b"null")
+_OPEN_BRACE: Final = ord("{")
+_QUOTE: Final = ord('"')
 _RAW_OBJECT: Final = msgspec.json.Decoder(dict[str, msgspec.Raw])
 _RAW_ENTRIES: Final = msgspec.json.Decoder(list[dict[str, msgspec.Raw]])
 _RAW_ITEMS: Final = msgspec.json.Decoder(list[msgspec.Raw])
@@ -289,10 +291,10 @@ class _RawCodec(Codec[Any]):
     def is_object(self, value: Any) -> bool:  # noqa: ANN401 - Raw, or a precut struct
         if isinstance(value, msgspec.Struct):
             return True
-        return bytes(memoryview(value)[:1]) == b"{"  # valid JSON; a Raw has no leading blank
+        return memoryview(value)[0] == _OPEN_BRACE  # valid JSON: never empty, no leading blank
 
     def is_string(self, value: msgspec.Raw) -> bool:
-        return bytes(memoryview(value)[:1]) == b'"'
+        return memoryview(value)[0] == _QUOTE
 
     def load(self, value: msgspec.Raw, path: str) -> object:
         return _raw.decode_member(value, path, UpstreamContractError)

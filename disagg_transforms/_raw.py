@@ -48,10 +48,12 @@ def _first_bad_utf8(data: bytes) -> tuple[int, str] | None:
     """Where ``data`` stops being UTF-8 (offset, reason), or ``None`` when it is UTF-8."""
     if data.isascii():
         return None
-    # A body of one slice is decoded as is: no view, no slicing.
-    view = memoryview(data) if len(data) > _UTF8_SLICE else data
     start = 0
     try:
+        if len(data) <= _UTF8_SLICE:
+            data.decode()  # one slice: no view, no loop
+            return None
+        view = memoryview(data)
         while start < len(data):
             end = start + _UTF8_SLICE
             # A sequence cut by the slice's end is left unconsumed and starts the next slice.

@@ -49,8 +49,8 @@ def check_echoed_mode(echoed: object, requested: OutputMode, *, where: str = "re
     through their own narrow views.
     """
     mode = as_output_mode(requested)
-    came_back = OutputMode.TOKENS.value if echoed is UNSET else echoed
-    if came_back == mode.value:
+    # OutputMode is a str enum: the echoed string compares equal to the member itself.
+    if (mode is OutputMode.TOKENS) if echoed is UNSET else (echoed == mode):
         return
     shown = 'no output_mode (read as "tokens")' if echoed is UNSET else describe(echoed)
     msg = (

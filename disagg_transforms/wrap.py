@@ -117,8 +117,8 @@ _CLIENT_DECODER = msgspec.json.Decoder(_ClientView)
 
 def _client_fields(client_body: object) -> Mapping[str, Any] | None:
     """The client body's ``model`` and ``top_logprobs`` (a bytes body is read narrowly)."""
-    if client_body is None or isinstance(client_body, Mapping):
-        return client_body
+    if client_body is None or isinstance(client_body, dict):
+        return client_body  # the common cases first: Mapping's isinstance is an ABC check
     if isinstance(client_body, (bytes, bytearray, memoryview)):
         try:
             view = _CLIENT_DECODER.decode(client_body)
@@ -126,6 +126,8 @@ def _client_fields(client_body: object) -> Mapping[str, Any] | None:
             pass
         else:
             return {_wire.MODEL: view.model, _wire.TOP_LOGPROBS: view.top_logprobs}
+    elif isinstance(client_body, Mapping):
+        return client_body
     msg = f"client_body: expected the client's JSON object, got {describe(client_body)}"
     raise UpstreamContractError(msg, param="client_body")
 
@@ -180,15 +182,17 @@ def _wrap(  # noqa: PLR0913 - the view, the mode, and what the client asked for
     }
     if view.usage is not UNSET:
         if not codec.is_null(view.usage):
-            codec.read(view.usage, Usage, f"$.{_wire.USAGE}")
+            codec.read(view.usage, Usage, _USAGE_PATH)
         result[_wire.USAGE] = view.usage
     if view.prompt_logprobs is not UNSET and not codec.is_null(view.prompt_logprobs):
-        codec.read(view.prompt_logprobs, _PromptLogprobs, f"$.{_wire.PROMPT_LOGPROBS}")
+        codec.read(view.prompt_logprobs, _PromptLogprobs, _PROMPT_LOGPROBS_PATH)
         result[_wire.PROMPT_LOGPROBS] = view.prompt_logprobs
     return result
 
 
 _PromptLogprobs = list[dict[str, Any] | None]
+_USAGE_PATH = f"$.{_wire.USAGE}"
+_PROMPT_LOGPROBS_PATH = f"$.{_wire.PROMPT_LOGPROBS}"
 
 
 def wrap_chat_completion(  # noqa: PLR0913 - every option is keyword-only and documented
