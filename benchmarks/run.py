@@ -112,14 +112,64 @@ def table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-def scaling(rows: list[Row]) -> str:
+@dataclass(frozen=True)
+class Target:
+    """One floor of the issue that asked for this benchmark: a ratio and its bound."""
+
+    case: str
+    ratio: str
+    bound: float
+    at_most: bool  # True: the ratio must not exceed the bound; False: must reach it
+
+    def measured(self, row: Row) -> float:
+        s = row.seconds
+        lib = s[cases.LIBRARY]
+        if self.ratio == "lib/orjson rt":
+            return lib / s[cases.ORJSON_ROUND_TRIP]
+        if self.ratio == "lib/scan":
+            return lib / s[cases.SYNTAX_SCAN]
+        if self.ratio == "peak RSS (x body)":
+            return row.rss[cases.LIBRARY] / row.size
+        baseline = {"pydantic/lib": cases.PYDANTIC, "stdlib/lib": cases.STDLIB}[self.ratio]
+        return s[baseline] / lib
+
+
+_G32, _G128 = "decode leg, generate 32k tokens", "decode leg, generate 128k tokens"
+TARGETS = (
+    Target(_G32, "lib/orjson rt", 0.6, at_most=True),
+    Target(_G128, "lib/orjson rt", 0.5, at_most=True),
+    *(Target(case, "lib/scan", 2.0, at_most=True) for case in (_G32, _G128)),
+    *(Target(case, "pydantic/lib", 5.0, at_most=False) for case in (_G32, _G128)),
+    *(Target(case, "stdlib/lib", 10.0, at_most=False) for case in (_G32, _G128)),
+    Target("wrap, text 8k tokens + logprobs", "lib/orjson rt", 0.2, at_most=True),
+    Target("wrap, derender 8k tokens + logprobs", "lib/orjson rt", 0.2, at_most=True),
+    Target("wrap, text 256 tokens", "lib/orjson rt", 0.8, at_most=True),
+    Target(_G128, "peak RSS (x body)", 3.0, at_most=True),
+)
+_SCALING_RANGE = (3.2, 4.8)
+
+
+def targets(rows: list[Row]) -> str:
+    """The issue's floors against this run: a table of measured ratios, met or missed."""
     by_name = {row.case: row for row in rows}
-    small = by_name.get("decode leg, generate 32k tokens")
-    large = by_name.get("decode leg, generate 128k tokens")
-    if small is None or large is None:
-        return ""
-    ratio = large.seconds[cases.LIBRARY] / small.seconds[cases.LIBRARY]
-    return f"Scaling: library time at 128k / at 32k = {ratio:.2f} (linear would be about 4).\n"
+    lines = ["| case | ratio | floor | measured | met? |", "|---|---|---|---|---|"]
+    for target in TARGETS:
+        row = by_name.get(target.case)
+        if row is None or (target.ratio.startswith("peak") and not row.rss):
+            continue  # not measured in this run (--quick, --no-memory)
+        value = target.measured(row)
+        met = value <= target.bound if target.at_most else value >= target.bound
+        floor = f"{'<=' if target.at_most else '>='} {target.bound:g}"
+        cells = [target.case, target.ratio, floor, f"{value:.2f}", "yes" if met else "**no**"]
+        lines.append("| " + " | ".join(cells) + " |")
+    small, large = by_name.get(_G32), by_name.get(_G128)
+    if small is not None and large is not None:
+        ratio = large.seconds[cases.LIBRARY] / small.seconds[cases.LIBRARY]
+        met = _SCALING_RANGE[0] <= ratio <= _SCALING_RANGE[1]
+        floor = f"{_SCALING_RANGE[0]:g} to {_SCALING_RANGE[1]:g}"
+        cells = ["library 128k / 32k", "time", floor, f"{ratio:.2f}", "yes" if met else "**no**"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def machine() -> str:
@@ -190,7 +240,11 @@ def main(argv: list[str] | None = None) -> int:
     rows = measure(quick=args.quick, memory=not args.no_memory)
     flags = " ".join(f"--{name}" for name in ("quick",) if getattr(args, name))
     command = f"python benchmarks/run.py {flags}".strip()
-    text = table(rows) + "\n\n" + scaling(rows)
+    text = (
+        table(rows)
+        + "\n\n## Targets\n\nThe floors set when the bytes path was built, against this run:\n\n"
+        + targets(rows)
+    )
     print(text)
     if not args.no_write:
         _DOC.write_text(_INTRO.format(command=command, machine=machine()) + text)

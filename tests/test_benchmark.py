@@ -36,3 +36,31 @@ def test_memory_probe_reports_growth_in_a_child() -> None:
     case = cases.all_cases(quick=True)[2]
     growth = harness.peak_rss_growth(case.name, cases.LIBRARY, case.build())
     assert growth >= 0
+
+
+def _row(case: str, lib: float, baselines: dict[str, float]) -> run.Row:
+    seconds = {cases.LIBRARY: lib, **baselines}
+    return run.Row(case=case, size=1000, seconds=seconds, rss={cases.LIBRARY: 2500})
+
+
+def test_targets_table_marks_each_floor_met_or_missed() -> None:
+    rt, scan, pydantic, stdlib = (
+        cases.ORJSON_ROUND_TRIP,
+        cases.SYNTAX_SCAN,
+        cases.PYDANTIC,
+        cases.STDLIB,
+    )
+    rows = [
+        # 32k: 0.1x the round trip (met), 4x faster than pydantic (missed)
+        _row("decode leg, generate 32k tokens", 1.0, {rt: 10, scan: 1, pydantic: 4, stdlib: 40}),
+        # 128k: 4x the syntax scan (missed), 10x faster than pydantic (met)
+        _row("decode leg, generate 128k tokens", 4.0, {rt: 40, scan: 1, pydantic: 40, stdlib: 80}),
+    ]
+    lines = run.targets(rows).splitlines()
+    by_key = {tuple(cell.strip() for cell in line.split("|")[1:3]): line for line in lines[2:]}
+    assert by_key[("decode leg, generate 32k tokens", "pydantic/lib")].endswith("| **no** |")
+    assert by_key[("decode leg, generate 128k tokens", "lib/scan")].endswith("| **no** |")
+    assert by_key[("decode leg, generate 32k tokens", "lib/orjson rt")].endswith("| yes |")
+    assert "| 2.50 | yes |" in by_key[("decode leg, generate 128k tokens", "peak RSS (x body)")]
+    assert by_key[("library 128k / 32k", "time")].endswith("| 4.00 | yes |")
+    assert not any("wrap" in line for line in lines)  # cases not in the run are left out
