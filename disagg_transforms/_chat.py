@@ -81,11 +81,13 @@ def client_top_logprobs(client_body: Mapping[str, Any] | None) -> int | None:
         RequestError: ``top_logprobs`` is not an integer >= -1.
     """
     untyped: object = client_body  # the client's JSON may be any value
-    if not isinstance(untyped, Mapping):
+    if not isinstance(untyped, (dict, Mapping)):  # dict first: Mapping's check is an ABC's
         return None
     value = untyped.get(_wire.TOP_LOGPROBS)
     if value is None:
         return 0
+    if type(value) is int and value >= 0:
+        return value  # the common case, without the checks below
     if isinstance(value, bool) or not isinstance(value, int) or value < _ALL_TOP_LOGPROBS:
         param = f"$.{_wire.TOP_LOGPROBS}"
         msg = f"{param}: expected an integer >= 0 (or -1 for all), got {describe(value)}"
@@ -315,11 +317,17 @@ DICT_CODEC = _DictCodec()
 RAW_CODEC = _RawCodec()
 
 
-def logprobs_out(codec: Codec[_P], value: _P | UnsetType, top: int | None, path: str) -> object:
-    # Handed on as the worker sent them (only the text-mode cut reads them): an object or null.
+def choice_path(position: int) -> str:
+    """The JSON path of the response's choice at ``position`` (built only for an error)."""
+    return f"$.{_wire.CHOICES}[{position}]"
+
+
+def logprobs_out(codec: Codec[_P], value: _P | UnsetType, top: int | None, position: int) -> object:
+    """A choice's logprobs for the client: null, or the worker's object (cut in text mode)."""
     if value is UNSET or codec.is_null(value):
         return None
     if not codec.is_object(value):
+        path = choice_path(position)
         msg = f"{path}.logprobs: expected an object or null"
         raise UpstreamContractError(msg, param=f"{path}.logprobs")
     return codec.cut(value, top)

@@ -18,7 +18,7 @@ import msgspec
 from msgspec import UNSET, UnsetType
 
 from disagg_transforms import _wire
-from disagg_transforms._chat import contract_error, require_text_mode
+from disagg_transforms._chat import choice_path, contract_error, require_text_mode
 from disagg_transforms._describe import describe
 from disagg_transforms._sse import SseParser
 from disagg_transforms._validate import CONVERT_ERRORS
@@ -112,7 +112,7 @@ class GenerateStreamReader:
         if event.usage is not UNSET and event.usage is not None:
             _check(event.usage, Usage, f"$.{_wire.USAGE} of a stream chunk")
         for position, choice in enumerate(event.choices):
-            _check_choice(choice, f"$.{_wire.CHOICES}[{position}]")
+            _check_choice(choice, choice_path(position))
         return payload, event
 
 
@@ -245,7 +245,7 @@ class NamedEventConverter(abc.ABC):
             self._request_id = event.request_id
             events.extend(self._start())
         for position, choice in enumerate(event.choices or ()):
-            path = f"$.{_wire.CHOICES}[{position}]"
+            path = choice_path(position)
             if choice.index != 0:
                 msg = (
                     f"{path}.index: this client's stream carries one choice (index 0), got "

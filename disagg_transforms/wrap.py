@@ -24,6 +24,7 @@ from disagg_transforms._chat import (
     RAW_CODEC,
     Codec,
     chat_id,
+    choice_path,
     client_top_logprobs,
     contract_error,
     finish_fields,
@@ -77,9 +78,10 @@ _PRECUT_DECODERS = tuple(
 
 
 def _message(
-    codec: Codec[_P], view: _Choice[_P, Any], requested: OutputMode, path: str, *, reasoning: bool
+    codec: Codec[_P], view: _Choice[_P, Any], requested: OutputMode, position: int, reasoning: bool
 ) -> object:
     if requested is OutputMode.DERENDER:
+        path = choice_path(position)
         if view.message is UNSET:
             msg = f"{path}.message: a derender choice must carry the parsed message; it is missing"
             raise UpstreamContractError(msg, param=f"{path}.message")
@@ -89,9 +91,11 @@ def _message(
             return codec.extend(view.message, _wire.REASONING_CONTENT, parsed.reasoning)
         return view.message
     if view.text is UNSET:
+        path = choice_path(position)
         msg = f"{path}.text: a text choice must carry its text; it is missing"
         raise UpstreamContractError(msg, param=f"{path}.text")
     if not codec.is_string(view.text):
+        path = choice_path(position)
         got = describe(codec.load(view.text, f"{path}.text"))
         msg = f"{path}.text: expected a string, got {got}"
         raise UpstreamContractError(msg, param=f"{path}.text")
@@ -99,7 +103,9 @@ def _message(
 
 
 def _model(view: _Response[Any, Any], model: str | None, client_model: object) -> str:
-    for candidate in (view.model, model, client_model):
+    if isinstance(view.model, str):
+        return view.model  # the common case, without building the candidates
+    for candidate in (model, client_model):
         if isinstance(candidate, str):
             return candidate
     msg = "$.model: the response names no model, and neither model= nor the client body gives one"
@@ -158,16 +164,16 @@ def _wrap(  # noqa: PLR0913 - the view, the mode, and what the client asked for
     """The rules of the chat envelope, on either path's view of the response."""
     choices = []
     for position, choice in enumerate(view.choices):
-        path = f"$.{_wire.CHOICES}[{position}]"
-        message = _message(codec, choice, requested, path, reasoning=options.reasoning_content)
-        built: dict[str, Any] = {_wire.INDEX: choice.index, _wire.MESSAGE: message}
-        built[_wire.LOGPROBS] = logprobs_out(codec, choice.logprobs, top, path)
-        built.update(
-            finish_fields(
-                choice.finish_reason, streaming=False, passthrough=options.vllm_finish_reasons
-            )
+        finish = finish_fields(
+            choice.finish_reason, streaming=False, passthrough=options.vllm_finish_reasons
         )
-        built[_wire.STOP_REASON] = None if choice.stop_reason is UNSET else choice.stop_reason
+        built: dict[str, Any] = {
+            _wire.INDEX: choice.index,
+            _wire.MESSAGE: _message(codec, choice, requested, position, options.reasoning_content),
+            _wire.LOGPROBS: logprobs_out(codec, choice.logprobs, top, position),
+            **finish,
+            _wire.STOP_REASON: None if choice.stop_reason is UNSET else choice.stop_reason,
+        }
         choices.append(built)
     if len(choices) > 1:
         choices.sort(key=lambda built: built[_wire.INDEX])
