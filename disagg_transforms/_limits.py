@@ -82,7 +82,8 @@ def check_depth(
             pending.extend(
                 (item, depth + 1, f"{where}.{key}")
                 for key, item in node.items()
-                if isinstance(item, (Mapping, list, tuple))
+                # A scalar's exact type is in a set: no ABC check for the common case.
+                if type(item) not in _LEAF_TYPES and isinstance(item, (Mapping, list, tuple))
             )
         elif not _LEAF_TYPES.issuperset(map(type, node)):
             pending.extend(

@@ -1,19 +1,19 @@
 """JSON bodies as raw top-level members: the bytes fast path's reading and writing side.
 
 A body is split once into its top-level members (``msgspec.Raw`` slices, the JSON syntax of the
-whole document checked on the way); :class:`RawMembers` then looks like a read-only mapping to
-the rules shared with the dict path, decoding a member only when a rule reads it, and
-:meth:`RawMembers.encode` writes a result back with every member a rule passed through unchanged
-taken byte for byte from the input. ``token_ids`` gets a scan instead of a decode
-(:func:`scan_token_ids`): proving an array holds only non-negative integers below 19 digits
-costs a ``bytes.translate`` and a substring search, far less than building 128k ``int`` objects.
+whole document checked on the way); :class:`RawMembers` holds them decoded for the rules shared
+with the dict path, and :meth:`RawMembers.encode` writes a result back with every member a rule
+passed through unchanged taken byte for byte from the input. ``token_ids`` gets a scan instead
+of a decode (:func:`scan_token_ids`): proving an array holds only non-negative integers below
+19 digits costs a ``bytes.translate`` and a substring search, far less than building 128k
+``int`` objects.
 """
 
 from __future__ import annotations
 
 import codecs
 import re
-from collections.abc import ItemsView, Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any, Final, TypeAlias
 
 import msgspec
@@ -38,7 +38,6 @@ _SCAN_TABLE: Final = bytes(
 # 2**63 - 1 has 19 digits and JSON has no leading zeros: 18 digits are always in range.
 _LONG_NUMBER: Final = b"0" * 19
 _EMPTY_ARRAY: Final = re.compile(rb"\[\s*\]\Z")
-_UNREAD: Final = object()
 # Decoded a slice at a time, the decoder's output stays in cache (and, even as UCS-4, below
 # malloc's mmap threshold): a megabyte body is checked about 3x faster than by one decode.
 _UTF8_SLICE: Final = 1 << 15
@@ -163,50 +162,25 @@ def scan_token_ids(raw: msgspec.Raw) -> RawTokenIds | None:
     return RawTokenIds(raw)
 
 
-class RawMembers(Mapping[str, Any]):
-    """A read-only mapping over raw members that decodes a member when a rule first reads it.
+class RawMembers(dict[str, Any]):
+    """A body's top-level members, decoded, each remembering the bytes it was decoded from.
 
-    ``token_ids`` is scanned, not decoded (:func:`scan_token_ids`); when the scan cannot prove
-    it clean it is decoded, and the shared rules refuse it exactly as on the dict path.
+    Every member but ``token_ids`` is decoded: the rules and the depth limit read them all, and
+    they are small. ``token_ids`` is scanned, not decoded (:func:`scan_token_ids`); when the scan
+    cannot prove it clean it is decoded, and the shared rules refuse it exactly as on the dict
+    path. A plain ``dict`` underneath, so the rules read it at C speed.
     """
 
-    __slots__ = ("_decoded", "_error", "_members")
+    __slots__ = ("_members",)
 
     def __init__(
         self, members: dict[str, msgspec.Raw], error: ErrorFactory, *, token_ids_key: str
     ) -> None:
+        super().__init__()
         self._members = members
-        self._error = error
-        self._decoded: dict[str, Any] = {}
-        if token_ids_key in members:
-            scanned = scan_token_ids(members[token_ids_key])
-            if scanned is not None:
-                self._decoded[token_ids_key] = scanned
-
-    def __getitem__(self, key: str) -> Any:  # noqa: ANN401 - a JSON value
-        # A miss is the common case (each member is read once): no KeyError raised for it.
-        value = self._decoded.get(key, _UNREAD)
-        if value is _UNREAD:
-            value = decode_member(self._members[key], f"$.{key}", self._error)
-            self._decoded[key] = value
-        return value
-
-    def get(self, key: str, default: Any = None) -> Any:  # noqa: ANN401 - a JSON value
-        """The member's value, or ``default`` when absent (Mapping's goes through a KeyError)."""
-        return self[key] if key in self._members else default
-
-    def items(self) -> ItemsView[str, Any]:
-        """Every member, read as by ``self[key]``, in the document's order."""
-        return {key: self[key] for key in self._members}.items()  # no generator per member
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._members)
-
-    def __len__(self) -> int:
-        return len(self._members)
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._members
+        for key, raw in members.items():
+            scanned = scan_token_ids(raw) if key == token_ids_key else None
+            self[key] = scanned if scanned is not None else decode_member(raw, f"$.{key}", error)
 
     def encode(self, result: Mapping[str, Any]) -> bytes:
         """Write ``result`` (built by the rules from this mapping) as JSON bytes.
@@ -219,7 +193,7 @@ class RawMembers(Mapping[str, Any]):
         for key, value in result.items():
             if isinstance(value, RawTokenIds):
                 out[key] = value.raw
-            elif key in self._decoded and self._decoded[key] is value:
+            elif key in self._members and self[key] is value:
                 out[key] = self._members[key]
             else:
                 out[key] = value

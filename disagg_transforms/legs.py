@@ -431,11 +431,11 @@ def build_decode_request_bytes(  # noqa: PLR0913 - the router hands in what it h
     parse_context: Mapping[str, Any] | None = None,
     limits: Limits = DEFAULT_LIMITS,
 ) -> DecodeLegBytes:
-    """Build the decode leg from the client's JSON bytes, decoding only what the rules read.
+    """Build the decode leg from the client's JSON bytes, never decoding ``token_ids``.
 
     The same leg as :func:`build_decode_request` (same rules, same errors), written as JSON
-    bytes: the body is split into raw top-level members, a member is decoded only when a rule
-    reads it, ``token_ids`` is proved clean by a byte scan instead of a decode, and every member
+    bytes: the body is split into raw top-level members, ``token_ids`` is proved clean by a byte
+    scan instead of a decode (the other members are decoded for the rules), and every member
     the leg keeps unchanged is written with its input bytes, in the input's key order. See
     ``docs/bytes.md``.
 

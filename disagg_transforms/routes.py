@@ -19,7 +19,11 @@ class Route(str, enum.Enum):
 
 # Substring matches, as the llm-d coordinator does; chat is tested before completions because
 # its path contains the completions path.
-_DETECTION_ORDER = (Route.CHAT_COMPLETIONS, Route.COMPLETIONS, Route.RESPONSES, Route.MESSAGES)
+# Paired with the path text once: a member's .value is a descriptor call on every read.
+_DETECTION_ORDER = tuple(
+    (route.value, route)
+    for route in (Route.CHAT_COMPLETIONS, Route.COMPLETIONS, Route.RESPONSES, Route.MESSAGES)
+)
 
 
 def detect_route(path: str) -> Route:
@@ -28,8 +32,8 @@ def detect_route(path: str) -> Route:
     The match is by substring, so ``/v1/chat/completions/render`` or a path behind a prefix
     such as ``/tenant-a/v1/messages`` is recognised.
     """
-    for route in _DETECTION_ORDER:
-        if route.value in path:
+    for text, route in _DETECTION_ORDER:
+        if text in path:
             return route
     return Route.GENERATE
 
