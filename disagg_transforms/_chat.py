@@ -16,6 +16,7 @@ from msgspec import UNSET, UnsetType
 
 from disagg_transforms import _raw, _wire
 from disagg_transforms._describe import describe
+from disagg_transforms._validate import MAPPINGS
 from disagg_transforms.config import OutputMode
 from disagg_transforms.errors import ConfigError, RequestError, UpstreamContractError
 
@@ -81,7 +82,7 @@ def client_top_logprobs(client_body: Mapping[str, Any] | None) -> int | None:
         RequestError: ``top_logprobs`` is not an integer >= -1.
     """
     untyped: object = client_body  # the client's JSON may be any value
-    if not isinstance(untyped, (dict, Mapping)):  # dict first: Mapping's check is an ABC's
+    if not isinstance(untyped, MAPPINGS):
         return None
     value = untyped.get(_wire.TOP_LOGPROBS)
     if value is None:

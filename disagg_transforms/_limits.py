@@ -71,25 +71,25 @@ def check_depth(
     Raises:
         RequestError: (or ``error``) nested too deep.
     """
-    if not isinstance(value, (Mapping, list, tuple)):
+    if not isinstance(value, _validate.CONTAINERS):
         return
     pending: list[tuple[Any, int, str]] = [(value, 1, path)]
     while pending:
         node, depth, where = pending.pop()
         if depth > limit:
             raise _too_deep(where, limit, error)
-        if isinstance(node, Mapping):
+        if isinstance(node, _validate.MAPPINGS):
             pending.extend(
                 (item, depth + 1, f"{where}.{key}")
                 for key, item in node.items()
                 # A scalar's exact type is in a set: no ABC check for the common case.
-                if type(item) not in _LEAF_TYPES and isinstance(item, (Mapping, list, tuple))
+                if type(item) not in _LEAF_TYPES and isinstance(item, _validate.CONTAINERS)
             )
         elif not _LEAF_TYPES.issuperset(map(type, node)):
             pending.extend(
                 (item, depth + 1, f"{where}[{index}]")
                 for index, item in enumerate(node)
-                if isinstance(item, (Mapping, list, tuple))
+                if isinstance(item, _validate.CONTAINERS)
             )
 
 
@@ -120,7 +120,7 @@ def check_client_body(body: Mapping[str, Any], limits: Limits) -> None:
     check_depth(body, limits.max_depth)
     sampling = body.get(w.SAMPLING_PARAMS)
     for holder, parent in ((body, "$"), (sampling, f"$.{w.SAMPLING_PARAMS}")):
-        if isinstance(holder, Mapping) and holder.get(w.N) is not None:
+        if isinstance(holder, _validate.MAPPINGS) and holder.get(w.N) is not None:
             _validate.whole_number(holder[w.N], f"{parent}.{w.N}", minimum=1, maximum=limits.max_n)
     salt = body.get(w.CACHE_SALT)
     if salt is not None:

@@ -17,7 +17,7 @@ from typing import Any
 
 from disagg_transforms import _wire as w
 from disagg_transforms._client_map import ClientMapping
-from disagg_transforms._validate import integer, obj, refuse, typed
+from disagg_transforms._validate import MAPPINGS, integer, obj, refuse, typed
 from disagg_transforms.envelopes import JSON
 
 LEG_KEYS = frozenset(
@@ -207,7 +207,7 @@ def tool_objects(body: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]
     pairs = []
     for index, tool in enumerate(tools):
         path = f"$.tools[{index}]"
-        if not isinstance(tool, Mapping):
+        if not isinstance(tool, MAPPINGS):
             raise refuse(tool, "expected a tool object", at=path)
         pairs.append((path, tool))
     return pairs

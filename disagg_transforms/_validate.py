@@ -26,6 +26,10 @@ T = TypeVar("T")
 MAX_TOKEN_ID = 2**63 - 1
 """vLLM stores token IDs as int64."""
 
+MAPPINGS = (dict, Mapping)
+"""For ``isinstance``: a ``dict`` matches first, without Mapping's ABC machinery."""
+CONTAINERS = (dict, list, tuple, Mapping)
+"""For ``isinstance``: a JSON object or array, the built-in types matched first."""
 CONVERT_ERRORS = (msgspec.ValidationError, RecursionError, UnicodeEncodeError)
 """What ``msgspec.convert`` raises on hostile input: a mismatch, a nesting deeper than the
 interpreter's stack, or a key holding a lone surrogate (it cannot be matched as UTF-8)."""
@@ -42,7 +46,7 @@ def _value_at(root: object, path: str) -> object:
     value = root
     for step in _PATH_STEP.finditer(path):
         key, index = step.group("key"), step.group("index")
-        if key is not None and isinstance(value, Mapping) and key in value:
+        if key is not None and isinstance(value, MAPPINGS) and key in value:
             value = value[key]
         elif index is not None and isinstance(value, list) and int(index) < len(value):
             value = value[int(index)]
@@ -90,7 +94,7 @@ def convert(value: object, view: type[T], path: str) -> T:
 
 def mapping(value: object, path: str) -> Mapping[str, Any]:
     """Return ``value`` if it is a JSON object, else raise a RequestError at ``path``."""
-    if not isinstance(value, Mapping):
+    if not isinstance(value, MAPPINGS):
         raise refuse(value, "expected an object", at=path)
     return value
 
