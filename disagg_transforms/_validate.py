@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import msgspec
 
@@ -26,6 +26,8 @@ T = TypeVar("T")
 MAX_TOKEN_ID = 2**63 - 1
 """vLLM stores token IDs as int64."""
 
+_EXACT_TOKEN_IDS = list[Annotated[int, msgspec.Meta(ge=0, le=MAX_TOKEN_ID)]]
+"""Plain ints in range (a bool is not an int to msgspec): token IDs needing no normalising."""
 MAPPINGS = (dict, Mapping)
 """For ``isinstance``: a ``dict`` matches first, without Mapping's ABC machinery."""
 CONTAINERS = (dict, list, tuple, Mapping)
@@ -168,11 +170,19 @@ def obj(body: Mapping[str, Any], key: str, parent: str = "$") -> Mapping[str, An
 def token_ids(value: object, path: str = "$.token_ids") -> list[int]:
     """Check a token-ID list: integers in ``[0, 2**63 - 1]``; whole floats become ints.
 
-    Returns the list itself when every item is already an int (no copy), else a normalised copy.
+    Returns the list itself when every item is already an int (no copy; an ``int`` subclass such
+    as an ``IntEnum`` counts as one), else a normalised copy.
 
     Raises:
         RequestError: with the index of the first bad item, e.g. ``$.token_ids[3]``.
     """
+    if type(value) is list:
+        try:
+            msgspec.convert(value, _EXACT_TOKEN_IDS)  # the common case, checked at C speed
+        except msgspec.ValidationError:
+            pass  # a whole float, or a bad item: the loop below normalises it or names it
+        else:
+            return value
     if not isinstance(value, Sequence) or isinstance(value, (str, bytes)):
         raise refuse(value, "expected an array of token IDs", at=path)
     exact = True

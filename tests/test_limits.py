@@ -70,6 +70,17 @@ def test_depth_names_the_path_and_survives_any_nesting() -> None:
     check_depth([1, 2, 3] * 1000, 1)  # a flat token array is depth 1
 
 
+@pytest.mark.parametrize(
+    "item", [[1], {"a": 1}, (1,), [[]]], ids=["array", "object", "tuple", "nested"]
+)
+def test_a_long_flat_array_passes_and_a_container_at_its_end_is_walked(item: object) -> None:
+    flat: list[Any] = [7, 2**70, "x", None, 1.5, True] * 20_000
+    check_depth({"token_ids": flat}, 2)
+    with pytest.raises(RequestError) as caught:
+        check_depth({"token_ids": [*flat, item]}, 2)
+    assert caught.value.param == f"$.token_ids[{len(flat)}]"
+
+
 def test_depth_limit_on_the_legs() -> None:
     limits = Limits(max_depth=3)
     decode({"messages": [{"role": "user", "content": "hi"}]}, limits=limits)

@@ -3,6 +3,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from disagg_transforms import DecodeParams, RequestError, build_decode_request
 from disagg_transforms._validate import features, token_ids
@@ -26,6 +28,37 @@ def test_token_ids_bad_item_names_its_index(bad: object) -> None:
     with pytest.raises(RequestError) as caught:
         token_ids([1, 2, 3, bad])
     assert caught.value.param == "$.token_ids[3]"
+
+
+_ITEMS = st.one_of(
+    st.integers(-3, 2**64),
+    st.booleans(),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.just(2**63 - 1),
+)
+
+
+@given(ids=st.lists(_ITEMS, max_size=20))
+def test_token_ids_fast_path_agrees_with_an_item_by_item_check(ids: list[Any]) -> None:
+    first_bad = next(
+        (
+            index
+            for index, item in enumerate(ids)
+            if isinstance(item, bool)
+            or not (isinstance(item, int) or (isinstance(item, float) and item.is_integer()))
+            or not 0 <= item <= 2**63 - 1
+        ),
+        None,
+    )
+    if first_bad is not None:
+        with pytest.raises(RequestError) as caught:
+            token_ids(ids)
+        assert caught.value.param == f"$.token_ids[{first_bad}]"
+        return
+    result = token_ids(ids)
+    assert result == ids
+    assert all(type(item) is int for item in result)
+    assert (result is ids) == all(type(item) is int for item in ids)
 
 
 @pytest.mark.parametrize("bad", ["123", None, 5, {"a": 1}])
