@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from disagg_transforms import DecodeParams, RequestError, build_decode_request
-from disagg_transforms._validate import features, token_ids
+from disagg_transforms._validate import CONVERT_FROM, features, token_ids
 
 GENERATE = "/inference/v1/generate"
 
@@ -38,8 +38,11 @@ _ITEMS = st.one_of(
 )
 
 
-@given(ids=st.lists(_ITEMS, max_size=20))
-def test_token_ids_fast_path_agrees_with_an_item_by_item_check(ids: list[Any]) -> None:
+@given(items=st.lists(_ITEMS, max_size=20), padding=st.sampled_from([0, CONVERT_FROM]))
+def test_token_ids_fast_path_agrees_with_an_item_by_item_check(
+    items: list[Any], padding: int
+) -> None:
+    ids = [7] * padding + items  # long enough, or not, for the msgspec check
     first_bad = next(
         (
             index
