@@ -20,8 +20,9 @@ def median_seconds(
     """Median time of one call of each function, their timed batches interleaved.
 
     Each repeat times one batch of every function in turn (each batch loops enough calls to
-    outlast timer noise), so a slow spell of the machine hits all of them alike and the
-    ratios between them stay fair.
+    outlast timer noise, after one untimed call that warms the caches the other functions
+    used), so a slow spell of the machine hits all of them alike and the ratios between them
+    stay fair.
     """
     loops = {}
     for name, func in funcs.items():
@@ -36,6 +37,7 @@ def median_seconds(
     try:
         for _ in range(repeats):
             for name, func in funcs.items():
+                func()  # untimed: the batch starts warm, as after the previous one of its own
                 start = time.perf_counter()
                 for _ in range(loops[name]):
                     func()
