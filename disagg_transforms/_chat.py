@@ -26,6 +26,8 @@ SDK_FINISH_REASONS: Final = frozenset(
 """The ``finish_reason`` values the openai SDK's ``ChatCompletion`` accepts (openai 3.x)."""
 
 _MAPPED_FINISH_REASON: Final = "stop"
+_CHAT_MODES: Final = (OutputMode.TEXT, OutputMode.DERENDER)
+_STREAMED_MODES: Final = (OutputMode.TEXT,)
 _ALL_TOP_LOGPROBS: Final = -1
 _AT_PATH = re.compile(r"at `(\$[^`]*)`")
 _P = TypeVar("_P")
@@ -57,9 +59,9 @@ def require_text_mode(requested: OutputMode, *, streaming: bool) -> None:
     ``tokens`` carries token IDs only, and vLLM 0.33 cannot stream ``derender``; both are the
     router's configuration, not the worker's answer, hence :class:`ConfigError`.
     """
-    if requested is OutputMode.TEXT or (requested is OutputMode.DERENDER and not streaming):
+    allowed = _STREAMED_MODES if streaming else _CHAT_MODES
+    if requested in allowed:
         return
-    allowed = (OutputMode.TEXT,) if streaming else (OutputMode.TEXT, OutputMode.DERENDER)
     names = " or ".join(f'"{mode.value}"' for mode in allowed)
     what = "a streamed answer" if streaming else "a chat completion"
     msg = (

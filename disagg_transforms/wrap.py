@@ -33,7 +33,7 @@ from disagg_transforms._chat import (
 )
 from disagg_transforms._describe import describe
 from disagg_transforms._limits import DEFAULT_LIMITS, Limits
-from disagg_transforms._validate import CONVERT_ERRORS
+from disagg_transforms._validate import CONVERT_ERRORS, MAPPINGS
 from disagg_transforms.config import OutputMode
 from disagg_transforms.echo import as_output_mode, check_echoed_mode, check_output_mode_echo
 from disagg_transforms.envelopes import ChatMessage, Usage
@@ -123,8 +123,8 @@ _CLIENT_DECODER = msgspec.json.Decoder(_ClientView)
 
 def _client_fields(client_body: object) -> Mapping[str, Any] | None:
     """The client body's ``model`` and ``top_logprobs`` (a bytes body is read narrowly)."""
-    if client_body is None or isinstance(client_body, dict):
-        return client_body  # the common cases first: Mapping's isinstance is an ABC check
+    if client_body is None or isinstance(client_body, MAPPINGS):
+        return client_body
     if isinstance(client_body, (bytes, bytearray, memoryview)):
         try:
             view = _CLIENT_DECODER.decode(client_body)
@@ -132,8 +132,6 @@ def _client_fields(client_body: object) -> Mapping[str, Any] | None:
             pass
         else:
             return {_wire.MODEL: view.model, _wire.TOP_LOGPROBS: view.top_logprobs}
-    elif isinstance(client_body, Mapping):
-        return client_body
     msg = f"client_body: expected the client's JSON object, got {describe(client_body)}"
     raise UpstreamContractError(msg, param="client_body")
 
