@@ -26,7 +26,8 @@ from disagg_transforms import (
     check_output_mode_echo,
     wrap_chat_completion_bytes,
 )
-from disagg_transforms._limits import check_body_size, check_client_body, check_depth
+from disagg_transforms._limits import _is_flat, check_body_size, check_client_body, check_depth
+from disagg_transforms._validate import CONVERT_FROM
 from disagg_transforms.routes import Route
 
 CHAT = "/v1/chat/completions"
@@ -79,6 +80,20 @@ def test_a_long_flat_array_passes_and_a_container_at_its_end_is_walked(item: obj
     with pytest.raises(RequestError) as caught:
         check_depth({"token_ids": [*flat, item]}, 2)
     assert caught.value.param == f"$.token_ids[{len(flat)}]"
+
+
+@pytest.mark.parametrize("length", [0, 1, CONVERT_FROM - 1, CONVERT_FROM, 5 * CONVERT_FROM])
+@pytest.mark.parametrize("at", ["start", "middle", "end", None])
+def test_is_flat_on_both_sides_of_the_msgspec_threshold(length: int, at: str | None) -> None:
+    scalars: list[Any] = [7, 2**70, "x", None, 1.5, True]
+    array = (scalars * (length // len(scalars) + 1))[:length]
+    if at is None:
+        assert _is_flat(array)
+        assert _is_flat(tuple(array))
+        return
+    index = {"start": 0, "middle": length // 2, "end": length}[at]
+    array.insert(index, {"a": 1})
+    assert not _is_flat(array)
 
 
 def test_depth_limit_on_the_legs() -> None:
