@@ -117,6 +117,19 @@ def test_wrap_bytes_keeps_passthrough_bytes() -> None:
     assert bytes(choice["message"]) == bytes(given_choice["message"])
 
 
+def test_wrap_bytes_writes_text_with_its_input_bytes() -> None:
+    response = load_fixture("response-text.json")
+    response["choices"][0]["text"] = "caf\u00e9 \U0001f600"
+    raw = json.dumps(response).encode()  # ensure_ascii: the text is spelled with \u escapes
+    out = wrap_chat_completion_bytes(raw, requested=OutputMode.TEXT)
+    choices = list[dict[str, msgspec.Raw]]
+    given = msgspec.json.decode(_SPLIT.decode(raw)["choices"], type=choices)[0]["text"]
+    message = msgspec.json.decode(_SPLIT.decode(out)["choices"], type=choices)[0]["message"]
+    content = _SPLIT.decode(message)["content"]
+    assert bytes(content) == bytes(given)  # escapes and all, not re-encoded
+    assert msgspec.json.decode(content) == "caf\u00e9 \U0001f600"
+
+
 def _leg(body: bytes, **kwargs: Any) -> Any:
     return build_decode_request_bytes(body, client_path=GENERATE, params=TEXT, **kwargs)
 
