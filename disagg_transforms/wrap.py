@@ -150,6 +150,11 @@ class _Options(msgspec.Struct, frozen=True, kw_only=True):
     reasoning_content: bool
 
 
+_PromptLogprobs = list[dict[str, Any] | None]
+_USAGE_PATH = f"$.{_wire.USAGE}"
+_PROMPT_LOGPROBS_PATH = f"$.{_wire.PROMPT_LOGPROBS}"
+
+
 def _wrap(  # noqa: PLR0913 - the view, the mode, and what the client asked for
     codec: Codec[_P],
     view: _Response[_P, Any],
@@ -192,11 +197,6 @@ def _wrap(  # noqa: PLR0913 - the view, the mode, and what the client asked for
         codec.read(view.prompt_logprobs, _PromptLogprobs, _PROMPT_LOGPROBS_PATH)
         result[_wire.PROMPT_LOGPROBS] = view.prompt_logprobs
     return result
-
-
-_PromptLogprobs = list[dict[str, Any] | None]
-_USAGE_PATH = f"$.{_wire.USAGE}"
-_PROMPT_LOGPROBS_PATH = f"$.{_wire.PROMPT_LOGPROBS}"
 
 
 def wrap_chat_completion(  # noqa: PLR0913 - every option is keyword-only and documented
