@@ -9,16 +9,7 @@ from __future__ import annotations
 
 from importlib.metadata import version as _metadata_version
 
-from disagg_transforms._limits import DEFAULT_LIMITS, Limits
-from disagg_transforms.anthropic import (
-    THINKING_SIGNATURE,
-    AnthropicStreamConverter,
-    single_frame_anthropic_events,
-    single_frame_anthropic_stream,
-    wrap_anthropic_message,
-)
-from disagg_transforms.caps import TOP_LEVEL_CAPS, apply_sampling_caps, apply_single_token_cap
-from disagg_transforms.config import (
+from disagg_transforms._config import (
     MIN_VLLM_VERSION,
     ConditionalDecodeParams,
     DecodeParams,
@@ -32,7 +23,44 @@ from disagg_transforms.config import (
     parse_step_params,
     validate_output_mode,
 )
-from disagg_transforms.echo import check_output_mode_echo
+from disagg_transforms._request.caps import (
+    TOP_LEVEL_CAPS,
+    apply_sampling_caps,
+    apply_single_token_cap,
+)
+from disagg_transforms._request.legs import (
+    DecodeLeg,
+    DecodeLegBytes,
+    Leg,
+    build_decode_request,
+    build_decode_request_bytes,
+    build_encode_request,
+    build_prefill_request,
+)
+from disagg_transforms._response.chat_stream import (
+    DEFAULT_MAX_CHOICES,
+    DEFAULT_MAX_EVENT_BYTES,
+    ChatStreamConverter,
+    single_frame_chat_chunks,
+    single_frame_chat_stream,
+)
+from disagg_transforms._response.chat_wrap import wrap_chat_completion, wrap_chat_completion_bytes
+from disagg_transforms._response.echo import check_output_mode_echo
+from disagg_transforms._response.messages import (
+    THINKING_SIGNATURE,
+    AnthropicStreamConverter,
+    single_frame_anthropic_events,
+    single_frame_anthropic_stream,
+    wrap_anthropic_message,
+)
+from disagg_transforms._response.responses import (
+    ResponsesStreamConverter,
+    single_frame_responses_events,
+    single_frame_responses_stream,
+    wrap_responses_response,
+)
+from disagg_transforms._routes import Route, detect_route, resolve_format
+from disagg_transforms._wire.limits import DEFAULT_LIMITS, Limits
 from disagg_transforms.errors import (
     ConfigError,
     DisaggTransformError,
@@ -52,27 +80,6 @@ from disagg_transforms.hooks import (
     available_transforms,
     load_transforms,
 )
-from disagg_transforms.legs import (
-    DecodeLeg,
-    DecodeLegBytes,
-    Leg,
-    build_decode_request,
-    build_decode_request_bytes,
-    build_encode_request,
-    build_prefill_request,
-)
-from disagg_transforms.responses_api import (
-    ResponsesStreamConverter,
-    single_frame_responses_events,
-    single_frame_responses_stream,
-    wrap_responses_response,
-)
-from disagg_transforms.routes import Route, detect_route, resolve_format
-from disagg_transforms.streaming import (
-    ChatStreamConverter,
-    single_frame_chat_chunks,
-    single_frame_chat_stream,
-)
 from disagg_transforms.transforms import (
     SamplingCaps,
     decode_request,
@@ -80,7 +87,6 @@ from disagg_transforms.transforms import (
     strip_client_transfer_params,
     wrap_response,
 )
-from disagg_transforms.wrap import wrap_chat_completion, wrap_chat_completion_bytes
 
 __all__ = [
     "AnthropicStreamConverter",
@@ -88,6 +94,8 @@ __all__ = [
     "ConditionalDecodeParams",
     "ConfigError",
     "DEFAULT_LIMITS",
+    "DEFAULT_MAX_CHOICES",
+    "DEFAULT_MAX_EVENT_BYTES",
     "DecodeLeg",
     "DecodeLegBytes",
     "DecodeParams",

@@ -18,9 +18,10 @@ from typing import Any, Protocol, final
 
 import msgspec
 
-from disagg_transforms._describe import describe
-from disagg_transforms._json_copy import json_copy
-from disagg_transforms.config import Step, StepParams
+from disagg_transforms._config import Step, StepParams
+from disagg_transforms._routes import Route, detect_route
+from disagg_transforms._wire.describe import describe
+from disagg_transforms._wire.json_copy import json_copy
 from disagg_transforms.errors import (
     ConfigError,
     DisaggTransformError,
@@ -29,7 +30,6 @@ from disagg_transforms.errors import (
     TransformError,
     UpstreamContractError,
 )
-from disagg_transforms.routes import Route, detect_route
 
 __all__ = (
     "ENTRY_POINT_GROUP",
@@ -51,7 +51,7 @@ _MAX_REASON = 200
 class LegInputs(msgspec.Struct, frozen=True, kw_only=True):
     """What the router hands a leg builder besides the client's body, for one request.
 
-    The keyword arguments of :func:`~disagg_transforms.legs.build_decode_request` that vary per
+    The keyword arguments of :func:`~disagg_transforms.build_decode_request` that vary per
     request; the built-in :func:`~disagg_transforms.transforms.decode_request` transform passes
     them on. Every field defaults to ``None`` (not given).
     """

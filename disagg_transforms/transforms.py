@@ -13,16 +13,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, final
 
-from disagg_transforms.anthropic import wrap_anthropic_message
-from disagg_transforms.caps import apply_sampling_caps
-from disagg_transforms.config import DecodeParams
-from disagg_transforms.echo import check_output_mode_echo
+from disagg_transforms._config import DecodeParams
+from disagg_transforms._request.caps import apply_sampling_caps
+from disagg_transforms._request.legs import build_decode_request, strip_transfer_params
+from disagg_transforms._response.chat_wrap import wrap_chat_completion
+from disagg_transforms._response.echo import check_output_mode_echo
+from disagg_transforms._response.messages import wrap_anthropic_message
+from disagg_transforms._response.responses import wrap_responses_response
+from disagg_transforms._routes import Route, resolve_format
 from disagg_transforms.errors import ConfigError
 from disagg_transforms.hooks import TransformContext
-from disagg_transforms.legs import build_decode_request, strip_transfer_params
-from disagg_transforms.responses_api import wrap_responses_response
-from disagg_transforms.routes import Route, resolve_format
-from disagg_transforms.wrap import wrap_chat_completion
 
 __all__ = (
     "SamplingCaps",
@@ -35,7 +35,7 @@ __all__ = (
 
 @final
 class SamplingCaps:
-    """Request transform: :func:`~disagg_transforms.caps.apply_sampling_caps` as a step.
+    """Request transform: :func:`~disagg_transforms.apply_sampling_caps` as a step.
 
     Build it with :func:`sampling_caps`. The caps are read the way ``route`` keeps them, or the
     way the client's own route does when ``route`` is ``None``.
@@ -79,7 +79,7 @@ def sampling_caps(route: Route | None = None) -> SamplingCaps:
             is already a generate body); ``None`` reads them as the client's route keeps them.
 
     Raises:
-        ConfigError: ``route`` is neither a :class:`~disagg_transforms.routes.Route` nor None.
+        ConfigError: ``route`` is neither a :class:`~disagg_transforms.Route` nor None.
     """
     return SamplingCaps(route)
 
@@ -113,14 +113,14 @@ def _decode_params(context: TransformContext, transform: str) -> DecodeParams:
 def decode_request(body: Mapping[str, Any], context: TransformContext, /) -> dict[str, Any]:
     """Request transform: the client's body becomes the decode leg's body (SPEC §4.2).
 
-    :func:`~disagg_transforms.legs.build_decode_request` with the context's client path,
+    :func:`~disagg_transforms.build_decode_request` with the context's client path,
     ``DecodeParams`` and :class:`~disagg_transforms.hooks.LegInputs`. Only the body comes back:
     a host that needs the leg's path, streaming flags or dropped keys calls
     ``build_decode_request`` itself.
 
     Raises:
         ConfigError: the context carries no ``DecodeParams``.
-        RequestError: as :func:`~disagg_transforms.legs.build_decode_request`.
+        RequestError: as :func:`~disagg_transforms.build_decode_request`.
     """
     params = _decode_params(context, "decode_request")
     inputs = context.inputs

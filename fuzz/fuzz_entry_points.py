@@ -37,7 +37,7 @@ from disagg_transforms import (
     wrap_chat_completion_bytes,
     wrap_responses_response,
 )
-from disagg_transforms._sse import SseParser
+from disagg_transforms._wire.sse import SseParser
 
 EXPECTED = (RequestError, UpstreamContractError)
 """What hostile input may raise; ConfigError cannot come from these fixed configurations."""

@@ -26,7 +26,7 @@ from disagg_transforms import (
     wrap_chat_completion,
     wrap_responses_response,
 )
-from disagg_transforms.__main__ import main
+from disagg_transforms._cli.main import main
 
 
 def test_demo_shows_routes_and_defaults(capsys: pytest.CaptureFixture[str]) -> None:

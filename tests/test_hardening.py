@@ -69,7 +69,7 @@ from disagg_transforms import (
     wrap_response,
     wrap_responses_response,
 )
-from disagg_transforms._sse import SseParser
+from disagg_transforms._wire.sse import SseParser
 
 ROUTER_KV = {"remote_host": "router-host", "remote_port": 1}
 ROUTER_EC = {"remote_host": "router-ec"}

@@ -32,7 +32,7 @@ from disagg_transforms import (
     available_transforms,
     load_transforms,
 )
-from disagg_transforms._json_copy import json_copy
+from disagg_transforms._wire.json_copy import json_copy
 
 CONTEXT = TransformContext(client_path="/v1/chat/completions", step=Step.DECODE)
 

@@ -26,9 +26,9 @@ from disagg_transforms import (
     check_output_mode_echo,
     wrap_chat_completion_bytes,
 )
-from disagg_transforms._limits import _is_flat, check_body_size, check_client_body, check_depth
-from disagg_transforms._validate import CONVERT_FROM
-from disagg_transforms.routes import Route
+from disagg_transforms._routes import Route
+from disagg_transforms._wire.limits import _is_flat, check_body_size, check_client_body, check_depth
+from disagg_transforms._wire.validate import CONVERT_FROM
 
 CHAT = "/v1/chat/completions"
 GENERATE_LEG = DecodeParams(use_openai_format=False)

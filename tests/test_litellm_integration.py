@@ -289,7 +289,7 @@ def test_strip_callback_runs_inside_litellm(
 
 def test_the_core_never_imports_the_integration() -> None:
     code = (
-        "import sys, disagg_transforms, disagg_transforms.__main__\n"
+        "import sys, disagg_transforms, disagg_transforms._cli.main\n"
         "assert 'disagg_transforms.integrations' not in sys.modules\n"
         "assert 'litellm' not in sys.modules\n"
     )

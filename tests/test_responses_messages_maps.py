@@ -8,9 +8,9 @@ from hypothesis import given
 from strategies import messages_client_bodies, responses_client_bodies
 
 from disagg_transforms import RequestError
-from disagg_transforms._client_map import ClientMapping
-from disagg_transforms._messages_map import map_messages_request
-from disagg_transforms._responses_map import map_responses_request
+from disagg_transforms._request.mapping import ClientMapping
+from disagg_transforms._request.messages import map_messages_request
+from disagg_transforms._request.responses import map_responses_request
 
 WEATHER_SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}}
 

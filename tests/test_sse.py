@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from disagg_transforms import UpstreamContractError
-from disagg_transforms._sse import SseParser, format_sse_event
+from disagg_transforms._wire.sse import SseParser, format_sse_event
 
 
 def _feed_all(parser: SseParser, pieces: list[bytes]) -> list[bytes]:

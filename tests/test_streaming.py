@@ -22,7 +22,7 @@ from disagg_transforms import (
     single_frame_chat_stream,
     wrap_chat_completion,
 )
-from disagg_transforms._sse import SseParser
+from disagg_transforms._wire.sse import SseParser
 
 
 def _chunks(sse: bytes) -> list[dict[str, Any]]:

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from disagg_transforms import DecodeParams, RequestError, build_decode_request
-from disagg_transforms._validate import CONVERT_FROM, features, token_ids
+from disagg_transforms._wire.validate import CONVERT_FROM, features, token_ids
 
 GENERATE = "/inference/v1/generate"
 

@@ -4,8 +4,8 @@ Install with ``pip install 'disagg_transforms[litellm]'``; the core never import
 
 - :class:`VllmGenerateLLM` is a LiteLLM ``CustomLLM`` that serves chat completions from a vLLM
   worker's ``/inference/v1/generate``: it asks the worker's ``/v1/chat/completions/render``
-  for the prompt, builds one decode leg with :func:`~disagg_transforms.legs.build_decode_request`
-  (``output_mode`` from its :class:`~disagg_transforms.config.DecodeParams`), checks the
+  for the prompt, builds one decode leg with :func:`~disagg_transforms.build_decode_request`
+  (``output_mode`` from its :class:`~disagg_transforms.DecodeParams`), checks the
   ``output_mode`` echo, and answers with LiteLLM's own types (text, ``tool_calls``, reasoning as
   ``reasoning_content``), streaming included.
 - :class:`SamplingCapsCallback` and :class:`StripTransferParamsCallback` are LiteLLM callbacks
@@ -32,16 +32,16 @@ from litellm.llms.custom_llm import CustomLLM, CustomLLMError
 from litellm.types.utils import GenericStreamingChunk, ModelResponse
 from typing_extensions import override
 
-from disagg_transforms import _wire as w
-from disagg_transforms._describe import describe
-from disagg_transforms._sse import SseParser
-from disagg_transforms.caps import apply_sampling_caps
-from disagg_transforms.config import DecodeParams, OutputMode
+from disagg_transforms._config import DecodeParams, OutputMode
+from disagg_transforms._request.caps import apply_sampling_caps
+from disagg_transforms._request.legs import DecodeLeg, build_decode_request, strip_transfer_params
+from disagg_transforms._response.chat_stream import ChatStreamConverter, single_frame_chat_chunks
+from disagg_transforms._response.chat_wrap import wrap_chat_completion
+from disagg_transforms._routes import Route
+from disagg_transforms._wire import keys as w
+from disagg_transforms._wire.describe import describe
+from disagg_transforms._wire.sse import SseParser
 from disagg_transforms.errors import ConfigError, DisaggTransformError
-from disagg_transforms.legs import DecodeLeg, build_decode_request, strip_transfer_params
-from disagg_transforms.routes import Route
-from disagg_transforms.streaming import ChatStreamConverter, single_frame_chat_chunks
-from disagg_transforms.wrap import wrap_chat_completion
 
 __all__ = (
     "RENDER_PATH",
@@ -226,10 +226,10 @@ class VllmGenerateLLM(CustomLLM):
     """A LiteLLM provider serving chat completions from a vLLM worker's generate route.
 
     Each call POSTs the chat body to ``{api_base}/v1/chat/completions/render``, builds the
-    decode leg from the answer (:func:`~disagg_transforms.legs.build_decode_request` with
+    decode leg from the answer (:func:`~disagg_transforms.build_decode_request` with
     ``rendered=``; the client's cap ends up in ``sampling_params.max_tokens``), POSTs it to
     ``{api_base}/inference/v1/generate`` and rebuilds the answer as a ``ModelResponse``: text
-    mode streams through :class:`~disagg_transforms.streaming.ChatStreamConverter`; derender
+    mode streams through :class:`~disagg_transforms.ChatStreamConverter`; derender
     mode carries ``tool_calls`` and ``reasoning_content`` and streams as one single frame.
 
     A worker that ignores ``output_mode`` (vLLM older than 0.32 / 0.33) fails the echo check:
@@ -491,7 +491,7 @@ def _no_subclass(cls: type) -> NoReturn:
 class SamplingCapsCallback(CustomLogger):
     """LiteLLM callback: move the request's output cap under ``sampling_params.max_tokens``.
 
-    :func:`~disagg_transforms.caps.apply_sampling_caps` on the request dict, for requests a
+    :func:`~disagg_transforms.apply_sampling_caps` on the request dict, for requests a
     deployment sends to a vLLM generate route (which reads the cap only there). Both hooks
     return a new dict and leave LiteLLM's untouched; a bad cap raises
     :class:`~disagg_transforms.errors.RequestError` (status hint 400).

@@ -2,8 +2,8 @@
 
 Follows vLLM 0.33's ``ResponsesRequest.to_sampling_params`` without its server defaults; the
 full table is in ``docs/request-legs.md``. The cap (``max_output_tokens``) is
-:func:`disagg_transforms.caps.apply_sampling_caps`' job; the keys of
-:data:`disagg_transforms._map_fields.LEG_KEYS` are the leg builder's.
+:func:`~disagg_transforms.apply_sampling_caps`' job; the keys of
+:data:`disagg_transforms._request.fields.LEG_KEYS` are the leg builder's.
 """
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from disagg_transforms import _map_fields as f
-from disagg_transforms import _wire as w
-from disagg_transforms._client_map import ClientMapping
-from disagg_transforms._validate import client_object, obj, refuse, typed
+from disagg_transforms._request import fields as f
+from disagg_transforms._request.mapping import ClientMapping
+from disagg_transforms._wire import keys as w
+from disagg_transforms._wire.validate import client_object, obj, refuse, typed
 
 _SAMPLING = (
     w.TEMPERATURE,

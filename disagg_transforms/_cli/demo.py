@@ -13,8 +13,7 @@ from typing import Any, Final
 import msgspec
 import orjson
 
-from disagg_transforms._sse import SseParser
-from disagg_transforms.config import (
+from disagg_transforms._config import (
     DecodeParams,
     OutputMode,
     PrefillParams,
@@ -22,10 +21,11 @@ from disagg_transforms.config import (
     StepParams,
     parse_step_params,
 )
-from disagg_transforms.legs import build_decode_request, build_prefill_request
-from disagg_transforms.routes import Route, resolve_format
-from disagg_transforms.streaming import ChatStreamConverter, single_frame_chat_chunks
-from disagg_transforms.wrap import wrap_chat_completion
+from disagg_transforms._request.legs import build_decode_request, build_prefill_request
+from disagg_transforms._response.chat_stream import ChatStreamConverter, single_frame_chat_chunks
+from disagg_transforms._response.chat_wrap import wrap_chat_completion
+from disagg_transforms._routes import Route, resolve_format
+from disagg_transforms._wire.sse import SseParser
 
 _NUMBER_ARRAY: Final = re.compile(r"\[(?:\s*-?\d+(?:\.\d+)?,?)+\s*\]")
 

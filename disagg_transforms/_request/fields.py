@@ -5,7 +5,7 @@ The sampling fields, structured outputs, logprobs, tools, the derender ``parse_c
 
 Each concept has one implementation here; a route's mapper (``_chat_map``, ``_responses_map``,
 ``_messages_map``) only says which of its client keys feed which concept. Values are read through
-the typed readers of :mod:`disagg_transforms._validate`, so every refusal is a
+the typed readers of :mod:`disagg_transforms._wire.validate`, so every refusal is a
 :class:`~disagg_transforms.errors.RequestError` naming the JSON path and the bad value.
 """
 
@@ -15,9 +15,9 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from disagg_transforms import _wire as w
-from disagg_transforms._client_map import ClientMapping
-from disagg_transforms._validate import MAPPINGS, integer, obj, refuse, typed
+from disagg_transforms._request.mapping import ClientMapping
+from disagg_transforms._wire import keys as w
+from disagg_transforms._wire.validate import MAPPINGS, integer, obj, refuse, typed
 from disagg_transforms.envelopes import JSON
 
 LEG_KEYS = frozenset(

@@ -14,25 +14,32 @@ from typing import Any
 
 import msgspec
 
-from disagg_transforms import _limits, _raw, _validate
-from disagg_transforms import _wire as w
-from disagg_transforms._chat_map import map_chat_request, map_completions_request
-from disagg_transforms._client_map import ClientMapper, ClientMapping
-from disagg_transforms._describe import describe
-from disagg_transforms._limits import DEFAULT_LIMITS, Limits
-from disagg_transforms._messages_map import map_messages_request
-from disagg_transforms._responses_map import map_responses_request
-from disagg_transforms.caps import TOP_LEVEL_CAPS, apply_sampling_caps, apply_single_token_cap
-from disagg_transforms.config import (
+from disagg_transforms._config import (
     DecodeParams,
     EncodeParams,
     KvTransferPlacement,
     OutputMode,
     PrefillParams,
 )
+from disagg_transforms._request.caps import (
+    TOP_LEVEL_CAPS,
+    apply_sampling_caps,
+    apply_single_token_cap,
+)
+from disagg_transforms._request.chat import map_chat_request
+from disagg_transforms._request.completions import map_completions_request
+from disagg_transforms._request.mapping import ClientMapper, ClientMapping
+from disagg_transforms._request.messages import map_messages_request
+from disagg_transforms._request.responses import map_responses_request
+from disagg_transforms._routes import Route, detect_route, resolve_format
+from disagg_transforms._wire import keys as w
+from disagg_transforms._wire import limits as _limits
+from disagg_transforms._wire import raw as _raw
+from disagg_transforms._wire import validate as _validate
+from disagg_transforms._wire.describe import describe
+from disagg_transforms._wire.limits import DEFAULT_LIMITS, Limits
 from disagg_transforms.envelopes import GenerateRequest
 from disagg_transforms.errors import RequestError
-from disagg_transforms.routes import Route, detect_route, resolve_format
 
 __all__ = (
     "DecodeLeg",

@@ -17,13 +17,13 @@ from typing import Any
 import msgspec
 from msgspec import UNSET, UnsetType
 
-from disagg_transforms import _wire
-from disagg_transforms._chat import choice_path, contract_error, require_text_mode
-from disagg_transforms._describe import describe
-from disagg_transforms._sse import SseParser
-from disagg_transforms._validate import CONVERT_ERRORS
-from disagg_transforms.config import OutputMode
-from disagg_transforms.echo import as_output_mode, check_echoed_mode
+from disagg_transforms._config import OutputMode
+from disagg_transforms._response.chat import choice_path, contract_error, require_text_mode
+from disagg_transforms._response.echo import as_output_mode, check_echoed_mode
+from disagg_transforms._wire import keys as w
+from disagg_transforms._wire.describe import describe
+from disagg_transforms._wire.sse import SseParser
+from disagg_transforms._wire.validate import CONVERT_ERRORS
 from disagg_transforms.envelopes import ChatLogprobs, Usage
 from disagg_transforms.errors import UpstreamContractError
 
@@ -93,7 +93,7 @@ class GenerateStreamReader:
         if self._done:
             msg = "$: the generate stream sent an event after data: [DONE]"
             raise UpstreamContractError(msg, param="$")
-        if payload == _wire.SSE_DONE:
+        if payload == w.SSE_DONE:
             self._done = True
             return payload, None
         try:
@@ -107,10 +107,10 @@ class GenerateStreamReader:
             return payload, event  # the worker's own error: no echo to check
         check_echoed_mode(event.output_mode, OutputMode.TEXT, where="stream chunk")
         if isinstance(event.choices, UnsetType):
-            msg = f"$.{_wire.CHOICES}: a generate stream chunk must carry choices; it has none"
-            raise UpstreamContractError(msg, param=f"$.{_wire.CHOICES}")
+            msg = f"$.{w.CHOICES}: a generate stream chunk must carry choices; it has none"
+            raise UpstreamContractError(msg, param=f"$.{w.CHOICES}")
         if event.usage is not UNSET and event.usage is not None:
-            _check(event.usage, Usage, f"$.{_wire.USAGE} of a stream chunk")
+            _check(event.usage, Usage, f"$.{w.USAGE} of a stream chunk")
         for position, choice in enumerate(event.choices):
             _check_choice(choice, choice_path(position))
         return payload, event
@@ -142,7 +142,7 @@ def error_field(error: object, key: str) -> str | None:
 
 def error_message(error: object) -> str:
     """The human message of a worker's in-stream ``error`` value."""
-    message = error_field(error, _wire.MESSAGE)
+    message = error_field(error, w.MESSAGE)
     return message if message is not None else f"the worker reported {describe(error)}"
 
 
@@ -204,17 +204,17 @@ class NamedEventConverter(abc.ABC):
     def _answer(self) -> dict[str, Any]:
         """The answer so far as a non-streaming text-mode generate response."""
         choice = {
-            _wire.INDEX: 0,
-            _wire.TEXT: "".join(self._text),
-            _wire.FINISH_REASON: self._finish_reason,
-            _wire.STOP_REASON: self._stop_reason,
-            _wire.LOGPROBS: None if self._logprobs is None else {_wire.CONTENT: self._logprobs},
+            w.INDEX: 0,
+            w.TEXT: "".join(self._text),
+            w.FINISH_REASON: self._finish_reason,
+            w.STOP_REASON: self._stop_reason,
+            w.LOGPROBS: None if self._logprobs is None else {w.CONTENT: self._logprobs},
         }
         return {
-            _wire.REQUEST_ID: self._request_id,
-            _wire.OUTPUT_MODE: OutputMode.TEXT.value,
-            _wire.USAGE: self._usage,
-            _wire.CHOICES: [choice],
+            w.REQUEST_ID: self._request_id,
+            w.OUTPUT_MODE: OutputMode.TEXT.value,
+            w.USAGE: self._usage,
+            w.CHOICES: [choice],
         }
 
     def _write(self, read: Iterable[ReadEvent]) -> bytes:
@@ -240,8 +240,8 @@ class NamedEventConverter(abc.ABC):
         events = []
         if self._request_id is None:
             if not isinstance(event.request_id, str):
-                msg = f"$.{_wire.REQUEST_ID}: the first stream chunk has no request_id"
-                raise UpstreamContractError(msg, param=f"$.{_wire.REQUEST_ID}")
+                msg = f"$.{w.REQUEST_ID}: the first stream chunk has no request_id"
+                raise UpstreamContractError(msg, param=f"$.{w.REQUEST_ID}")
             self._request_id = event.request_id
             events.extend(self._start())
         for position, choice in enumerate(event.choices or ()):
@@ -255,7 +255,7 @@ class NamedEventConverter(abc.ABC):
             text = choice.text if isinstance(choice.text, str) else ""
             self._text.append(text)
             logprobs = choice.logprobs if isinstance(choice.logprobs, dict) else None
-            content = None if logprobs is None else logprobs.get(_wire.CONTENT)
+            content = None if logprobs is None else logprobs.get(w.CONTENT)
             if isinstance(content, list):
                 if self._logprobs is None:
                     self._logprobs = []

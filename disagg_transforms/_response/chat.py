@@ -14,10 +14,11 @@ from typing import Any, Final, Generic, TypeVar
 import msgspec
 from msgspec import UNSET, UnsetType
 
-from disagg_transforms import _raw, _wire
-from disagg_transforms._describe import describe
-from disagg_transforms._validate import MAPPINGS
-from disagg_transforms.config import OutputMode
+from disagg_transforms._config import OutputMode
+from disagg_transforms._wire import keys as w
+from disagg_transforms._wire import raw as _raw
+from disagg_transforms._wire.describe import describe
+from disagg_transforms._wire.validate import MAPPINGS
 from disagg_transforms.errors import ConfigError, RequestError, UpstreamContractError
 
 SDK_FINISH_REASONS: Final = frozenset(
@@ -36,16 +37,16 @@ _T = TypeVar("_T")
 
 def chat_id(request_id: str) -> str:
     """The chat id of a generate ``request_id``: ``generate-tokens-`` cut, ``chatcmpl-`` ensured."""
-    bare = request_id.removeprefix(_wire.GENERATE_ID_PREFIX)
-    if bare.startswith(_wire.CHAT_COMPLETION_ID_PREFIX):
+    bare = request_id.removeprefix(w.GENERATE_ID_PREFIX)
+    if bare.startswith(w.CHAT_COMPLETION_ID_PREFIX):
         return bare
-    return _wire.CHAT_COMPLETION_ID_PREFIX + bare
+    return w.CHAT_COMPLETION_ID_PREFIX + bare
 
 
 def contract_error(error: Exception, what: str) -> UpstreamContractError:
     """Turn a view's validation error into an :class:`UpstreamContractError` with its path.
 
-    ``error`` is one of :data:`~disagg_transforms._validate.CONVERT_ERRORS`; one without a
+    ``error`` is one of :data:`~disagg_transforms._wire.validate.CONVERT_ERRORS`; one without a
     path (nesting too deep, a lone surrogate in a key) is reported at ``$``.
     """
     found = _AT_PATH.search(str(error))
@@ -65,12 +66,12 @@ def require_text_mode(requested: OutputMode, *, streaming: bool) -> None:
     names = " or ".join(f'"{mode.value}"' for mode in allowed)
     what = "a streamed answer" if streaming else "a chat completion"
     msg = (
-        f'{_wire.OUTPUT_MODE}: {what} needs {names}, got "{requested.value}": '
+        f'{w.OUTPUT_MODE}: {what} needs {names}, got "{requested.value}": '
         "a tokens answer carries token IDs and no text"
         if requested is OutputMode.TOKENS
-        else f'{_wire.OUTPUT_MODE}: {what} needs {names}, got "{requested.value}"'
+        else f'{w.OUTPUT_MODE}: {what} needs {names}, got "{requested.value}"'
     )
-    raise ConfigError(msg, param=_wire.OUTPUT_MODE)
+    raise ConfigError(msg, param=w.OUTPUT_MODE)
 
 
 def client_top_logprobs(client_body: Mapping[str, Any] | None) -> int | None:
@@ -86,13 +87,13 @@ def client_top_logprobs(client_body: Mapping[str, Any] | None) -> int | None:
     untyped: object = client_body  # the client's JSON may be any value
     if not isinstance(untyped, MAPPINGS):
         return None
-    value = untyped.get(_wire.TOP_LOGPROBS)
+    value = untyped.get(w.TOP_LOGPROBS)
     if value is None:
         return 0
     if type(value) is int and value >= 0:
         return value  # the common case, without the checks below
     if isinstance(value, bool) or not isinstance(value, int) or value < _ALL_TOP_LOGPROBS:
-        param = f"$.{_wire.TOP_LOGPROBS}"
+        param = f"$.{w.TOP_LOGPROBS}"
         msg = f"{param}: expected an integer >= 0 (or -1 for all), got {describe(value)}"
         raise RequestError(msg, param=param)
     return None if value == _ALL_TOP_LOGPROBS else value
@@ -106,16 +107,16 @@ def cut_logprobs(logprobs: object, top: int | None) -> object:
     """
     if top is None or not isinstance(logprobs, Mapping):
         return logprobs
-    content = logprobs.get(_wire.CONTENT)
+    content = logprobs.get(w.CONTENT)
     if not isinstance(content, list):
         return dict(logprobs)
     cut = [
-        {**entry, _wire.TOP_LOGPROBS: entry[_wire.TOP_LOGPROBS][:top]}
-        if isinstance(entry, Mapping) and isinstance(entry.get(_wire.TOP_LOGPROBS), list)
+        {**entry, w.TOP_LOGPROBS: entry[w.TOP_LOGPROBS][:top]}
+        if isinstance(entry, Mapping) and isinstance(entry.get(w.TOP_LOGPROBS), list)
         else entry
         for entry in content
     ]
-    return {**logprobs, _wire.CONTENT: cut}
+    return {**logprobs, w.CONTENT: cut}
 
 
 _RAW_NULL: Final = msgspec.Raw(b"null")
@@ -137,7 +138,7 @@ def cut_logprobs_raw(logprobs: msgspec.Raw, top: int | None) -> object:
         return logprobs
     try:
         members: dict[str, Any] = _RAW_OBJECT.decode(logprobs)
-        content = members.get(_wire.CONTENT)
+        content = members.get(w.CONTENT)
         entries: list[dict[str, Any]] | None = (
             _RAW_ENTRIES.decode(content) if content is not None else None
         )
@@ -146,7 +147,7 @@ def cut_logprobs_raw(logprobs: msgspec.Raw, top: int | None) -> object:
     if entries is None:
         return logprobs
     for entry in entries:
-        top_list = entry.get(_wire.TOP_LOGPROBS)
+        top_list = entry.get(w.TOP_LOGPROBS)
         if top_list is None:
             continue
         try:
@@ -154,8 +155,8 @@ def cut_logprobs_raw(logprobs: msgspec.Raw, top: int | None) -> object:
         except msgspec.ValidationError:
             continue  # not a list (null or another value): the dict cut leaves it as well
         if len(items) > top:
-            entry[_wire.TOP_LOGPROBS] = items[:top]
-    members[_wire.CONTENT] = entries
+            entry[w.TOP_LOGPROBS] = items[:top]
+    members[w.CONTENT] = entries
     return members
 
 
@@ -181,10 +182,10 @@ def _precut_logprobs(top: int) -> type[msgspec.Struct]:
     entry = msgspec.defstruct(
         f"Logprob{top}",
         [
-            (_wire.TOKEN, msgspec.Raw, None),
-            (_wire.LOGPROB, msgspec.Raw, None),
-            (_wire.BYTES, msgspec.Raw, None),
-            (_wire.TOP_LOGPROBS, items, None),
+            (w.TOKEN, msgspec.Raw, None),
+            (w.LOGPROB, msgspec.Raw, None),
+            (w.BYTES, msgspec.Raw, None),
+            (w.TOP_LOGPROBS, items, None),
         ],
         forbid_unknown_fields=True,
         omit_defaults=True,  # an absent member (None) stays absent
@@ -192,7 +193,7 @@ def _precut_logprobs(top: int) -> type[msgspec.Struct]:
     )
     return msgspec.defstruct(
         f"Logprobs{top}",
-        [(_wire.CONTENT, list[entry] | None | UnsetType, UNSET)],  # type: ignore[valid-type]
+        [(w.CONTENT, list[entry] | None | UnsetType, UNSET)],  # type: ignore[valid-type]
         forbid_unknown_fields=True,
     )
 
@@ -211,8 +212,8 @@ def finish_fields(value: object, *, streaming: bool, passthrough: bool) -> dict[
     if value is msgspec.UNSET:
         value = None  # absent reads as null
     if passthrough or value in SDK_FINISH_REASONS or (streaming and value is None):
-        return {_wire.FINISH_REASON: value}
-    return {_wire.FINISH_REASON: _MAPPED_FINISH_REASON, _wire.VLLM_FINISH_REASON: value}
+        return {w.FINISH_REASON: value}
+    return {w.FINISH_REASON: _MAPPED_FINISH_REASON, w.VLLM_FINISH_REASON: value}
 
 
 def _rooted(error: msgspec.ValidationError, path: str) -> UpstreamContractError:
@@ -322,7 +323,7 @@ RAW_CODEC = _RawCodec()
 
 def choice_path(position: int) -> str:
     """The JSON path of the response's choice at ``position`` (built only for an error)."""
-    return f"$.{_wire.CHOICES}[{position}]"
+    return f"$.{w.CHOICES}[{position}]"
 
 
 def logprobs_out(codec: Codec[_P], value: _P | UnsetType, top: int | None, position: int) -> object:

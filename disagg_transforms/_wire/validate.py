@@ -17,8 +17,8 @@ from typing import Annotated, Any, TypeVar
 
 import msgspec
 
-from disagg_transforms import _wire as w
-from disagg_transforms._describe import describe
+from disagg_transforms._wire import keys as w
+from disagg_transforms._wire.describe import describe
 from disagg_transforms.errors import RequestError
 
 T = TypeVar("T")

@@ -4,7 +4,7 @@ vLLM 0.33 serves ``/v1/messages`` by converting the body to a chat request first
 (``AnthropicServingMessages._convert_anthropic_to_openai_request``); this mapper applies the
 same conversion to the fields that reach ``sampling_params`` and ``parse_context``. The full
 table is in ``docs/request-legs.md``. The cap (``max_tokens``) is moved by
-:func:`disagg_transforms.caps.apply_sampling_caps`; this mapper only insists that it is there.
+:func:`~disagg_transforms.apply_sampling_caps`; this mapper only insists that it is there.
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from disagg_transforms import _map_fields as f
-from disagg_transforms import _wire as w
-from disagg_transforms._client_map import ClientMapping
-from disagg_transforms._validate import client_object, obj, refuse, typed
+from disagg_transforms._request import fields as f
+from disagg_transforms._request.mapping import ClientMapping
+from disagg_transforms._wire import keys as w
+from disagg_transforms._wire.validate import client_object, obj, refuse, typed
 
 _SAMPLING = (w.TEMPERATURE, w.TOP_P, w.TOP_K)
 _CONTEXT_KEYS = (w.TOOLS, w.TOOL_CHOICE, w.CHAT_TEMPLATE_KWARGS)

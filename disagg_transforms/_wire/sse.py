@@ -14,13 +14,13 @@ from typing import Final
 
 import msgspec
 
-from disagg_transforms import _wire
+from disagg_transforms._wire import keys as w
 from disagg_transforms.errors import UpstreamContractError
 
 DEFAULT_MAX_EVENT_BYTES: Final = 16 * 1024 * 1024
 """Default bound on one buffered event: a first chunk may carry a 128k-token prompt's IDs."""
 
-DONE_EVENT: Final = b"data: " + _wire.SSE_DONE + b"\n\n"
+DONE_EVENT: Final = b"data: " + w.SSE_DONE + b"\n\n"
 
 _LINE_END = re.compile(rb"\r\n|\r|\n")
 _DATA: Final = b"data"

@@ -1,10 +1,10 @@
-"""Client mappers for chat and completions: their fields into a generate leg.
+"""What a chat-completions body contributes to a generate leg (``/v1/chat/completions``).
 
 The rules are vLLM 0.33's own ``to_sampling_params`` minus the server defaults: a field the client
 did not set (or set to null) is not written, so the worker applies its own defaults exactly as it
 would have on the client's route. The output cap and ``min_tokens`` are not mapped here
-(:func:`disagg_transforms.caps.apply_sampling_caps` moves them), nor are the keys the leg builder
-carries itself (:data:`disagg_transforms._map_fields.LEG_KEYS`).
+(:func:`~disagg_transforms.apply_sampling_caps` moves them), nor are the keys the leg builder
+carries itself (:data:`disagg_transforms._request.fields.LEG_KEYS`).
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from disagg_transforms import _map_fields as f
-from disagg_transforms import _wire as w
-from disagg_transforms._client_map import ClientMapping
-from disagg_transforms._validate import client_object, integer, obj, typed
+from disagg_transforms._request import fields as f
+from disagg_transforms._request.mapping import ClientMapping
+from disagg_transforms._wire import keys as w
+from disagg_transforms._wire.validate import client_object, obj, typed
 from disagg_transforms.envelopes import JSON
 
 _CONTEXT_KEYS = (
@@ -49,19 +49,9 @@ _CHAT_MAPPED = frozenset(
         w.VLLM_XARGS,
     }
 )
-_COMPLETIONS_MAPPED = frozenset(
-    {
-        *f.SAMPLING_FIELDS,
-        w.MAX_TOKENS,
-        w.LOGPROBS,
-        w.RESPONSE_FORMAT,
-        w.STRUCTURED_OUTPUTS,
-        w.VLLM_XARGS,
-    }
-)
 
 
-def _sampling(body: Mapping[str, Any]) -> dict[str, Any]:
+def chat_family_sampling(body: Mapping[str, Any]) -> dict[str, Any]:
     """The ``sampling_params`` fields chat and completions share (they differ in logprobs)."""
     f.refuse_when_set(body, _REFUSED_WHEN_SET)
     sampling = f.copy_sampling(body, f.SAMPLING_FIELDS)
@@ -80,7 +70,7 @@ def _sampling(body: Mapping[str, Any]) -> dict[str, Any]:
 def map_chat_request(body: Mapping[str, Any]) -> ClientMapping:
     """Map a chat-completions body's sampling fields and tools (see ``docs/request-legs.md``)."""
     body = client_object(body)
-    sampling = _sampling(body)
+    sampling = chat_family_sampling(body)
     wanted = typed(body, w.LOGPROBS, bool) is True
     f.logprobs(body, sampling, wanted=wanted, needs="logprobs set to true")
     tools = f.tool_objects(body)
@@ -98,13 +88,3 @@ def map_chat_request(body: Mapping[str, Any]) -> ClientMapping:
             include_reasoning=typed(body, w.INCLUDE_REASONING, bool),
         ),
     )
-
-
-def map_completions_request(body: Mapping[str, Any]) -> ClientMapping:
-    """Map a completions body's sampling fields (``logprobs`` is already a count there)."""
-    body = client_object(body)
-    sampling = _sampling(body)
-    count = integer(body, w.LOGPROBS, minimum=-1)
-    if count is not None:
-        sampling[w.LOGPROBS] = count
-    return f.client_mapping(body, sampling, mapped=_COMPLETIONS_MAPPED)

@@ -12,15 +12,15 @@ from typing import Any
 
 from msgspec import UNSET
 
-from disagg_transforms import _wire
-from disagg_transforms._describe import describe
-from disagg_transforms._limits import check_response_depth
-from disagg_transforms.config import MIN_VLLM_VERSION, OutputMode
+from disagg_transforms._config import MIN_VLLM_VERSION, OutputMode
+from disagg_transforms._wire import keys as w
+from disagg_transforms._wire.describe import describe
+from disagg_transforms._wire.limits import check_response_depth
 from disagg_transforms.errors import ConfigError, UpstreamContractError
 
 __all__ = ("check_output_mode_echo",)
 
-_PARAM = f"$.{_wire.OUTPUT_MODE}"
+_PARAM = f"$.{w.OUTPUT_MODE}"
 
 
 def as_output_mode(requested: object) -> OutputMode:
@@ -35,7 +35,7 @@ def as_output_mode(requested: object) -> OutputMode:
     msg = (
         f"requested output_mode: expected one of tokens, text, derender, got {describe(requested)}"
     )
-    raise ConfigError(msg, param=_wire.OUTPUT_MODE)
+    raise ConfigError(msg, param=w.OUTPUT_MODE)
 
 
 def _versions() -> str:
@@ -78,5 +78,5 @@ def check_output_mode_echo(response: Mapping[str, Any], requested: OutputMode) -
     if not isinstance(untyped, Mapping):
         msg = f"$: a generate response must be a JSON object, got {describe(untyped)}"
         raise UpstreamContractError(msg, param="$")
-    check_echoed_mode(untyped.get(_wire.OUTPUT_MODE, UNSET), requested)
+    check_echoed_mode(untyped.get(w.OUTPUT_MODE, UNSET), requested)
     check_response_depth(untyped)

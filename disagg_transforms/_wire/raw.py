@@ -18,7 +18,7 @@ from typing import Any, Final, TypeAlias
 
 import msgspec
 
-from disagg_transforms._describe import describe
+from disagg_transforms._wire.describe import describe
 from disagg_transforms.errors import DisaggTransformError
 
 ErrorFactory: TypeAlias = type[DisaggTransformError]

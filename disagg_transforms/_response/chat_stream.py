@@ -17,19 +17,23 @@ from typing import Any, Final
 
 from msgspec import UNSET
 
-from disagg_transforms import _wire
-from disagg_transforms._chat import (
+from disagg_transforms._config import OutputMode
+from disagg_transforms._response.chat import (
     client_top_logprobs,
     cut_logprobs,
     finish_fields,
     require_text_mode,
 )
-from disagg_transforms._sse import DEFAULT_MAX_EVENT_BYTES, DONE_EVENT, format_sse_event
-from disagg_transforms._stream_events import GenerateStreamReader, StreamChoice, StreamEvent
-from disagg_transforms.config import OutputMode
-from disagg_transforms.echo import as_output_mode
+from disagg_transforms._response.chat_wrap import wrap_chat_completion
+from disagg_transforms._response.echo import as_output_mode
+from disagg_transforms._response.generate_stream import (
+    GenerateStreamReader,
+    StreamChoice,
+    StreamEvent,
+)
+from disagg_transforms._wire import keys as w
+from disagg_transforms._wire.sse import DEFAULT_MAX_EVENT_BYTES, DONE_EVENT, format_sse_event
 from disagg_transforms.errors import UpstreamContractError
-from disagg_transforms.wrap import wrap_chat_completion
 
 __all__ = (
     "ChatStreamConverter",
@@ -45,26 +49,26 @@ DEFAULT_MAX_CHOICES: Final = 4096
 
 def _include_usage(client_body: Mapping[str, Any] | None) -> bool:
     untyped: object = client_body  # the client's JSON may be any value
-    options = untyped.get(_wire.STREAM_OPTIONS) if isinstance(untyped, Mapping) else None
-    return isinstance(options, Mapping) and options.get(_wire.INCLUDE_USAGE) is True
+    options = untyped.get(w.STREAM_OPTIONS) if isinstance(untyped, Mapping) else None
+    return isinstance(options, Mapping) and options.get(w.INCLUDE_USAGE) is True
 
 
 def _chunk_head(completion_id: str, created: int, model: str) -> dict[str, Any]:
     return {
-        _wire.ID: completion_id,
-        _wire.OBJECT: _wire.CHAT_COMPLETION_CHUNK_OBJECT,
-        _wire.CREATED: created,
-        _wire.MODEL: model,
+        w.ID: completion_id,
+        w.OBJECT: w.CHAT_COMPLETION_CHUNK_OBJECT,
+        w.CREATED: created,
+        w.MODEL: model,
     }
 
 
 def _delta(message: Mapping[str, Any]) -> dict[str, Any]:
     # A streamed tool call needs its position; the rest of the message moves across whole.
     delta = dict(message)
-    tool_calls = delta.get(_wire.TOOL_CALLS)
+    tool_calls = delta.get(w.TOOL_CALLS)
     if isinstance(tool_calls, list):
-        delta[_wire.TOOL_CALLS] = [
-            {**call, _wire.INDEX: position} for position, call in enumerate(tool_calls)
+        delta[w.TOOL_CALLS] = [
+            {**call, w.INDEX: position} for position, call in enumerate(tool_calls)
         ]
     return delta
 
@@ -96,15 +100,15 @@ def single_frame_chat_chunks(  # noqa: PLR0913 - the options of wrap_chat_comple
         vllm_finish_reasons=vllm_finish_reasons,
         reasoning_content=reasoning_content,
     )
-    head = _chunk_head(completion[_wire.ID], completion[_wire.CREATED], completion[_wire.MODEL])
+    head = _chunk_head(completion[w.ID], completion[w.CREATED], completion[w.MODEL])
     chunks = []
-    for choice in completion[_wire.CHOICES]:
-        fields = {key: value for key, value in choice.items() if key != _wire.MESSAGE}
-        delta = _delta(choice[_wire.MESSAGE])
-        built = {_wire.INDEX: fields.pop(_wire.INDEX), _wire.DELTA: delta, **fields}
-        chunks.append({**head, _wire.CHOICES: [built]})
+    for choice in completion[w.CHOICES]:
+        fields = {key: value for key, value in choice.items() if key != w.MESSAGE}
+        delta = _delta(choice[w.MESSAGE])
+        built = {w.INDEX: fields.pop(w.INDEX), w.DELTA: delta, **fields}
+        chunks.append({**head, w.CHOICES: [built]})
     if _include_usage(client_body):
-        chunks.append({**head, _wire.CHOICES: [], _wire.USAGE: completion.get(_wire.USAGE)})
+        chunks.append({**head, w.CHOICES: [], w.USAGE: completion.get(w.USAGE)})
     return chunks
 
 
@@ -138,7 +142,7 @@ class ChatStreamConverter:
     bytes to send on, possibly empty. Per generate chunk one chat chunk comes out: each choice
     gets ``role: "assistant"`` on its first delta, ``content`` is the text delta, ``logprobs``
     are cut to the client's ``top_logprobs``, finish reasons are mapped as in
-    :func:`~disagg_transforms.wrap.wrap_chat_completion` (``null`` stays: not finished). A
+    :func:`~disagg_transforms.wrap_chat_completion` (``null`` stays: not finished). A
     usage-only generate chunk becomes a usage-only chat chunk; an in-stream ``{"error": ...}``
     event is sent on byte for byte; ``[DONE]`` is sent on. Output bytes depend only on the
     input bytes, not on how they were split.
@@ -223,10 +227,10 @@ class ChatStreamConverter:
         if not event.choices:
             if usage is None:
                 return b""
-            return format_sse_event({**self._head, _wire.CHOICES: [], _wire.USAGE: usage})
-        chunk = {**self._head, _wire.CHOICES: self._choices(event.choices)}
+            return format_sse_event({**self._head, w.CHOICES: [], w.USAGE: usage})
+        chunk = {**self._head, w.CHOICES: self._choices(event.choices)}
         if usage is not None:
-            chunk[_wire.USAGE] = usage  # continuous usage stats, as the chat route sends them
+            chunk[w.USAGE] = usage  # continuous usage stats, as the chat route sends them
         return format_sse_event(chunk)
 
     def _start(self, index: int, path: str) -> list[dict[str, Any]]:
@@ -237,10 +241,10 @@ class ChatStreamConverter:
             raise UpstreamContractError(msg, param=f"{path}.index")
         opened = [
             {
-                _wire.INDEX: skipped,
-                _wire.DELTA: {_wire.ROLE: _wire.ASSISTANT, _wire.CONTENT: ""},
-                _wire.LOGPROBS: None,
-                _wire.FINISH_REASON: None,
+                w.INDEX: skipped,
+                w.DELTA: {w.ROLE: w.ASSISTANT, w.CONTENT: ""},
+                w.LOGPROBS: None,
+                w.FINISH_REASON: None,
             }
             for skipped in range(self._next, index)
         ]
@@ -252,20 +256,20 @@ class ChatStreamConverter:
         for position, choice in enumerate(choices):
             delta: dict[str, Any] = {}
             if choice.index >= self._next:
-                built.extend(self._start(choice.index, f"$.{_wire.CHOICES}[{position}]"))
-                delta[_wire.ROLE] = _wire.ASSISTANT
-            delta[_wire.CONTENT] = choice.text
+                built.extend(self._start(choice.index, f"$.{w.CHOICES}[{position}]"))
+                delta[w.ROLE] = w.ASSISTANT
+            delta[w.CONTENT] = choice.text
             built.append(
                 {
-                    _wire.INDEX: choice.index,
-                    _wire.DELTA: delta,
-                    _wire.LOGPROBS: cut_logprobs(
+                    w.INDEX: choice.index,
+                    w.DELTA: delta,
+                    w.LOGPROBS: cut_logprobs(
                         None if choice.logprobs is UNSET else choice.logprobs, self._top
                     ),
                     **finish_fields(
                         choice.finish_reason, streaming=True, passthrough=self._passthrough
                     ),
-                    _wire.STOP_REASON: None if choice.stop_reason is UNSET else choice.stop_reason,
+                    w.STOP_REASON: None if choice.stop_reason is UNSET else choice.stop_reason,
                 }
             )
         return built

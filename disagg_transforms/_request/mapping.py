@@ -2,7 +2,7 @@
 
 Each client route (chat, completions, responses, messages) has a mapper that reads the client's
 body and says what it contributes to a generate leg besides the prompt and the output cap (the cap
-is :func:`disagg_transforms.caps.apply_sampling_caps`' job): the ``sampling_params`` fields, a
+is :func:`~disagg_transforms.apply_sampling_caps`' job): the ``sampling_params`` fields, a
 ``parse_context`` built from the client's tools, and the client keys it dropped on the documented
 list. A field the generate route cannot honour and that is not on that list is refused with a
 :class:`~disagg_transforms.errors.RequestError` naming it.

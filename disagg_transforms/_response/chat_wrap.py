@@ -5,7 +5,7 @@ allow-list (so a field vLLM adds to the generate response later cannot leak), th
 message moves across whole, text becomes an assistant message, and finish reasons the openai SDK
 would reject are mapped with the original kept readable.
 
-The per-choice rules live in :mod:`disagg_transforms._chat`, shared with the streaming side.
+The per-choice rules live in :mod:`disagg_transforms._response.chat`, shared with the streams.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from typing import Any, Generic, TypeVar
 import msgspec
 from msgspec import UNSET, UnsetType
 
-from disagg_transforms import _limits, _raw, _wire
-from disagg_transforms._chat import (
+from disagg_transforms._config import OutputMode
+from disagg_transforms._response.chat import (
     DICT_CODEC,
     PRECUT_LOGPROBS,
     RAW_CODEC,
@@ -31,11 +31,17 @@ from disagg_transforms._chat import (
     logprobs_out,
     require_text_mode,
 )
-from disagg_transforms._describe import describe
-from disagg_transforms._limits import DEFAULT_LIMITS, Limits
-from disagg_transforms._validate import CONVERT_ERRORS, MAPPINGS
-from disagg_transforms.config import OutputMode
-from disagg_transforms.echo import as_output_mode, check_echoed_mode, check_output_mode_echo
+from disagg_transforms._response.echo import (
+    as_output_mode,
+    check_echoed_mode,
+    check_output_mode_echo,
+)
+from disagg_transforms._wire import keys as w
+from disagg_transforms._wire import limits as _limits
+from disagg_transforms._wire import raw as _raw
+from disagg_transforms._wire.describe import describe
+from disagg_transforms._wire.limits import DEFAULT_LIMITS, Limits
+from disagg_transforms._wire.validate import CONVERT_ERRORS, MAPPINGS
 from disagg_transforms.envelopes import ChatMessage, Usage
 from disagg_transforms.errors import DisaggTransformError, UpstreamContractError
 
@@ -88,7 +94,7 @@ def _message(
         # Read for its reasoning and to check it; written whole: tool_calls, unknown keys.
         parsed = codec.read(view.message, ChatMessage, f"{path}.message")
         if reasoning and parsed.reasoning is not UNSET:
-            return codec.extend(view.message, _wire.REASONING_CONTENT, parsed.reasoning)
+            return codec.extend(view.message, w.REASONING_CONTENT, parsed.reasoning)
         return view.message
     if view.text is UNSET:
         path = choice_path(position)
@@ -99,7 +105,7 @@ def _message(
         got = describe(codec.load(view.text, f"{path}.text"))
         msg = f"{path}.text: expected a string, got {got}"
         raise UpstreamContractError(msg, param=f"{path}.text")
-    return {_wire.ROLE: _wire.ASSISTANT, _wire.CONTENT: view.text}
+    return {w.ROLE: w.ASSISTANT, w.CONTENT: view.text}
 
 
 def _model(view: _Response[Any, Any], model: str | None, client_model: object) -> str:
@@ -131,7 +137,7 @@ def _client_fields(client_body: object) -> Mapping[str, Any] | None:
         except (msgspec.DecodeError, RecursionError):
             pass
         else:
-            return {_wire.MODEL: view.model, _wire.TOP_LOGPROBS: view.top_logprobs}
+            return {w.MODEL: view.model, w.TOP_LOGPROBS: view.top_logprobs}
     msg = f"client_body: expected the client's JSON object, got {describe(client_body)}"
     raise UpstreamContractError(msg, param="client_body")
 
@@ -151,8 +157,8 @@ class _Options(msgspec.Struct, frozen=True, kw_only=True):
 
 
 _PromptLogprobs = list[dict[str, Any] | None]
-_USAGE_PATH = f"$.{_wire.USAGE}"
-_PROMPT_LOGPROBS_PATH = f"$.{_wire.PROMPT_LOGPROBS}"
+_USAGE_PATH = f"$.{w.USAGE}"
+_PROMPT_LOGPROBS_PATH = f"$.{w.PROMPT_LOGPROBS}"
 
 
 def _wrap(  # noqa: PLR0913 - the view, the mode, and what the client asked for
@@ -171,31 +177,31 @@ def _wrap(  # noqa: PLR0913 - the view, the mode, and what the client asked for
             choice.finish_reason, streaming=False, passthrough=options.vllm_finish_reasons
         )
         built: dict[str, Any] = {
-            _wire.INDEX: choice.index,
-            _wire.MESSAGE: _message(codec, choice, requested, position, options.reasoning_content),
-            _wire.LOGPROBS: logprobs_out(codec, choice.logprobs, top, position),
+            w.INDEX: choice.index,
+            w.MESSAGE: _message(codec, choice, requested, position, options.reasoning_content),
+            w.LOGPROBS: logprobs_out(codec, choice.logprobs, top, position),
             **finish,
-            _wire.STOP_REASON: None if choice.stop_reason is UNSET else choice.stop_reason,
+            w.STOP_REASON: None if choice.stop_reason is UNSET else choice.stop_reason,
         }
         choices.append(built)
     if len(choices) > 1:
-        choices.sort(key=lambda built: built[_wire.INDEX])
+        choices.sort(key=lambda built: built[w.INDEX])
     created = view.created if isinstance(view.created, int) else int(options.clock())
-    client_model = None if client is None else client.get(_wire.MODEL)
+    client_model = None if client is None else client.get(w.MODEL)
     result: dict[str, Any] = {
-        _wire.ID: chat_id(view.request_id),
-        _wire.OBJECT: _wire.CHAT_COMPLETION_OBJECT,
-        _wire.CREATED: created,
-        _wire.MODEL: _model(view, options.model, client_model),
-        _wire.CHOICES: choices,
+        w.ID: chat_id(view.request_id),
+        w.OBJECT: w.CHAT_COMPLETION_OBJECT,
+        w.CREATED: created,
+        w.MODEL: _model(view, options.model, client_model),
+        w.CHOICES: choices,
     }
     if view.usage is not UNSET:
         if not codec.is_null(view.usage):
             codec.read(view.usage, Usage, _USAGE_PATH)
-        result[_wire.USAGE] = view.usage
+        result[w.USAGE] = view.usage
     if view.prompt_logprobs is not UNSET and not codec.is_null(view.prompt_logprobs):
         codec.read(view.prompt_logprobs, _PromptLogprobs, _PROMPT_LOGPROBS_PATH)
-        result[_wire.PROMPT_LOGPROBS] = view.prompt_logprobs
+        result[w.PROMPT_LOGPROBS] = view.prompt_logprobs
     return result
 
 
@@ -343,9 +349,7 @@ def _decode_response(data: bytes, requested: OutputMode) -> _Response[msgspec.Ra
             msg = "$: a generate response must be a JSON object"
             raise UpstreamContractError(msg, param="$") from None
         # The echo is checked before the shape, as on the dict path.
-        echoed = _raw.split(data, UpstreamContractError, "the generate response").get(
-            _wire.OUTPUT_MODE
-        )
+        echoed = _raw.split(data, UpstreamContractError, "the generate response").get(w.OUTPUT_MODE)
         mode = UNSET if echoed is None else _raw.decode_member(echoed, "$", UpstreamContractError)
         check_echoed_mode(mode, requested)
         raise contract_error(error, "the generate response") from None

@@ -15,9 +15,9 @@ from typing import Any, Final
 
 import msgspec
 
-from disagg_transforms import _validate
-from disagg_transforms import _wire as w
-from disagg_transforms._raw import RawTokenIds
+from disagg_transforms._wire import keys as w
+from disagg_transforms._wire import validate as _validate
+from disagg_transforms._wire.raw import RawTokenIds
 from disagg_transforms.errors import DisaggTransformError, RequestError, UpstreamContractError
 
 MAX_CACHE_SALT_CHARS: Final = 128

@@ -15,12 +15,12 @@ from typing import Any, TypeVar
 import msgspec
 from msgspec import UnsetType
 
-from disagg_transforms import _wire as w
-from disagg_transforms._chat import contract_error
-from disagg_transforms._describe import describe
-from disagg_transforms._validate import CONVERT_ERRORS
-from disagg_transforms.config import OutputMode
-from disagg_transforms.echo import check_output_mode_echo
+from disagg_transforms._config import OutputMode
+from disagg_transforms._response.chat import contract_error
+from disagg_transforms._response.echo import check_output_mode_echo
+from disagg_transforms._wire import keys as w
+from disagg_transforms._wire.describe import describe
+from disagg_transforms._wire.validate import CONVERT_ERRORS
 from disagg_transforms.envelopes import (
     ChatLogprobs,
     GenerateDerenderChoice,

@@ -12,11 +12,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from disagg_transforms import _validate
-from disagg_transforms import _wire as w
-from disagg_transforms._describe import describe
+from disagg_transforms._routes import Route
+from disagg_transforms._wire import keys as w
+from disagg_transforms._wire import validate as _validate
+from disagg_transforms._wire.describe import describe
 from disagg_transforms.errors import RequestError
-from disagg_transforms.routes import Route
 
 __all__ = ("TOP_LEVEL_CAPS", "apply_sampling_caps", "apply_single_token_cap")
 

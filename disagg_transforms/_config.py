@@ -14,7 +14,7 @@ from typing import ClassVar, TypeAlias
 
 import msgspec
 
-from disagg_transforms._describe import describe
+from disagg_transforms._wire.describe import describe
 from disagg_transforms.errors import ConfigError
 
 __all__ = (

@@ -14,12 +14,12 @@ from typing import Any
 
 import orjson
 
-from disagg_transforms import _wire as w
-from disagg_transforms._assistant_turn import AssistantTurn, ToolCallOut, read_turn, resolve_model
-from disagg_transforms._describe import describe
-from disagg_transforms._sse import DEFAULT_MAX_EVENT_BYTES, format_sse_typed_event
-from disagg_transforms._stream_events import NamedEventConverter, error_message
-from disagg_transforms.config import OutputMode
+from disagg_transforms._config import OutputMode
+from disagg_transforms._response.generate_stream import NamedEventConverter, error_message
+from disagg_transforms._response.turn import AssistantTurn, ToolCallOut, read_turn, resolve_model
+from disagg_transforms._wire import keys as w
+from disagg_transforms._wire.describe import describe
+from disagg_transforms._wire.sse import DEFAULT_MAX_EVENT_BYTES, format_sse_typed_event
 from disagg_transforms.errors import UpstreamContractError
 
 __all__ = (

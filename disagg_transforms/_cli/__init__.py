@@ -1,0 +1,1 @@
+"""The command line (``python -m disagg_transforms``); see ``docs/cli.md``."""

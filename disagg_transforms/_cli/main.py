@@ -1,0 +1,311 @@
+"""Command line: ``python -m disagg_transforms`` (also the ``disagg-transforms`` script).
+
+``demo`` shows what the library does; ``check-config FILE|-`` validates a router's step params.
+The command line may read files and stdin (the library itself never does); every failure is one
+line on stderr and exit code 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+import orjson
+
+from disagg_transforms._cli.demo import demo_text, indented_json, params_json
+from disagg_transforms._config import (
+    DecodeParams,
+    EncodeParams,
+    OutputMode,
+    PrefillParams,
+    Step,
+    StepParams,
+    parse_pipeline_params,
+    parse_step_params,
+)
+from disagg_transforms._request.legs import (
+    Leg,
+    build_decode_request,
+    build_encode_request,
+    build_prefill_request,
+)
+from disagg_transforms._response.chat_wrap import wrap_chat_completion
+from disagg_transforms._response.messages import wrap_anthropic_message
+from disagg_transforms._response.responses import wrap_responses_response
+from disagg_transforms._wire.describe import describe
+from disagg_transforms.errors import ConfigError, DisaggTransformError
+
+_PROG = "disagg-transforms"
+_STDIN = "-"
+_EXIT_USAGE = 2
+_TOP_LEVEL_KEYS = ("steps", "use_openai_format")
+
+
+class _CliError(Exception):
+    """A failure reported as one line on stderr with exit code 2."""
+
+
+def _one_line(error: BaseException) -> str:
+    return " ".join(str(error).split())
+
+
+def _source_name(source: str) -> str:
+    return "<stdin>" if source == _STDIN else source
+
+
+def _read_bytes(source: str) -> bytes:
+    """The bytes of a file, or of stdin when ``source`` is ``-``."""
+    if source == _STDIN:
+        return sys.stdin.buffer.read()
+    try:
+        return Path(source).read_bytes()
+    except OSError as exc:
+        msg = f"cannot read {source}: {exc.strerror or _one_line(exc)}"
+        raise _CliError(msg) from None
+
+
+def _decode(
+    source: str, kind: str, loads: Callable[[bytes], object], errors: type[Exception]
+) -> object:
+    data = _read_bytes(source)
+    try:
+        return loads(data)
+    except errors as exc:
+        msg = f"{_source_name(source)}: not valid {kind}: {_one_line(exc)}"
+        raise _CliError(msg) from None
+
+
+def _read_json(source: str) -> object:
+    """Parse the JSON document in a file or on stdin (``-``); a failure is a `_CliError`."""
+    return _decode(source, "JSON", orjson.loads, orjson.JSONDecodeError)
+
+
+def _read_yaml(source: str) -> object:
+    try:
+        import yaml  # noqa: PLC0415 - optional: only this command, and only for YAML, needs it
+    except ImportError:
+        msg = (
+            f"{_source_name(source)}: reading YAML needs PyYAML (pip install pyyaml); "
+            "or give the config as JSON"
+        )
+        raise _CliError(msg) from None
+    return _decode(source, "YAML", yaml.safe_load, yaml.YAMLError)
+
+
+def _read_config(source: str, fmt: str) -> object:
+    if fmt == "auto":
+        fmt = "yaml" if Path(source).suffix.lower() in {".yaml", ".yml"} else "json"
+    return _read_yaml(source) if fmt == "yaml" else _read_json(source)
+
+
+def _collect(errors: list[ConfigError], steps: object, use_openai_format: object = None) -> bool:
+    try:
+        parse_pipeline_params(steps, use_openai_format=use_openai_format)  # type: ignore[arg-type]
+    except ConfigError as error:
+        errors.append(error)
+        return False
+    return True
+
+
+def _config_errors(document: object) -> list[ConfigError]:
+    """Every error in a pipeline config document, each key checked on its own.
+
+    ``parse_pipeline_params`` stops at the first error; an operator fixing a file wants them
+    all, so each step name and each key is run through it separately (no rule spans two keys).
+    """
+    if not isinstance(document, Mapping):
+        msg = f'$: expected an object with a "steps" key, got {describe(document)}'
+        return [ConfigError(msg, param="$")]
+    errors: list[ConfigError] = []
+    for key in document:
+        if key not in _TOP_LEVEL_KEYS:
+            msg = (
+                f"{key}: unknown top-level key {describe(key)}; accepted: steps, use_openai_format"
+            )
+            errors.append(ConfigError(msg, param=str(key)))
+    _collect(errors, {}, document.get("use_openai_format"))
+    if "steps" not in document:
+        errors.append(ConfigError('steps: the "steps" key is missing', param="steps"))
+        return errors
+    steps = document["steps"]
+    if not isinstance(steps, Mapping):
+        _collect(errors, steps)
+        return errors
+    for name, params in steps.items():
+        if not _collect(errors, {name: {}}):
+            continue  # an unknown step name: its keys mean nothing
+        if not isinstance(params, Mapping):
+            _collect(errors, {name: params})
+            continue
+        for key, value in params.items():
+            _collect(errors, {name: {key: value}})
+    return errors
+
+
+def _check_config(args: argparse.Namespace) -> int:
+    source: str = args.file
+    document = _read_config(source, args.format)
+    errors = _config_errors(document)
+    if not errors and isinstance(document, Mapping):
+        try:
+            parsed = parse_pipeline_params(
+                document["steps"], use_openai_format=document.get("use_openai_format")
+            )
+        except ConfigError as error:  # a rule spanning keys would surface only here
+            errors = [error]
+        else:
+            _print_steps(parsed)
+            return 0
+    name = _source_name(source)
+    sys.stderr.writelines(f"{name}: {error.message}\n" for error in errors)
+    return _EXIT_USAGE
+
+
+def _print_steps(parsed: Mapping[Step, StepParams]) -> None:
+    lines = [f"{step.value:<20} {params_json(params)}" for step, params in parsed.items()]
+    sys.stdout.write("\n".join(["valid", *lines]) + "\n")
+
+
+def _run_demo(_args: argparse.Namespace) -> int:
+    sys.stdout.write(demo_text())
+    return 0
+
+
+def _json_option(text: str, option: str) -> object:
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError as exc:
+        msg = f"{option}: not valid JSON: {_one_line(exc)}"
+        raise _CliError(msg) from None
+
+
+def _token_ids(value: str | None) -> object:
+    """``--token-ids``: a JSON list given inline, or the name of a file holding one."""
+    if value is None:
+        return None
+    if value.lstrip().startswith("["):
+        return _json_option(value, "--token-ids")
+    return _read_json(value)
+
+
+def _build_leg(args: argparse.Namespace) -> Leg:
+    body: object = _read_json(args.file)
+    step = Step(args.step)
+    params = parse_step_params(step.value, _params_option(args.params))
+    common: dict[str, object] = {"client_path": args.path, "token_ids": _token_ids(args.token_ids)}
+    # parse_step_params returns the step's own params class; the isinstance checks tell mypy.
+    if isinstance(params, DecodeParams):
+        return build_decode_request(body, params=params, **common)  # type: ignore[arg-type]
+    if isinstance(params, PrefillParams):
+        return build_prefill_request(body, params=params, **common)  # type: ignore[arg-type]
+    if isinstance(params, EncodeParams):
+        return build_encode_request(body, params=params, **common)  # type: ignore[arg-type]
+    msg = f"--step: {step.value} has no leg to build"  # pragma: no cover - choices exclude it
+    raise _CliError(msg)  # pragma: no cover
+
+
+def _params_option(text: str | None) -> dict[str, object]:
+    if text is None:
+        return {}
+    params = _json_option(text, "--params")
+    if not isinstance(params, dict):
+        msg = f"--params: expected a JSON object of step params, got {describe(params)}"
+        raise _CliError(msg)
+    return params
+
+
+def _request(args: argparse.Namespace) -> int:
+    leg = _build_leg(args)
+    sys.stdout.write(f"POST {leg.path}\n{indented_json(leg.body)}\n")
+    return 0
+
+
+_ENVELOPES: Mapping[str, Callable[..., dict[str, object]]] = {
+    "chat": wrap_chat_completion,
+    "responses": wrap_responses_response,
+    "anthropic": wrap_anthropic_message,
+}
+
+
+def _response(args: argparse.Namespace) -> int:
+    response = _read_json(args.file)
+    client_body = None if args.client_body is None else _read_json(args.client_body)
+    wrap = _ENVELOPES[args.envelope]
+    envelope = wrap(response, requested=OutputMode(args.mode), client_body=client_body)
+    sys.stdout.write(indented_json(envelope) + "\n")
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=_PROG,
+        description="Build disaggregated-serving leg bodies for vLLM, and read them back.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    demo = commands.add_parser(
+        "demo", help="run an embedded chat request and vLLM answers through every leg"
+    )
+    demo.set_defaults(handler=_run_demo)
+    request = commands.add_parser(
+        "request",
+        help="print the leg a router would send for a client body",
+        description="Read a client's JSON body; print the leg's path, then its body.",
+    )
+    request.add_argument("file", help="the client's JSON body, or - for stdin")
+    request.add_argument(
+        "--path", default="/v1/chat/completions", help="the path the client called"
+    )
+    request.add_argument(
+        "--step", choices=("prefill", "decode", "encode"), default="decode", help="the leg"
+    )
+    request.add_argument(
+        "--params", help='the step\'s params as JSON, e.g. \'{"output_mode": "derender"}\''
+    )
+    request.add_argument(
+        "--token-ids", help="the rendered prompt: a JSON list, or a file holding one"
+    )
+    request.set_defaults(handler=_request)
+    response = commands.add_parser(
+        "response",
+        help="print the envelope a client gets for a generate response",
+        description="Read a generate response (JSON); print the envelope rebuilt from it.",
+    )
+    response.add_argument("file", help="the worker's JSON answer, or - for stdin")
+    response.add_argument(
+        "--mode", choices=("text", "derender"), default="text", help="the requested output_mode"
+    )
+    response.add_argument("--client-body", help="the client's JSON request (a file)")
+    response.add_argument(
+        "--envelope", choices=tuple(_ENVELOPES), default="chat", help="the client's API"
+    )
+    response.set_defaults(handler=_response)
+    check = commands.add_parser(
+        "check-config",
+        help="validate a pipeline's step params (JSON, or YAML with PyYAML)",
+        description=(
+            'Validate {"use_openai_format": <bool, optional>, "steps": {"<step>": {...}}} and '
+            "print every error with its key. Exit code 0 when valid, 2 when not."
+        ),
+    )
+    check.add_argument("file", help="the config file, or - for stdin")
+    check.add_argument(
+        "--format",
+        choices=("auto", "json", "yaml"),
+        default="auto",
+        help="auto (the default): YAML for .yaml/.yml files, JSON otherwise",
+    )
+    check.set_defaults(handler=_check_config)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the process exit code."""
+    args = _parser().parse_args(argv)
+    handler: Callable[[argparse.Namespace], int] = args.handler
+    try:
+        return handler(args)
+    except (_CliError, DisaggTransformError) as error:
+        sys.stderr.write(f"{_PROG}: error: {_one_line(error)}\n")
+        return _EXIT_USAGE

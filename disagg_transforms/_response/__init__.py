@@ -1,0 +1,7 @@
+"""The response side: a worker's answer turned back into the envelope the client asked for.
+
+``echo`` checks the ``output_mode`` echo; ``turn`` reads one assistant turn out of a generate
+answer; ``chat``, ``responses`` and ``messages`` build one client API's envelope each (wrap,
+single frame and stream converter); ``generate_stream`` reads a generate SSE stream. Never
+imports the request side (see ``docs/architecture.md``).
+"""
