@@ -16,6 +16,7 @@ from disagg_transforms.testing import _tokenizer as tok
 from disagg_transforms.testing._common import BadRequestError, Issue, RequestInvalidError, Settings
 
 OUTPUT_MODES: Final = ("tokens", "text", "derender")
+TOOL_CHOICES: Final = ("none", "auto", "required")
 BLOCK_SIZE: Final = 16
 """Tokens per KV block: a prefill of 21 tokens names blocks ``[[1, 2]]``."""
 MAX_CACHE_SALT: Final = 128
@@ -181,7 +182,7 @@ def _check_parse_context(value: object, issues: list[Issue]) -> None:
         and isinstance(choice.get("function"), dict)
         and isinstance(choice["function"].get("name"), str)
     )
-    if not (choice is None or choice in {"none", "auto", "required"} or named):
+    if not (choice is None or (isinstance(choice, str) and choice in TOOL_CHOICES) or named):
         msg = "Input should be 'none', 'auto' or 'required'"
         issues.append(Issue("literal_error", "body.parse_context.tool_choice", msg, choice))
     for key, kind in (
@@ -340,7 +341,7 @@ def check_request(body: Mapping[str, Any], settings: Settings) -> None:
 def _chosen_tool(context: Mapping[str, Any]) -> Mapping[str, Any] | None:
     tools = context.get("tools") or []
     choice = context.get("tool_choice", "none")
-    if not tools or choice in {None, "none"}:
+    if not tools or choice is None or choice == "none":
         return None
     if isinstance(choice, dict):
         name = choice["function"]["name"]
