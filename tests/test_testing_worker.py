@@ -498,11 +498,22 @@ def test_missing_fields_and_non_json(worker: SimulatedWorker) -> None:
         assert response.json()["error"]["type"] == "Bad Request"
 
 
-def test_sampling_ranges_get_bad_request_error(worker: SimulatedWorker) -> None:
-    response = call(worker, "POST", GENERATE, generate_body(sampling_params={"max_tokens": 0}))
+@pytest.mark.parametrize(
+    ("sampling", "param"),
+    [
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"temperature": 2.5}, "temperature"),
+        ({"temperature": 0, "n": 2}, "n"),
+        ({"logprobs": -2}, "logprobs"),
+    ],
+)
+def test_sampling_ranges_get_bad_request_error(
+    worker: SimulatedWorker, sampling: dict[str, Any], param: str
+) -> None:
+    response = call(worker, "POST", GENERATE, generate_body(sampling_params=sampling))
     assert response.status_code == 400
     assert response.json()["error"]["type"] == "BadRequestError"
-    assert response.json()["error"]["param"] == "max_tokens"
+    assert response.json()["error"]["param"] == param
 
 
 GENERATE_FIXTURE_REQUESTS = [

@@ -20,6 +20,7 @@ TOOL_CHOICES: Final = ("none", "auto", "required")
 BLOCK_SIZE: Final = 16
 """Tokens per KV block: a prefill of 21 tokens names blocks ``[[1, 2]]``."""
 MAX_CACHE_SALT: Final = 128
+GREEDY_TEMPERATURE: Final = 1e-5
 ALL_LOGPROBS: Final = 3
 """How many alternatives ``logprobs: -1`` ("all of them") gives."""
 _ALTERNATIVES: Final = tuple(tok.BYTE_OFFSET + byte for byte in b" eaot")
@@ -307,6 +308,10 @@ def check_request(body: Mapping[str, Any], settings: Settings) -> None:
         value = sampling.get(key)
         if value is not None and not ok(value):
             raise BadRequestError(template.format(v=value), key)
+    temperature = sampling.get("temperature", 1.0)
+    if temperature < GREEDY_TEMPERATURE and sampling.get("n", 1) > 1:
+        msg = f"n must be 1 when using greedy sampling, got {sampling['n']}."
+        raise BadRequestError(msg, "n")
     salt = body.get("cache_salt")
     if isinstance(salt, str) and (len(salt) > MAX_CACHE_SALT or any(c in salt for c in "@/\\\0")):
         msg = "cache_salt must be at most 128 characters without '@', '/', '\\' or NUL."
