@@ -558,6 +558,8 @@ def test_no_output_mode_fault_answers_tokens_without_the_key() -> None:
     got = call(worker, "POST", GENERATE, generate_body(output_mode="text")).json()
     assert "output_mode" not in got
     assert "text" not in got["choices"][0]
+    unread = generate_body(output_mode="derender", parse_context={"tools": "not a list"})
+    assert call(worker, "POST", GENERATE, unread).status_code == 200
     # An old worker ignores the key entirely: derender + stream is not refused.
     stream = generate_body(output_mode="derender", stream=True)
     chunks = events(call(worker, "POST", GENERATE, stream))

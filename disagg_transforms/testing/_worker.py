@@ -92,11 +92,12 @@ class SimulatedWorker:
     answer carries ``x-request-id`` (the request's, else a fresh one).
 
     The "model" always generates the same text: ``answer`` followed by ``<|im_end|>``
-    (``"Hello!"`` gives the tokens of ``generate-decode-response.json``); in ``derender`` mode
-    it thinks first (``<think>`` ``reasoning`` ``</think>``) and, when ``parse_context`` offers
-    tools and ``tool_choice`` is not ``"none"``, calls the first (or the named) tool with
-    sample arguments (``"Paris"`` for a string, ``1`` for an integer, ...). The cap is
-    ``sampling_params.max_tokens``, or the rest of the context when it is absent or null.
+    (``"Hello!"`` gives the tokens of ``tests/fixtures/generate-decode-response.json``); in
+    ``derender`` mode it thinks first (``<think>`` ``reasoning`` ``</think>``) and, when
+    ``parse_context`` offers tools and ``tool_choice`` is not ``"none"``, calls the first (or the
+    named) tool with sample arguments (``"Paris"`` for a string, ``1`` for an integer, ...).
+    The cap is ``sampling_params.max_tokens``, or the rest of the context when it is absent or
+    null.
 
     Faults (``FAULT_MODES``), for every request (``fault``) or one request (header
     ``x-simulate-fault: MODE``); ``GET /health`` only plays a fault named in its own header:
