@@ -31,6 +31,8 @@ from disagg_transforms._request.caps import (
 from disagg_transforms._request.legs import (
     DecodeLeg,
     DecodeLegBytes,
+    GenerateDecodeLeg,
+    GenerateDecodeLegBytes,
     Leg,
     build_decode_request,
     build_decode_request_bytes,
@@ -102,6 +104,8 @@ __all__ = [
     "DisaggTransformError",
     "ENTRY_POINT_GROUP",
     "EncodeParams",
+    "GenerateDecodeLeg",
+    "GenerateDecodeLegBytes",
     "KvTransferPlacement",
     "Leg",
     "LegInputs",

@@ -394,6 +394,7 @@ client_request_bodies: st.SearchStrategy[dict[str, Any]] = st.fixed_dictionaries
             optional={
                 "max_tokens": cap_values,
                 "temperature": st.floats(0, 2),
+                "detokenize": st.booleans(),
                 "extra_args": st.fixed_dictionaries(
                     {}, optional={"kv_transfer_params": _transfer_values}
                 ),
@@ -414,12 +415,16 @@ client_request_bodies: st.SearchStrategy[dict[str, Any]] = st.fixed_dictionaries
             [{"type": "json_object"}, {"type": "text"}, {"type": "bogus"}]
         )
         | json_values,
-        "tools": st.just([{"type": "function", "function": {"name": "f"}}]) | json_values,
+        "tools": st.sampled_from([[{"type": "function", "function": {"name": "f"}}], []])
+        | json_values,
+        "tool_choice": st.sampled_from(["auto", "none"]),
         "stream": st.booleans() | json_scalars,
         "stream_options": st.just({"include_usage": True}) | json_values,
         "kv_transfer_params": _transfer_values | json_values,
         "ec_transfer_params": _transfer_values,
-        "vllm_xargs": st.fixed_dictionaries({}, optional={"kv_transfer_params": _transfer_values}),
+        "vllm_xargs": st.fixed_dictionaries(
+            {}, optional={"kv_transfer_params": _transfer_values, "lora": st.text(max_size=3)}
+        ),
         "cache_salt": st.text(min_size=1, max_size=4),
         "priority": st.integers(-2, 2),
         "request_id": st.text(max_size=4),
