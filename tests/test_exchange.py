@@ -528,3 +528,39 @@ def test_created_stamps_aside_a_stream_does_not_depend_on_how_it_was_split() -> 
     pieces = _stream_run(CHAT, body, [STREAM[i : i + 7] for i in range(0, len(STREAM), 7)])
     strip = re.compile(rb'"created":\d+')
     assert strip.sub(b"", whole.body) == strip.sub(b"", pieces.body)
+
+
+# ---- encode -----------------------------------------------------------------------------
+
+FEATURES = {
+    "mm_hashes": {"image": ["h1"]},
+    "mm_placeholders": {"image": [{"offset": 0, "length": 2}]},
+    "kwargs_data": {"image": [None]},
+}
+WITH_ENCODE = parse_pipeline_params(
+    {"encode": {}, "prefill": {}, "decode": {"wrap_chat_completion": True}},
+    use_openai_format=False,
+)
+
+
+def test_encode_runs_when_the_rendered_prompt_has_features_and_hands_ec_params_to_prefill() -> None:
+    rendered = {"token_ids": [1, 2, 3], "features": FEATURES, "sampling_params": {}}
+    worker = _worker(render=(200, {}, json.dumps(rendered).encode()))
+    answers = {"encode": b'{"ec_transfer_params": {"h1": {"host": "10.0.0.9"}}}'}
+
+    def with_encode(method: str, path: str, headers: Any, body: bytes) -> Any:
+        if json.loads(body).get("features") and "kv_transfer_params" not in json.loads(body):
+            return (200, {}, answers["encode"])
+        return worker(method, path, headers, body)
+
+    out = _run(CHAT, _body("render-chat-request.json"), with_encode, config=WITH_ENCODE)
+    assert [c.step for c in out.calls] == ["render", "encode", "prefill", "decode"]
+    assert out.leg("encode")["sampling_params"]["max_tokens"] == 1
+    assert out.leg("prefill")["ec_transfer_params"] == {"h1": {"host": "10.0.0.9"}}
+    assert "ec_transfer_params" not in out.leg("decode")
+    assert out.status == 200
+
+
+def test_encode_is_skipped_for_a_prompt_without_features() -> None:
+    out = _run(CHAT, _body("render-chat-request.json"), _worker(), config=WITH_ENCODE)
+    assert [c.step for c in out.calls] == ["render", "prefill", "decode"]

@@ -401,8 +401,10 @@ class Exchange:
         return members
 
     def _token_ids_key(self) -> str:
-        # A host's request transforms get plain JSON values: no token IDs kept as bytes then.
-        has_hooks = self._hooks is not None and bool(self._hooks.request)
+        # A host's transforms get plain JSON values (bodies, the client's in their context):
+        # no token IDs kept as bytes then.
+        hooks = self._hooks
+        has_hooks = hooks is not None and bool(hooks.request or hooks.response)
         return "" if has_hooks else w.TOKEN_IDS
 
     def _check_for_generate(self) -> None:

@@ -127,12 +127,11 @@ def whole_reply(  # noqa: C901, PLR0911, PLR0913 - one branch per envelope, each
         UpstreamContractError: the answer is not JSON, not an object, or breaks the contract.
     """
     mode = requested or OutputMode.TEXT
+    if shape is Shape.PASS and hook is not None:
+        whole = _decode(answer, "the decode answer")
+        return _raw.encode(hook({k: v for k, v in whole.items() if k not in _TRANSFER})), JSON
     if shape is Shape.PASS:
         members = _raw.split(answer, UpstreamContractError, "the decode answer")
-        if hook is not None:
-            whole = _decode(answer, "the decode answer")
-            body = {k: v for k, v in whole.items() if k not in _TRANSFER}
-            return _raw.encode(hook(body)), JSON
         if not any(key in members for key in _TRANSFER):
             return answer, JSON
         return _raw.encode({k: v for k, v in members.items() if k not in _TRANSFER}), JSON
