@@ -153,3 +153,19 @@ def test_a_streamed_reply_does_not_depend_on_where_the_worker_bytes_were_split(
 
     assert run(chunks) == run([STREAM])
     assert load_fixture("generate-decode-response.json")  # the fixtures load unchanged
+
+
+def test_a_generate_clients_stream_cut_at_every_position_gives_the_same_reply() -> None:
+    config = parse_pipeline_params({"decode": {}}, use_openai_format=False)
+    body = json.dumps({"token_ids": [1, 2], "stream": True}).encode()
+
+    def run(chunks: list[bytes]) -> bytes:
+        worker = scripted({"decode": (200, {}, chunks)})
+        out = drive(Exchange(config, "/inference/v1/generate", {}, body), worker)
+        assert out.streamed
+        return out.body
+
+    whole = run([STREAM])
+    assert whole == STREAM  # vLLM's framing: the generate envelope byte for byte
+    for cut in range(len(STREAM) + 1):
+        assert run([STREAM[:cut], STREAM[cut:]]) == whole, cut
