@@ -52,6 +52,15 @@ def test_request_and_response_never_import_each_other(side: str, forbidden: str)
         assert not leaks, f"{path.name} imports {sorted(leaks)}"
 
 
+@pytest.mark.parametrize("side", ["_request", "_response", "_wire"])
+def test_nothing_below_the_exchange_imports_it(side: str) -> None:
+    # The exchange composes both sides; they must stay usable without it.
+    for path in _modules_under(side):
+        leaks = {name for name in _imports(path) if _side(name) == "_exchange"}
+        assert not leaks, f"{path.name} imports {sorted(leaks)}"
+    assert _modules_under("_exchange"), "no modules under _exchange: the layout moved"
+
+
 def test_the_wire_layer_knows_no_rule() -> None:
     allowed = {"_wire", "errors"}
     files = _modules_under("_wire")

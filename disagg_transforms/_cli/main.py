@@ -25,6 +25,7 @@ from disagg_transforms._config import (
     parse_pipeline_params,
     parse_step_params,
 )
+from disagg_transforms._exchange.check import pipeline_warnings
 from disagg_transforms._request.legs import (
     Leg,
     build_decode_request,
@@ -157,6 +158,10 @@ def _check_config(args: argparse.Namespace) -> int:
             errors = [error]
         else:
             _print_steps(parsed)
+            name = _source_name(source)
+            sys.stderr.writelines(
+                f"{name}: warning: {line}\n" for line in pipeline_warnings(parsed)
+            )
             return 0
     name = _source_name(source)
     sys.stderr.writelines(f"{name}: {error.message}\n" for error in errors)

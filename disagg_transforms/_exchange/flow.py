@@ -1,0 +1,685 @@
+"""The exchange's state machine: worker calls out, worker answers in, the client's reply out.
+
+In the manner of h11: no I/O, no clock of its own but for ``created`` stamps, no threads. The
+router asks :meth:`Exchange.next_event` what to do, does it, and feeds what it got back. See
+``docs/exchange.md``.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, ClassVar, TypeAlias
+
+import msgspec
+from msgspec import UNSET
+
+from disagg_transforms._config import (
+    DecodeParams,
+    EncodeParams,
+    PrefillParams,
+    Step,
+    StepParams,
+)
+from disagg_transforms._exchange import reply as _reply
+from disagg_transforms._exchange.failure import error_body, in_stream_error
+from disagg_transforms._request.caps import TOP_LEVEL_CAPS, apply_sampling_caps
+from disagg_transforms._request.legs import (
+    CLIENT_MAPPERS,
+    DecodeLeg,
+    Leg,
+    build_decode_request,
+    build_encode_request,
+    build_prefill_request,
+    strip_transfer_params,
+)
+from disagg_transforms._routes import Route, detect_route, resolve_format
+from disagg_transforms._wire import keys as w
+from disagg_transforms._wire import limits as _limits
+from disagg_transforms._wire import raw as _raw
+from disagg_transforms._wire.describe import describe
+from disagg_transforms._wire.limits import DEFAULT_LIMITS, Limits
+from disagg_transforms.errors import (
+    ConfigError,
+    DisaggTransformError,
+    RequestError,
+    UpstreamContractError,
+)
+from disagg_transforms.hooks import LegInputs, Pipeline, TransformContext
+
+__all__ = (
+    "NEED_DATA",
+    "ClientReply",
+    "ClientStream",
+    "Event",
+    "Exchange",
+    "ExchangeStateError",
+    "NeedData",
+    "WorkerCall",
+)
+
+Headers: TypeAlias = tuple[tuple[str, str], ...]
+
+_LegParams: TypeAlias = EncodeParams | PrefillParams | DecodeParams
+_LEG_PARAMS = (EncodeParams, PrefillParams, DecodeParams)
+_REQUEST_ID = re.compile(r"[A-Za-z0-9-]{1,128}")
+_RENDERED_ROUTES = (Route.CHAT_COMPLETIONS, Route.RESPONSES, Route.MESSAGES)
+# Never forwarded from the client to a worker: hop-by-hop, framing, and what the exchange sets.
+_NOT_FORWARDED = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "content-length",
+        "content-type",
+        "accept-encoding",
+        "x-request-id",
+        "x-should-retry",
+    }
+)
+_MAX_ERROR_BYTES = 64 * 1024  # of a worker's error body kept to quote its message
+_MAX_QUOTED = 1000  # characters of a worker's message quoted to the client
+
+
+class WorkerCall(msgspec.Struct, frozen=True, kw_only=True):
+    """Send this request to the worker of ``step``; feed its answer back."""
+
+    step: str
+    """``"render"``, ``"encode"``, ``"prefill"`` or ``"decode"``: which worker to call."""
+    method: str
+    path: str
+    headers: Headers
+    body: bytes
+    stream: bool
+    """Read the answer as a stream (``receive_stream_head``, ``feed``, ``end_of_stream``)."""
+
+
+class ClientReply(msgspec.Struct, frozen=True, kw_only=True):
+    """Answer the client with this status, headers and whole body; the exchange is over."""
+
+    status: int
+    headers: Headers
+    body: bytes
+
+
+class ClientStream(msgspec.Struct, frozen=True, kw_only=True):
+    """Start the client's streamed reply: this status and headers, then ``first``.
+
+    Then send what each later ``feed`` and ``end_of_stream`` returns.
+    """
+
+    status: int
+    headers: Headers
+    first: bytes
+
+
+class NeedData(msgspec.Struct, frozen=True):
+    """Keep feeding the worker's stream: the client's reply is not known yet."""
+
+
+NEED_DATA = NeedData()
+
+Event: TypeAlias = WorkerCall | ClientReply | ClientStream | NeedData
+
+
+class ExchangeStateError(DisaggTransformError):
+    """The router called the exchange out of order (e.g. ``feed`` with no stream open)."""
+
+    status_hint: ClassVar[int] = 500
+    error_type: ClassVar[str] = "InternalServerError"
+
+
+class _TransferView(msgspec.Struct):
+    """The one thing read from an encode or prefill answer."""
+
+    kv_transfer_params: Any = UNSET
+    ec_transfer_params: Any = UNSET
+
+
+def _header_pairs(headers: object) -> list[tuple[str, str]]:
+    items: Iterable[Any]
+    if isinstance(headers, Mapping):
+        items = headers.items()
+    elif isinstance(headers, Iterable) and not isinstance(headers, (str, bytes)):
+        items = headers
+    else:
+        msg = f"headers: expected a mapping or (name, value) pairs, got {describe(headers)}"
+        raise ExchangeStateError(msg, param="headers")
+    pairs = []
+    for item in items:
+        if not (isinstance(item, tuple) and len(item) == 2):
+            msg = f"headers: expected (name, value) pairs, got {describe(item)}"
+            raise ExchangeStateError(msg, param="headers")
+        name, value = (
+            part.decode("latin-1") if isinstance(part, bytes) else str(part) for part in item
+        )
+        pairs.append((name.lower(), value))
+    return pairs
+
+
+def _worker_error(body: bytes) -> tuple[str | None, str | None, str | None]:
+    """(message, type, param) of a worker's error body, whatever API shape it came in."""
+    try:
+        value = msgspec.json.decode(body[:_MAX_ERROR_BYTES])
+    except (msgspec.DecodeError, RecursionError):
+        return None, None, None
+    if not isinstance(value, dict):
+        return None, None, None
+    error = value.get(w.ERROR)
+    detail = value.get("detail")
+    if isinstance(error, str):
+        return error, None, None
+    if isinstance(error, dict):
+        fields = [error.get(k) for k in (w.MESSAGE, w.TYPE, w.PARAM)]
+        return tuple(f if isinstance(f, str) else None for f in fields)  # type: ignore[return-value]
+    if isinstance(detail, str):
+        return detail, None, None
+    return None, None, None
+
+
+def _quote(message: str) -> str:
+    return message if len(message) <= _MAX_QUOTED else message[:_MAX_QUOTED] + "…"
+
+
+class Exchange:
+    """One client request through render, encode, prefill and decode and back, without I/O.
+
+    Args:
+        config: the parsed pipeline (:func:`~disagg_transforms.parse_pipeline_params`); a
+            decode step is required, conditional-decode is refused.
+        client_path: the path the client called.
+        client_headers: the client's headers (a mapping or ``(name, value)`` pairs).
+        client_body: the client's body, as bytes.
+        hooks: the host's :class:`~disagg_transforms.Pipeline`: its request transforms run on
+            each encode, prefill and decode leg, its response transforms on a JSON reply.
+        new_request_id: makes a request id when the client sent no usable ``x-request-id``
+            (default: a uuid4 in hex).
+        limits: the bounds on the client's body (``docs/security.md``).
+
+    Raises:
+        ConfigError: the pipeline has no decode step, or has conditional-decode.
+    """
+
+    def __init__(  # noqa: PLR0913 - what a router has per request, the rest by keyword
+        self,
+        config: Mapping[Step, StepParams],
+        client_path: str,
+        client_headers: Mapping[str, str] | Iterable[tuple[str | bytes, str | bytes]],
+        client_body: bytes,
+        *,
+        hooks: Pipeline | None = None,
+        new_request_id: Callable[[], str] | None = None,
+        limits: Limits = DEFAULT_LIMITS,
+    ) -> None:
+        self._params = _checked_config(config)
+        untyped_path: object = client_path  # routers hand over whatever their framework has
+        if not isinstance(untyped_path, str):
+            msg = f"client_path: expected the client's request path, got {describe(client_path)}"
+            raise ConfigError(msg, param="client_path")
+        self._path = client_path
+        self._route = detect_route(client_path)
+        headers = _header_pairs(client_headers)
+        given = next((v for k, v in headers if k == "x-request-id"), None)
+        if given is not None and _REQUEST_ID.fullmatch(given):
+            self.request_id = given
+        else:
+            self.request_id = (new_request_id or (lambda: uuid.uuid4().hex))()
+        self._forward: Headers = (
+            *((k, v) for k, v in headers if k not in _NOT_FORWARDED),
+            ("content-type", _reply.JSON),
+            ("x-request-id", self.request_id),
+        )
+        self._hooks = hooks
+        self._limits = limits
+        self._rendered: Mapping[str, Any] | None = None
+        self._ec: Mapping[str, Any] | None = None
+        self._kv: Mapping[str, Any] | None = None
+        self._decode: DecodeLeg | None = None
+        self._call: WorkerCall | None = None
+        self._final: ClientReply | ClientStream | None = None
+        self._relay: _reply.Relay | None = None
+        self._reading: str | None = None  # the step whose stream is being read
+        self._error_status = 0  # a streamed answer's non-2xx status, its body being collected
+        self._error_body = bytearray()
+        self._events = 0  # SSE events sent to the client (Responses numbers its error event)
+        self._done = False
+        self._step = "client"  # the step whose answer is being read, named in errors
+        self._members: _raw.RawMembers = _raw.RawMembers({}, RequestError, token_ids_key="")
+        routes = {
+            step: resolve_format(params.use_openai_format, client_path)
+            for step, params in self._params.items()
+        }
+        self._render = self._route in _RENDERED_ROUTES and Route.GENERATE in routes.values()
+        try:
+            self._members = self._client_members(client_body)
+            if self._render:
+                self._check_for_generate()
+            self._next("render" if self._render else None)
+        except DisaggTransformError as error:
+            self._fail(error)
+
+    # -- what the router asks -------------------------------------------------------------
+
+    def next_event(self) -> Event:
+        """What to do now: a worker call, the client's reply or stream head, or keep feeding.
+
+        Asking again without feeding anything returns the same event.
+        """
+        if self._final is not None:
+            return self._final
+        if self._call is not None:
+            return self._call
+        return NEED_DATA
+
+    def receive(self, status: int, headers: object, body: bytes) -> None:
+        """Feed the whole answer to the current (non-streamed) worker call."""
+        del headers  # nothing in a worker's headers changes the flow
+        call = self._take_call(stream=False)
+        _check_status(status)
+        untyped: object = body
+        if not isinstance(untyped, (bytes, bytearray, memoryview)):
+            msg = f"body: expected bytes, got {describe(untyped)}"
+            raise ExchangeStateError(msg, param="body")
+        if not 200 <= status < 300:
+            self._fail_worker(call.step, status, bytes(body))
+            return
+        try:
+            self._answered(call.step, bytes(body))
+        except DisaggTransformError as error:
+            self._fail(error)
+
+    def receive_stream_head(self, status: int, headers: object) -> None:
+        """The status and headers of the current streamed worker call's answer."""
+        del headers
+        call = self._take_call(stream=True)
+        _check_status(status)
+        self._reading = call.step
+        if not 200 <= status < 300:
+            self._error_status = status
+            return
+        leg = self._decode
+        assert leg is not None  # noqa: S101 - only the decode leg streams
+        try:
+            self._relay = _reply.stream_relay(
+                self._shape(leg),
+                requested=leg.output_mode,
+                client_body=self._members,
+                request_id=self._id_base(),
+                model=None if self._rendered is None else self._rendered.get(w.MODEL),
+            )
+        except DisaggTransformError as error:
+            self._fail(error)
+            self._done = True
+
+    def feed(self, data: bytes) -> bytes:
+        """Feed the next bytes of the worker's stream (split anywhere); returns client bytes.
+
+        Before the client's stream has started this returns ``b""``: check
+        :meth:`next_event`, which turns into a :class:`ClientStream` (carrying the bytes held
+        so far) or a :class:`ClientReply` (an error with a clean status).
+        """
+        if self._done:
+            return b""  # the client's reply is over; the rest of the worker's stream is dropped
+        self._check_reading()
+        untyped: object = data
+        if not isinstance(untyped, (bytes, bytearray, memoryview)):
+            msg = f"data: expected bytes, got {describe(untyped)}"
+            raise ExchangeStateError(msg, param="data")
+        if self._relay is None:
+            room = _MAX_ERROR_BYTES - len(self._error_body)
+            self._error_body += bytes(data[:room])
+            return b""
+        sent = []
+        # Event by event: what the events before a broken one gave the client is not lost.
+        for piece in _pieces(bytes(data)):
+            try:
+                out = self._relay.feed(piece)
+            except DisaggTransformError as error:
+                sent.append(self._broken(error))
+                break
+            sent.append(self._emit(out))
+        return b"".join(sent)
+
+    def end_of_stream(self) -> bytes:
+        """The worker's stream ended; returns the client's last bytes."""
+        if self._done:
+            return b""
+        step = self._check_reading()
+        self._done = True
+        if self._relay is None:
+            self._fail_worker(step, self._error_status, bytes(self._error_body))
+            return b""
+        try:
+            out = self._emit(self._relay.close())
+        except DisaggTransformError as error:
+            return self._broken(error)
+        if self._final is None:
+            msg = f"$: {step} ended its stream before sending any event"
+            self._fail(UpstreamContractError(msg, param="$"))
+        return out
+
+    def worker_failed(self, step: str, reason: str) -> bytes:
+        """The router could not get the worker's answer (connection, timeout).
+
+        Before the client's reply has started, the reply becomes a retryable 502; after, the
+        returned bytes are the in-stream error event that ends the client's stream.
+        """
+        message = f"{step} failed: {reason}"
+        if isinstance(self._final, ClientStream):
+            if self._done:
+                return b""
+            self._done = True
+            return self._stream_error(message)
+        if self._final is not None:
+            return b""
+        if self._call is None and self._reading is None:
+            msg = "worker_failed: no worker call is in flight"
+            raise ExchangeStateError(msg)
+        self._call = None
+        self._done = True
+        self._reply_error(502, message, retry=True)
+        return b""
+
+    # -- the flow -------------------------------------------------------------------------
+
+    def _client_members(self, body: object) -> _raw.RawMembers:
+        if isinstance(body, (bytes, bytearray, memoryview)):
+            _limits.check_body_size(bytes(body), self._limits, error=RequestError)
+        members = _raw.RawMembers(
+            _raw.split(body, RequestError, "the client body"),
+            RequestError,
+            token_ids_key=self._token_ids_key(),
+        )
+        _limits.check_client_body(members, self._limits)
+        return members
+
+    def _token_ids_key(self) -> str:
+        # A host's transforms get plain JSON values (bodies, the client's in their context):
+        # no token IDs kept as bytes then.
+        hooks = self._hooks
+        has_hooks = hooks is not None and bool(hooks.request or hooks.response)
+        return "" if has_hooks else w.TOKEN_IDS
+
+    def _check_for_generate(self) -> None:
+        # Render goes first, so what a generate leg would refuse is refused before it.
+        CLIENT_MAPPERS[self._route](self._members)
+        caps = {k: self._members[k] for k in (*TOP_LEVEL_CAPS, w.MIN_TOKENS) if k in self._members}
+        apply_sampling_caps(caps, self._route)
+
+    def _next(self, step: str | None) -> None:
+        """Make the call of ``step``, or of the first step after the last one done."""
+        order = ["encode", "prefill", "decode"]
+        if step is None:
+            step = next(s for s in order if Step(s) in self._params)
+        if step == "encode" and not self._has_features():
+            step = "prefill"
+        if step == "prefill" and Step.PREFILL not in self._params:
+            step = "decode"
+        self._call = self._worker_call(step)
+
+    def _after(self, step: str) -> None:
+        order = ["render", "encode", "prefill", "decode"]
+        self._next(order[order.index(step) + 1])
+
+    def _has_features(self) -> bool:
+        if Step.ENCODE not in self._params:
+            return False
+        source = self._rendered if self._rendered is not None else self._members
+        return source.get(w.FEATURES) is not None
+
+    def _worker_call(self, step: str) -> WorkerCall:
+        if step == "render":
+            stripped = self._members.encode(strip_transfer_params(self._members))
+            path = f"{self._route.value}/render"
+            return WorkerCall(
+                step=step,
+                method="POST",
+                path=path,
+                headers=self._forward,
+                body=stripped,
+                stream=False,
+            )
+        leg = self._build(step)
+        stream = isinstance(leg, DecodeLeg) and leg.stream
+        if isinstance(leg, DecodeLeg):
+            self._decode = leg
+        body = self._run_hooks(step, leg.body)
+        return WorkerCall(
+            step=step,
+            method="POST",
+            path=leg.path,
+            headers=self._forward,
+            body=self._members.encode(body),
+            stream=stream,
+        )
+
+    def _build(self, step: str) -> Leg:
+        common: dict[str, Any] = {
+            "client_path": self._path,
+            "rendered": self._rendered,
+            "limits": self._limits,
+        }
+        params = self._params[Step(step)]
+        if isinstance(params, EncodeParams):
+            return build_encode_request(self._members, params=params, **common)
+        if isinstance(params, PrefillParams):
+            return build_prefill_request(
+                self._members, params=params, ec_transfer_params=self._ec, **common
+            )
+        assert isinstance(params, DecodeParams)  # noqa: S101 - the config was checked
+        return build_decode_request(
+            self._members, params=params, kv_transfer_params=self._kv, **common
+        )
+
+    def _context(self, step: Step) -> TransformContext:
+        return TransformContext(
+            client_path=self._path,
+            step=step,
+            params=self._params.get(step),
+            client_body=self._members,
+            inputs=LegInputs(
+                kv_transfer_params=self._kv,
+                rendered=self._rendered,
+                request_id=self.request_id,
+            ),
+        )
+
+    def _run_hooks(self, step: str, body: dict[str, Any]) -> dict[str, Any]:
+        if self._hooks is None or not self._hooks.request:
+            return body
+        return self._hooks.run_request(body, self._context(Step(step)))
+
+    def _answered(self, step: str, body: bytes) -> None:
+        if step == "render":
+            self._rendered = _raw.RawMembers(
+                _raw.split(body, UpstreamContractError, "the render answer"),
+                UpstreamContractError,
+                token_ids_key=self._token_ids_key(),
+            )
+        elif step in {"encode", "prefill"}:
+            self._transfer(step, body)
+        else:
+            self._whole_reply(body)
+            return
+        self._after(step)
+
+    def _transfer(self, step: str, body: bytes) -> None:
+        try:
+            view = msgspec.json.decode(body, type=_TransferView)
+        except (msgspec.DecodeError, RecursionError) as error:
+            msg = f"$: the {step} answer is not a JSON object: {error}"
+            raise UpstreamContractError(msg, param="$") from None
+        key = w.KV_TRANSFER_PARAMS if step == "prefill" else w.EC_TRANSFER_PARAMS
+        value = view.kv_transfer_params if step == "prefill" else view.ec_transfer_params
+        # Decode pulls the prompt's KV with what prefill answered: without it there is nothing
+        # to pull. An encode answer may have no encoder cache to hand on.
+        if isinstance(value, dict) or (step == "encode" and value in (None, UNSET)):
+            if step == "prefill":
+                self._kv = value
+            else:
+                self._ec = value or None
+            return
+        shown = "nothing" if value is UNSET else describe(value)
+        msg = f"$.{key}: the {step} answer must carry an object, got {shown}"
+        raise UpstreamContractError(msg, param=f"$.{key}")
+
+    def _shape(self, leg: DecodeLeg) -> _reply.Shape:
+        return _reply.reply_shape(self._route, leg.route, wrap=leg.wrap_chat_completion)
+
+    def _id_base(self) -> str:
+        rendered = None if self._rendered is None else self._rendered.get(w.REQUEST_ID)
+        return rendered if isinstance(rendered, str) else self.request_id
+
+    def _whole_reply(self, answer: bytes) -> None:
+        leg = self._decode
+        assert leg is not None  # noqa: S101 - decode is the last call
+        hook = None
+        hooks = self._hooks
+        if hooks is not None and hooks.response:
+            context = self._context(Step.DECODE)
+
+            def hook(body: dict[str, Any]) -> dict[str, Any]:
+                return hooks.run_response(body, context)
+
+        body, content_type = _reply.whole_reply(
+            self._shape(leg),
+            answer,
+            requested=leg.output_mode,
+            client_body=self._members,
+            single_frame=leg.single_frame,
+            hook=hook,
+        )
+        self._final = ClientReply(status=200, headers=self._reply_headers(content_type), body=body)
+
+    # -- client bytes and failures --------------------------------------------------------
+
+    def _reply_headers(self, content_type: str, *, retry: bool = True) -> Headers:
+        headers: Headers = (("content-type", content_type), ("x-request-id", self.request_id))
+        if content_type == _reply.SSE:
+            headers = (*headers, ("cache-control", "no-cache"))
+        if not retry:
+            headers = (*headers, ("x-should-retry", "false"))
+        return headers
+
+    def _emit(self, out: bytes) -> bytes:
+        self._events += out.count(b"\n\n")
+        if self._final is not None or not out:
+            return out
+        self._final = ClientStream(status=200, headers=self._reply_headers(_reply.SSE), first=out)
+        return b""
+
+    def _stream_error(self, message: str) -> bytes:
+        return in_stream_error(self._route, message, sequence_number=self._events)
+
+    def _broken(self, error: DisaggTransformError) -> bytes:
+        """A contract break in the worker's stream: an in-stream error, or a clean 502."""
+        self._done = True
+        if isinstance(self._final, ClientStream):
+            return self._stream_error(f"{self._step} broke the contract: {error.message}")
+        self._fail(error)
+        return b""
+
+    def _take_call(self, *, stream: bool) -> WorkerCall:
+        call = self._call
+        if call is None or self._final is not None:
+            msg = "no worker call is waiting for an answer"
+            raise ExchangeStateError(msg)
+        if call.stream is not stream:
+            how = "receive_stream_head" if call.stream else "receive"
+            msg = f"the {call.step} call's answer is read with {how}"
+            raise ExchangeStateError(msg)
+        self._call = None
+        self._step = call.step
+        return call
+
+    def _check_reading(self) -> str:
+        if self._reading is None:
+            msg = "no worker stream is open (call receive_stream_head first)"
+            raise ExchangeStateError(msg)
+        return self._reading
+
+    def _fail(self, error: DisaggTransformError) -> None:
+        self._call = None
+        status = error.status_hint
+        step = self._step
+        message = error.message
+        if isinstance(error, UpstreamContractError):
+            message = f"{step} broke the contract: {message}"
+        self._reply_error(
+            status, message, param=error.param, error_type=error.error_type, retry=False
+        )
+
+    def _fail_worker(self, step: str, status: int, body: bytes) -> None:
+        message, error_type, param = _worker_error(body)
+        said = _quote(message) if message else f"HTTP {status}"
+        if 400 <= status < 500:
+            text = f"{step} rejected the request: {said}"
+            self._reply_error(status, text, param=param, error_type=error_type, retry=False)
+        elif 500 <= status < 600:
+            self._reply_error(502, f"{step} failed with HTTP {status}: {said}", retry=True)
+        else:
+            text = f"{step} broke the contract: it answered HTTP {status}"
+            self._reply_error(502, text, retry=False)
+
+    def _reply_error(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        error_type: str | None = None,
+        retry: bool,
+    ) -> None:
+        body = error_body(self._route, status, message, param=param, error_type=error_type)
+        # Only a 4xx says nothing about retrying: the SDKs do not retry those anyway.
+        retryable = retry or status < 500
+        headers = self._reply_headers(_reply.JSON, retry=retryable)
+        self._final = ClientReply(status=status, headers=headers, body=body)
+
+
+_EVENT_END = re.compile(rb"\r\n\r\n|\n\n|\r\r")
+
+
+def _pieces(data: bytes) -> list[bytes]:
+    """``data`` cut after each SSE event end (a cut inside one only makes a piece shorter)."""
+    ends = [match.end() for match in _EVENT_END.finditer(data)]
+    return [
+        data[start:end]
+        for start, end in zip([0, *ends], [*ends, len(data)], strict=True)
+        if end > start
+    ]
+
+
+def _check_status(status: object) -> None:
+    if isinstance(status, bool) or not isinstance(status, int):
+        msg = f"status: expected an HTTP status code, got {describe(status)}"
+        raise ExchangeStateError(msg, param="status")
+
+
+def _checked_config(config: object) -> dict[Step, _LegParams]:
+    if not isinstance(config, Mapping):
+        msg = f"pipeline: expected parse_pipeline_params(...)'s result, got {describe(config)}"
+        raise ConfigError(msg, param="pipeline")
+    params: dict[Step, _LegParams] = {}
+    for step, value in config.items():
+        if step is Step.CONDITIONAL_DECODE:
+            msg = (
+                "pipeline.conditional-decode: the exchange does not run conditional-decode; "
+                "leave it out of the pipeline the exchange is given (docs/exchange.md)"
+            )
+            raise ConfigError(msg, param="pipeline.conditional-decode")
+        if not isinstance(step, Step) or not isinstance(value, _LEG_PARAMS) or value.step != step:
+            msg = f"pipeline: expected Step -> its StepParams, got {describe(step)}"
+            raise ConfigError(msg, param="pipeline")
+        params[step] = value
+    if Step.DECODE not in params:
+        msg = "pipeline: a decode step is required (it answers the client)"
+        raise ConfigError(msg, param="pipeline.decode")
+    return params

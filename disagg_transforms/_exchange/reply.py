@@ -1,0 +1,283 @@
+"""The client's reply built from the decode answer: the one place that calls the envelopes.
+
+Which envelope a client gets follows from its route, the leg's route and mode, and streaming
+(``docs/exchange.md``, "Which reply"). Every call to a wrap, a single frame or a stream
+converter is in this module.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+import msgspec
+from msgspec import UNSET
+
+from disagg_transforms._config import OutputMode
+from disagg_transforms._response.chat import chat_id
+from disagg_transforms._response.chat_stream import ChatStreamConverter, single_frame_chat_stream
+from disagg_transforms._response.chat_wrap import wrap_chat_completion, wrap_chat_completion_bytes
+from disagg_transforms._response.echo import check_echoed_mode, check_output_mode_echo
+from disagg_transforms._response.generate_stream import GenerateStreamReader
+from disagg_transforms._response.messages import (
+    AnthropicStreamConverter,
+    single_frame_anthropic_stream,
+    wrap_anthropic_message,
+)
+from disagg_transforms._response.responses import (
+    ResponsesStreamConverter,
+    single_frame_responses_stream,
+    wrap_responses_response,
+)
+from disagg_transforms._routes import Route
+from disagg_transforms._wire import keys as w
+from disagg_transforms._wire import raw as _raw
+from disagg_transforms._wire.limits import DEFAULT_LIMITS, check_body_size
+from disagg_transforms._wire.sse import DEFAULT_MAX_EVENT_BYTES, DONE_EVENT
+from disagg_transforms.errors import UpstreamContractError
+
+__all__ = ("Relay", "Shape", "reply_shape", "stream_relay", "whole_reply")
+
+JSON = "application/json"
+SSE = "text/event-stream"
+
+# What a generate envelope carries that no client of another route may see (internal hosts,
+# the engine's ids, the prompt's token IDs).
+_GENERATE_ONLY = (w.KV_TRANSFER_PARAMS, w.EC_TRANSFER_PARAMS, w.TOKEN_IDS, w.REQUEST_ID)
+_TRANSFER = (w.KV_TRANSFER_PARAMS, w.EC_TRANSFER_PARAMS)
+
+
+class Shape(enum.Enum):
+    """The envelope a client gets from the decode answer."""
+
+    PASS = "pass"  # noqa: S105 - not a secret
+    """The leg spoke the client's own OpenAI-style route: the answer, minus transfer params."""
+    GENERATE = "generate"
+    """A generate client: the generate envelope unchanged."""
+    CHAT = "chat"
+    """A chat client over the generate route with ``wrap_chat_completion`` on."""
+    UNWRAPPED = "unwrapped"
+    """A chat client over the generate route with it off: the envelope minus generate-only keys."""
+    RESPONSES = "responses"
+    MESSAGES = "messages"
+
+
+def reply_shape(client_route: Route, leg_route: Route, *, wrap: bool) -> Shape:
+    """The envelope for a client of ``client_route`` whose decode leg speaks ``leg_route``."""
+    if leg_route is not Route.GENERATE:
+        return Shape.PASS
+    if client_route is Route.CHAT_COMPLETIONS:
+        return Shape.CHAT if wrap else Shape.UNWRAPPED
+    return {
+        Route.RESPONSES: Shape.RESPONSES,
+        Route.MESSAGES: Shape.MESSAGES,
+    }.get(client_route, Shape.GENERATE)
+
+
+class _Object(msgspec.Struct):
+    """The narrowest view of an answer: a JSON object, with its echo when it has one."""
+
+    output_mode: Any = UNSET
+
+
+def _decode(data: bytes, what: str) -> dict[str, Any]:
+    check_body_size(data, DEFAULT_LIMITS, error=UpstreamContractError)
+    try:
+        value = msgspec.json.decode(data)
+    except (msgspec.DecodeError, RecursionError) as error:
+        msg = f"$: {what} is not valid JSON: {error}"
+        raise UpstreamContractError(msg, param="$") from None
+    if not isinstance(value, dict):
+        msg = f"$: {what} must be a JSON object"
+        raise UpstreamContractError(msg, param="$")
+    return value
+
+
+def _without_generate_only(answer: Mapping[str, Any]) -> dict[str, Any]:
+    result = {k: v for k, v in answer.items() if k not in _GENERATE_ONLY}
+    choices = result.get(w.CHOICES)
+    if isinstance(choices, list):
+        result[w.CHOICES] = [
+            {k: v for k, v in c.items() if k != w.TOKEN_IDS} if isinstance(c, dict) else c
+            for c in choices
+        ]
+    return result
+
+
+def _frame(body: bytes) -> bytes:
+    return b"data: " + body + b"\n\n" + DONE_EVENT
+
+
+def whole_reply(  # noqa: C901, PLR0911, PLR0913 - one branch per envelope, each a call
+    shape: Shape,
+    answer: bytes,
+    *,
+    requested: OutputMode | None,
+    client_body: Mapping[str, Any],
+    single_frame: bool,
+    hook: Callable[[dict[str, Any]], dict[str, Any]] | None,
+) -> tuple[bytes, str]:
+    """The client's body and content type for a non-streamed decode answer.
+
+    ``hook`` runs the host's response transforms on a JSON reply (never on a single frame).
+
+    Raises:
+        UpstreamContractError: the answer is not JSON, not an object, or breaks the contract.
+    """
+    mode = requested or OutputMode.TEXT
+    if shape is Shape.PASS and hook is not None:
+        whole = _decode(answer, "the decode answer")
+        return _raw.encode(hook({k: v for k, v in whole.items() if k not in _TRANSFER})), JSON
+    if shape is Shape.PASS:
+        members = _raw.split(answer, UpstreamContractError, "the decode answer")
+        if not any(key in members for key in _TRANSFER):
+            return answer, JSON
+        return _raw.encode({k: v for k, v in members.items() if k not in _TRANSFER}), JSON
+    if shape is Shape.GENERATE:
+        if hook is None or single_frame:
+            try:
+                view = msgspec.json.decode(answer, type=_Object)
+            except (msgspec.DecodeError, RecursionError) as error:
+                msg = f"$: the decode answer is not a JSON object: {error}"
+                raise UpstreamContractError(msg, param="$") from None
+            check_echoed_mode(view.output_mode, mode)
+            return (_frame(answer), SSE) if single_frame else (answer, JSON)
+        whole = _decode(answer, "the decode answer")
+        check_output_mode_echo(whole, mode)
+        return _raw.encode(hook(whole)), JSON
+    if shape is Shape.CHAT and not single_frame and hook is None:
+        return wrap_chat_completion_bytes(answer, requested=mode, client_body=client_body), JSON
+    whole = _decode(answer, "the decode answer")
+    if single_frame:
+        return _single_frame(shape, whole, mode, client_body), SSE
+    envelope: dict[str, Any]
+    if shape is Shape.CHAT:
+        envelope = wrap_chat_completion(whole, requested=mode, client_body=client_body)
+    elif shape is Shape.UNWRAPPED:
+        check_output_mode_echo(whole, mode)
+        envelope = _without_generate_only(whole)
+    elif shape is Shape.RESPONSES:
+        envelope = wrap_responses_response(whole, requested=mode, client_body=client_body)
+    else:
+        envelope = wrap_anthropic_message(whole, requested=mode, client_body=client_body)
+    return _raw.encode(hook(envelope) if hook is not None else envelope), JSON
+
+
+def _single_frame(
+    shape: Shape, whole: dict[str, Any], mode: OutputMode, client_body: Mapping[str, Any]
+) -> bytes:
+    if shape is Shape.CHAT:
+        return single_frame_chat_stream(whole, requested=mode, client_body=client_body)
+    if shape is Shape.RESPONSES:
+        return single_frame_responses_stream(whole, requested=mode, client_body=client_body)
+    if shape is Shape.MESSAGES:
+        return single_frame_anthropic_stream(whole, requested=mode, client_body=client_body)
+    check_output_mode_echo(whole, mode)
+    return _frame(_raw.encode(_without_generate_only(whole)))
+
+
+class Relay(Protocol):
+    """Worker stream bytes in (split anywhere), the client's stream bytes out."""
+
+    def feed(self, data: bytes) -> bytes:
+        """The client bytes ``data`` completes."""
+        ...
+
+    def close(self) -> bytes:
+        """End of the worker's stream; raises ``UpstreamContractError`` when it was cut."""
+        ...
+
+
+class _GenerateRelay:
+    """A generate stream sent on as generate events, each checked; stripped for a chat client."""
+
+    __slots__ = ("_reader", "_strip")
+
+    def __init__(self, *, strip: bool) -> None:
+        self._reader = GenerateStreamReader(max_event_bytes=DEFAULT_MAX_EVENT_BYTES)
+        self._strip = strip
+
+    def _write(self, payload: bytes, *, done: bool) -> bytes:
+        if done:
+            return DONE_EVENT
+        if self._strip:
+            payload = _raw.encode(_without_generate_only(_decode(payload, "a stream chunk")))
+        return b"data: " + payload + b"\n\n"
+
+    def feed(self, data: bytes) -> bytes:
+        return b"".join(self._write(p, done=e is None) for p, e in self._reader.feed(data))
+
+    def close(self) -> bytes:
+        return b"".join(self._write(p, done=e is None) for p, e in self._reader.close())
+
+
+class _PassRelay:
+    """The worker's own stream on the client's route: its bytes, released whole events at a time.
+
+    Holding a cut event back keeps the client's stream well-framed when an error event must
+    follow it.
+    """
+
+    __slots__ = ("_held",)
+
+    def __init__(self) -> None:
+        self._held = b""
+
+    def feed(self, data: bytes) -> bytes:
+        held = self._held + data
+        end = max(held.rfind(b"\n\n") + 2, held.rfind(b"\r\n\r\n") + 4, 0)
+        self._held = held[end:]
+        return held[:end]
+
+    def close(self) -> bytes:
+        rest, self._held = self._held, b""
+        return rest
+
+
+def _model(client_body: Mapping[str, Any], fallback: object) -> str:
+    model = client_body.get(w.MODEL)
+    if isinstance(model, str):
+        return model
+    return fallback if isinstance(fallback, str) else ""
+
+
+def stream_relay(  # noqa: PLR0913 - what a relay is built from, by keyword
+    shape: Shape,
+    *,
+    requested: OutputMode | None,
+    client_body: Mapping[str, Any],
+    request_id: str,
+    model: object,
+    clock: Callable[[], float] = time.time,
+) -> Relay:
+    """The relay of a streamed decode leg for ``shape``.
+
+    Args:
+        shape: the envelope (:func:`reply_shape`).
+        requested: the leg's ``output_mode`` (``None``: an OpenAI-format leg).
+        client_body: the client's request.
+        request_id: the id the chat chunks derive theirs from (``chatcmpl-<id>``).
+        model: the model to report when the client named none (the render answer's).
+        clock: gives ``created``.
+    """
+    mode = requested or OutputMode.TEXT
+    name = _model(client_body, model)
+    if shape is Shape.CHAT:
+        return ChatStreamConverter(
+            requested=mode,
+            completion_id=chat_id(request_id),
+            model=name,
+            created=int(clock()),
+            client_body=client_body,
+        )
+    if shape is Shape.RESPONSES:
+        return ResponsesStreamConverter(
+            requested=mode, model=name, created=int(clock()), client_body=client_body
+        )
+    if shape is Shape.MESSAGES:
+        return AnthropicStreamConverter(requested=mode, model=name, client_body=client_body)
+    if shape is Shape.PASS:
+        return _PassRelay()
+    return _GenerateRelay(strip=shape is Shape.UNWRAPPED)

@@ -1,0 +1,32 @@
+"""The exchange: one client request through render, encode, prefill and decode, and back.
+
+No I/O: the router asks :meth:`Exchange.next_event` what to do (call a worker, answer the
+client), does it with its own HTTP client, and feeds the worker's status, headers and bytes
+back. See ``docs/exchange.md`` and ``docs/router.md``.
+"""
+
+from __future__ import annotations
+
+from disagg_transforms._exchange.check import pipeline_warnings
+from disagg_transforms._exchange.flow import (
+    NEED_DATA,
+    ClientReply,
+    ClientStream,
+    Event,
+    Exchange,
+    ExchangeStateError,
+    NeedData,
+    WorkerCall,
+)
+
+__all__ = (
+    "ClientReply",
+    "ClientStream",
+    "Event",
+    "Exchange",
+    "ExchangeStateError",
+    "NEED_DATA",
+    "NeedData",
+    "WorkerCall",
+    "pipeline_warnings",
+)
