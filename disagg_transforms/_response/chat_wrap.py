@@ -66,6 +66,7 @@ class _Choice(msgspec.Struct, Generic[_P, _L], kw_only=True):
 class _Response(msgspec.Struct, Generic[_P, _L], kw_only=True):
     request_id: str
     output_mode: Any = UNSET
+    object: Any = UNSET  # a client API's envelope: not a generate answer at all
     model: str | UnsetType | None = UNSET
     created: int | UnsetType | None = UNSET
     # msgspec cannot put Raw in a union with None: a null member is Raw(b"null") (codec.is_null).
@@ -304,7 +305,7 @@ def wrap_chat_completion_bytes(  # noqa: PLR0913 - the options of wrap_chat_comp
     view = _precut(data, top)
     if view is None:
         view = _decode_response(data, requested)
-    check_echoed_mode(view.output_mode, requested)
+    check_echoed_mode(view.output_mode, requested, generate=view.object is UNSET)
     require_text_mode(requested, streaming=False)
     if client_error is not None:
         raise client_error
@@ -349,9 +350,11 @@ def _decode_response(data: bytes, requested: OutputMode) -> _Response[msgspec.Ra
             msg = "$: a generate response must be a JSON object"
             raise UpstreamContractError(msg, param="$") from None
         # The echo is checked before the shape, as on the dict path.
-        echoed = _raw.split(data, UpstreamContractError, "the generate response").get(w.OUTPUT_MODE)
+        members = _raw.split(data, UpstreamContractError, "the generate response")
+        echoed = members.get(w.OUTPUT_MODE)
         mode = UNSET if echoed is None else _raw.decode_member(echoed, "$", UpstreamContractError)
-        check_echoed_mode(mode, requested)
+        generate = w.CHOICES in members and w.OBJECT not in members
+        check_echoed_mode(mode, requested, generate=generate)
         raise contract_error(error, "the generate response") from None
     except (msgspec.DecodeError, RecursionError) as error:
         msg = f"$: the generate response is not valid JSON: {error}"

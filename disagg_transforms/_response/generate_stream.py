@@ -43,6 +43,7 @@ class StreamEvent(msgspec.Struct, kw_only=True):
 
     request_id: Any = UNSET
     output_mode: Any = UNSET
+    object: Any = UNSET  # a client API's chunk: not a generate stream at all
     error: Any = UNSET
     usage: dict[str, Any] | UnsetType | None = UNSET
     choices: list[StreamChoice] | UnsetType = UNSET
@@ -105,7 +106,10 @@ class GenerateStreamReader:
             raise UpstreamContractError(msg, param="$") from None
         if event.error is not UNSET:
             return payload, event  # the worker's own error: no echo to check
-        check_echoed_mode(event.output_mode, OutputMode.TEXT, where="stream chunk")
+        generate = event.choices is not UNSET and event.object is UNSET
+        check_echoed_mode(
+            event.output_mode, OutputMode.TEXT, where="stream chunk", generate=generate
+        )
         if isinstance(event.choices, UnsetType):
             msg = f"$.{w.CHOICES}: a generate stream chunk must carry choices; it has none"
             raise UpstreamContractError(msg, param=f"$.{w.CHOICES}")
