@@ -38,13 +38,17 @@ from disagg_transforms._request.legs import (
     build_prefill_request,
 )
 from disagg_transforms._response.chat_stream import (
-    DEFAULT_MAX_CHOICES,
-    DEFAULT_MAX_EVENT_BYTES,
     ChatStreamConverter,
     single_frame_chat_chunks,
     single_frame_chat_stream,
 )
 from disagg_transforms._response.chat_wrap import wrap_chat_completion, wrap_chat_completion_bytes
+from disagg_transforms._response.dispatch import (
+    StreamConverter,
+    single_frame_stream,
+    stream_converter,
+    wrap_envelope,
+)
 from disagg_transforms._response.echo import check_output_mode_echo
 from disagg_transforms._response.messages import (
     THINKING_SIGNATURE,
@@ -53,6 +57,7 @@ from disagg_transforms._response.messages import (
     single_frame_anthropic_stream,
     wrap_anthropic_message,
 )
+from disagg_transforms._response.options import DEFAULT_MAX_CHOICES, EnvelopeOptions
 from disagg_transforms._response.responses import (
     ResponsesStreamConverter,
     single_frame_responses_events,
@@ -61,6 +66,7 @@ from disagg_transforms._response.responses import (
 )
 from disagg_transforms._routes import Route, detect_route, resolve_format
 from disagg_transforms._wire.limits import DEFAULT_LIMITS, Limits
+from disagg_transforms._wire.sse import DEFAULT_MAX_EVENT_BYTES
 from disagg_transforms.errors import (
     ConfigError,
     DisaggTransformError,
@@ -102,6 +108,7 @@ __all__ = [
     "DisaggTransformError",
     "ENTRY_POINT_GROUP",
     "EncodeParams",
+    "EnvelopeOptions",
     "KvTransferPlacement",
     "Leg",
     "LegInputs",
@@ -119,6 +126,7 @@ __all__ = [
     "SamplingCaps",
     "Step",
     "StepParams",
+    "StreamConverter",
     "THINKING_SIGNATURE",
     "TOP_LEVEL_CAPS",
     "TransformContext",
@@ -146,11 +154,14 @@ __all__ = [
     "single_frame_chat_stream",
     "single_frame_responses_events",
     "single_frame_responses_stream",
+    "single_frame_stream",
+    "stream_converter",
     "strip_client_transfer_params",
     "validate_output_mode",
     "wrap_anthropic_message",
     "wrap_chat_completion",
     "wrap_chat_completion_bytes",
+    "wrap_envelope",
     "wrap_response",
     "wrap_responses_response",
 ]
