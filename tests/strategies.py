@@ -730,3 +730,25 @@ def hostile_sse_streams(draw: st.DrawFn) -> bytes:
     separator = draw(st.sampled_from([b"\n\n", b"\r\n\r\n", b"\r\r"]))
     stream = valid.split(b"data: [DONE]")[0] + _sse(events, separator)
     return stream + draw(st.sampled_from([b"data: [DONE]\n\n", b"", b"data: [DONE]"]))
+
+
+# Response side: what the one-start stream converters and the dispatchers are checked over.
+request_ids = st.text(min_size=1, max_size=24) | st.sampled_from(
+    ["generate-tokens-r1", "generate-tokens-chatcmpl-r1", "chatcmpl-r1", "generate-tokens-"]
+)
+"""A generate ``request_id``: any text, and the prefixes the id rules strip or keep."""
+
+envelope_options = st.builds(
+    lambda model, passthrough, reasoning: {
+        "model": model,
+        "vllm_finish_reasons": passthrough,
+        "reasoning_content": reasoning,
+    },
+    st.none() | st.text("abcxyz", min_size=1, max_size=4),
+    st.booleans(),
+    st.booleans(),
+)
+"""Keyword arguments of an ``EnvelopeOptions`` (the fields every envelope reads)."""
+
+rebuilt_routes = st.sampled_from(["/v1/chat/completions", "/v1/responses", "/v1/messages"])
+"""The client routes whose envelope is rebuilt from a generate answer."""

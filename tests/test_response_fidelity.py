@@ -17,18 +17,31 @@ import openai
 import pydantic
 import pytest
 from golden import load_fixture, load_stream
+from hypothesis import given
+from openai.types.responses import ResponseStreamEvent
+from pydantic import TypeAdapter
+from strategies import envelope_options, generate_envelope_responses, rebuilt_routes, request_ids
 
 from disagg_transforms import (
     AnthropicStreamConverter,
+    ChatStreamConverter,
+    ConfigError,
+    DisaggTransformError,
+    EnvelopeOptions,
     OutputMode,
     ResponsesStreamConverter,
+    Route,
     UpstreamContractError,
     check_output_mode_echo,
     single_frame_anthropic_stream,
     single_frame_chat_stream,
     single_frame_responses_stream,
+    single_frame_stream,
+    stream_converter,
     wrap_anthropic_message,
     wrap_chat_completion,
+    wrap_chat_completion_bytes,
+    wrap_envelope,
     wrap_responses_response,
 )
 
@@ -297,3 +310,150 @@ def test_fixtures_are_not_mutated() -> None:
     single_frame_chat_stream(TOOL_CALL, requested=OutputMode.DERENDER, client_body=STREAMING_CHAT)
     assert before == TOOL_CALL
     assert load_stream("stream-text.sse")
+
+
+# ------------------------------------------------------------------ one start, one shape
+
+
+def _one_chunk_stream(request_id: str) -> bytes:
+    chunk = {
+        "request_id": request_id,
+        "output_mode": "text",
+        "choices": [{"index": 0, "text": "Hi", "finish_reason": "stop"}],
+    }
+    return b"data: " + json.dumps(chunk).encode() + b"\n\ndata: [DONE]\n\n"
+
+
+@given(request_ids)
+def test_chat_stream_id_is_the_wrap_id(request_id: str) -> None:
+    answer = {**_text_answer(None), "request_id": request_id}
+    wrapped = wrap_chat_completion(answer, requested=OutputMode.TEXT, client_body={"model": "m"})
+    converter = ChatStreamConverter(requested=OutputMode.TEXT, client_body={"model": "m"})
+    sse = converter.feed(_one_chunk_stream(request_id)) + converter.close()
+    first = json.loads(sse.split(b"\n\n")[0][len(b"data: ") :])
+    assert first["id"] == wrapped["id"]
+    responses = stream_converter(
+        Route.RESPONSES, requested=OutputMode.TEXT, client_body={"model": "m"}
+    )
+    events = responses.feed(_one_chunk_stream(request_id))
+    created = json.loads(events.split(b"\n\n")[0].split(b"\ndata: ")[1])
+    resp = wrap_responses_response(answer, requested=OutputMode.TEXT, client_body={"model": "m"})
+    assert created["response"]["id"] == resp["id"]
+
+
+@given(generate_envelope_responses, rebuilt_routes, envelope_options)
+def test_dispatchers_are_the_per_api_functions(
+    case: tuple[dict[str, Any], str], path: str, fields: dict[str, Any]
+) -> None:
+    response, mode_value = case
+    mode = OutputMode(mode_value)
+    route = Route(path)
+    options = EnvelopeOptions(**fields, clock=lambda: 7.0)
+    before = copy.deepcopy(response)
+    wrap, single = {
+        Route.CHAT_COMPLETIONS: (wrap_chat_completion, single_frame_chat_stream),
+        Route.RESPONSES: (wrap_responses_response, single_frame_responses_stream),
+        Route.MESSAGES: (wrap_anthropic_message, single_frame_anthropic_stream),
+    }[route]
+    try:
+        expected = wrap(response, requested=mode, options=options)
+    except DisaggTransformError as error:
+        with pytest.raises(type(error)):
+            wrap_envelope(route, response, requested=mode, options=options)
+        return
+    assert wrap_envelope(route, response, requested=mode, options=options) == expected
+    assert single_frame_stream(route, response, requested=mode, options=options) == single(
+        response, requested=mode, options=options
+    )
+    if fields["model"] is not None:
+        assert expected["model"] == fields["model"]  # the option wins on every envelope
+    assert response == before
+
+
+@given(envelope_options)
+def test_keyword_fronts_are_the_options(fields: dict[str, Any]) -> None:
+    response = load_fixture("response-derender-tool-call.json")
+    by_keywords = wrap_chat_completion(response, requested=OutputMode.DERENDER, **fields)
+    options = EnvelopeOptions(**fields)
+    assert wrap_chat_completion(response, requested=OutputMode.DERENDER, options=options) == (
+        by_keywords
+    )
+    as_bytes = wrap_chat_completion_bytes(
+        json.dumps(response).encode(), requested=OutputMode.DERENDER, options=options
+    )
+    assert json.loads(as_bytes) == by_keywords
+
+
+def test_model_precedence_is_one_rule() -> None:
+    answer = _text_answer(None)  # the worker says "m"
+    client = {"model": "client"}
+    for wrap in (wrap_chat_completion, wrap_responses_response, wrap_anthropic_message):
+        assert wrap(answer, requested=OutputMode.TEXT, client_body=client)["model"] == "m"
+        chosen = wrap(answer, requested=OutputMode.TEXT, client_body=client, model="alias")
+        assert chosen["model"] == "alias"
+        nameless = {key: value for key, value in answer.items() if key != "model"}
+        assert wrap(nameless, requested=OutputMode.TEXT, client_body=client)["model"] == "client"
+        with pytest.raises(UpstreamContractError) as caught:
+            wrap(nameless, requested=OutputMode.TEXT)
+        assert caught.value.param == "$.model"
+
+
+def test_dispatchers_refuse_routes_without_an_envelope() -> None:
+    for route in (Route.COMPLETIONS, Route.GENERATE):
+        with pytest.raises(ConfigError):
+            stream_converter(route, requested=OutputMode.TEXT, client_body={"model": "m"})
+        with pytest.raises(ConfigError):
+            wrap_envelope(route, TOOL_CALL, requested=OutputMode.DERENDER)
+
+
+# ------------------------------------------------------------------ in-stream errors
+
+
+def _started(route: Route) -> tuple[Any, bytes]:
+    converter = stream_converter(
+        route, requested=OutputMode.TEXT, client_body={"model": "m"}, created=5
+    )
+    first = load_stream("stream-text.sse").split(b"\n\n")[0] + b"\n\n"
+    return converter, converter.feed(first)
+
+
+def test_chat_error_event_reaches_the_openai_client_as_an_error() -> None:
+    converter, started = _started(Route.CHAT_COMPLETIONS)
+    sse = started + converter.error_event("the worker went away", status=502)
+    assert sse.endswith(b"data: [DONE]\n\n")
+    client = openai_client(sse)
+    with pytest.raises(openai.APIError, match="the worker went away"):
+        list(client.chat.completions.create(model="m", messages=[], stream=True))
+
+
+def test_responses_error_event_is_numbered_and_sdk_valid() -> None:
+    converter, started = _started(Route.RESPONSES)
+    sse = started + converter.error_event("too big", status=413)
+    events = [
+        json.loads(line[6:]) for line in sse.decode().splitlines() if line.startswith("data: ")
+    ]
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    assert events[-1] == {
+        "type": "error",
+        "code": "invalid_request_error",
+        "message": "too big",
+        "param": None,
+        "sequence_number": len(events) - 1,
+    }
+    adapter: TypeAdapter[Any] = TypeAdapter(ResponseStreamEvent)
+    for event in events:
+        adapter.validate_python(event)
+    assert converter.feed(b"data: [DONE]\n\n") == b""  # the client's stream is over
+
+
+def test_anthropic_error_event_reaches_the_anthropic_client_as_an_error() -> None:
+    converter, started = _started(Route.MESSAGES)
+    sse = started + converter.error_event("slow down", status=429)
+    assert sse.endswith(
+        b'data: {"type":"error","error":{"type":"rate_limit_error","message":"slow down"}}\n\n'
+    )
+    with (
+        pytest.raises(anthropic.APIStatusError, match="slow down"),
+        anthropic_client(sse).messages.stream(model="m", max_tokens=8, messages=[]) as stream,
+    ):
+        stream.get_final_message()

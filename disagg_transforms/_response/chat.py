@@ -311,7 +311,8 @@ class _RawCodec(Codec[Any]):
         return value is None or value == _RAW_NULL
 
     def extend(self, message: msgspec.Raw, key: str, value: object) -> object:
-        return {**_raw.split(message, UpstreamContractError, "a message"), key: value}
+        # A Raw is not bytes: split its buffer (the bytes path's reasoning_content).
+        return {**_raw.split(memoryview(message), UpstreamContractError, "a message"), key: value}
 
     def cut(self, logprobs: Any, top: int | None) -> object:  # noqa: ANN401 - as is_object
         if isinstance(logprobs, msgspec.Struct):
