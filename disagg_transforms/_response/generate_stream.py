@@ -26,7 +26,7 @@ from disagg_transforms._wire import keys as w
 from disagg_transforms._wire.describe import describe
 from disagg_transforms._wire.sse import SseParser
 from disagg_transforms._wire.validate import CONVERT_ERRORS
-from disagg_transforms.envelopes import ChatLogprob, ChatLogprobs, Usage
+from disagg_transforms.envelopes import ChatLogprobs, Usage
 from disagg_transforms.errors import UpstreamContractError
 
 
@@ -211,7 +211,7 @@ class NamedEventConverter(abc.ABC):
         self._failed = False
         self._request_id: str | None = None
         self._text: list[str] = []
-        self._logprobs: list[ChatLogprob] | None = None
+        self._logprobs: list[Any] | None = None  # the entries as sent (checked by the reader)
         self._finish_reason: str | None = None
         self._stop_reason: int | str | None = None
         self._usage: Usage | None = None
@@ -262,7 +262,10 @@ class NamedEventConverter(abc.ABC):
             tool_calls=(),
             finish_reason=self._finish_reason,
             stop_reason=self._stop_reason,
-            logprobs=None if self._logprobs is None else ChatLogprobs(content=self._logprobs),
+            # Typed only here (twice a stream), not per chunk: the Messages API reads none.
+            logprobs=None
+            if self._logprobs is None
+            else msgspec.convert({w.CONTENT: self._logprobs}, ChatLogprobs),
             usage=self._usage,
         )
 
@@ -311,10 +314,13 @@ class NamedEventConverter(abc.ABC):
                 raise UpstreamContractError(msg, param=f"{path}.index")
             text = choice.text if isinstance(choice.text, str) else ""
             self._text.append(text)
-            entries = _entries(choice.logprobs)
-            if entries is not None:
-                if self._logprobs is None:
-                    self._logprobs = []
+            logprobs = choice.logprobs if isinstance(choice.logprobs, dict) else None
+            entries = None if logprobs is None else logprobs.get(w.CONTENT)
+            if not isinstance(entries, list):
+                entries = None
+            elif self._logprobs is None:
+                self._logprobs = list(entries)
+            else:
                 self._logprobs.extend(entries)
             if isinstance(choice.finish_reason, str):
                 self._finish_reason = choice.finish_reason
@@ -326,9 +332,8 @@ class NamedEventConverter(abc.ABC):
     def _start(self) -> list[dict[str, Any]]: ...
 
     @abc.abstractmethod
-    def _delta(
-        self, text: str, logprobs: list[ChatLogprob] | None, path: str
-    ) -> list[dict[str, Any]]: ...
+    def _delta(self, text: str, logprobs: list[Any] | None, path: str) -> list[dict[str, Any]]:
+        """The events of one text delta; ``logprobs``: its entries as sent, checked."""
 
     @abc.abstractmethod
     def _end(self) -> list[dict[str, Any]]: ...
@@ -340,11 +345,3 @@ class NamedEventConverter(abc.ABC):
 
     @abc.abstractmethod
     def _format(self, event: dict[str, Any]) -> bytes: ...
-
-
-def _entries(logprobs: object) -> list[ChatLogprob] | None:
-    # The chunk's logprobs as typed entries (the reader has checked them against the view).
-    if not isinstance(logprobs, dict):
-        return None
-    content = msgspec.convert(logprobs, ChatLogprobs).content
-    return content if isinstance(content, list) else None

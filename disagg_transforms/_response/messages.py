@@ -21,7 +21,7 @@ from disagg_transforms._response.turn import AssistantTurn, ToolCallOut, read_tu
 from disagg_transforms._wire import keys as w
 from disagg_transforms._wire.describe import describe
 from disagg_transforms._wire.sse import format_sse_typed_event
-from disagg_transforms.envelopes import ChatLogprob, Usage
+from disagg_transforms.envelopes import Usage
 from disagg_transforms.errors import UpstreamContractError
 
 __all__ = (
@@ -300,9 +300,7 @@ class AnthropicStreamConverter(NamedEventConverter):
     def _start(self) -> list[dict[str, Any]]:
         return [_message_start(self._message())]
 
-    def _delta(
-        self, text: str, logprobs: list[ChatLogprob] | None, path: str
-    ) -> list[dict[str, Any]]:
+    def _delta(self, text: str, logprobs: list[Any] | None, path: str) -> list[dict[str, Any]]:
         del logprobs, path  # the Messages API has no logprobs
         if not text:
             return []

@@ -377,12 +377,16 @@ class ResponsesStreamConverter(NamedEventConverter):
     def _start(self) -> list[dict[str, Any]]:
         return _preamble(self._response())
 
-    def _delta(
-        self, text: str, logprobs: list[ChatLogprob] | None, path: str
-    ) -> list[dict[str, Any]]:
+    def _delta(self, text: str, logprobs: list[Any] | None, path: str) -> list[dict[str, Any]]:
         item, events = self._open()
         entries = (
-            None if logprobs is None else _logprobs(logprobs, self._top, f"{path}.logprobs.content")
+            None
+            if logprobs is None
+            else _logprobs(
+                msgspec.convert(logprobs, list[ChatLogprob]),
+                self._top,
+                f"{path}.logprobs.content",
+            )
         )
         if text or entries:
             events.append(_text_delta(_at(item[w.ID], 0, 0), w.OUTPUT_TEXT, text, entries))
