@@ -51,13 +51,17 @@ from disagg_transforms._request.legs import (
     build_prefill_request,
 )
 from disagg_transforms._response.chat_stream import (
-    DEFAULT_MAX_CHOICES,
-    DEFAULT_MAX_EVENT_BYTES,
     ChatStreamConverter,
     single_frame_chat_chunks,
     single_frame_chat_stream,
 )
 from disagg_transforms._response.chat_wrap import wrap_chat_completion, wrap_chat_completion_bytes
+from disagg_transforms._response.dispatch import (
+    StreamConverter,
+    single_frame_stream,
+    stream_converter,
+    wrap_envelope,
+)
 from disagg_transforms._response.echo import check_output_mode_echo
 from disagg_transforms._response.messages import (
     THINKING_SIGNATURE,
@@ -66,6 +70,7 @@ from disagg_transforms._response.messages import (
     single_frame_anthropic_stream,
     wrap_anthropic_message,
 )
+from disagg_transforms._response.options import DEFAULT_MAX_CHOICES, EnvelopeOptions
 from disagg_transforms._response.responses import (
     ResponsesStreamConverter,
     single_frame_responses_events,
@@ -74,6 +79,7 @@ from disagg_transforms._response.responses import (
 )
 from disagg_transforms._routes import Route, detect_route, resolve_format
 from disagg_transforms._wire.limits import DEFAULT_LIMITS, Limits
+from disagg_transforms._wire.sse import DEFAULT_MAX_EVENT_BYTES
 from disagg_transforms.errors import (
     ConfigError,
     DisaggTransformError,
@@ -117,6 +123,7 @@ __all__ = [
     "DisaggTransformError",
     "ENTRY_POINT_GROUP",
     "EncodeParams",
+    "EnvelopeOptions",
     "Event",
     "Exchange",
     "ExchangeStateError",
@@ -141,6 +148,7 @@ __all__ = [
     "SamplingCaps",
     "Step",
     "StepParams",
+    "StreamConverter",
     "THINKING_SIGNATURE",
     "TOP_LEVEL_CAPS",
     "TransformContext",
@@ -170,11 +178,14 @@ __all__ = [
     "single_frame_chat_stream",
     "single_frame_responses_events",
     "single_frame_responses_stream",
+    "single_frame_stream",
+    "stream_converter",
     "strip_client_transfer_params",
     "validate_output_mode",
     "wrap_anthropic_message",
     "wrap_chat_completion",
     "wrap_chat_completion_bytes",
+    "wrap_envelope",
     "wrap_response",
     "wrap_responses_response",
 ]

@@ -24,6 +24,7 @@ from disagg_transforms import (
     AnthropicStreamConverter,
     ChatStreamConverter,
     DecodeParams,
+    EnvelopeOptions,
     OutputMode,
     RequestError,
     ResponsesStreamConverter,
@@ -86,6 +87,7 @@ def _json(call: Callable[[Any], object]) -> Callable[[bytes], object]:
 
 
 _CHAT_CLIENT = {"top_logprobs": 1, "stream_options": {"include_usage": True}}
+_STREAM_OPTIONS = EnvelopeOptions(model="m", max_event_bytes=1 << 16)
 
 TARGETS: tuple[tuple[str, Callable[[bytes], object]], ...] = (
     (
@@ -93,11 +95,9 @@ TARGETS: tuple[tuple[str, Callable[[bytes], object]], ...] = (
         _stream(
             lambda: ChatStreamConverter(
                 requested=OutputMode.TEXT,
-                completion_id="chatcmpl-fuzz",
-                model="m",
-                created=1,
                 client_body=_CHAT_CLIENT,
-                max_event_bytes=1 << 16,
+                options=_STREAM_OPTIONS,
+                created=1,
             )
         ),
     ),
@@ -105,7 +105,7 @@ TARGETS: tuple[tuple[str, Callable[[bytes], object]], ...] = (
         "ResponsesStreamConverter",
         _stream(
             lambda: ResponsesStreamConverter(
-                requested=OutputMode.TEXT, model="m", created=1, max_event_bytes=1 << 16
+                requested=OutputMode.TEXT, options=_STREAM_OPTIONS, created=1
             )
         ),
     ),
@@ -114,9 +114,8 @@ TARGETS: tuple[tuple[str, Callable[[bytes], object]], ...] = (
         _stream(
             lambda: AnthropicStreamConverter(
                 requested=OutputMode.TEXT,
-                model="m",
                 client_body={"stop_sequences": ["x"]},
-                max_event_bytes=1 << 16,
+                options=_STREAM_OPTIONS,
             )
         ),
     ),

@@ -828,3 +828,25 @@ def simulated_generate_bodies(draw: st.DrawFn) -> dict[str, Any]:
     if draw(st.integers(0, 3)):
         keys |= {"token_ids", "sampling_params"}
     return {key: draw(_GENERATE_FIELDS[key]) for key in sorted(keys)}
+
+
+# Response side: what the one-start stream converters and the dispatchers are checked over.
+request_ids = st.text(min_size=1, max_size=24) | st.sampled_from(
+    ["generate-tokens-r1", "generate-tokens-chatcmpl-r1", "chatcmpl-r1", "generate-tokens-"]
+)
+"""A generate ``request_id``: any text, and the prefixes the id rules strip or keep."""
+
+envelope_options = st.builds(
+    lambda model, passthrough, reasoning: {
+        "model": model,
+        "vllm_finish_reasons": passthrough,
+        "reasoning_content": reasoning,
+    },
+    st.none() | st.text("abcxyz", min_size=1, max_size=4),
+    st.booleans(),
+    st.booleans(),
+)
+"""Keyword arguments of an ``EnvelopeOptions`` (the fields every envelope reads)."""
+
+rebuilt_routes = st.sampled_from(["/v1/chat/completions", "/v1/responses", "/v1/messages"])
+"""The client routes whose envelope is rebuilt from a generate answer."""

@@ -104,7 +104,7 @@ def test_cached_tokens_become_cache_read_input_tokens() -> None:
     response = copy.deepcopy(load_fixture("response-text.json"))
     response["usage"]["prompt_tokens_details"] = {"cached_tokens": 8}
     result = wrap_anthropic_message(response, requested=OutputMode.TEXT)
-    assert result["usage"] == {"input_tokens": 12, "output_tokens": 4,
+    assert result["usage"] == {"input_tokens": 4, "output_tokens": 4,
                                "cache_read_input_tokens": 8}  # fmt: skip
 
 

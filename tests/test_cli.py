@@ -396,7 +396,10 @@ def test_response_refuses_a_mismatched_echo_in_one_line(
             ["request", "{good}", "--params", '{"use_openai_format": false}'],
             "$.token_ids: required",
         ),
-        (["response", "{good}"], '$.output_mode: requested "text"'),
+        (
+            ["response", "{good}"],
+            '$: requested "text", the worker\'s response is not a generate response',
+        ),
         (["request", "{array}"], "$: expected an object"),
     ],
 )

@@ -32,8 +32,8 @@ def test_missing_echo_reads_as_tokens() -> None:
     assert error.param == "$.output_mode"
     assert 'requested "text"' in error.message
     assert "no output_mode" in error.message
-    assert "0.32.0" in error.message
-    assert "0.33.0" in error.message
+    assert "predates output_mode" in error.message
+    assert "vLLM >= 0.32.0" in error.message
 
 
 def test_other_echo_names_both_modes() -> None:
@@ -63,11 +63,19 @@ def test_any_json_gives_none_or_a_typed_error(value: Any) -> None:
 
 def test_missing_echo_message_in_full() -> None:
     with pytest.raises(UpstreamContractError) as caught:
-        check_output_mode_echo({}, OutputMode.TEXT)
+        check_output_mode_echo({"choices": []}, OutputMode.TEXT)
     assert caught.value.message == (
         '$.output_mode: requested "text", the worker\'s response carries no output_mode '
-        '(read as "tokens"); a worker that predates output_mode answers token IDs only. '
-        '"text" needs vLLM >= 0.32.0, "derender" needs vLLM >= 0.33.0'
+        '(read as "tokens"): the worker predates output_mode and answers token IDs only; '
+        'upgrade it ("text" needs vLLM >= 0.32.0)'
+    )
+    with pytest.raises(UpstreamContractError) as caught:
+        check_output_mode_echo({}, OutputMode.DERENDER)
+    assert caught.value.param == "$"
+    assert caught.value.message == (
+        '$: requested "derender", the worker\'s response is not a generate response at all '
+        "(no choices, or another API's envelope): check that the leg is sent to "
+        '/inference/v1/generate ("derender" needs vLLM >= 0.33.0)'
     )
 
 

@@ -24,6 +24,7 @@ from strategies import generate_envelope_responses, single_choice_text_streams
 from disagg_transforms import (
     AnthropicStreamConverter,
     ConfigError,
+    EnvelopeOptions,
     OutputMode,
     ResponsesStreamConverter,
     UpstreamContractError,
@@ -63,12 +64,21 @@ def named_events(sse: bytes) -> list[dict[str, Any]]:
     return events
 
 
-def responses_converter(**kwargs: Any) -> ResponsesStreamConverter:
-    return ResponsesStreamConverter(requested=OutputMode.TEXT, model="m", created=5, **kwargs)
+def responses_converter(*, client_body: Any = None, **options: Any) -> ResponsesStreamConverter:
+    return ResponsesStreamConverter(
+        requested=OutputMode.TEXT,
+        client_body=client_body,
+        options=EnvelopeOptions(model="m", **options),
+        created=5,
+    )
 
 
-def anthropic_converter(**kwargs: Any) -> AnthropicStreamConverter:
-    return AnthropicStreamConverter(requested=OutputMode.TEXT, model="m", **kwargs)
+def anthropic_converter(*, client_body: Any = None, **options: Any) -> AnthropicStreamConverter:
+    return AnthropicStreamConverter(
+        requested=OutputMode.TEXT,
+        client_body=client_body,
+        options=EnvelopeOptions(model="m", **options),
+    )
 
 
 def convert(make: Callable[[], Any], stream: bytes) -> bytes:
@@ -337,9 +347,9 @@ def test_close_without_done_is_an_error(make: Callable[[], Any]) -> None:
 def test_only_text_streams() -> None:
     for mode in (OutputMode.TOKENS, OutputMode.DERENDER):
         with pytest.raises(ConfigError):
-            ResponsesStreamConverter(requested=mode, model="m", created=0)
+            ResponsesStreamConverter(requested=mode, client_body={"model": "m"}, created=0)
         with pytest.raises(ConfigError):
-            AnthropicStreamConverter(requested=mode, model="m")
+            AnthropicStreamConverter(requested=mode, client_body={"model": "m"})
 
 
 @given(single_choice_text_streams(), st.lists(st.integers(0, 2000), max_size=6))

@@ -36,6 +36,7 @@ from disagg_transforms import (
     DecodeParams,
     DisaggTransformError,
     EncodeParams,
+    EnvelopeOptions,
     KvTransferPlacement,
     LegInputs,
     OutputMode,
@@ -149,6 +150,7 @@ ROUTES = [route.value for route in Route]
 REQUEST_ENTRY_POINTS: dict[str, Callable[[Any], object]] = {
     name: call for path in ROUTES for name, call in _legs(path).items()
 }
+_M = EnvelopeOptions(model="m")
 _CHAT_CONTEXT = TransformContext(
     client_path=Route.CHAT_COMPLETIONS.value,
     step=Step.DECODE,
@@ -227,23 +229,17 @@ def _sse_payloads(data: bytes, cut: int) -> bytes:
 
 STREAM_ENTRY_POINTS: dict[str, Callable[[bytes, int, Any], bytes]] = {
     "ChatStreamConverter": lambda d, cut, c: _run_stream(
-        ChatStreamConverter(
-            requested=OutputMode.TEXT,
-            completion_id="chatcmpl-x",
-            model="m",
-            created=1,
-            client_body=c,
-        ),
+        ChatStreamConverter(requested=OutputMode.TEXT, client_body=c, options=_M, created=1),
         d,
         cut,
     ),
     "ResponsesStreamConverter": lambda d, cut, c: _run_stream(
-        ResponsesStreamConverter(requested=OutputMode.TEXT, model="m", created=1, client_body=c),
+        ResponsesStreamConverter(requested=OutputMode.TEXT, client_body=c, options=_M, created=1),
         d,
         cut,
     ),
     "AnthropicStreamConverter": lambda d, cut, c: _run_stream(
-        AnthropicStreamConverter(requested=OutputMode.TEXT, model="m", client_body=c), d, cut
+        AnthropicStreamConverter(requested=OutputMode.TEXT, client_body=c, options=_M), d, cut
     ),
     "SseParser": lambda d, cut, _c: _sse_payloads(d, cut),
 }

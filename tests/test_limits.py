@@ -241,9 +241,11 @@ def test_caps_at_int64_and_past() -> None:
 def test_echo_messages_name_what_came_back() -> None:
     with pytest.raises(UpstreamContractError, match=r"must be a JSON object, got an array"):
         check_output_mode_echo([], OutputMode.TEXT)  # type: ignore[arg-type]
-    with pytest.raises(UpstreamContractError, match=r"the worker's response carries \"tokens\""):
+    with pytest.raises(UpstreamContractError, match=r"the worker answered \"tokens\""):
         check_output_mode_echo({"output_mode": "tokens"}, OutputMode.TEXT)
     with pytest.raises(UpstreamContractError, match=r'no output_mode \(read as "tokens"\)'):
+        check_output_mode_echo({"choices": []}, OutputMode.DERENDER)
+    with pytest.raises(UpstreamContractError, match=r"is not a generate response at all"):
         check_output_mode_echo({}, OutputMode.DERENDER)
     with pytest.raises(ConfigError, match=r"expected one of tokens, text, derender, got \"bogus\""):
         check_output_mode_echo({}, "bogus")  # type: ignore[arg-type]

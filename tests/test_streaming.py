@@ -16,6 +16,7 @@ from strategies import generate_responses, generate_text_streams
 from disagg_transforms import (
     ChatStreamConverter,
     ConfigError,
+    EnvelopeOptions,
     OutputMode,
     UpstreamContractError,
     single_frame_chat_chunks,
@@ -39,9 +40,12 @@ def _accumulate(chunks: list[dict[str, Any]]) -> Any:
     return state.current_completion_snapshot
 
 
-def _converter(**kwargs: Any) -> ChatStreamConverter:
+def _converter(*, client_body: Any = None, **options: Any) -> ChatStreamConverter:
     return ChatStreamConverter(
-        requested=OutputMode.TEXT, completion_id="chatcmpl-r1", model="m", created=5, **kwargs
+        requested=OutputMode.TEXT,
+        client_body=client_body,
+        options=EnvelopeOptions(model="m", **options),
+        created=5,
     )
 
 
@@ -81,14 +85,16 @@ def test_single_frame_delta_carries_the_whole_message() -> None:
     chunks = single_frame_chat_chunks(
         load_fixture("response-derender-tool-call.json"), requested=OutputMode.DERENDER
     )
-    assert len(chunks) == 1  # no usage chunk unless asked
+    assert len(chunks) == 2  # the delta, the finish; no usage chunk unless asked
+    assert chunks[1]["choices"][0]["delta"] == {}
+    assert chunks[1]["choices"][0]["finish_reason"] == "tool_calls"
     delta = chunks[0]["choices"][0]["delta"]
     assert delta["role"] == "assistant"
     assert delta["reasoning"] == "User wants weather."
     assert delta["tool_calls"][0]["index"] == 0
     assert delta["tool_calls"][0]["function"]["name"] == "get_weather"
     assert chunks[0]["object"] == "chat.completion.chunk"
-    assert chunks[0]["choices"][0]["finish_reason"] == "tool_calls"
+    assert chunks[0]["choices"][0]["finish_reason"] is None
 
 
 def test_text_stream_golden() -> None:
@@ -141,12 +147,18 @@ def test_every_byte_boundary_gives_the_same_bytes(name: str) -> None:
         (b'data: {"choices":[]}\n\n', "$.output_mode"),
         (b'data: {"output_mode":"tokens","choices":[]}\n\n', "$.output_mode"),
         (b"data: {nope\n\n", "$"),
-        (b'data: {"output_mode":"text","choices":[{"index":0}]}\n\n', "$.choices[0].text"),
         (
-            b'data: {"output_mode":"text","choices":[{"index":"0","text":""}]}\n\n',
+            b'data: {"request_id":"r1","output_mode":"text","choices":[{"index":0}]}\n\n',
+            "$.choices[0].text",
+        ),
+        (
+            (
+                b'data: {"request_id":"r1","output_mode":"text",'
+                b'"choices":[{"index":"0","text":""}]}\n\n'
+            ),
             "$.choices[0].index",
         ),
-        (b'data: {"output_mode":"text"}\n\n', "$.choices"),
+        (b'data: {"request_id":"r1","output_mode":"text"}\n\n', "$.choices"),
         (b"data: [DONE]\n\ndata: {}\n\n", "$"),
         (b"data: [1]\n\n", "$"),
     ],
@@ -159,7 +171,7 @@ def test_contract_breaches(stream: bytes, param: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "tail", [b"", b'data: {"output_mode":"text","choices":[]}\n\n', b"data: [DO"]
+    "tail", [b"", b'data: {"request_id":"r1","output_mode":"text","choices":[]}\n\n', b"data: [DO"]
 )
 def test_close_without_done_is_an_error(tail: bytes) -> None:
     converter = _converter()
@@ -171,7 +183,7 @@ def test_close_without_done_is_an_error(tail: bytes) -> None:
 def test_bounds() -> None:
     with pytest.raises(UpstreamContractError):
         _converter(max_event_bytes=32).feed(b"data: " + b"x" * 64)
-    event = b'data: {"output_mode":"text","choices":[{"index":%d,"text":""}]}\n\n'
+    event = b'data: {"request_id":"r1","output_mode":"text","choices":[{"index":%d,"text":""}]}\n\n'
     converter = _converter(max_choices=2)
     out = converter.feed(event % 1 + event % 1)
     assert next(c["choices"][0]["delta"] for c in _chunks(out + b"data: [DONE]\n\n")) == {
@@ -185,12 +197,13 @@ def test_bounds() -> None:
 def test_only_text_streams() -> None:
     for mode in (OutputMode.TOKENS, OutputMode.DERENDER):
         with pytest.raises(ConfigError):
-            ChatStreamConverter(requested=mode, completion_id="c", model="m", created=0)
+            ChatStreamConverter(requested=mode, client_body={"model": "m"}, created=0)
 
 
 def test_stream_logprobs_cut_and_finish_mapped() -> None:
     event = (
-        b'data: {"output_mode":"text","choices":[{"index":0,"text":"a","finish_reason":"abort",'
+        b'data: {"request_id":"r1","output_mode":"text","choices":[{"index":0,"text":"a",'
+        b'"finish_reason":"abort",'
         b'"logprobs":{"content":[{"token":"a","logprob":-1.0,"bytes":null,"top_logprobs":'
         b'[{"token":"a","logprob":-1.0},{"token":"b","logprob":-2.0}]}]}}]}\n\n'
     )

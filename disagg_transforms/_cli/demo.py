@@ -251,11 +251,7 @@ def _responses() -> list[str]:
     lines.append("  [DONE]")
     lines += [heading("8. A streamed text-mode leg (generate SSE)"), _indent(TEXT_STREAM)]
     converter = ChatStreamConverter(
-        requested=OutputMode.TEXT,
-        completion_id="chatcmpl-demo",
-        model=MODEL,
-        created=CREATED,
-        client_body=CHAT_REQUEST,
+        requested=OutputMode.TEXT, client_body=CHAT_REQUEST, created=CREATED
     )
     converted = converter.feed(TEXT_STREAM) + converter.close()
     lines.append(heading("8b. ... converted for the streaming chat client (ChatStreamConverter)"))

@@ -311,7 +311,6 @@ class Exchange:
                 self._shape(leg),
                 requested=leg.output_mode,
                 client_body=self._members,
-                request_id=self._id_base(),
                 model=None if self._rendered is None else self._rendered.get(w.MODEL),
             )
         except DisaggTransformError as error:
@@ -532,10 +531,6 @@ class Exchange:
 
     def _shape(self, leg: DecodeLeg) -> _reply.Shape:
         return _reply.reply_shape(self._route, leg.route, wrap=leg.wrap_chat_completion)
-
-    def _id_base(self) -> str:
-        rendered = None if self._rendered is None else self._rendered.get(w.REQUEST_ID)
-        return rendered if isinstance(rendered, str) else self.request_id
 
     def _whole_reply(self, answer: bytes) -> None:
         leg = self._decode

@@ -16,21 +16,15 @@ import msgspec
 from msgspec import UNSET
 
 from disagg_transforms._config import OutputMode
-from disagg_transforms._response.chat import chat_id
-from disagg_transforms._response.chat_stream import ChatStreamConverter, single_frame_chat_stream
-from disagg_transforms._response.chat_wrap import wrap_chat_completion, wrap_chat_completion_bytes
+from disagg_transforms._response.chat_wrap import wrap_chat_completion_bytes
+from disagg_transforms._response.dispatch import (
+    single_frame_stream,
+    stream_converter,
+    wrap_envelope,
+)
 from disagg_transforms._response.echo import check_echoed_mode, check_output_mode_echo
 from disagg_transforms._response.generate_stream import GenerateStreamReader
-from disagg_transforms._response.messages import (
-    AnthropicStreamConverter,
-    single_frame_anthropic_stream,
-    wrap_anthropic_message,
-)
-from disagg_transforms._response.responses import (
-    ResponsesStreamConverter,
-    single_frame_responses_stream,
-    wrap_responses_response,
-)
+from disagg_transforms._response.options import EnvelopeOptions
 from disagg_transforms._routes import Route
 from disagg_transforms._wire import keys as w
 from disagg_transforms._wire import raw as _raw
@@ -76,6 +70,14 @@ def reply_shape(client_route: Route, leg_route: Route, *, wrap: bool) -> Shape:
     }.get(client_route, Shape.GENERATE)
 
 
+# The shapes whose envelope is rebuilt, and the client route that names that envelope.
+_REBUILT: Mapping[Shape, Route] = {
+    Shape.CHAT: Route.CHAT_COMPLETIONS,
+    Shape.RESPONSES: Route.RESPONSES,
+    Shape.MESSAGES: Route.MESSAGES,
+}
+
+
 class _Object(msgspec.Struct):
     """The narrowest view of an answer: a JSON object, with its echo when it has one."""
 
@@ -110,7 +112,7 @@ def _frame(body: bytes) -> bytes:
     return b"data: " + body + b"\n\n" + DONE_EVENT
 
 
-def whole_reply(  # noqa: C901, PLR0911, PLR0913 - one branch per envelope, each a call
+def whole_reply(  # noqa: PLR0911, PLR0913 - one branch per envelope, each a call
     shape: Shape,
     answer: bytes,
     *,
@@ -152,28 +154,19 @@ def whole_reply(  # noqa: C901, PLR0911, PLR0913 - one branch per envelope, each
     whole = _decode(answer, "the decode answer")
     if single_frame:
         return _single_frame(shape, whole, mode, client_body), SSE
-    envelope: dict[str, Any]
-    if shape is Shape.CHAT:
-        envelope = wrap_chat_completion(whole, requested=mode, client_body=client_body)
-    elif shape is Shape.UNWRAPPED:
+    if shape is Shape.UNWRAPPED:
         check_output_mode_echo(whole, mode)
         envelope = _without_generate_only(whole)
-    elif shape is Shape.RESPONSES:
-        envelope = wrap_responses_response(whole, requested=mode, client_body=client_body)
     else:
-        envelope = wrap_anthropic_message(whole, requested=mode, client_body=client_body)
+        envelope = wrap_envelope(_REBUILT[shape], whole, requested=mode, client_body=client_body)
     return _raw.encode(hook(envelope) if hook is not None else envelope), JSON
 
 
 def _single_frame(
     shape: Shape, whole: dict[str, Any], mode: OutputMode, client_body: Mapping[str, Any]
 ) -> bytes:
-    if shape is Shape.CHAT:
-        return single_frame_chat_stream(whole, requested=mode, client_body=client_body)
-    if shape is Shape.RESPONSES:
-        return single_frame_responses_stream(whole, requested=mode, client_body=client_body)
-    if shape is Shape.MESSAGES:
-        return single_frame_anthropic_stream(whole, requested=mode, client_body=client_body)
+    if shape in _REBUILT:
+        return single_frame_stream(_REBUILT[shape], whole, requested=mode, client_body=client_body)
     check_output_mode_echo(whole, mode)
     return _frame(_raw.encode(_without_generate_only(whole)))
 
@@ -236,19 +229,11 @@ class _PassRelay:
         return rest
 
 
-def _model(client_body: Mapping[str, Any], fallback: object) -> str:
-    model = client_body.get(w.MODEL)
-    if isinstance(model, str):
-        return model
-    return fallback if isinstance(fallback, str) else ""
-
-
-def stream_relay(  # noqa: PLR0913 - what a relay is built from, by keyword
+def stream_relay(
     shape: Shape,
     *,
     requested: OutputMode | None,
     client_body: Mapping[str, Any],
-    request_id: str,
     model: object,
     clock: Callable[[], float] = time.time,
 ) -> Relay:
@@ -258,26 +243,20 @@ def stream_relay(  # noqa: PLR0913 - what a relay is built from, by keyword
         shape: the envelope (:func:`reply_shape`).
         requested: the leg's ``output_mode`` (``None``: an OpenAI-format leg).
         client_body: the client's request.
-        request_id: the id the chat chunks derive theirs from (``chatcmpl-<id>``).
-        model: the model to report when the client named none (the render answer's).
+        model: the model to report when the client named none (the render answer's): stream
+            chunks carry none.
         clock: gives ``created``.
     """
     mode = requested or OutputMode.TEXT
-    name = _model(client_body, model)
-    if shape is Shape.CHAT:
-        return ChatStreamConverter(
+    if shape in _REBUILT:
+        named = client_body.get(w.MODEL)
+        fallback = model if isinstance(model, str) and not isinstance(named, str) else None
+        return stream_converter(
+            _REBUILT[shape],
             requested=mode,
-            completion_id=chat_id(request_id),
-            model=name,
-            created=int(clock()),
             client_body=client_body,
+            options=EnvelopeOptions(model=fallback, clock=clock),
         )
-    if shape is Shape.RESPONSES:
-        return ResponsesStreamConverter(
-            requested=mode, model=name, created=int(clock()), client_body=client_body
-        )
-    if shape is Shape.MESSAGES:
-        return AnthropicStreamConverter(requested=mode, model=name, client_body=client_body)
     if shape is Shape.PASS:
         return _PassRelay()
     return _GenerateRelay(strip=shape is Shape.UNWRAPPED)

@@ -55,16 +55,17 @@ def contract_error(error: Exception, what: str) -> UpstreamContractError:
 
 
 def require_text_mode(requested: OutputMode, *, streaming: bool) -> None:
-    """Refuse a requested mode that cannot give a chat client its text.
+    """Refuse a requested mode that cannot give a client its text: the one such refusal.
 
-    ``tokens`` carries token IDs only, and vLLM 0.33 cannot stream ``derender``; both are the
-    router's configuration, not the worker's answer, hence :class:`ConfigError`.
+    Every envelope (chat, Responses, Anthropic), wrap, single frame and stream converter calls
+    it. ``tokens`` carries token IDs only, and vLLM 0.33 cannot stream ``derender``; both are
+    the router's configuration, not the worker's answer, hence :class:`ConfigError`.
     """
     allowed = _STREAMED_MODES if streaming else _CHAT_MODES
     if requested in allowed:
         return
     names = " or ".join(f'"{mode.value}"' for mode in allowed)
-    what = "a streamed answer" if streaming else "a chat completion"
+    what = "a streamed answer" if streaming else "a client's envelope"
     msg = (
         f'{w.OUTPUT_MODE}: {what} needs {names}, got "{requested.value}": '
         "a tokens answer carries token IDs and no text"
@@ -75,11 +76,12 @@ def require_text_mode(requested: OutputMode, *, streaming: bool) -> None:
 
 
 def client_top_logprobs(client_body: Mapping[str, Any] | None) -> int | None:
-    """How many alternatives per token the chat client gets; ``None``: do not cut.
+    """How many alternatives per token the client gets; ``None``: do not cut.
 
-    As vLLM's chat route: absent or ``null`` means 0 (``logprobs: true`` alone gives empty
-    ``top_logprobs`` lists), ``-1`` means all. Without a client body (or with one that is not a
-    JSON object, as the other envelopes read it) nothing is cut.
+    The one reader of every envelope (chat, Responses). As vLLM's chat and Responses routes:
+    absent or ``null`` means 0 (``logprobs: true`` alone gives empty ``top_logprobs`` lists),
+    ``-1`` means all. Without a client body (or with one that is not a JSON object) nothing is
+    cut.
 
     Raises:
         RequestError: ``top_logprobs`` is not an integer >= -1.
@@ -309,7 +311,8 @@ class _RawCodec(Codec[Any]):
         return value is None or value == _RAW_NULL
 
     def extend(self, message: msgspec.Raw, key: str, value: object) -> object:
-        return {**_raw.split(message, UpstreamContractError, "a message"), key: value}
+        # A Raw is not bytes: split its buffer (the bytes path's reasoning_content).
+        return {**_raw.split(memoryview(message), UpstreamContractError, "a message"), key: value}
 
     def cut(self, logprobs: Any, top: int | None) -> object:  # noqa: ANN401 - as is_object
         if isinstance(logprobs, msgspec.Struct):

@@ -4,14 +4,14 @@ Two shapes, both ending in ``data: [DONE]``:
 
 - :func:`single_frame_chat_stream` (and :func:`single_frame_chat_chunks`): a derender leg cannot
   stream on vLLM 0.33, so its whole answer becomes a short ``chat.completion.chunk`` stream:
-  one chunk per choice with the full delta, then a usage-only chunk when the client asked.
+  per choice one chunk with the full delta, then one with its finish reason; a usage-only
+  chunk when the client asked.
 - :class:`ChatStreamConverter`: a text-mode leg streams; generate SSE bytes go in, split
   anywhere, and ``chat.completion.chunk`` SSE bytes come out, the echo checked on every chunk.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
@@ -19,6 +19,7 @@ from msgspec import UNSET
 
 from disagg_transforms._config import OutputMode
 from disagg_transforms._response.chat import (
+    chat_id,
     client_top_logprobs,
     cut_logprobs,
     finish_fields,
@@ -31,20 +32,26 @@ from disagg_transforms._response.generate_stream import (
     StreamChoice,
     StreamEvent,
 )
+from disagg_transforms._response.options import (
+    DEFAULT_OPTIONS,
+    EnvelopeOptions,
+    envelope_created,
+    envelope_model,
+)
 from disagg_transforms._wire import keys as w
-from disagg_transforms._wire.sse import DEFAULT_MAX_EVENT_BYTES, DONE_EVENT, format_sse_event
+from disagg_transforms._wire.sse import DONE_EVENT, format_sse_event
 from disagg_transforms.errors import UpstreamContractError
 
 __all__ = (
     "ChatStreamConverter",
-    "DEFAULT_MAX_CHOICES",
-    "DEFAULT_MAX_EVENT_BYTES",
     "single_frame_chat_chunks",
     "single_frame_chat_stream",
 )
 
-DEFAULT_MAX_CHOICES: Final = 4096
-"""Default bound on the distinct choice indices one stream may carry (the converter's state)."""
+# vLLM's error ``type`` per HTTP status (its ``ErrorResponse``); other 4xx: a bad request.
+_VLLM_ERROR_TYPES: Final = {404: "NotFoundError", 500: "InternalServerError"}
+_BAD_REQUEST: Final = "BadRequestError"
+_FIRST_SERVER_STATUS: Final = 500
 
 
 def _include_usage(client_body: Mapping[str, Any] | None) -> bool:
@@ -73,28 +80,32 @@ def _delta(message: Mapping[str, Any]) -> dict[str, Any]:
     return delta
 
 
-def single_frame_chat_chunks(  # noqa: PLR0913 - the options of wrap_chat_completion, keyword-only
+def single_frame_chat_chunks(  # noqa: PLR0913 - the keyword front of wrap_chat_completion
     response: Mapping[str, Any],
     *,
     requested: OutputMode,
     client_body: Mapping[str, Any] | None = None,
+    options: EnvelopeOptions | None = None,
     model: str | None = None,
-    clock: Callable[[], float] = time.time,
-    vllm_finish_reasons: bool = False,
-    reasoning_content: bool = False,
+    clock: Callable[[], float] | None = None,
+    vllm_finish_reasons: bool | None = None,
+    reasoning_content: bool | None = None,
 ) -> list[dict[str, Any]]:
     """The ``chat.completion.chunk`` objects of a single-frame stream, ``[DONE]`` excluded.
 
     The response is wrapped by :func:`wrap_chat_completion` (same arguments, same errors), then
-    each choice becomes one chunk whose ``delta`` is the whole message (``role``, ``content``,
-    ``reasoning``, ``tool_calls`` each with its ``index``) and whose ``finish_reason`` is set;
-    a usage-only chunk (``choices: []``) follows when the client asked
+    laid out as OpenAI and vLLM stream: per choice, one chunk whose ``delta`` is the whole
+    message (``role``, ``content``, ``reasoning``, ``tool_calls`` each with its ``index``)
+    with ``finish_reason: null``, then one with an empty delta and the ``finish_reason``
+    (the openai SDK's stream helpers finish a tool call's arguments only when a later chunk
+    closes it); a usage-only chunk (``choices: []``) follows when the client asked
     ``stream_options.include_usage``.
     """
     completion = wrap_chat_completion(
         response,
         requested=requested,
         client_body=client_body,
+        options=options,
         model=model,
         clock=clock,
         vllm_finish_reasons=vllm_finish_reasons,
@@ -103,30 +114,44 @@ def single_frame_chat_chunks(  # noqa: PLR0913 - the options of wrap_chat_comple
     head = _chunk_head(completion[w.ID], completion[w.CREATED], completion[w.MODEL])
     chunks = []
     for choice in completion[w.CHOICES]:
-        fields = {key: value for key, value in choice.items() if key != w.MESSAGE}
-        delta = _delta(choice[w.MESSAGE])
-        built = {w.INDEX: fields.pop(w.INDEX), w.DELTA: delta, **fields}
-        chunks.append({**head, w.CHOICES: [built]})
+        opened = {
+            w.INDEX: choice[w.INDEX],
+            w.DELTA: _delta(choice[w.MESSAGE]),
+            w.LOGPROBS: choice[w.LOGPROBS],
+            w.FINISH_REASON: None,
+        }
+        finished = {key: value for key, value in choice.items() if key != w.MESSAGE}
+        finished[w.DELTA] = {}
+        finished[w.LOGPROBS] = None  # sent with the delta
+        chunks.append({**head, w.CHOICES: [opened]})
+        chunks.append({**head, w.CHOICES: [_ordered(finished)]})
     if _include_usage(client_body):
         chunks.append({**head, w.CHOICES: [], w.USAGE: completion.get(w.USAGE)})
     return chunks
 
 
-def single_frame_chat_stream(  # noqa: PLR0913 - the options of wrap_chat_completion, keyword-only
+def _ordered(choice: dict[str, Any]) -> dict[str, Any]:
+    # A chunk choice's keys in vLLM's order: index, delta, then the rest as the wrap gave them.
+    return {w.INDEX: choice.pop(w.INDEX), w.DELTA: choice.pop(w.DELTA), **choice}
+
+
+def single_frame_chat_stream(  # noqa: PLR0913 - the keyword front of wrap_chat_completion
     response: Mapping[str, Any],
     *,
     requested: OutputMode,
     client_body: Mapping[str, Any] | None = None,
+    options: EnvelopeOptions | None = None,
     model: str | None = None,
-    clock: Callable[[], float] = time.time,
-    vllm_finish_reasons: bool = False,
-    reasoning_content: bool = False,
+    clock: Callable[[], float] | None = None,
+    vllm_finish_reasons: bool | None = None,
+    reasoning_content: bool | None = None,
 ) -> bytes:
     """The SSE body of a single-frame stream: :func:`single_frame_chat_chunks`, then ``[DONE]``."""
     chunks = single_frame_chat_chunks(
         response,
         requested=requested,
         client_body=client_body,
+        options=options,
         model=model,
         clock=clock,
         vllm_finish_reasons=vllm_finish_reasons,
@@ -147,54 +172,59 @@ class ChatStreamConverter:
     event is sent on byte for byte; ``[DONE]`` is sent on. Output bytes depend only on the
     input bytes, not on how they were split.
 
-    Memory per stream is bounded by ``max_event_bytes`` (one event) and ``max_choices``
-    (choice indices; a choice that appears before a lower index first gets the lower ones
-    opened with a role-only delta, as vLLM's chat route sends them). After an error the
-    converter is spent: discard it.
+    Every chunk's ``id`` comes from the first generate chunk's ``request_id`` by the rules of
+    :func:`~disagg_transforms.wrap_chat_completion` (so both give one answer one id), its
+    ``model`` from ``options.model``, else the client body's ``model``, and its ``created`` is
+    ``created``, else ``options.clock()`` when the converter is made (generate chunks carry
+    neither a model nor a time).
+
+    Memory per stream is bounded by ``options.max_event_bytes`` (one event) and
+    ``options.max_choices`` (choice indices; a choice that appears before a lower index first
+    gets the lower ones opened with a role-only delta, as vLLM's chat route sends them). After
+    an error the converter is spent: discard it.
 
     Args:
         requested: The leg's ``output_mode``; only ``text`` streams (vLLM 0.33 refuses derender
             with ``stream: true``, and tokens carry no text).
-        completion_id: The ``id`` of every chunk (generate chunks carry none).
-        model: The ``model`` of every chunk.
+        client_body: The client's chat request (its ``top_logprobs``, and its ``model`` as
+            the fallback).
+        options: How the envelope is built (:class:`EnvelopeOptions`).
         created: The ``created`` of every chunk (Unix seconds).
-        client_body: The client's chat request (its ``top_logprobs``).
-        vllm_finish_reasons: Pass vLLM's ``finish_reason`` through as is.
-        max_event_bytes: Bound on one buffered event.
-        max_choices: Bound on distinct choice indices.
 
     Raises:
         ConfigError: ``requested`` is not ``text``.
         RequestError: the client's ``top_logprobs`` is not an integer >= -1.
+        UpstreamContractError: neither the options nor the client body names a model.
     """
 
     __slots__ = (
+        "_created",
         "_head",
         "_max_choices",
+        "_model",
         "_next",
         "_passthrough",
         "_reader",
         "_top",
     )
 
-    def __init__(  # noqa: PLR0913 - keyword-only settings of one stream
+    def __init__(
         self,
         *,
         requested: OutputMode,
-        completion_id: str,
-        model: str,
-        created: int,
         client_body: Mapping[str, Any] | None = None,
-        vllm_finish_reasons: bool = False,
-        max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
-        max_choices: int = DEFAULT_MAX_CHOICES,
+        options: EnvelopeOptions | None = None,
+        created: int | None = None,
     ) -> None:
         require_text_mode(as_output_mode(requested), streaming=True)
+        built = DEFAULT_OPTIONS if options is None else options
         self._top = client_top_logprobs(client_body)
-        self._head = _chunk_head(completion_id, created, model)
-        self._passthrough = vllm_finish_reasons
-        self._reader = GenerateStreamReader(max_event_bytes=max_event_bytes)
-        self._max_choices = max_choices
+        self._model = envelope_model(built, None, client_body)
+        self._created = envelope_created(built, created)
+        self._head: dict[str, Any] | None = None  # once the first chunk names the request
+        self._passthrough = built.vllm_finish_reasons
+        self._reader = GenerateStreamReader(max_event_bytes=built.max_event_bytes)
+        self._max_choices = built.max_choices
         self._next = 0  # choices 0.._next-1 have had their role delta
 
     def feed(self, data: bytes) -> bytes:
@@ -212,23 +242,47 @@ class ChatStreamConverter:
 
         Raises:
             UpstreamContractError: the stream stopped mid-event or before ``data: [DONE]``
-                (the worker or the connection died); the router should send the client an
-                error event (:func:`~disagg_transforms.errors.openai_error_body`) and
-                ``[DONE]``.
+                (the worker or the connection died); the router should end the client's
+                stream with :meth:`error_event`.
         """
         return b"".join(self._event(payload, event) for payload, event in self._reader.close())
+
+    def error_event(
+        self, message: str, *, status: int = 500, error_type: str | None = None
+    ) -> bytes:
+        """The chat in-stream error, as vLLM sends it: ``data: {"error": ...}``, ``[DONE]``.
+
+        For the router to end a started stream with. The body is vLLM's ``ErrorResponse``
+        (``message``, ``type``, ``param``, ``code``): ``code`` is ``status``, the HTTP status
+        the error would have had before the stream started; ``error_type`` overrides the
+        type vLLM gives that status (``InternalServerError``, ``BadRequestError``, ...).
+        """
+        if error_type is None:
+            fallback = _VLLM_ERROR_TYPES[500] if status >= _FIRST_SERVER_STATUS else _BAD_REQUEST
+            error_type = _VLLM_ERROR_TYPES.get(status, fallback)
+        body = {w.MESSAGE: message, w.TYPE: error_type, w.PARAM: None, w.CODE: status}
+        return format_sse_event({w.ERROR: body}) + DONE_EVENT
+
+    def _chunk_head(self, event: StreamEvent) -> dict[str, Any]:
+        if self._head is None:
+            if not isinstance(event.request_id, str):
+                msg = f"$.{w.REQUEST_ID}: the first stream chunk has no request_id"
+                raise UpstreamContractError(msg, param=f"$.{w.REQUEST_ID}")
+            self._head = _chunk_head(chat_id(event.request_id), self._created, self._model)
+        return self._head
 
     def _event(self, payload: bytes, event: StreamEvent | None) -> bytes:
         if event is None:
             return DONE_EVENT
         if event.error is not UNSET:
             return b"data: " + payload + b"\n\n"  # the worker's own error, sent on as is
+        head = self._chunk_head(event)
         usage = None if event.usage is UNSET else event.usage
         if not event.choices:
             if usage is None:
                 return b""
-            return format_sse_event({**self._head, w.CHOICES: [], w.USAGE: usage})
-        chunk = {**self._head, w.CHOICES: self._choices(event.choices)}
+            return format_sse_event({**head, w.CHOICES: [], w.USAGE: usage})
+        chunk = {**head, w.CHOICES: self._choices(event.choices)}
         if usage is not None:
             chunk[w.USAGE] = usage  # continuous usage stats, as the chat route sends them
         return format_sse_event(chunk)

@@ -10,7 +10,6 @@ The per-choice rules live in :mod:`disagg_transforms._response.chat`, shared wit
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Mapping
 from typing import Any, Generic, TypeVar
 
@@ -36,11 +35,17 @@ from disagg_transforms._response.echo import (
     check_echoed_mode,
     check_output_mode_echo,
 )
+from disagg_transforms._response.options import (
+    EnvelopeOptions,
+    envelope_created,
+    envelope_model,
+    front_options,
+)
 from disagg_transforms._wire import keys as w
 from disagg_transforms._wire import limits as _limits
 from disagg_transforms._wire import raw as _raw
 from disagg_transforms._wire.describe import describe
-from disagg_transforms._wire.limits import DEFAULT_LIMITS, Limits
+from disagg_transforms._wire.limits import Limits
 from disagg_transforms._wire.validate import CONVERT_ERRORS, MAPPINGS
 from disagg_transforms.envelopes import ChatMessage, Usage
 from disagg_transforms.errors import DisaggTransformError, UpstreamContractError
@@ -66,6 +71,7 @@ class _Choice(msgspec.Struct, Generic[_P, _L], kw_only=True):
 class _Response(msgspec.Struct, Generic[_P, _L], kw_only=True):
     request_id: str
     output_mode: Any = UNSET
+    object: Any = UNSET  # a client API's envelope: not a generate answer at all
     model: str | UnsetType | None = UNSET
     created: int | UnsetType | None = UNSET
     # msgspec cannot put Raw in a union with None: a null member is Raw(b"null") (codec.is_null).
@@ -108,16 +114,6 @@ def _message(
     return {w.ROLE: w.ASSISTANT, w.CONTENT: view.text}
 
 
-def _model(view: _Response[Any, Any], model: str | None, client_model: object) -> str:
-    if isinstance(view.model, str):
-        return view.model  # the common case, without building the candidates
-    for candidate in (model, client_model):
-        if isinstance(candidate, str):
-            return candidate
-    msg = "$.model: the response names no model, and neither model= nor the client body gives one"
-    raise UpstreamContractError(msg, param="$.model")
-
-
 class _ClientView(msgspec.Struct, kw_only=True):
     # What the wrap reads of the client's request; the rest of its bytes is skipped.
     model: Any = None
@@ -147,15 +143,6 @@ def _cut_to(client: Mapping[str, Any] | None, requested: OutputMode) -> int | No
     return client_top_logprobs(client) if requested is OutputMode.TEXT else None
 
 
-class _Options(msgspec.Struct, frozen=True, kw_only=True):
-    """The options of :func:`wrap_chat_completion` the rules read as given (both paths)."""
-
-    model: str | None
-    clock: Callable[[], float]
-    vllm_finish_reasons: bool
-    reasoning_content: bool
-
-
 _PromptLogprobs = list[dict[str, Any] | None]
 _USAGE_PATH = f"$.{w.USAGE}"
 _PROMPT_LOGPROBS_PATH = f"$.{w.PROMPT_LOGPROBS}"
@@ -168,7 +155,7 @@ def _wrap(  # noqa: PLR0913 - the view, the mode, and what the client asked for
     requested: OutputMode,
     client: Mapping[str, Any] | None,
     top: int | None,
-    options: _Options,
+    options: EnvelopeOptions,
 ) -> dict[str, Any]:
     """The rules of the chat envelope, on either path's view of the response."""
     choices = []
@@ -186,13 +173,11 @@ def _wrap(  # noqa: PLR0913 - the view, the mode, and what the client asked for
         choices.append(built)
     if len(choices) > 1:
         choices.sort(key=lambda built: built[w.INDEX])
-    created = view.created if isinstance(view.created, int) else int(options.clock())
-    client_model = None if client is None else client.get(w.MODEL)
     result: dict[str, Any] = {
         w.ID: chat_id(view.request_id),
         w.OBJECT: w.CHAT_COMPLETION_OBJECT,
-        w.CREATED: created,
-        w.MODEL: _model(view, options.model, client_model),
+        w.CREATED: envelope_created(options, view.created),
+        w.MODEL: envelope_model(options, view.model, client),
         w.CHOICES: choices,
     }
     if view.usage is not UNSET:
@@ -205,15 +190,16 @@ def _wrap(  # noqa: PLR0913 - the view, the mode, and what the client asked for
     return result
 
 
-def wrap_chat_completion(  # noqa: PLR0913 - every option is keyword-only and documented
+def wrap_chat_completion(  # noqa: PLR0913 - SPEC's keyword front over EnvelopeOptions
     response: Mapping[str, Any],
     *,
     requested: OutputMode,
     client_body: Mapping[str, Any] | None = None,
+    options: EnvelopeOptions | None = None,
     model: str | None = None,
-    clock: Callable[[], float] = time.time,
-    vllm_finish_reasons: bool = False,
-    reasoning_content: bool = False,
+    clock: Callable[[], float] | None = None,
+    vllm_finish_reasons: bool | None = None,
+    reasoning_content: bool | None = None,
 ) -> dict[str, Any]:
     """Build the ``chat.completion`` a chat client expects from a text or derender response.
 
@@ -223,11 +209,13 @@ def wrap_chat_completion(  # noqa: PLR0913 - every option is keyword-only and do
         requested: The ``output_mode`` the leg asked for (checked against the echo first).
         client_body: The client's chat request: its ``top_logprobs`` cuts text-mode logprobs
             and its ``model`` is the last fallback.
-        model: The model name to use when the response carries none.
-        clock: Gives "now" (Unix seconds) when the response carries no ``created``.
-        vllm_finish_reasons: Pass vLLM's ``finish_reason`` through as is (``abort`` and
-            ``repetition`` then fail the openai SDK's validation).
-        reasoning_content: Also expose the message's ``reasoning`` as ``reasoning_content``.
+        options: How the envelope is built (:class:`EnvelopeOptions`).
+        model: Front for ``EnvelopeOptions.model`` (given, not ``None``, it replaces the
+            field of ``options``; so do the three below): the envelope's model, over the
+            worker's and the client's.
+        clock: Front for ``EnvelopeOptions.clock``: "now" when the response has no ``created``.
+        vllm_finish_reasons: Front for ``EnvelopeOptions.vllm_finish_reasons``.
+        reasoning_content: Front for ``EnvelopeOptions.reasoning_content``.
 
     Raises:
         UpstreamContractError: the echo check fails (§5.1), or the response is malformed; the
@@ -249,7 +237,8 @@ def wrap_chat_completion(  # noqa: PLR0913 - every option is keyword-only and do
         requested=requested,
         client=client,
         top=_cut_to(client, requested),
-        options=_Options(
+        options=front_options(
+            options,
             model=model,
             clock=clock,
             vllm_finish_reasons=vllm_finish_reasons,
@@ -258,16 +247,17 @@ def wrap_chat_completion(  # noqa: PLR0913 - every option is keyword-only and do
     )
 
 
-def wrap_chat_completion_bytes(  # noqa: PLR0913 - the options of wrap_chat_completion
+def wrap_chat_completion_bytes(  # noqa: PLR0913 - the keyword front of wrap_chat_completion
     response: bytes,
     *,
     requested: OutputMode,
     client_body: Mapping[str, Any] | bytes | None = None,
+    options: EnvelopeOptions | None = None,
     model: str | None = None,
-    clock: Callable[[], float] = time.time,
-    vllm_finish_reasons: bool = False,
-    reasoning_content: bool = False,
-    limits: Limits = DEFAULT_LIMITS,
+    clock: Callable[[], float] | None = None,
+    vllm_finish_reasons: bool | None = None,
+    reasoning_content: bool | None = None,
+    limits: Limits | None = None,
 ) -> bytes:
     """:func:`wrap_chat_completion` from the worker's JSON bytes to the client's JSON bytes.
 
@@ -286,13 +276,21 @@ def wrap_chat_completion_bytes(  # noqa: PLR0913 - the options of wrap_chat_comp
         RequestError: the client's ``top_logprobs`` is not an integer >= -1.
     """
     requested = as_output_mode(requested)
+    built = front_options(
+        options,
+        model=model,
+        clock=clock,
+        vllm_finish_reasons=vllm_finish_reasons,
+        reasoning_content=reasoning_content,
+        limits=limits,
+    )
     untyped: object = response  # the caller's value may be anything
     if not isinstance(untyped, (bytes, bytearray, memoryview)):
         msg = f"$: the generate response must be JSON bytes, got {describe(untyped)}"
         raise UpstreamContractError(msg, param="$")
     # A Raw is a view of its input: a private immutable copy keeps a caller's buffer out of it.
     data = bytes(untyped)
-    _limits.check_body_size(data, limits, error=UpstreamContractError)
+    _limits.check_body_size(data, built.limits, error=UpstreamContractError)
     client: Mapping[str, Any] | None = None
     top: int | None = None
     client_error: DisaggTransformError | None = None
@@ -304,7 +302,7 @@ def wrap_chat_completion_bytes(  # noqa: PLR0913 - the options of wrap_chat_comp
     view = _precut(data, top)
     if view is None:
         view = _decode_response(data, requested)
-    check_echoed_mode(view.output_mode, requested)
+    check_echoed_mode(view.output_mode, requested, generate=view.object is UNSET)
     require_text_mode(requested, streaming=False)
     if client_error is not None:
         raise client_error
@@ -314,12 +312,7 @@ def wrap_chat_completion_bytes(  # noqa: PLR0913 - the options of wrap_chat_comp
         requested=requested,
         client=client,
         top=top,
-        options=_Options(
-            model=model,
-            clock=clock,
-            vllm_finish_reasons=vllm_finish_reasons,
-            reasoning_content=reasoning_content,
-        ),
+        options=built,
     )
     out = _raw.encode(wrapped)
     _raw.check_passed_on_utf8(out, data, UpstreamContractError)
@@ -349,9 +342,11 @@ def _decode_response(data: bytes, requested: OutputMode) -> _Response[msgspec.Ra
             msg = "$: a generate response must be a JSON object"
             raise UpstreamContractError(msg, param="$") from None
         # The echo is checked before the shape, as on the dict path.
-        echoed = _raw.split(data, UpstreamContractError, "the generate response").get(w.OUTPUT_MODE)
+        members = _raw.split(data, UpstreamContractError, "the generate response")
+        echoed = members.get(w.OUTPUT_MODE)
         mode = UNSET if echoed is None else _raw.decode_member(echoed, "$", UpstreamContractError)
-        check_echoed_mode(mode, requested)
+        generate = w.CHOICES in members and w.OBJECT not in members
+        check_echoed_mode(mode, requested, generate=generate)
         raise contract_error(error, "the generate response") from None
     except (msgspec.DecodeError, RecursionError) as error:
         msg = f"$: the generate response is not valid JSON: {error}"

@@ -13,6 +13,7 @@ from typing import Any
 from msgspec import UNSET
 
 from disagg_transforms._config import MIN_VLLM_VERSION, OutputMode
+from disagg_transforms._routes import Route
 from disagg_transforms._wire import keys as w
 from disagg_transforms._wire.describe import describe
 from disagg_transforms._wire.limits import check_response_depth
@@ -38,26 +39,51 @@ def as_output_mode(requested: object) -> OutputMode:
     raise ConfigError(msg, param=w.OUTPUT_MODE)
 
 
-def _versions() -> str:
-    return ", ".join(f'"{mode.value}" needs vLLM >= {v}' for mode, v in MIN_VLLM_VERSION.items())
-
-
-def check_echoed_mode(echoed: object, requested: OutputMode, *, where: str = "response") -> None:
+def check_echoed_mode(
+    echoed: object, requested: OutputMode, *, where: str = "response", generate: bool = True
+) -> None:
     """Check one echoed ``output_mode`` (``UNSET``: the key was absent) against ``requested``.
 
     Shared by :func:`check_output_mode_echo` and the stream converters, which read the echo
-    through their own narrow views.
+    through their own narrow views. ``generate`` is false when the body does not even look
+    like a generate answer (see :func:`_looks_generate`). The message tells the three causes
+    apart, each fixed elsewhere (see ``docs/responses.md``).
     """
     mode = as_output_mode(requested)
     # OutputMode is a str enum: the echoed string compares equal to the member itself.
     if (mode is OutputMode.TOKENS) if echoed is UNSET else (echoed == mode):
         return
-    shown = 'no output_mode (read as "tokens")' if echoed is UNSET else describe(echoed)
+    needs = _needs(mode)
+    if echoed is UNSET and not generate:
+        msg = (
+            f'$: requested "{mode.value}", the worker\'s {where} is not a generate {where} at '
+            "all (no choices, or another API's envelope): check that the leg is sent to "
+            f"{Route.GENERATE.value}{needs}"
+        )
+        raise UpstreamContractError(msg, param="$")
+    if echoed is UNSET:
+        msg = (
+            f'{_PARAM}: requested "{mode.value}", the worker\'s {where} carries no output_mode '
+            '(read as "tokens"): the worker predates output_mode and answers token IDs only; '
+            f"upgrade it{needs}"
+        )
+        raise UpstreamContractError(msg, param=_PARAM)
     msg = (
-        f'{_PARAM}: requested "{mode.value}", the worker\'s {where} carries {shown}; '
-        f"a worker that predates output_mode answers token IDs only. {_versions()}"
+        f'{_PARAM}: requested "{mode.value}", the worker answered {describe(echoed)}: a '
+        "configuration mismatch (the leg's body and the mode the router reads the answer with "
+        f"disagree, or something between them rewrites output_mode){needs}"
     )
     raise UpstreamContractError(msg, param=_PARAM)
+
+
+def _needs(mode: OutputMode) -> str:
+    version = MIN_VLLM_VERSION.get(mode)
+    return "" if version is None else f' ("{mode.value}" needs vLLM >= {version})'
+
+
+def _looks_generate(response: Mapping[str, Any]) -> bool:
+    # A generate answer has choices and, unlike every client API's envelope, no "object".
+    return w.CHOICES in response and w.OBJECT not in response
 
 
 def check_output_mode_echo(response: Mapping[str, Any], requested: OutputMode) -> None:
@@ -70,7 +96,9 @@ def check_output_mode_echo(response: Mapping[str, Any], requested: OutputMode) -
     Raises:
         UpstreamContractError: ``response`` is not an object, or its ``output_mode`` is missing
             (read as ``"tokens"``, what an older worker answers) or differs from ``requested``;
-            the message names both and the vLLM version each mode needs; or it nests deeper
+            the message tells apart a body that is no generate response at all, a worker that
+            predates the field (with the vLLM version the mode needs) and a worker that
+            answered another mode (a configuration mismatch); or it nests deeper
             than the default ``Limits.max_depth``.
         ConfigError: ``requested`` is not an output mode.
     """
@@ -78,5 +106,7 @@ def check_output_mode_echo(response: Mapping[str, Any], requested: OutputMode) -
     if not isinstance(untyped, Mapping):
         msg = f"$: a generate response must be a JSON object, got {describe(untyped)}"
         raise UpstreamContractError(msg, param="$")
-    check_echoed_mode(untyped.get(w.OUTPUT_MODE, UNSET), requested)
+    check_echoed_mode(
+        untyped.get(w.OUTPUT_MODE, UNSET), requested, generate=_looks_generate(untyped)
+    )
     check_response_depth(untyped)

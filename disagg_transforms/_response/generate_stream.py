@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, Final
 
 import msgspec
 from msgspec import UNSET, UnsetType
@@ -20,6 +20,8 @@ from msgspec import UNSET, UnsetType
 from disagg_transforms._config import OutputMode
 from disagg_transforms._response.chat import choice_path, contract_error, require_text_mode
 from disagg_transforms._response.echo import as_output_mode, check_echoed_mode
+from disagg_transforms._response.options import DEFAULT_OPTIONS, EnvelopeOptions, envelope_model
+from disagg_transforms._response.turn import AssistantTurn, base_id
 from disagg_transforms._wire import keys as w
 from disagg_transforms._wire.describe import describe
 from disagg_transforms._wire.sse import SseParser
@@ -43,6 +45,7 @@ class StreamEvent(msgspec.Struct, kw_only=True):
 
     request_id: Any = UNSET
     output_mode: Any = UNSET
+    object: Any = UNSET  # a client API's chunk: not a generate stream at all
     error: Any = UNSET
     usage: dict[str, Any] | UnsetType | None = UNSET
     choices: list[StreamChoice] | UnsetType = UNSET
@@ -105,7 +108,10 @@ class GenerateStreamReader:
             raise UpstreamContractError(msg, param="$") from None
         if event.error is not UNSET:
             return payload, event  # the worker's own error: no echo to check
-        check_echoed_mode(event.output_mode, OutputMode.TEXT, where="stream chunk")
+        generate = event.choices is not UNSET and event.object is UNSET
+        check_echoed_mode(
+            event.output_mode, OutputMode.TEXT, where="stream chunk", generate=generate
+        )
         if isinstance(event.choices, UnsetType):
             msg = f"$.{w.CHOICES}: a generate stream chunk must carry choices; it has none"
             raise UpstreamContractError(msg, param=f"$.{w.CHOICES}")
@@ -146,13 +152,26 @@ def error_message(error: object) -> str:
     return message if message is not None else f"the worker reported {describe(error)}"
 
 
+_SERVER_ERROR: Final = 500
+_FIRST_STATUS: Final = 400
+_LAST_STATUS: Final = 599
+
+
+def error_status(error: object) -> int:
+    """The HTTP status a worker's in-stream ``error`` names (vLLM's ``code``), else 500."""
+    code = error.get(w.CODE) if isinstance(error, Mapping) else None
+    if type(code) is int and _FIRST_STATUS <= code <= _LAST_STATUS:
+        return code
+    return _SERVER_ERROR
+
+
 class NamedEventConverter(abc.ABC):
     """Driver of the converters whose clients get named events (Responses, Anthropic).
 
     It reads the generate stream and keeps what the one answer has so far (text, logprobs,
-    finish reason, usage); :meth:`_answer` is that answer as a non-streaming text-mode generate
-    response, for the non-streaming builders. The subclass returns the client events of the
-    first chunk (:meth:`_start`), of each choice delta (:meth:`_delta`), of ``[DONE]``
+    finish reason, usage); :meth:`_turn` is that answer as the :class:`AssistantTurn` the
+    non-streaming wraps build their envelope from. The subclass returns the client events of
+    the first chunk (:meth:`_start`), of each choice delta (:meth:`_delta`), of ``[DONE]``
     (:meth:`_end`) and of an error (:meth:`_error`), and writes one event (:meth:`_format`).
 
     Neither client API has ``n``: a choice index other than 0 is a contract breach. After an
@@ -160,9 +179,13 @@ class NamedEventConverter(abc.ABC):
     """
 
     __slots__ = (
+        "_client",
+        "_created",
         "_failed",
         "_finish_reason",
         "_logprobs",
+        "_model",
+        "_options",
         "_reader",
         "_request_id",
         "_stop_reason",
@@ -170,16 +193,28 @@ class NamedEventConverter(abc.ABC):
         "_usage",
     )
 
-    def __init__(self, *, requested: OutputMode, max_event_bytes: int) -> None:
+    def __init__(
+        self,
+        *,
+        requested: OutputMode,
+        client_body: Mapping[str, Any] | None,
+        options: EnvelopeOptions | None,
+        created: int | None,
+    ) -> None:
         require_text_mode(as_output_mode(requested), streaming=True)
-        self._reader = GenerateStreamReader(max_event_bytes=max_event_bytes)
+        self._options = DEFAULT_OPTIONS if options is None else options
+        self._client = client_body
+        # Generate chunks carry no model: the options' or the client's, known from the start.
+        self._model = envelope_model(self._options, None, client_body)
+        self._created = created
+        self._reader = GenerateStreamReader(max_event_bytes=self._options.max_event_bytes)
         self._failed = False
         self._request_id: str | None = None
         self._text: list[str] = []
-        self._logprobs: list[Any] | None = None
+        self._logprobs: list[Any] | None = None  # the entries as sent (checked by the reader)
         self._finish_reason: str | None = None
         self._stop_reason: int | str | None = None
-        self._usage: dict[str, Any] | None = None
+        self._usage: Usage | None = None
 
     def feed(self, data: bytes) -> bytes:
         """Consume the next bytes of the generate stream; return the SSE bytes they complete.
@@ -197,25 +232,42 @@ class NamedEventConverter(abc.ABC):
         Raises:
             UpstreamContractError: the stream stopped mid-event or before ``data: [DONE]``
                 (the worker or the connection died), or ended before its first chunk; the
-                router should end the client's stream with an error event.
+                router should end the client's stream with :meth:`error_event`.
         """
         return self._write(self._reader.close())
 
-    def _answer(self) -> dict[str, Any]:
-        """The answer so far as a non-streaming text-mode generate response."""
-        choice = {
-            w.INDEX: 0,
-            w.TEXT: "".join(self._text),
-            w.FINISH_REASON: self._finish_reason,
-            w.STOP_REASON: self._stop_reason,
-            w.LOGPROBS: None if self._logprobs is None else {w.CONTENT: self._logprobs},
-        }
-        return {
-            w.REQUEST_ID: self._request_id,
-            w.OUTPUT_MODE: OutputMode.TEXT.value,
-            w.USAGE: self._usage,
-            w.CHOICES: [choice],
-        }
+    def error_event(
+        self, message: str, *, status: int = 500, error_type: str | None = None
+    ) -> bytes:
+        """The API's in-stream error event, for the router to end a started stream with.
+
+        ``status`` is the HTTP status the error would have had before the stream started;
+        ``error_type`` overrides the API's type for it. What the worker sends afterwards is
+        dropped: the client's stream is over.
+        """
+        self._failed = True
+        return b"".join(
+            self._format(event) for event in self._error(message, status, error_type, None)
+        )
+
+    def _turn(self) -> AssistantTurn:
+        """The answer so far, as the non-streaming wraps read it."""
+        return AssistantTurn(
+            base_id=base_id(self._request_id or ""),
+            model=self._model,
+            created=self._created,
+            choice_path=choice_path(0),
+            content="".join(self._text),
+            reasoning=None,
+            tool_calls=(),
+            finish_reason=self._finish_reason,
+            stop_reason=self._stop_reason,
+            # Typed only here (twice a stream), not per chunk: the Messages API reads none.
+            logprobs=None
+            if self._logprobs is None
+            else msgspec.convert({w.CONTENT: self._logprobs}, ChatLogprobs),
+            usage=self._usage,
+        )
 
     def _write(self, read: Iterable[ReadEvent]) -> bytes:
         events: list[dict[str, Any]] = []
@@ -229,14 +281,22 @@ class NamedEventConverter(abc.ABC):
                 events.extend(self._end())
             elif event.error is not UNSET:
                 self._failed = True
-                events.extend(self._error(event.error))
+                error = event.error
+                events.extend(
+                    self._error(
+                        error_message(error),
+                        error_status(error),
+                        error_field(error, w.TYPE),
+                        error_field(error, w.PARAM),
+                    )
+                )
             else:
                 events.extend(self._chunk(event))
         return b"".join(self._format(event) for event in events)
 
     def _chunk(self, event: StreamEvent) -> list[dict[str, Any]]:
         if event.usage is not UNSET and event.usage is not None:
-            self._usage = event.usage
+            self._usage = msgspec.convert(event.usage, Usage)  # checked by the reader
         events = []
         if self._request_id is None:
             if not isinstance(event.request_id, str):
@@ -255,30 +315,33 @@ class NamedEventConverter(abc.ABC):
             text = choice.text if isinstance(choice.text, str) else ""
             self._text.append(text)
             logprobs = choice.logprobs if isinstance(choice.logprobs, dict) else None
-            content = None if logprobs is None else logprobs.get(w.CONTENT)
-            if isinstance(content, list):
-                if self._logprobs is None:
-                    self._logprobs = []
-                self._logprobs.extend(content)
+            entries = None if logprobs is None else logprobs.get(w.CONTENT)
+            if not isinstance(entries, list):
+                entries = None
+            elif self._logprobs is None:
+                self._logprobs = list(entries)
+            else:
+                self._logprobs.extend(entries)
             if isinstance(choice.finish_reason, str):
                 self._finish_reason = choice.finish_reason
                 self._stop_reason = None if choice.stop_reason is UNSET else choice.stop_reason
-            events.extend(self._delta(text, logprobs, path))
+            events.extend(self._delta(text, entries, path))
         return events
 
     @abc.abstractmethod
     def _start(self) -> list[dict[str, Any]]: ...
 
     @abc.abstractmethod
-    def _delta(
-        self, text: str, logprobs: dict[str, Any] | None, path: str
-    ) -> list[dict[str, Any]]: ...
+    def _delta(self, text: str, logprobs: list[Any] | None, path: str) -> list[dict[str, Any]]:
+        """The events of one text delta; ``logprobs``: its entries as sent, checked."""
 
     @abc.abstractmethod
     def _end(self) -> list[dict[str, Any]]: ...
 
     @abc.abstractmethod
-    def _error(self, error: object) -> list[dict[str, Any]]: ...
+    def _error(
+        self, message: str, status: int, error_type: str | None, param: str | None
+    ) -> list[dict[str, Any]]: ...
 
     @abc.abstractmethod
     def _format(self, event: dict[str, Any]) -> bytes: ...

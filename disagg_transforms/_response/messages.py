@@ -10,16 +10,18 @@ Messages streaming events: :class:`AnthropicStreamConverter` for a streamed text
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Final
 
 import orjson
 
 from disagg_transforms._config import OutputMode
-from disagg_transforms._response.generate_stream import NamedEventConverter, error_message
-from disagg_transforms._response.turn import AssistantTurn, ToolCallOut, read_turn, resolve_model
+from disagg_transforms._response.generate_stream import NamedEventConverter
+from disagg_transforms._response.options import EnvelopeOptions, envelope_model, front_options
+from disagg_transforms._response.turn import AssistantTurn, ToolCallOut, read_turn
 from disagg_transforms._wire import keys as w
 from disagg_transforms._wire.describe import describe
-from disagg_transforms._wire.sse import DEFAULT_MAX_EVENT_BYTES, format_sse_typed_event
+from disagg_transforms._wire.sse import format_sse_typed_event
+from disagg_transforms.envelopes import Usage
 from disagg_transforms.errors import UpstreamContractError
 
 __all__ = (
@@ -49,6 +51,7 @@ def wrap_anthropic_message(
     *,
     requested: OutputMode,
     client_body: Mapping[str, Any] | None = None,
+    options: EnvelopeOptions | None = None,
     model: str | None = None,
 ) -> dict[str, Any]:
     """Build an Anthropic ``message`` from a non-streaming generate response.
@@ -58,7 +61,8 @@ def wrap_anthropic_message(
         requested: The output mode the leg asked for; the response must echo it.
         client_body: The client's Messages request: its ``stop_sequences`` tell a stop
             sequence from an end of turn.
-        model: The model name to report; defaults to the worker's, then the client's.
+        options: How the envelope is built (:class:`EnvelopeOptions`: ``model``).
+        model: Keyword front for ``EnvelopeOptions.model``.
 
     Raises:
         UpstreamContractError: the echo is missing or wrong, the usage is missing, or a tool
@@ -66,16 +70,26 @@ def wrap_anthropic_message(
         ConfigError: ``requested`` is ``tokens``.
     """
     turn = read_turn(response, requested)
+    if turn.usage is None:
+        msg = "$.usage: the Messages API needs prompt_tokens and completion_tokens"
+        raise UpstreamContractError(msg, param="$.usage")
+    return _message_object(turn, client_body, front_options(options, model=model))
+
+
+def _message_object(
+    turn: AssistantTurn, client_body: Mapping[str, Any] | None, options: EnvelopeOptions
+) -> dict[str, Any]:
+    """The ``message`` of a turn: the wrap's and the stream's, one builder."""
     stop_reason, stop_sequence = _stop_reason(turn, client_body)
     return {
         w.ID: f"msg_{turn.base_id}",
         w.TYPE: w.MESSAGE,
         w.ROLE: w.ASSISTANT,
         w.CONTENT: _content_blocks(turn),
-        w.MODEL: resolve_model(turn, model, client_body),
+        w.MODEL: envelope_model(options, turn.model, client_body),
         w.STOP_REASON: stop_reason,
         w.STOP_SEQUENCE: stop_sequence,
-        w.USAGE: _usage(turn),
+        w.USAGE: _usage(turn.usage),
     }
 
 
@@ -137,19 +151,30 @@ def _stop_reason(
     return _STOP_REASONS.get(turn.finish_reason or ""), None
 
 
-def _usage(turn: AssistantTurn) -> dict[str, Any]:
-    usage = turn.usage
-    prompt = None if usage is None else usage.prompt_tokens
-    completion = None if usage is None else usage.completion_tokens
+def _usage(usage: Usage | None) -> dict[str, Any]:
+    """Anthropic's usage: ``input_tokens`` excludes the cached ``cache_read_input_tokens``.
+
+    A client adds the two. ``None`` (a stream whose leg sent no usage chunk): the counts are
+    unknown, 0.
+    """
+    if usage is None:
+        return {w.INPUT_TOKENS: 0, w.OUTPUT_TOKENS: 0}
+    prompt = usage.prompt_tokens
+    completion = usage.completion_tokens
     if not isinstance(prompt, int) or not isinstance(completion, int):
         msg = "$.usage: the Messages API needs prompt_tokens and completion_tokens"
         raise UpstreamContractError(msg, param="$.usage")
-    result: dict[str, Any] = {w.INPUT_TOKENS: prompt, w.OUTPUT_TOKENS: completion}
-    details = (usage.prompt_tokens_details if usage is not None else None) or {}
+    details = usage.prompt_tokens_details or {}
     cached = details.get(w.CACHED_TOKENS)
-    if isinstance(cached, int) and not isinstance(cached, bool):
-        result[w.CACHE_READ_INPUT_TOKENS] = cached
-    return result
+    if not isinstance(cached, int) or isinstance(cached, bool):
+        return {w.INPUT_TOKENS: prompt, w.OUTPUT_TOKENS: completion}
+    # Clamped to the prompt, so that the two counts still add up to what the worker read.
+    cached = min(max(cached, 0), prompt)
+    return {
+        w.INPUT_TOKENS: prompt - cached,
+        w.OUTPUT_TOKENS: completion,
+        w.CACHE_READ_INPUT_TOKENS: cached,
+    }
 
 
 # --------------------------------------------------------------------------------------------
@@ -161,8 +186,18 @@ _EMPTY_BLOCK: dict[str, dict[str, Any]] = {
     w.THINKING: {w.THINKING: "", w.SIGNATURE: ""},
     w.TOOL_USE: {w.INPUT: {}},
 }
-# The usage of a stream whose leg sent no usage chunk: the counts are unknown.
-_NO_USAGE = {w.PROMPT_TOKENS: 0, w.COMPLETION_TOKENS: 0, w.TOTAL_TOKENS: 0}
+# Anthropic's error type per HTTP status (its errors table); any other 5xx is an api_error.
+_ERROR_TYPES: Final = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    529: "overloaded_error",
+}
+_KNOWN_TYPES: Final = frozenset({*_ERROR_TYPES.values(), w.API_ERROR})
+_FIRST_SERVER_STATUS: Final = 500
 
 
 def single_frame_anthropic_events(
@@ -170,6 +205,7 @@ def single_frame_anthropic_events(
     *,
     requested: OutputMode,
     client_body: Mapping[str, Any] | None = None,
+    options: EnvelopeOptions | None = None,
     model: str | None = None,
 ) -> list[dict[str, Any]]:
     """The Messages streaming events of a whole (unstreamed) generate answer.
@@ -182,7 +218,7 @@ def single_frame_anthropic_events(
     ``message_delta`` (stop reason, stop sequence, the whole usage) and ``message_stop``.
     """
     message = wrap_anthropic_message(
-        response, requested=requested, client_body=client_body, model=model
+        response, requested=requested, client_body=client_body, options=options, model=model
     )
     events = [_message_start(message)]
     for index, block in enumerate(message[w.CONTENT]):
@@ -198,6 +234,7 @@ def single_frame_anthropic_stream(
     *,
     requested: OutputMode,
     client_body: Mapping[str, Any] | None = None,
+    options: EnvelopeOptions | None = None,
     model: str | None = None,
 ) -> bytes:
     r"""The SSE body of :func:`single_frame_anthropic_events`: ``event: <type>\ndata: ...``.
@@ -205,7 +242,7 @@ def single_frame_anthropic_stream(
     As Anthropic's, the stream has no ``data: [DONE]``: ``message_stop`` ends it.
     """
     events = single_frame_anthropic_events(
-        response, requested=requested, client_body=client_body, model=model
+        response, requested=requested, client_body=client_body, options=options, model=model
     )
     return b"".join(format_sse_typed_event(event[w.TYPE], event) for event in events)
 
@@ -215,58 +252,55 @@ class AnthropicStreamConverter(NamedEventConverter):
 
     Feed it the leg's body bytes as they arrive (split anywhere); each call returns the SSE
     bytes to send on (``event: <type>\ndata: <json>``), possibly empty. The first generate
-    chunk gives ``message_start`` (``input_tokens`` from that chunk's usage when the worker
-    sends continuous usage, else 0); the first non-empty text delta opens the ``text`` block
-    (index 0; an empty answer has no block, as :func:`wrap_anthropic_message` gives none);
-    each non-empty text delta is a ``text_delta``; ``[DONE]`` gives ``content_block_stop``,
-    ``message_delta`` (stop reason and stop sequence as the non-streaming wrap maps them;
-    the usage chunk's counts, 0 without one: the leg should ask
-    ``stream_options.include_usage``) and ``message_stop``. Ids come from the worker's
-    ``request_id``, as in the non-streaming wrap. No ``[DONE]`` is sent.
+    chunk gives ``message_start`` (its usage from that chunk when the worker sends continuous
+    usage, else 0); the first non-empty text delta opens the ``text`` block (index 0; an
+    empty answer has no block, as :func:`wrap_anthropic_message` gives none); each non-empty
+    text delta is a ``text_delta``; ``[DONE]`` gives ``content_block_stop``,
+    ``message_delta`` (stop reason and stop sequence as the non-streaming wrap maps them; the
+    whole usage of the leg's usage chunk, ``input_tokens`` and ``cache_read_input_tokens``
+    included, which the SDK's accumulator takes over ``message_start``'s; 0 without one) and
+    ``message_stop``. The message is built from the same turn as :func:`wrap_anthropic_message`
+    builds it; ids come from the worker's ``request_id`` by its rules. No ``[DONE]`` is sent.
 
-    An in-stream ``{"error": ...}`` becomes an Anthropic ``error`` event (``api_error`` with
-    the worker's message) and ends the client's stream. Output bytes depend only on the
-    input bytes, not on how they were split; memory is bounded by ``max_event_bytes`` plus
-    the answer's text. After an exception the converter is spent: discard it.
+    An in-stream ``{"error": ...}`` becomes an Anthropic ``error`` event (its type from the
+    worker's status ``code``: ``api_error`` for a 5xx) and ends the client's stream;
+    :meth:`error_event` gives the router the same event for its own errors. Output bytes
+    depend only on the input bytes, not on how they were split; memory is bounded by
+    ``options.max_event_bytes`` plus the answer's text. After an exception the converter is
+    spent: discard it.
 
     Args:
         requested: The leg's ``output_mode``; only ``text`` streams.
-        model: The message's ``model`` (generate chunks carry none).
-        client_body: The client's Messages request (its ``stop_sequences``).
-        max_event_bytes: Bound on one buffered event.
+        client_body: The client's Messages request (its ``stop_sequences``; its ``model`` is
+            the fallback).
+        options: How the envelope is built (:class:`EnvelopeOptions`).
 
     Raises:
         ConfigError: ``requested`` is not ``text``.
+        UpstreamContractError: neither the options nor the client body names a model.
     """
 
-    __slots__ = ("_client", "_model", "_open")
+    __slots__ = ("_open",)
 
     def __init__(
         self,
         *,
         requested: OutputMode,
-        model: str,
         client_body: Mapping[str, Any] | None = None,
-        max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
+        options: EnvelopeOptions | None = None,
     ) -> None:
-        super().__init__(requested=requested, max_event_bytes=max_event_bytes)
-        self._model = model
-        self._client = client_body
+        super().__init__(
+            requested=requested, client_body=client_body, options=options, created=None
+        )
         self._open = False  # the text block has started
 
     def _message(self) -> dict[str, Any]:
-        answer = self._answer()
-        return wrap_anthropic_message(
-            {**answer, w.USAGE: answer[w.USAGE] or _NO_USAGE},
-            requested=OutputMode.TEXT,
-            client_body=self._client,
-            model=self._model,
-        )
+        return _message_object(self._turn(), self._client, self._options)
 
     def _start(self) -> list[dict[str, Any]]:
         return [_message_start(self._message())]
 
-    def _delta(self, text: str, logprobs: dict[str, Any] | None, path: str) -> list[dict[str, Any]]:
+    def _delta(self, text: str, logprobs: list[Any] | None, path: str) -> list[dict[str, Any]]:
         del logprobs, path  # the Messages API has no logprobs
         if not text:
             return []
@@ -282,8 +316,14 @@ class AnthropicStreamConverter(NamedEventConverter):
         events.extend(_message_end(self._message()))
         return events
 
-    def _error(self, error: object) -> list[dict[str, Any]]:
-        return [{w.TYPE: w.ERROR, w.ERROR: {w.TYPE: w.API_ERROR, w.MESSAGE: error_message(error)}}]
+    def _error(
+        self, message: str, status: int, error_type: str | None, param: str | None
+    ) -> list[dict[str, Any]]:
+        del param  # Anthropic's error has none
+        if error_type not in _KNOWN_TYPES:  # vLLM's own types are not Anthropic's
+            fallback = w.API_ERROR if status >= _FIRST_SERVER_STATUS else _ERROR_TYPES[400]
+            error_type = _ERROR_TYPES.get(status, fallback)
+        return [{w.TYPE: w.ERROR, w.ERROR: {w.TYPE: error_type, w.MESSAGE: message}}]
 
     def _format(self, event: dict[str, Any]) -> bytes:
         return format_sse_typed_event(event[w.TYPE], event)

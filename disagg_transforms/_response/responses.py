@@ -10,23 +10,27 @@ streaming events: :class:`ResponsesStreamConverter` for a streamed text-mode leg
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Final
 
 import msgspec
 
 from disagg_transforms._config import OutputMode
-from disagg_transforms._response.generate_stream import (
-    NamedEventConverter,
-    error_field,
-    error_message,
+from disagg_transforms._response.chat import client_top_logprobs
+from disagg_transforms._response.generate_stream import NamedEventConverter
+from disagg_transforms._response.options import (
+    DEFAULT_OPTIONS,
+    EnvelopeOptions,
+    client_mapping,
+    envelope_created,
+    envelope_model,
+    front_options,
 )
-from disagg_transforms._response.turn import AssistantTurn, ToolCallOut, read_turn, resolve_model
+from disagg_transforms._response.turn import AssistantTurn, ToolCallOut, read_turn
 from disagg_transforms._wire import keys as w
-from disagg_transforms._wire.limits import DEFAULT_LIMITS, check_depth
-from disagg_transforms._wire.sse import DEFAULT_MAX_EVENT_BYTES, format_sse_typed_event
-from disagg_transforms.envelopes import ChatLogprob, ChatLogprobs, ChatTopLogprob, Usage
+from disagg_transforms._wire.limits import check_depth
+from disagg_transforms._wire.sse import format_sse_typed_event
+from disagg_transforms.envelopes import ChatLogprob, ChatTopLogprob, Usage
 from disagg_transforms.errors import UpstreamContractError
 
 __all__ = (
@@ -55,13 +59,14 @@ _ECHOED = (
 )
 
 
-def wrap_responses_response(
+def wrap_responses_response(  # noqa: PLR0913 - the keyword front over EnvelopeOptions
     response: Mapping[str, Any],
     *,
     requested: OutputMode,
     client_body: Mapping[str, Any] | None = None,
+    options: EnvelopeOptions | None = None,
     model: str | None = None,
-    clock: Callable[[], float] = time.time,
+    clock: Callable[[], float] | None = None,
 ) -> dict[str, Any]:
     """Build a Responses API ``response`` object from a non-streaming generate response.
 
@@ -69,19 +74,30 @@ def wrap_responses_response(
         response: The worker's generate response (text or derender mode).
         requested: The output mode the leg asked for; the response must echo it.
         client_body: The client's Responses request: its tools, tool choice and settings are
-            echoed as OpenAI echoes them, and its ``top_logprobs`` cuts the alternatives.
-        model: The model name to report; defaults to the worker's, then the client's.
-        clock: Gives ``created_at`` when the worker sent no ``created``.
+            echoed as OpenAI echoes them, and its ``top_logprobs`` cuts the alternatives
+            (absent: 0, ``-1``: all; no client body: no cut).
+        options: How the envelope is built (:class:`EnvelopeOptions`: ``model``, ``clock``).
+        model: Front for ``EnvelopeOptions.model`` (given, it replaces the field of ``options``).
+        clock: Front for ``EnvelopeOptions.clock`` (given, it replaces the field of ``options``).
 
     Raises:
         UpstreamContractError: the echo is missing or wrong, or the body breaks the contract.
         ConfigError: ``requested`` is ``tokens``.
         RequestError: the client body nests deeper than ``Limits.max_depth`` (its settings are
-            echoed into the response, so they must stay writable).
+            echoed into the response, so they must stay writable), or its ``top_logprobs`` is
+            not an integer >= -1.
     """
     turn = read_turn(response, requested)
-    client: Mapping[str, Any] = client_body if isinstance(client_body, Mapping) else {}
-    check_depth(client, DEFAULT_LIMITS.max_depth)
+    built = front_options(options, model=model, clock=clock)
+    client = client_mapping(client_body)
+    check_depth(client, built.limits.max_depth)
+    return _response_object(turn, client, built, client_top_logprobs(client_body))
+
+
+def _response_object(
+    turn: AssistantTurn, client: Mapping[str, Any], options: EnvelopeOptions, top: int | None
+) -> dict[str, Any]:
+    """The ``response`` object of a turn: the wrap's and the stream's, one builder."""
     status, incomplete_details = _status(turn)
     tools = client.get(w.TOOLS)
     tool_choice = client.get(w.TOOL_CHOICE)
@@ -89,11 +105,11 @@ def wrap_responses_response(
     result: dict[str, Any] = {
         w.ID: f"resp_{turn.base_id}",
         w.OBJECT: w.RESPONSE_OBJECT,
-        w.CREATED_AT: turn.created if turn.created is not None else int(clock()),
-        w.MODEL: resolve_model(turn, model, client),
+        w.CREATED_AT: envelope_created(options, turn.created),
+        w.MODEL: envelope_model(options, turn.model, client),
         w.STATUS: status,
         w.INCOMPLETE_DETAILS: incomplete_details,
-        w.OUTPUT: _output_items(turn, status, _top_logprobs(client)),
+        w.OUTPUT: _output_items(turn, status, top),
         # vLLM's own defaults for a request that left them out.
         w.PARALLEL_TOOL_CALLS: parallel if isinstance(parallel, bool) else True,
         w.TOOL_CHOICE: tool_choice
@@ -122,10 +138,11 @@ def _output_items(turn: AssistantTurn, status: str, top_logprobs: int | None) ->
     if turn.reasoning:
         items.append(_reasoning_item(turn.base_id, turn.reasoning, status))
     if turn.content is not None and (turn.content or not turn.tool_calls):
+        content = None if turn.logprobs is None else turn.logprobs.content
         logprobs = (
-            None
-            if turn.logprobs is None
-            else _logprobs(turn.logprobs, top_logprobs, f"{turn.choice_path}.logprobs.content")
+            _logprobs(content, top_logprobs, f"{turn.choice_path}.logprobs.content")
+            if isinstance(content, list)
+            else None
         )
         items.append(_message_item(turn.base_id, turn.content, status, logprobs))
     items.extend(
@@ -171,16 +188,9 @@ def _function_call_item(base_id: str, index: int, call: ToolCallOut, status: str
     }
 
 
-def _top_logprobs(client: Mapping[str, Any]) -> int | None:
-    value = client.get(w.TOP_LOGPROBS)
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _logprobs(logprobs: ChatLogprobs, top: int | None, path: str) -> list[dict[str, Any]] | None:
-    if not isinstance(logprobs.content, list):
-        return None
+def _logprobs(entries: list[ChatLogprob], top: int | None, path: str) -> list[dict[str, Any]]:
     out = []
-    for index, entry in enumerate(logprobs.content):
+    for index, entry in enumerate(entries):
         alternatives = entry.top_logprobs if isinstance(entry.top_logprobs, list) else []
         token = _token_logprob(entry, f"{path}[{index}]")
         token[w.TOP_LOGPROBS] = [
@@ -235,13 +245,14 @@ _TEXT_EVENTS = {
 }
 
 
-def single_frame_responses_events(
+def single_frame_responses_events(  # noqa: PLR0913 - the keyword front of the wrap
     response: Mapping[str, Any],
     *,
     requested: OutputMode,
     client_body: Mapping[str, Any] | None = None,
+    options: EnvelopeOptions | None = None,
     model: str | None = None,
-    clock: Callable[[], float] = time.time,
+    clock: Callable[[], float] | None = None,
 ) -> list[dict[str, Any]]:
     """The Responses streaming events of a whole (unstreamed) generate answer.
 
@@ -254,7 +265,12 @@ def single_frame_responses_events(
     the status is incomplete) with the whole response. ``sequence_number`` counts from 0.
     """
     final = wrap_responses_response(
-        response, requested=requested, client_body=client_body, model=model, clock=clock
+        response,
+        requested=requested,
+        client_body=client_body,
+        options=options,
+        model=model,
+        clock=clock,
     )
     events = _preamble(final)
     for index, item in enumerate(final[w.OUTPUT]):
@@ -265,20 +281,26 @@ def single_frame_responses_events(
     return [{**event, w.SEQUENCE_NUMBER: number} for number, event in enumerate(events)]
 
 
-def single_frame_responses_stream(
+def single_frame_responses_stream(  # noqa: PLR0913 - the keyword front of the wrap
     response: Mapping[str, Any],
     *,
     requested: OutputMode,
     client_body: Mapping[str, Any] | None = None,
+    options: EnvelopeOptions | None = None,
     model: str | None = None,
-    clock: Callable[[], float] = time.time,
+    clock: Callable[[], float] | None = None,
 ) -> bytes:
     r"""The SSE body of :func:`single_frame_responses_events`: ``event: <type>\ndata: ...``.
 
     As OpenAI's, the stream has no ``data: [DONE]``: ``response.completed`` ends it.
     """
     events = single_frame_responses_events(
-        response, requested=requested, client_body=client_body, model=model, clock=clock
+        response,
+        requested=requested,
+        client_body=client_body,
+        options=options,
+        model=model,
+        clock=clock,
     )
     return b"".join(format_sse_typed_event(event[w.TYPE], event) for event in events)
 
@@ -293,53 +315,57 @@ class ResponsesStreamConverter(NamedEventConverter):
     each non-empty text delta is a ``response.output_text.delta`` (with its ``logprobs`` in
     the streaming shape, cut to the client's ``top_logprobs``); ``[DONE]`` gives the
     ``.done`` events and ``response.completed`` (or ``response.incomplete``) carrying the
-    whole response as :func:`wrap_responses_response` builds it from the streamed text,
-    finish reason and usage chunk (``usage`` is ``null`` without one: the leg should ask
-    ``stream_options.include_usage``). Ids come from the worker's ``request_id``, as in the
-    non-streaming wrap. ``sequence_number`` counts from 0. No ``[DONE]`` is sent.
+    whole response as :func:`wrap_responses_response` builds it from the same turn (its
+    ``usage`` from the leg's usage chunk; ``null`` without one). Ids come from the worker's
+    ``request_id`` by the wrap's rules. ``sequence_number`` counts from 0. No ``[DONE]`` is
+    sent.
 
     An in-stream ``{"error": ...}`` becomes an ``error`` event (``code``: vLLM's error
-    ``type``; ``message``; ``param``) and ends the client's stream. Output bytes depend only
-    on the input bytes, not on how they were split; memory is bounded by ``max_event_bytes``
-    plus the answer's text. After an exception the converter is spent: discard it.
+    ``type``; ``message``; ``param``) and ends the client's stream; :meth:`error_event` gives
+    the router the same event for its own errors. Output bytes depend only on the input
+    bytes, not on how they were split; memory is bounded by ``options.max_event_bytes`` plus
+    the answer's text. After an exception the converter is spent: discard it.
 
     Args:
         requested: The leg's ``output_mode``; only ``text`` streams.
-        model: The response's ``model`` (generate chunks carry none).
-        created: The response's ``created_at`` (Unix seconds).
         client_body: The client's Responses request (its settings are echoed, its
-            ``top_logprobs`` cuts the alternatives).
-        max_event_bytes: Bound on one buffered event.
+            ``top_logprobs`` cuts the alternatives, its ``model`` is the fallback).
+        options: How the envelope is built (:class:`EnvelopeOptions`).
+        created: The response's ``created_at`` (Unix seconds); ``None``: ``options.clock()``
+            when the converter is made (generate chunks carry no ``created``).
 
     Raises:
         ConfigError: ``requested`` is not ``text``.
+        RequestError: the client's ``top_logprobs`` is not an integer >= -1, or its body nests
+            deeper than ``options.limits.max_depth``.
+        UpstreamContractError: neither the options nor the client body names a model.
     """
 
-    __slots__ = ("_client", "_created", "_item", "_model", "_sequence", "_top")
+    __slots__ = ("_item", "_sequence", "_top")
 
     def __init__(
         self,
         *,
         requested: OutputMode,
-        model: str,
-        created: int,
         client_body: Mapping[str, Any] | None = None,
-        max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
+        options: EnvelopeOptions | None = None,
+        created: int | None = None,
     ) -> None:
-        super().__init__(requested=requested, max_event_bytes=max_event_bytes)
-        self._model = model
-        self._created = created
-        self._client = client_body
-        self._top = _top_logprobs(client_body if isinstance(client_body, Mapping) else {})
+        built = DEFAULT_OPTIONS if options is None else options
+        super().__init__(
+            requested=requested,
+            client_body=client_body,
+            options=built,
+            created=envelope_created(built, created),
+        )
+        check_depth(client_mapping(client_body), built.limits.max_depth)
+        self._top = client_top_logprobs(client_body)
         self._item: dict[str, Any] | None = None  # the message item, once opened
         self._sequence = 0
 
     def _response(self) -> dict[str, Any]:
-        return wrap_responses_response(
-            {**self._answer(), w.CREATED: self._created},
-            requested=OutputMode.TEXT,
-            client_body=self._client,
-            model=self._model,
+        return _response_object(
+            self._turn(), client_mapping(self._client), self._options, self._top
         )
 
     def _open(self) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -351,13 +377,15 @@ class ResponsesStreamConverter(NamedEventConverter):
     def _start(self) -> list[dict[str, Any]]:
         return _preamble(self._response())
 
-    def _delta(self, text: str, logprobs: dict[str, Any] | None, path: str) -> list[dict[str, Any]]:
+    def _delta(self, text: str, logprobs: list[Any] | None, path: str) -> list[dict[str, Any]]:
         item, events = self._open()
         entries = (
             None
             if logprobs is None
             else _logprobs(
-                msgspec.convert(logprobs, ChatLogprobs), self._top, f"{path}.logprobs.content"
+                msgspec.convert(logprobs, list[ChatLogprob]),
+                self._top,
+                f"{path}.logprobs.content",
             )
         )
         if text or entries:
@@ -371,20 +399,22 @@ class ResponsesStreamConverter(NamedEventConverter):
         events.append(_terminal_event(final))
         return events
 
-    def _error(self, error: object) -> list[dict[str, Any]]:
-        return [
-            {
-                w.TYPE: w.ERROR,
-                w.CODE: error_field(error, w.TYPE),
-                w.MESSAGE: error_message(error),
-                w.PARAM: error_field(error, w.PARAM),
-            }
-        ]
+    def _error(
+        self, message: str, status: int, error_type: str | None, param: str | None
+    ) -> list[dict[str, Any]]:
+        code = error_type or (_SERVER_ERROR if status >= _FIRST_SERVER_STATUS else _CLIENT_ERROR)
+        return [{w.TYPE: w.ERROR, w.CODE: code, w.MESSAGE: message, w.PARAM: param}]
 
     def _format(self, event: dict[str, Any]) -> bytes:
         numbered = {**event, w.SEQUENCE_NUMBER: self._sequence}
         self._sequence += 1
         return format_sse_typed_event(event[w.TYPE], numbered)
+
+
+# OpenAI's error codes for a server fault and a refused request (the Responses ``error`` event).
+_SERVER_ERROR: Final = "server_error"
+_CLIENT_ERROR: Final = "invalid_request_error"
+_FIRST_SERVER_STATUS: Final = 500
 
 
 def _preamble(response: dict[str, Any]) -> list[dict[str, Any]]:
@@ -452,6 +482,8 @@ def _closing_events(item: dict[str, Any], index: int) -> list[dict[str, Any]]:
                 w.TYPE: w.FUNCTION_CALL_ARGUMENTS_DONE,
                 w.ITEM_ID: item[w.ID],
                 w.OUTPUT_INDEX: index,
+                # openai 2.x requires the name (3.x accepts it): both SDKs read the event.
+                w.NAME: item[w.NAME],
                 w.ARGUMENTS: item[w.ARGUMENTS],
             }
         )

@@ -1,10 +1,11 @@
-"""One assistant turn read out of a generate response, for the non-chat envelopes.
+"""One assistant turn: the hub the non-chat envelopes are built from.
 
-The Responses and Anthropic rebuilds (and, later, their streaming converters) read a generate
-response through :func:`read_turn`: the ``output_mode`` echo is checked, the body is read
-through the typed views of :mod:`disagg_transforms.envelopes`, and what the envelopes need
-(text, reasoning, tool calls, finish reason, usage, ids) comes back as a small frozen struct.
-Nothing else of the generate response is carried, so no generate-only field can leak.
+The Responses and Anthropic wraps read a generate response through :func:`read_turn`: the
+``output_mode`` echo is checked, the body is read through the typed views of
+:mod:`disagg_transforms.envelopes`, and what the envelopes need (text, reasoning, tool calls,
+finish reason, usage, ids) comes back as a small frozen struct. Their stream converters build
+the same struct from what the stream has carried so far, and hand it to the same envelope
+builders. Nothing else of the generate response is carried, so no generate-only field can leak.
 """
 
 from __future__ import annotations
@@ -16,9 +17,8 @@ import msgspec
 from msgspec import UnsetType
 
 from disagg_transforms._config import OutputMode
-from disagg_transforms._response.chat import contract_error
+from disagg_transforms._response.chat import contract_error, require_text_mode
 from disagg_transforms._response.echo import check_output_mode_echo
-from disagg_transforms._wire import keys as w
 from disagg_transforms._wire.describe import describe
 from disagg_transforms._wire.validate import CONVERT_ERRORS
 from disagg_transforms.envelopes import (
@@ -30,7 +30,7 @@ from disagg_transforms.envelopes import (
     ToolCall,
     Usage,
 )
-from disagg_transforms.errors import ConfigError, UpstreamContractError
+from disagg_transforms.errors import UpstreamContractError
 
 # vLLM prefixes the generate response's request_id with this (SPEC reference §8).
 _GENERATE_ID_PREFIX = "generate-tokens-"
@@ -53,7 +53,7 @@ class AssistantTurn(msgspec.Struct, frozen=True, kw_only=True):
     """What every non-chat envelope is built from."""
 
     base_id: str
-    """vLLM's request id with the ``generate-tokens-`` and client-route prefixes stripped."""
+    """The base of every envelope id: ``generate-tokens-`` and client-route prefixes cut."""
     model: str | None
     created: int | None
     choice_path: str
@@ -71,14 +71,13 @@ def read_turn(response: Mapping[str, Any], requested: OutputMode) -> AssistantTu
     """Check the echo and read the first choice (lowest ``index``) of a generate response.
 
     Raises:
-        ConfigError: ``requested`` is ``tokens``, which has no text to rebuild an envelope from.
+        ConfigError: ``requested`` is ``tokens``, which has no text to rebuild an envelope from
+            (checked after the echo, as the chat wrap does).
         UpstreamContractError: the echo is missing or differs, the body does not match the
             mode's view, it has no choice, or a tool call has no name or arguments.
     """
-    if requested is OutputMode.TOKENS:
-        msg = "output_mode 'tokens' returns no text: an envelope needs 'text' or 'derender'"
-        raise ConfigError(msg, param="decode.output_mode")
     check_output_mode_echo(response, requested)
+    require_text_mode(requested, streaming=False)
     view: type[GenerateTextResponse | GenerateDerenderResponse] = (
         GenerateTextResponse if requested is OutputMode.TEXT else GenerateDerenderResponse
     )
@@ -106,7 +105,7 @@ def read_turn(response: Mapping[str, Any], requested: OutputMode) -> AssistantTu
         reasoning = message.reasoning if isinstance(message.reasoning, str) else None
         tool_calls = _tool_calls(message.tool_calls or [], f"{path}.message.tool_calls")
     return AssistantTurn(
-        base_id=_base_id(parsed.request_id),
+        base_id=base_id(parsed.request_id),
         model=parsed.model if isinstance(parsed.model, str) else None,
         created=parsed.created if isinstance(parsed.created, int) else None,
         choice_path=path,
@@ -124,7 +123,8 @@ def _or_none(value: _T | UnsetType | None) -> _T | None:
     return None if value is msgspec.UNSET else value
 
 
-def _base_id(request_id: str) -> str:
+def base_id(request_id: str) -> str:
+    """The base of every envelope id: ``generate-tokens-`` and client-route prefixes cut."""
     rest = request_id.removeprefix(_GENERATE_ID_PREFIX)
     for prefix in _CLIENT_ID_PREFIXES:
         if rest.startswith(prefix):
@@ -153,19 +153,3 @@ def _tool_calls(calls: list[ToolCall], path: str) -> tuple[ToolCallOut, ...]:
             )
         )
     return tuple(out)
-
-
-def resolve_model(
-    turn: AssistantTurn, model: str | None, client_body: Mapping[str, Any] | None
-) -> str:
-    """The envelope's ``model``: the caller's, else the worker's, else the client's.
-
-    Raises:
-        UpstreamContractError: none of the three names a model.
-    """
-    client_model = client_body.get(w.MODEL) if isinstance(client_body, Mapping) else None
-    for candidate in (model, turn.model, client_model):
-        if isinstance(candidate, str) and candidate:
-            return candidate
-    msg = "$.model: neither the caller, the worker nor the client names a model"
-    raise UpstreamContractError(msg, param="$.model")

@@ -37,6 +37,7 @@ from disagg_transforms._request.caps import apply_sampling_caps
 from disagg_transforms._request.legs import DecodeLeg, build_decode_request, strip_transfer_params
 from disagg_transforms._response.chat_stream import ChatStreamConverter, single_frame_chat_chunks
 from disagg_transforms._response.chat_wrap import wrap_chat_completion
+from disagg_transforms._response.options import EnvelopeOptions
 from disagg_transforms._routes import Route
 from disagg_transforms._wire import keys as w
 from disagg_transforms._wire.describe import describe
@@ -311,16 +312,14 @@ class VllmGenerateLLM(CustomLLM):
             raise _litellm_error(error) from error
         return [item for chunk in chunks for item in _generic_chunks(chunk)]
 
-    def _text_stream(self, rendered: Mapping[str, Any], chat: Mapping[str, Any]) -> _TextStream:
-        request_id = rendered.get(w.REQUEST_ID)
-        completion_id = request_id if isinstance(request_id, str) else "chatcmpl-disagg"
+    def _text_stream(self, chat: Mapping[str, Any]) -> _TextStream:
+        # The chunks' id comes from the generate stream's request_id, as the wrap's does.
         try:
             converter = ChatStreamConverter(
                 requested=OutputMode.TEXT,
-                completion_id=completion_id,
-                model=str(chat.get(w.MODEL, "")),
-                created=0,  # LiteLLM stamps its own id / created on the chunks it yields
                 client_body=chat,
+                options=EnvelopeOptions(model=str(chat.get(w.MODEL, ""))),
+                created=0,  # LiteLLM stamps its own id / created on the chunks it yields
             )
         except DisaggTransformError as error:
             raise _litellm_error(error) from error
@@ -419,7 +418,7 @@ class VllmGenerateLLM(CustomLLM):
                 answer = _json_object(http.post(base + leg.path, json=leg.body), "generate")
                 yield from self._single_frame(answer, chat, model)
                 return
-            stream = self._text_stream(rendered, chat)
+            stream = self._text_stream(chat)
             with http.stream("POST", base + leg.path, json=leg.body) as response:
                 if response.status_code >= httpx.codes.BAD_REQUEST:
                     response.read()
@@ -459,7 +458,7 @@ class VllmGenerateLLM(CustomLLM):
                 for item in self._single_frame(answer, chat, model):
                     yield item
                 return
-            stream = self._text_stream(rendered, chat)
+            stream = self._text_stream(chat)
             async with http.stream("POST", base + leg.path, json=leg.body) as response:
                 if response.status_code >= httpx.codes.BAD_REQUEST:
                     await response.aread()

@@ -1,0 +1,141 @@
+"""The client's route picks its envelope: one entry point per shape (wrap, single frame, stream).
+
+An exchange knows the client's route, the leg's mode and whether either side streams; these
+three functions spare it a table of its own. Each takes the same arguments as the per-API
+functions it dispatches to (see ``docs/envelopes.md``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from disagg_transforms._config import OutputMode
+from disagg_transforms._response.chat_stream import ChatStreamConverter, single_frame_chat_stream
+from disagg_transforms._response.chat_wrap import wrap_chat_completion
+from disagg_transforms._response.messages import (
+    AnthropicStreamConverter,
+    single_frame_anthropic_stream,
+    wrap_anthropic_message,
+)
+from disagg_transforms._response.options import EnvelopeOptions
+from disagg_transforms._response.responses import (
+    ResponsesStreamConverter,
+    single_frame_responses_stream,
+    wrap_responses_response,
+)
+from disagg_transforms._routes import Route
+from disagg_transforms._wire.describe import describe
+from disagg_transforms.errors import ConfigError
+
+__all__ = ("StreamConverter", "single_frame_stream", "stream_converter", "wrap_envelope")
+
+StreamConverter = ChatStreamConverter | ResponsesStreamConverter | AnthropicStreamConverter
+"""What :func:`stream_converter` returns: each has ``feed``, ``close`` and ``error_event``."""
+
+_REBUILT = (Route.CHAT_COMPLETIONS, Route.RESPONSES, Route.MESSAGES)
+
+
+def _no_envelope(client_route: object) -> ConfigError:
+    names = ", ".join(route.value for route in _REBUILT)
+    msg = (
+        f"client_route: the generate answer is rebuilt only for {names} clients, got "
+        f"{describe(client_route)}; a completions or generate client keeps its own route"
+    )
+    return ConfigError(msg, param="client_route")
+
+
+def wrap_envelope(
+    client_route: Route,
+    response: Mapping[str, Any],
+    *,
+    requested: OutputMode,
+    client_body: Mapping[str, Any] | None = None,
+    options: EnvelopeOptions | None = None,
+) -> dict[str, Any]:
+    """The non-streaming envelope of ``client_route``'s API for a generate response.
+
+    :func:`~disagg_transforms.wrap_chat_completion`,
+    :func:`~disagg_transforms.wrap_responses_response` or
+    :func:`~disagg_transforms.wrap_anthropic_message`, with their errors.
+
+    Raises:
+        ConfigError: ``client_route`` is not one of the three (or ``requested`` is tokens).
+    """
+    if client_route is Route.CHAT_COMPLETIONS:
+        return wrap_chat_completion(
+            response, requested=requested, client_body=client_body, options=options
+        )
+    if client_route is Route.RESPONSES:
+        return wrap_responses_response(
+            response, requested=requested, client_body=client_body, options=options
+        )
+    if client_route is Route.MESSAGES:
+        return wrap_anthropic_message(
+            response, requested=requested, client_body=client_body, options=options
+        )
+    raise _no_envelope(client_route)
+
+
+def single_frame_stream(
+    client_route: Route,
+    response: Mapping[str, Any],
+    *,
+    requested: OutputMode,
+    client_body: Mapping[str, Any] | None = None,
+    options: EnvelopeOptions | None = None,
+) -> bytes:
+    """The SSE body a streaming client of ``client_route`` gets for a whole generate response.
+
+    :func:`~disagg_transforms.single_frame_chat_stream`,
+    :func:`~disagg_transforms.single_frame_responses_stream` or
+    :func:`~disagg_transforms.single_frame_anthropic_stream`, with their errors.
+
+    Raises:
+        ConfigError: ``client_route`` is not one of the three (or ``requested`` is tokens).
+    """
+    if client_route is Route.CHAT_COMPLETIONS:
+        return single_frame_chat_stream(
+            response, requested=requested, client_body=client_body, options=options
+        )
+    if client_route is Route.RESPONSES:
+        return single_frame_responses_stream(
+            response, requested=requested, client_body=client_body, options=options
+        )
+    if client_route is Route.MESSAGES:
+        return single_frame_anthropic_stream(
+            response, requested=requested, client_body=client_body, options=options
+        )
+    raise _no_envelope(client_route)
+
+
+def stream_converter(
+    client_route: Route,
+    *,
+    requested: OutputMode,
+    client_body: Mapping[str, Any] | None = None,
+    options: EnvelopeOptions | None = None,
+    created: int | None = None,
+) -> StreamConverter:
+    """The stream converter for a streaming client of ``client_route`` over a streamed leg.
+
+    ``created`` is read by the envelopes that carry one (chat ``created``, Responses
+    ``created_at``); a Messages stream has none.
+
+    Raises:
+        ConfigError: ``client_route`` is not one of the three, or ``requested`` is not text.
+        RequestError, UpstreamContractError: as the converter's constructor.
+    """
+    if client_route is Route.CHAT_COMPLETIONS:
+        return ChatStreamConverter(
+            requested=requested, client_body=client_body, options=options, created=created
+        )
+    if client_route is Route.RESPONSES:
+        return ResponsesStreamConverter(
+            requested=requested, client_body=client_body, options=options, created=created
+        )
+    if client_route is Route.MESSAGES:
+        return AnthropicStreamConverter(
+            requested=requested, client_body=client_body, options=options
+        )
+    raise _no_envelope(client_route)
