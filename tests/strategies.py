@@ -730,3 +730,8 @@ def hostile_sse_streams(draw: st.DrawFn) -> bytes:
     separator = draw(st.sampled_from([b"\n\n", b"\r\n\r\n", b"\r\r"]))
     stream = valid.split(b"data: [DONE]")[0] + _sse(events, separator)
     return stream + draw(st.sampled_from([b"data: [DONE]\n\n", b"", b"data: [DONE]"]))
+
+
+# HTTP error statuses a worker or a router may answer with, and the messages beside them.
+error_statuses = st.integers(min_value=400, max_value=599)
+error_messages = st.text(max_size=40)
