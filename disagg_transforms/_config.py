@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Mapping
-from typing import ClassVar, TypeAlias
+from typing import ClassVar, Literal, TypeAlias, overload
 
 import msgspec
 
@@ -205,8 +205,30 @@ def _step(step: object) -> Step:
     raise ConfigError(msg, param="step")
 
 
+# The overloads give a router the step's own class without a cast (see docs/routes-and-config.md).
+@overload
+def parse_step_params(
+    step: Literal["encode", Step.ENCODE], params: Mapping[str, object]
+) -> EncodeParams: ...
+@overload
+def parse_step_params(
+    step: Literal["prefill", Step.PREFILL], params: Mapping[str, object]
+) -> PrefillParams: ...
+@overload
+def parse_step_params(
+    step: Literal["decode", Step.DECODE], params: Mapping[str, object]
+) -> DecodeParams: ...
+@overload
+def parse_step_params(
+    step: Literal["conditional-decode", Step.CONDITIONAL_DECODE], params: Mapping[str, object]
+) -> ConditionalDecodeParams: ...
+@overload
+def parse_step_params(step: str, params: Mapping[str, object]) -> StepParams: ...
 def parse_step_params(step: str, params: Mapping[str, object]) -> StepParams:
     """Parse one step's params into a frozen :data:`StepParams`.
+
+    Typed by overloads: a literal step name (or a :class:`Step` member) gives that step's own
+    class, e.g. ``parse_step_params("decode", ...)`` is a :class:`DecodeParams`.
 
     Args:
         step: ``"encode"``, ``"prefill"``, ``"decode"`` or ``"conditional-decode"``.
