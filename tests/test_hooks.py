@@ -235,11 +235,11 @@ def test_transform_errors_pickle_with_their_attributes() -> None:
 def test_pipeline_is_immutable() -> None:
     pipeline = Pipeline([tag("a")])
     with pytest.raises(AttributeError):
-        pipeline._request = ()  # type: ignore[misc]
+        pipeline.request = ()  # type: ignore[misc]
     with pytest.raises(AttributeError):
         pipeline.anything = 1  # type: ignore[attr-defined]
     with pytest.raises(AttributeError):
-        del pipeline._request
+        del pipeline.request  # type: ignore[misc]
     assert isinstance(pipeline.request, tuple)
 
 
