@@ -219,7 +219,7 @@ def test_unknown_step_refused(step: str) -> None:
 
 def test_params_must_be_a_mapping() -> None:
     with pytest.raises(ConfigError) as caught:
-        parse_step_params("decode", ["output_mode"])  # type: ignore[arg-type]
+        parse_step_params("decode", ["output_mode"])  # type: ignore[call-overload]
     assert caught.value.param == "decode"
 
 
@@ -319,7 +319,7 @@ def test_unknown_step_message_lists_the_steps() -> None:
 
 def test_non_mapping_params_message() -> None:
     with pytest.raises(ConfigError) as caught:
-        parse_step_params("decode", ["output_mode"])  # type: ignore[arg-type]
+        parse_step_params("decode", ["output_mode"])  # type: ignore[call-overload]
     assert caught.value.message == "decode: params must be a mapping, got an array of 1 items"
 
 

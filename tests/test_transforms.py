@@ -204,4 +204,5 @@ def test_sampling_caps_is_immutable_and_pickles() -> None:
     assert hash(copied) == hash(transform)
     assert copied.route is Route.RESPONSES
     assert transform != sampling_caps(None)
-    assert transform != "sampling_caps"
+    not_a_transform: object = "sampling_caps"
+    assert transform != not_a_transform
