@@ -87,6 +87,8 @@ from disagg_transforms.errors import (
     RequestError,
     TransformError,
     UpstreamContractError,
+    anthropic_error_body,
+    error_body,
     openai_error_body,
 )
 from disagg_transforms.hooks import (
@@ -155,6 +157,7 @@ __all__ = [
     "TransformError",
     "UpstreamContractError",
     "WorkerCall",
+    "anthropic_error_body",
     "apply_sampling_caps",
     "apply_single_token_cap",
     "available_transforms",
@@ -165,6 +168,7 @@ __all__ = [
     "check_output_mode_echo",
     "decode_request",
     "detect_route",
+    "error_body",
     "load_transforms",
     "openai_error_body",
     "parse_pipeline_params",

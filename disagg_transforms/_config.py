@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Mapping
-from typing import ClassVar, TypeAlias
+from typing import ClassVar, Literal, TypeAlias, overload
 
 import msgspec
 
@@ -177,20 +177,24 @@ def _placement(value: object, param: str) -> KvTransferPlacement:
 
 _Reader: TypeAlias = Callable[[object, str], object]
 
-_TRUST: Mapping[str, _Reader] = {"trust_client_transfer_params": _bool}
-_FORMAT: Mapping[str, _Reader] = {"use_openai_format": _bool}
-_PLACEMENT: Mapping[str, _Reader] = {"kv_transfer_placement": _placement}
+# Each key's reader follows from its field's type, so a new key is declared once, on its struct.
+_READER_OF_TYPE: Mapping[object, _Reader] = {
+    bool: _bool,
+    OutputMode: _output_mode,
+    KvTransferPlacement: _placement,
+}
+
+
+def _readers(cls: type[StepParams]) -> Mapping[str, _Reader]:
+    # A step's own keys first, the shared ones last: the order keys are checked (and the first
+    # bad one reported) in.
+    shared = _StepParamsBase.__struct_fields__
+    fields = sorted(msgspec.structs.fields(cls), key=lambda field: field.name in shared)
+    return {field.name: _READER_OF_TYPE[field.type] for field in fields}
+
+
 _READERS: Mapping[Step, Mapping[str, _Reader]] = {
-    Step.ENCODE: {**_FORMAT, **_TRUST},
-    Step.PREFILL: {**_FORMAT, **_PLACEMENT, **_TRUST},
-    Step.DECODE: {
-        **_FORMAT,
-        "output_mode": _output_mode,
-        "wrap_chat_completion": _bool,
-        **_PLACEMENT,
-        **_TRUST,
-    },
-    Step.CONDITIONAL_DECODE: {**_TRUST},
+    step: _readers(cls) for step, cls in _PARAMS_CLASS.items()
 }
 
 
@@ -205,8 +209,30 @@ def _step(step: object) -> Step:
     raise ConfigError(msg, param="step")
 
 
+# The overloads give a router the step's own class without a cast (see docs/routes-and-config.md).
+@overload
+def parse_step_params(
+    step: Literal["encode", Step.ENCODE], params: Mapping[str, object]
+) -> EncodeParams: ...
+@overload
+def parse_step_params(
+    step: Literal["prefill", Step.PREFILL], params: Mapping[str, object]
+) -> PrefillParams: ...
+@overload
+def parse_step_params(
+    step: Literal["decode", Step.DECODE], params: Mapping[str, object]
+) -> DecodeParams: ...
+@overload
+def parse_step_params(
+    step: Literal["conditional-decode", Step.CONDITIONAL_DECODE], params: Mapping[str, object]
+) -> ConditionalDecodeParams: ...
+@overload
+def parse_step_params(step: str, params: Mapping[str, object]) -> StepParams: ...
 def parse_step_params(step: str, params: Mapping[str, object]) -> StepParams:
     """Parse one step's params into a frozen :data:`StepParams`.
+
+    Typed by overloads: a literal step name (or a :class:`Step` member) gives that step's own
+    class, e.g. ``parse_step_params("decode", ...)`` is a :class:`DecodeParams`.
 
     Args:
         step: ``"encode"``, ``"prefill"``, ``"decode"`` or ``"conditional-decode"``.

@@ -10,13 +10,20 @@ Every error is a :class:`DisaggTransformError`; catch that one class to catch th
     └── UpstreamContractError   a worker answered outside the contract                (502)
 
 Each error carries ``param`` (the JSON path such as ``$.sampling_params.max_tokens``, or the
-config key such as ``decode.output_mode``) and ``status_hint`` (the HTTP status a router would
-answer with). :func:`openai_error_body` turns any of them into the body vLLM and OpenAI send.
+config key such as ``decode.output_mode``), ``status_hint`` (the HTTP status a router would
+answer with) and ``retryable`` (always false: the same body gets the same answer; a worker's
+transport failure, which is not a library error, is what a router retries).
+:func:`openai_error_body` and :func:`anthropic_error_body` turn any of them into the body the
+client's SDK reads; :func:`error_body` builds such a body from a status and a message, for a
+worker's 4xx/5xx answer.
 """
 
 from __future__ import annotations
 
+from http import HTTPStatus
 from typing import Any, ClassVar
+
+from disagg_transforms._routes import Route
 
 __all__ = (
     "ConfigError",
@@ -25,6 +32,8 @@ __all__ = (
     "RequestError",
     "TransformError",
     "UpstreamContractError",
+    "anthropic_error_body",
+    "error_body",
     "openai_error_body",
 )
 
@@ -36,10 +45,13 @@ class DisaggTransformError(Exception):
         param: The JSON path or config key of the offending field, or ``None``.
         status_hint: The HTTP status a router would answer with.
         error_type: The ``type`` string of the OpenAI-style error body.
+        retryable: Whether sending the same request again can help: false for every library
+            error (the same input gets the same answer).
     """
 
     status_hint: ClassVar[int] = 500
     error_type: ClassVar[str] = "InternalServerError"
+    retryable: ClassVar[bool] = False
 
     def __init__(self, message: str, *, param: str | None = None) -> None:
         if type(self) is DisaggTransformError:
@@ -138,17 +150,107 @@ def _rebuild_with(
     return cls(message, **kwargs)
 
 
-def openai_error_body(error: DisaggTransformError) -> dict[str, dict[str, Any]]:
+_ANTHROPIC_TYPES: dict[int, str] = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    529: "overloaded_error",
+}
+"""Anthropic's error ``type`` by HTTP status; other 4xx are ``invalid_request_error``, other 5xx
+``api_error`` (see docs/errors.md)."""
+
+_OPENAI_TYPES: dict[int, str] = {
+    400: "BadRequestError",
+    401: "AuthenticationError",
+    403: "PermissionDeniedError",
+    404: "NotFoundError",
+    409: "ConflictError",
+    422: "UnprocessableEntityError",
+    429: "RateLimitError",
+    500: "InternalServerError",
+    502: "BadGatewayError",
+    503: "ServiceUnavailableError",
+    504: "GatewayTimeoutError",
+}
+"""The OpenAI-shaped ``type`` by HTTP status, in vLLM's exception-class style (the openai SDK's
+class names where it has one); other 4xx are ``BadRequestError``, other 5xx
+``InternalServerError`` (see docs/errors.md)."""
+
+_MIN_ERROR_STATUS, _MAX_ERROR_STATUS = 400, 599
+
+
+def _anthropic_type(status: int) -> str:
+    fallback = "invalid_request_error" if status < HTTPStatus.INTERNAL_SERVER_ERROR else "api_error"
+    return _ANTHROPIC_TYPES.get(status, fallback)
+
+
+def _openai_type(status: int) -> str:
+    fallback = (
+        "BadRequestError" if status < HTTPStatus.INTERNAL_SERVER_ERROR else "InternalServerError"
+    )
+    return _OPENAI_TYPES.get(status, fallback)
+
+
+def error_body(
+    api_route: Route,
+    *,
+    status: int,
+    message: str,
+    param: str | None = None,
+    error_type: str | None = None,
+) -> dict[str, Any]:
+    """Build the error body a client of ``api_route`` reads, for an HTTP ``status``.
+
+    ``Route.MESSAGES`` gets Anthropic's ``{"type": "error", "error": {"type", "message"}}``
+    (``param`` has no place in it); every other route gets OpenAI's and vLLM's
+    ``{"error": {"message", "type", "param", "code"}}``. ``error_type`` replaces the type
+    derived from ``status`` (Anthropic's table, or vLLM's class-style name such as
+    ``BadRequestError``).
+
+    Args:
+        api_route: the route the client called (its error shape is the one returned).
+        status: the HTTP status of the answer, 400 to 599.
+        message: the human-readable message.
+        param: the offending field (OpenAI shape only).
+        error_type: the ``type`` string, when the derived one will not do.
+
+    Raises:
+        ConfigError: ``status`` is not an integer from 400 to 599 (``param`` is ``"status"``).
+    """
+    untyped: object = status  # a router may hand over a worker's status as it parsed it
+    if type(untyped) is not int or not _MIN_ERROR_STATUS <= untyped <= _MAX_ERROR_STATUS:
+        msg = f"status: expected an HTTP error status from 400 to 599, got {untyped!r}"
+        raise ConfigError(msg, param="status")
+    if api_route == Route.MESSAGES:
+        kind = _anthropic_type(status) if error_type is None else error_type
+        return {"type": "error", "error": {"type": kind, "message": message}}
+    kind = _openai_type(status) if error_type is None else error_type
+    return {"error": {"message": message, "type": kind, "param": param, "code": status}}
+
+
+def openai_error_body(error: DisaggTransformError) -> dict[str, Any]:
     """Build the ``{"error": {...}}`` body a router sends for ``error``.
 
     The shape is the one vLLM answers with on every route: ``message``, ``type`` (vLLM's
     exception-class style, e.g. ``BadRequestError``), ``param`` and ``code`` (the HTTP status).
     """
-    return {
-        "error": {
-            "message": error.message,
-            "type": error.error_type,
-            "param": error.param,
-            "code": error.status_hint,
-        }
-    }
+    return error_body(
+        Route.CHAT_COMPLETIONS,
+        status=error.status_hint,
+        message=error.message,
+        param=error.param,
+        error_type=error.error_type,
+    )
+
+
+def anthropic_error_body(error: DisaggTransformError) -> dict[str, Any]:
+    """Build the ``{"type": "error", "error": {...}}`` body an Anthropic Messages client reads.
+
+    The ``type`` follows Anthropic's table by ``error.status_hint``: ``invalid_request_error``
+    for a :class:`RequestError`, ``api_error`` for the 500 and 502 errors.
+    """
+    return error_body(Route.MESSAGES, status=error.status_hint, message=error.message)

@@ -10,6 +10,7 @@ name, in the host's order, by :func:`load_transforms`.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Iterable, Mapping, Sequence
 from importlib.metadata import EntryPoint, entry_points
@@ -161,13 +162,15 @@ def _run(
 
 
 @final
+@dataclasses.dataclass(frozen=True, init=False, repr=False)
 class Pipeline:
     """An immutable, ordered pair of transform tuples, owned by the host.
 
     Transforms run first to last, each output feeding the next. The caller's body is copied
     once, at the start of a run, so no transform can change it. "Adding" returns a new
     pipeline; nothing about a pipeline changes after it is built, so one instance can serve
-    every thread.
+    every thread. Pipelines with the same transforms in the same order are equal, hash alike
+    and pickle.
 
     Args:
         request: the request transforms, in order.
@@ -177,28 +180,20 @@ class Pipeline:
         ConfigError: an item is not callable.
     """
 
-    __slots__ = ("_request", "_response")
-
-    _request: tuple[RequestTransform, ...]
-    _response: tuple[ResponseTransform, ...]
+    request: tuple[RequestTransform, ...]
+    """The request transforms, in the order they run."""
+    response: tuple[ResponseTransform, ...]
+    """The response transforms, in the order they run."""
 
     def __init__(
         self,
         request: Iterable[RequestTransform] = (),
         response: Iterable[ResponseTransform] = (),
     ) -> None:
-        object.__setattr__(self, "_request", _checked(request, "request"))
-        object.__setattr__(self, "_response", _checked(response, "response"))
-
-    @property
-    def request(self) -> tuple[RequestTransform, ...]:
-        """The request transforms, in the order they run."""
-        return self._request
-
-    @property
-    def response(self) -> tuple[ResponseTransform, ...]:
-        """The response transforms, in the order they run."""
-        return self._response
+        # A frozen dataclass sets its fields this way in its own __init__ too; this one takes
+        # any iterable and checks each item, which a generated __init__ would not.
+        object.__setattr__(self, "request", _checked(request, "request"))
+        object.__setattr__(self, "response", _checked(response, "response"))
 
     def run_request(self, body: Mapping[str, Any], context: TransformContext) -> dict[str, Any]:
         """Run the request transforms over a copy of ``body``; ``body`` is left untouched.
@@ -209,7 +204,7 @@ class Pipeline:
                 something other than a dict; the original is chained as ``__cause__``.
             DisaggTransformError: any of this library's errors a transform raised, unchanged.
         """
-        return _run(self._request, body, context, "request")
+        return _run(self.request, body, context, "request")
 
     def run_response(self, body: Mapping[str, Any], context: TransformContext) -> dict[str, Any]:
         """Run the response transforms over a copy of ``body``; ``body`` is left untouched.
@@ -219,46 +214,26 @@ class Pipeline:
             TransformError: as for :meth:`run_request`.
             DisaggTransformError: any of this library's errors a transform raised, unchanged.
         """
-        return _run(self._response, body, context, "response")
+        return _run(self.response, body, context, "response")
 
     def with_request(self, *transforms: RequestTransform) -> Pipeline:
         """A new pipeline with ``transforms`` appended to the request side."""
-        return Pipeline((*self._request, *transforms), self._response)
+        return Pipeline((*self.request, *transforms), self.response)
 
     def with_response(self, *transforms: ResponseTransform) -> Pipeline:
         """A new pipeline with ``transforms`` appended to the response side."""
-        return Pipeline(self._request, (*self._response, *transforms))
+        return Pipeline(self.request, (*self.response, *transforms))
 
     def __add__(self, other: object) -> Pipeline:
         """A new pipeline running this one's transforms, then ``other``'s, on each side."""
         if not isinstance(other, Pipeline):
             return NotImplemented
-        return Pipeline((*self._request, *other.request), (*self._response, *other.response))
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Pipeline):
-            return NotImplemented
-        return self._request == other.request and self._response == other.response
-
-    def __hash__(self) -> int:
-        return hash((self._request, self._response))
+        return Pipeline((*self.request, *other.request), (*self.response, *other.response))
 
     def __repr__(self) -> str:
-        request = ", ".join(map(_transform_name, self._request))
-        response = ", ".join(map(_transform_name, self._response))
+        request = ", ".join(map(_transform_name, self.request))
+        response = ", ".join(map(_transform_name, self.response))
         return f"Pipeline(request=[{request}], response=[{response}])"
-
-    def __setattr__(self, name: str, value: object) -> None:
-        msg = f"Pipeline is immutable: use with_request/with_response to get a new one ({name})"
-        raise AttributeError(msg)
-
-    def __delattr__(self, name: str) -> None:
-        msg = f"Pipeline is immutable ({name})"
-        raise AttributeError(msg)
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        # Slots plus a refusing __setattr__ defeat default pickling; rebuild through __init__.
-        return (Pipeline, (self._request, self._response))
 
 
 def _group() -> list[EntryPoint]:

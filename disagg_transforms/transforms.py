@@ -10,6 +10,7 @@ with third-party transforms in a :class:`~disagg_transforms.hooks.Pipeline`.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any, final
 
@@ -34,41 +35,30 @@ __all__ = (
 
 
 @final
+@dataclasses.dataclass(frozen=True, repr=False)
 class SamplingCaps:
     """Request transform: :func:`~disagg_transforms.apply_sampling_caps` as a step.
 
     Build it with :func:`sampling_caps`. The caps are read the way ``route`` keeps them, or the
-    way the client's own route does when ``route`` is ``None``.
+    way the client's own route does when ``route`` is ``None``. Immutable; equal, hashed and
+    pickled by its route.
     """
 
-    __slots__ = ("_route",)
+    route: Route | None = None
+    """The route whose cap keys are read (``None``: the client's route)."""
 
-    def __init__(self, route: Route | None = None) -> None:
-        untyped: object = route  # a host's config may hand over anything
+    def __post_init__(self) -> None:
+        untyped: object = self.route  # a host's config may hand over anything
         if untyped is not None and not isinstance(untyped, Route):
-            msg = f"sampling_caps: route must be a Route or None, got {route!r}"
+            msg = f"sampling_caps: route must be a Route or None, got {untyped!r}"
             raise ConfigError(msg, param="route")
-        self._route = route
-
-    @property
-    def route(self) -> Route | None:
-        """The route whose cap keys are read (``None``: the client's route)."""
-        return self._route
 
     def __call__(self, body: Mapping[str, Any], context: TransformContext, /) -> dict[str, Any]:
         """Move the body's output cap under ``sampling_params.max_tokens``."""
-        return apply_sampling_caps(body, self._route or context.client_route)
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, SamplingCaps):
-            return NotImplemented
-        return self._route is other.route
-
-    def __hash__(self) -> int:
-        return hash((SamplingCaps, self._route))
+        return apply_sampling_caps(body, self.route or context.client_route)
 
     def __repr__(self) -> str:
-        return f"sampling_caps({self._route})"
+        return f"sampling_caps({self.route})"
 
 
 def sampling_caps(route: Route | None = None) -> SamplingCaps:

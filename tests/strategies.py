@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from operator import itemgetter
 from typing import Any
 
 from hypothesis import strategies as st
@@ -109,7 +110,7 @@ _tool_calls = st.lists(
     ),
     min_size=1,
     max_size=3,
-    unique_by=lambda call: call["id"],
+    unique_by=itemgetter("id"),
 )
 
 # Unknown keys a newer vLLM could add; the names never collide with a chat field.
@@ -304,17 +305,18 @@ generate_text_responses = _response(
     st.tuples(_finish, st.text()).map(lambda parts: {**parts[0], "text": parts[1]}),
 )
 
+_derender_optional: dict[str, st.SearchStrategy[Any]] = {
+    "reasoning": st.none() | st.text(),
+    # vLLM's tool-call ids are unique (uuids); the SDKs' stream accumulators rely on it.
+    "tool_calls": st.lists(_tool_call, min_size=1, max_size=3, unique_by=itemgetter("id")),
+    "refusal": st.none(),
+    "annotations": st.none(),
+    "audio": st.none(),
+    "function_call": st.none(),
+}
 _derender_message = st.fixed_dictionaries(
     {"role": st.just("assistant"), "content": st.none() | st.text()},
-    optional={
-        "reasoning": st.none() | st.text(),
-        # vLLM's tool-call ids are unique (uuids); the SDKs' stream accumulators rely on it.
-        "tool_calls": st.lists(_tool_call, min_size=1, max_size=3, unique_by=lambda c: c["id"]),
-        "refusal": st.none(),
-        "annotations": st.none(),
-        "audio": st.none(),
-        "function_call": st.none(),
-    },
+    optional=_derender_optional,
 )
 
 generate_derender_responses = _response(
@@ -464,7 +466,11 @@ def single_choice_text_streams(draw: st.DrawFn) -> bytes:
             "text": text,
             "logprobs": draw(st.none() | chat_logprobs()),
         }
-        event = {"request_id": "generate-tokens-r", "output_mode": "text", "choices": [choice]}
+        event: dict[str, Any] = {
+            "request_id": "generate-tokens-r",
+            "output_mode": "text",
+            "choices": [choice],
+        }
         if draw(st.booleans()):
             event["usage"] = usage  # continuous usage stats
         events.append(event)
@@ -850,3 +856,6 @@ envelope_options = st.builds(
 
 rebuilt_routes = st.sampled_from(["/v1/chat/completions", "/v1/responses", "/v1/messages"])
 """The client routes whose envelope is rebuilt from a generate answer."""
+# HTTP error statuses a worker or a router may answer with, and the messages beside them.
+error_statuses = st.integers(min_value=400, max_value=599)
+error_messages = st.text(max_size=40)

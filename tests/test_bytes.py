@@ -239,7 +239,7 @@ def test_utf8_is_checked_across_the_check_s_slices(bad: bytes, offset: int) -> N
 
 
 def _text_response(text: str, **extra: Any) -> dict[str, Any]:
-    response = load_fixture("response-text.json")
+    response: dict[str, Any] = load_fixture("response-text.json")
     response["choices"][0]["text"] = text
     response.update(extra)
     return response
@@ -286,6 +286,7 @@ def test_wrap_bytes_output_is_utf8_or_refused(response: dict[str, Any], bad: byt
     try:
         out = wrap_chat_completion_bytes(broken, requested=OutputMode.TEXT)
     except UpstreamContractError as error:
+        assert error.param is not None
         assert error.param.startswith("$")
         return
     out.decode("utf-8")

@@ -448,3 +448,149 @@ def test_request_errors_never_show_a_traceback(tmp_path: Path) -> None:
     assert done.returncode == 2
     assert "Traceback" not in done.stderr
     assert done.stderr.startswith("disagg-transforms: error: $.max_tokens")
+
+
+# --- usage errors, inline token IDs, dropped keys, big integers, YAML on stdin -------------------
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["response", "x.json", "--envelope", "bogus"], "argument --envelope: invalid choice"),
+        (["bogus"], "invalid choice: 'bogus'"),
+        (["request"], "the following arguments are required: file"),
+        ([], "the following arguments are required: command"),
+        (["request", "x.json", "--step"], "argument --step: expected one argument"),
+        (["check-config", "x.json", "--frobnicate"], "unrecognized arguments: --frobnicate"),
+    ],
+)
+def test_a_usage_error_is_one_line_and_exit_2(
+    capsys: pytest.CaptureFixture[str], argv: list[str], says: str
+) -> None:
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    [line] = captured.err.splitlines()
+    assert line.startswith("disagg-transforms: error: ")
+    assert says in line
+    assert line.endswith("--help)")
+
+
+def test_a_usage_error_from_the_script_is_one_line_and_exit_2() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "disagg_transforms", "response", "x", "--envelope", "bogus"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert len(done.stderr.splitlines()) == 1, done.stderr
+
+
+def test_help_still_prints_usage_and_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["request", "--help"])
+    assert exited.value.code == 0
+    assert "--token-ids" in capsys.readouterr().out
+
+
+_GENERATE = '{"use_openai_format": false}'
+_CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
+
+
+@pytest.mark.parametrize(
+    ("text", "ids"),
+    [("1,2,3", [1, 2, 3]), ("7", [7]), (" 4 , 5 ", [4, 5]), (f"{2**63 - 1},0", [2**63 - 1, 0])],
+)
+def test_token_ids_inline_as_a_comma_separated_list(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, ids: list[int]
+) -> None:
+    path = _write(tmp_path, "chat.json", json.dumps(_CHAT))
+    assert main(["request", path, "--params", _GENERATE, "--token-ids", text]) == 0
+    assert _leg_output(capsys.readouterr().out)[1]["token_ids"] == ids
+
+
+def test_token_ids_inline_wins_over_a_file_of_that_name(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A digits-and-commas value is always the list itself; ./NAME reads such a file.
+    monkeypatch.chdir(tmp_path)
+    _write(tmp_path, "12", "[9, 9]")
+    path = _write(tmp_path, "chat.json", json.dumps(_CHAT))
+    assert main(["request", path, "--params", _GENERATE, "--token-ids", "12"]) == 0
+    assert _leg_output(capsys.readouterr().out)[1]["token_ids"] == [12]
+    assert main(["request", path, "--params", _GENERATE, "--token-ids", "./12"]) == 0
+    assert _leg_output(capsys.readouterr().out)[1]["token_ids"] == [9, 9]
+
+
+def test_token_ids_inline_are_checked_by_the_library(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _write(tmp_path, "chat.json", json.dumps(_CHAT))
+    assert main(["request", path, "--params", _GENERATE, "--token-ids", "1,-2"]) == 2
+    [line] = _err_lines(capsys)
+    assert "$.token_ids[1]" in line
+
+
+def test_request_reports_the_dropped_keys_on_stderr(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _write(tmp_path, "chat.json", json.dumps(_CHAT))
+    argv = ["request", path, "--path", "/v1/responses", "--params", _GENERATE]
+    assert main([*argv, "--token-ids", "1"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err.splitlines() == [
+        "disagg-transforms: dropped from the client's body: messages, max_tokens"
+    ]
+    first, printed = _leg_output(captured.out)
+    assert first == "POST /inference/v1/generate"
+    assert "max_tokens" not in printed["sampling_params"]
+
+
+def test_request_with_nothing_dropped_prints_nothing_on_stderr(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # An OpenAI-format leg keeps the client's body whole.
+    path = _write(tmp_path, "chat.json", json.dumps(_CHAT))
+    assert main(["request", path]) == 0
+    assert capsys.readouterr().err == ""
+
+
+@given(big=st.integers(min_value=2**64, max_value=2**256) | st.integers(-(2**256), -(2**63) - 1))
+def test_request_keeps_integers_beyond_64_bits_exactly(big: int) -> None:
+    body = {"model": "m", "x_seed": big, "nested": [big, {"n": big}]}
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = _request_stdin(json.dumps(body).encode(), ["request", "-"])
+    assert code == 0, err.getvalue()
+    text = out.getvalue()
+    assert str(big) in text
+    assert _leg_output(text)[1] == body
+
+
+def _request_stdin(data: bytes, argv: list[str]) -> int:
+    saved = sys.stdin
+    sys.stdin = io.TextIOWrapper(io.BytesIO(data))
+    try:
+        return main(argv)
+    finally:
+        sys.stdin = saved
+
+
+def test_yaml_on_stdin_without_the_flag_names_format_yaml(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _stdin(monkeypatch, b"steps:\n  decode:\n    output_mode: text\n")
+    assert main(["check-config", "-"]) == 2
+    [line] = _err_lines(capsys)
+    assert line.startswith("disagg-transforms: error: <stdin>: not valid JSON: ")
+    assert "--format yaml" in line
+
+
+def test_json_named_explicitly_gives_no_yaml_hint(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _stdin(monkeypatch, b"steps: {}\n")
+    assert main(["check-config", "-", "--format", "json"]) == 2
+    [line] = _err_lines(capsys)
+    assert "--format yaml" not in line

@@ -219,7 +219,7 @@ def test_unknown_step_refused(step: str) -> None:
 
 def test_params_must_be_a_mapping() -> None:
     with pytest.raises(ConfigError) as caught:
-        parse_step_params("decode", ["output_mode"])  # type: ignore[arg-type]
+        parse_step_params("decode", ["output_mode"])  # type: ignore[call-overload]
     assert caught.value.param == "decode"
 
 
@@ -319,7 +319,7 @@ def test_unknown_step_message_lists_the_steps() -> None:
 
 def test_non_mapping_params_message() -> None:
     with pytest.raises(ConfigError) as caught:
-        parse_step_params("decode", ["output_mode"])  # type: ignore[arg-type]
+        parse_step_params("decode", ["output_mode"])  # type: ignore[call-overload]
     assert caught.value.message == "decode: params must be a mapping, got an array of 1 items"
 
 
@@ -369,3 +369,24 @@ def test_pipeline_steps_must_be_a_mapping(steps: object, shown: str) -> None:
     assert caught.value.message == (
         f"pipeline: steps must be a mapping of step name to params, got {shown}"
     )
+
+
+@pytest.mark.parametrize(
+    ("step", "cls"),
+    [
+        ("encode", EncodeParams),
+        ("prefill", PrefillParams),
+        ("decode", DecodeParams),
+        ("conditional-decode", ConditionalDecodeParams),
+    ],
+)
+def test_every_field_of_a_step_struct_is_a_checked_key(step: str, cls: type[Any]) -> None:
+    # The accepted keys are the struct's fields, and each one refuses a value of the wrong type.
+    fields = sorted(field.name for field in msgspec.structs.fields(cls))
+    with pytest.raises(ConfigError) as caught:
+        parse_step_params(step, {"nope": 1})
+    assert caught.value.message.endswith(f"{step} accepts {', '.join(fields)}")
+    for name in fields:
+        with pytest.raises(ConfigError) as wrong:
+            parse_step_params(step, {name: ["wrong"]})
+        assert wrong.value.param == f"{step}.{name}"

@@ -37,7 +37,7 @@ GOLDEN = [
 @pytest.mark.parametrize(("name", "view"), GOLDEN)
 def test_golden_bodies_round_trip_without_losing_a_field(name: str, view: type) -> None:
     body = load_fixture(name)
-    decoded = msgspec.convert(body, view)
+    decoded: object = msgspec.convert(body, view)
     assert msgspec.to_builtins(decoded) == body
     # Bytes in, bytes out: the same, key for key.
     raw = msgspec.json.encode(body)
@@ -93,5 +93,5 @@ def test_text_response_requires_text_and_mode() -> None:
 @given(extra=st.dictionaries(st.text(min_size=1).map(lambda s: "x-" + s), json_values))
 def test_unknown_fields_are_tolerated(name: str, view: type, extra: dict[str, Any]) -> None:
     body = {**load_fixture(name), **extra}
-    decoded = msgspec.convert(body, view)
+    decoded: object = msgspec.convert(body, view)
     assert msgspec.to_builtins(decoded) == load_fixture(name)

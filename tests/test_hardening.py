@@ -38,6 +38,7 @@ from disagg_transforms import (
     EncodeParams,
     EnvelopeOptions,
     KvTransferPlacement,
+    Leg,
     LegInputs,
     OutputMode,
     Pipeline,
@@ -78,14 +79,14 @@ CLOCK = lambda: 1_700_000_000.0  # noqa: E731 - a fixed "now" keeps outputs comp
 TRANSFER_KEYS = ("kv_transfer_params", "ec_transfer_params")
 
 
-def snapshot(value: object) -> list[object]:
+def snapshot(value: object) -> list[tuple[Any, ...]]:
     """A flat, order-preserving picture of ``value`` built without recursion.
 
     Containers are recorded with their identity, type and size, leaves by type and ``repr``
     (so NaN equals NaN): two snapshots differ iff something was added, removed, replaced or
     reordered, at any depth.
     """
-    out: list[object] = []
+    out: list[tuple[Any, ...]] = []
     pending: list[object] = [value]
     while pending:
         node = pending.pop()
@@ -245,7 +246,7 @@ STREAM_ENTRY_POINTS: dict[str, Callable[[bytes, int, Any], bytes]] = {
 }
 
 
-def _ours(call: Callable[[], object]) -> tuple[str, object]:
+def _ours(call: Callable[[], object]) -> tuple[str, Any]:
     """Call; the outcome as ("ok", result) or ("error", (type, message, param))."""
     try:
         return "ok", call()
@@ -271,7 +272,7 @@ def _plain(result: object) -> object:
 
 # The tables hold ~80 entry points, each its own test: a share of the profile's examples each
 # keeps the `ci` profile inside CI's time while `fuzz` still runs thousands per entry point.
-PER_ENTRY_POINT = settings(max_examples=max(20, settings.default.max_examples // 8))
+PER_ENTRY_POINT = settings(max_examples=max(20, settings().max_examples // 8))
 
 
 @pytest.mark.parametrize("name", sorted(REQUEST_ENTRY_POINTS))
@@ -390,7 +391,7 @@ def test_openai_legs_keep_every_client_field(
 ) -> None:
     path, body = case
     if step == "decode":
-        call = lambda: build_decode_request(  # noqa: E731
+        call: Callable[[], Leg] = lambda: build_decode_request(  # noqa: E731
             body, client_path=path, params=DecodeParams(trust_client_transfer_params=trusted)
         )
     else:
@@ -433,7 +434,7 @@ def test_client_transfer_params_never_reach_an_untrusted_leg(
     tokens = [1, 2, 3]
     if builder == "decode":
         params: Any = DecodeParams(use_openai_format=openai, kv_transfer_placement=placement)
-        call = lambda: build_decode_request(  # noqa: E731
+        call: Callable[[], Leg] = lambda: build_decode_request(  # noqa: E731
             body, client_path=path, params=params, token_ids=tokens, kv_transfer_params=ROUTER_KV
         )
         allowed: dict[str, Any] = {"kv_transfer_params": ROUTER_KV}

@@ -235,11 +235,11 @@ def test_transform_errors_pickle_with_their_attributes() -> None:
 def test_pipeline_is_immutable() -> None:
     pipeline = Pipeline([tag("a")])
     with pytest.raises(AttributeError):
-        pipeline._request = ()  # type: ignore[misc]
+        pipeline.request = ()  # type: ignore[misc]
     with pytest.raises(AttributeError):
         pipeline.anything = 1  # type: ignore[attr-defined]
     with pytest.raises(AttributeError):
-        del pipeline._request
+        del pipeline.request
     assert isinstance(pipeline.request, tuple)
 
 
@@ -259,7 +259,8 @@ def test_adding_returns_new_pipelines() -> None:
     assert base + longer == Pipeline([a, a, b], [z])
     assert hash(base) == hash(Pipeline([a]))
     assert base.__add__(1) is NotImplemented
-    assert base != "pipeline"
+    not_a_pipeline: object = "pipeline"
+    assert base != not_a_pipeline
     assert "tag_a" in repr(longer)
     assert "tag_z" in repr(longer)
 

@@ -706,7 +706,7 @@ def test_prefill_and_encode_return_a_leg_or_a_request_error(
         params_cls = PrefillParams if build is build_prefill_request else EncodeParams
         params = params_cls(use_openai_format=use_openai, trust_client_transfer_params=trusted)
         try:
-            leg = build(body, client_path=path, params=params, token_ids=TOKENS)  # type: ignore[operator]
+            leg = build(body, client_path=path, params=params, token_ids=TOKENS)  # type: ignore[arg-type]
         except RequestError:
             continue
         assert body == before
@@ -812,7 +812,7 @@ def test_responses_and_messages_refusals_through_every_builder(
         (build_encode_request, EncodeParams(use_openai_format=False)),
     ):
         with pytest.raises(RequestError) as caught:
-            build(body, client_path=path, params=params, token_ids=TOKENS)  # type: ignore[operator]
+            build(body, client_path=path, params=params, token_ids=TOKENS)  # type: ignore[arg-type]
         assert caught.value.param == param
         assert param in caught.value.message
 
@@ -840,7 +840,7 @@ def test_messages_prefill_and_encode_over_generate() -> None:
         (build_prefill_request, PrefillParams(use_openai_format=False)),
         (build_encode_request, EncodeParams(use_openai_format=False)),
     ):
-        leg = build(messages_client(), client_path=MESSAGES, params=params, token_ids=TOKENS)  # type: ignore[operator]
+        leg = build(messages_client(), client_path=MESSAGES, params=params, token_ids=TOKENS)  # type: ignore[arg-type]
         assert leg.body["sampling_params"]["max_tokens"] == 1
         assert leg.body["sampling_params"]["stop"] == ["\n\nHuman:"]
         assert_generate_request(leg.body)
@@ -882,7 +882,7 @@ def test_every_client_route_body_gives_single_token_legs_or_a_request_error(
     ):
         params = params_cls(use_openai_format=use_openai, trust_client_transfer_params=trusted)
         try:
-            leg = build(body, client_path=path, params=params, token_ids=TOKENS)  # type: ignore[operator]
+            leg = build(body, client_path=path, params=params, token_ids=TOKENS)  # type: ignore[arg-type]
         except RequestError as error:
             assert error.param is not None
             continue

@@ -60,6 +60,7 @@ def test_depth_at_the_limit_passes_and_one_past_is_refused(limit: int) -> None:
     check_depth(nested(limit), limit)
     with pytest.raises(RequestError, match=f"limit of {limit} levels") as error:
         check_depth(nested(limit + 1), limit)
+    assert error.value.param is not None
     assert error.value.param.startswith("$[0]") or error.value.param == "$"
 
 

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import pickle
 from typing import Any
 
 import pytest
@@ -190,3 +191,18 @@ def test_builtin_transforms_never_mutate_and_raise_only_library_errors(
     with contextlib.suppress(DisaggTransformError):
         wrap_response(body, context(WRAPPING))
     assert body == before
+
+
+def test_sampling_caps_is_immutable_and_pickles() -> None:
+    transform = sampling_caps(Route.RESPONSES)
+    with pytest.raises(AttributeError):
+        transform.route = None  # type: ignore[misc]
+    with pytest.raises(AttributeError):
+        transform.other = 1  # type: ignore[attr-defined]
+    copied = pickle.loads(pickle.dumps(transform))  # noqa: S301 - our own object
+    assert copied == transform
+    assert hash(copied) == hash(transform)
+    assert copied.route is Route.RESPONSES
+    assert transform != sampling_caps(None)
+    not_a_transform: object = "sampling_caps"
+    assert transform != not_a_transform

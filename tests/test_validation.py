@@ -237,3 +237,42 @@ def test_non_object_client_body_is_refused(bad: object) -> None:
     with pytest.raises(RequestError) as caught:
         build_decode_request(bad, client_path=GENERATE, params=DecodeParams())  # type: ignore[arg-type]
     assert caught.value.param == "$"
+
+
+@pytest.mark.parametrize(
+    ("body", "path", "params"),
+    [
+        (
+            {
+                "model": "m",
+                "messages": [{"role": "user", "content": "hi"}],
+                "logit_bias": {"7": "x"},
+            },
+            "$.logit_bias",
+            DecodeParams(use_openai_format=False),
+        ),
+        (
+            {"token_ids": [1], "sampling_params": {"logit_bias": {"1": [2]}}},
+            "$.sampling_params.logit_bias",
+            DecodeParams(),
+        ),
+    ],
+)
+def test_a_bad_value_under_an_object_key_is_reported_at_a_real_json_path(
+    body: dict[str, Any], path: str, params: DecodeParams
+) -> None:
+    # msgspec hides a dict's key as "[...]"; the error names the object, a path a client can use.
+    client_path = "/v1/chat/completions" if "messages" in body else "/inference/v1/generate"
+    with pytest.raises(RequestError) as caught:
+        build_decode_request(body, client_path=client_path, params=params, token_ids=[1])
+    assert caught.value.param == path
+    assert caught.value.message.startswith(f"{path}: ")
+    assert "[...]" not in caught.value.message
+
+
+@given(key=st.text(max_size=6), value=st.text() | st.lists(st.integers(), max_size=2))
+def test_any_bad_logit_bias_value_names_the_object(key: str, value: object) -> None:
+    body = {"token_ids": [1], "sampling_params": {"logit_bias": {key: value}}}
+    with pytest.raises(RequestError) as caught:
+        build_decode_request(body, client_path="/inference/v1/generate", params=DecodeParams())
+    assert caught.value.param == "$.sampling_params.logit_bias"

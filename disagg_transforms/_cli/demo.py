@@ -27,7 +27,10 @@ from disagg_transforms._response.chat_wrap import wrap_chat_completion
 from disagg_transforms._routes import Route, resolve_format
 from disagg_transforms._wire.sse import SseParser
 
-_NUMBER_ARRAY: Final = re.compile(r"\[(?:\s*-?\d+(?:\.\d+)?,?)+\s*\]")
+# Each number ends at a comma or the bracket: with an optional comma a run of digits could be
+# split many ways, and a long number in a non-matching array took exponential time.
+_NUMBER: Final = r"\s*-?\d+(?:\.\d+)?"
+_NUMBER_ARRAY: Final = re.compile(rf"\[{_NUMBER}(?:,{_NUMBER})*\s*\]")
 
 CREATED: Final = 1796000000
 MODEL: Final = "Qwen/Qwen3-0.6B"
@@ -166,7 +169,8 @@ def _one_line_numbers(match: re.Match[str]) -> str:
 
 def indented_json(value: object) -> str:
     """``value`` as indented JSON, with arrays of numbers (token IDs) kept on one line."""
-    text = orjson.dumps(value, option=orjson.OPT_INDENT_2).decode()
+    # msgspec, not orjson: it writes an integer beyond 64 bits exactly (orjson refuses it).
+    text = msgspec.json.format(msgspec.json.encode(value), indent=2).decode()
     return _NUMBER_ARRAY.sub(_one_line_numbers, text)
 
 

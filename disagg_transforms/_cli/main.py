@@ -1,18 +1,20 @@
 """Command line: ``python -m disagg_transforms`` (also the ``disagg-transforms`` script).
 
 ``demo`` shows what the library does; ``check-config FILE|-`` validates a router's step params.
-The command line may read files and stdin (the library itself never does); every failure is one
-line on stderr and exit code 2, never a traceback.
+The command line may read files and stdin (the library itself never does); every failure, a
+usage error included, is one line on stderr and exit code 2, never a traceback (docs/cli.md).
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import NoReturn
 
-import orjson
+import msgspec
 
 from disagg_transforms._cli.demo import demo_text, indented_json, params_json
 from disagg_transforms._config import (
@@ -27,6 +29,7 @@ from disagg_transforms._config import (
 )
 from disagg_transforms._exchange.check import pipeline_warnings
 from disagg_transforms._request.legs import (
+    DecodeLeg,
     Leg,
     build_decode_request,
     build_encode_request,
@@ -42,10 +45,22 @@ _PROG = "disagg-transforms"
 _STDIN = "-"
 _EXIT_USAGE = 2
 _TOP_LEVEL_KEYS = ("steps", "use_openai_format")
+# `--token-ids 1,2,3`: integers and commas only, so it can never be taken for a file name that
+# needs reading (docs/cli.md: ./NAME reads a file named like that).
+_INLINE_IDS = re.compile(r"\s*-?\d+(\s*,\s*-?\d+)*\s*")
+_YAML_HINT = " (if it is YAML, pass --format yaml)"
 
 
 class _CliError(Exception):
     """A failure reported as one line on stderr with exit code 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a usage error as one line (argparse prints usage and exits itself)."""
+
+    def error(self, message: str) -> NoReturn:
+        msg = f"{message} (see: {self.prog} --help)"
+        raise _CliError(msg)
 
 
 def _one_line(error: BaseException) -> str:
@@ -68,19 +83,27 @@ def _read_bytes(source: str) -> bytes:
 
 
 def _decode(
-    source: str, kind: str, loads: Callable[[bytes], object], errors: type[Exception]
+    source: str,
+    kind: str,
+    loads: Callable[[bytes], object],
+    errors: type[Exception],
+    hint: str = "",
 ) -> object:
     data = _read_bytes(source)
     try:
         return loads(data)
     except errors as exc:
-        msg = f"{_source_name(source)}: not valid {kind}: {_one_line(exc)}"
+        msg = f"{_source_name(source)}: not valid {kind}: {_one_line(exc)}{hint}"
         raise _CliError(msg) from None
 
 
-def _read_json(source: str) -> object:
-    """Parse the JSON document in a file or on stdin (``-``); a failure is a `_CliError`."""
-    return _decode(source, "JSON", orjson.loads, orjson.JSONDecodeError)
+def _read_json(source: str, hint: str = "") -> object:
+    """Parse the JSON document in a file or on stdin (``-``); a failure is a `_CliError`.
+
+    msgspec, not orjson: it reads an integer beyond 64 bits exactly (orjson makes it a float).
+    ``hint`` ends the message of a document that does not parse.
+    """
+    return _decode(source, "JSON", msgspec.json.decode, msgspec.DecodeError, hint)
 
 
 def _read_yaml(source: str) -> object:
@@ -96,9 +119,12 @@ def _read_yaml(source: str) -> object:
 
 
 def _read_config(source: str, fmt: str) -> object:
-    if fmt == "auto":
-        fmt = "yaml" if Path(source).suffix.lower() in {".yaml", ".yml"} else "json"
-    return _read_yaml(source) if fmt == "yaml" else _read_json(source)
+    if fmt != "auto":
+        return _read_yaml(source) if fmt == "yaml" else _read_json(source)
+    if Path(source).suffix.lower() in {".yaml", ".yml"}:
+        return _read_yaml(source)
+    # JSON is only the guess here (stdin, or a name without .yaml): say how to ask for YAML.
+    return _read_json(source, _YAML_HINT)
 
 
 def _collect(errors: list[ConfigError], steps: object, use_openai_format: object = None) -> bool:
@@ -180,16 +206,18 @@ def _run_demo(_args: argparse.Namespace) -> int:
 
 def _json_option(text: str, option: str) -> object:
     try:
-        return orjson.loads(text)
-    except orjson.JSONDecodeError as exc:
+        return msgspec.json.decode(text)
+    except msgspec.DecodeError as exc:
         msg = f"{option}: not valid JSON: {_one_line(exc)}"
         raise _CliError(msg) from None
 
 
 def _token_ids(value: str | None) -> object:
-    """``--token-ids``: a JSON list given inline, or the name of a file holding one."""
+    """``--token-ids``: ``1,2,3`` or a JSON list given inline, or the name of a file holding one."""
     if value is None:
         return None
+    if _INLINE_IDS.fullmatch(value):
+        return [int(item) for item in value.split(",")]
     if value.lstrip().startswith("["):
         return _json_option(value, "--token-ids")
     return _read_json(value)
@@ -223,6 +251,9 @@ def _params_option(text: str | None) -> dict[str, object]:
 
 def _request(args: argparse.Namespace) -> int:
     leg = _build_leg(args)
+    # On stderr, so stdout stays the leg alone: a key the leg cannot carry must not vanish quietly.
+    if isinstance(leg, DecodeLeg) and leg.dropped:
+        sys.stderr.write(f"{_PROG}: dropped from the client's body: {', '.join(leg.dropped)}\n")
     sys.stdout.write(f"POST {leg.path}\n{indented_json(leg.body)}\n")
     return 0
 
@@ -244,7 +275,7 @@ def _response(args: argparse.Namespace) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog=_PROG,
         description="Build disaggregated-serving leg bodies for vLLM, and read them back.",
     )
@@ -269,7 +300,8 @@ def _parser() -> argparse.ArgumentParser:
         "--params", help='the step\'s params as JSON, e.g. \'{"output_mode": "derender"}\''
     )
     request.add_argument(
-        "--token-ids", help="the rendered prompt: a JSON list, or a file holding one"
+        "--token-ids",
+        help="the rendered prompt: 1,2,3 or a JSON list, or a file holding a JSON list",
     )
     request.set_defaults(handler=_request)
     response = commands.add_parser(
@@ -307,9 +339,9 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the process exit code."""
-    args = _parser().parse_args(argv)
-    handler: Callable[[argparse.Namespace], int] = args.handler
     try:
+        args = _parser().parse_args(argv)
+        handler: Callable[[argparse.Namespace], int] = args.handler
         return handler(args)
     except (_CliError, DisaggTransformError) as error:
         sys.stderr.write(f"{_PROG}: error: {_one_line(error)}\n")

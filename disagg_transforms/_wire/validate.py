@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, NamedTuple, TypeVar
 
 import msgspec
 
@@ -42,7 +42,50 @@ interpreter's stack, or a key holding a lone surrogate (it cannot be matched as 
 _MSGSPEC_PATH = re.compile(r" - at `\$(?P<path>[^`]*)`$")
 _PATH_STEP = re.compile(r"\.(?P<key>[^.\[]+)|\[(?P<index>\d+)\]")
 _MSGSPEC_GOT = re.compile(r", got `[^`]*`$")
+# msgspec writes a dict's key as "[...]": which key failed is not in the message.
+_HIDDEN_KEY = "[...]"
 _MISSING = object()
+
+
+class MsgspecFailure(NamedTuple):
+    """Where and why a msgspec conversion failed, as :func:`msgspec_failure` reads it."""
+
+    path: str
+    """The JSON path of the failure under our root (``$.sampling_params.logit_bias``)."""
+    inner: str
+    """The same path below the converted value (``.logit_bias``; ``""`` for the value)."""
+    reason: str
+    """msgspec's message without its path (``Expected `float`, got `str```)."""
+    exact: bool
+    """``inner`` leads to the bad value itself; false when msgspec hid a key of an object on
+    the way, and ``path`` stops at that object."""
+
+
+def msgspec_failure(error: BaseException, root: str = "$") -> MsgspecFailure:
+    """Read msgspec's error for a value found at ``root``: the one reader of its paths.
+
+    ``error`` is one of :data:`CONVERT_ERRORS` (or a ``msgspec.DecodeError``). msgspec reports
+    ``- at `$.a[0].b``` relative to the value it converted; that path is put under ``root``.
+    A dict's key, which msgspec writes as ``[...]``, cuts the path at that object (a JSON path
+    must name a real member). An error with no path (nesting too deep, a lone surrogate in a
+    key) is at ``root``.
+    """
+    if isinstance(error, RecursionError):
+        reason = "nesting too deep"
+    elif isinstance(error, UnicodeEncodeError):
+        reason = "a string that is not valid Unicode (a lone surrogate)"
+    else:
+        reason = str(error)
+    found = _MSGSPEC_PATH.search(reason)
+    if found is None:
+        return MsgspecFailure(root, "", reason, exact=True)
+    inner = found.group("path")
+    reason = reason[: found.start()]
+    hidden = inner.find(_HIDDEN_KEY)
+    if hidden >= 0:
+        inner = inner[:hidden]
+        reason = f"{reason} (in one of its values)"
+    return MsgspecFailure(root + inner, inner, reason, exact=hidden < 0)
 
 
 def _value_at(root: object, path: str) -> object:
@@ -76,24 +119,14 @@ def convert(value: object, view: type[T], path: str) -> T:
     try:
         return msgspec.convert(value, view)
     except CONVERT_ERRORS as exc:
-        reason = (
-            str(exc)
-            if isinstance(exc, msgspec.ValidationError)
-            else "nesting too deep"
-            if isinstance(exc, RecursionError)
-            else "a string that is not valid Unicode (a lone surrogate)"
-        )
-        found = _MSGSPEC_PATH.search(reason)
-        inner = found.group("path") if found else ""
-        where = path + inner
-        reason = reason[: found.start()] if found else reason
-        bad = _value_at(value, inner)
+        failure = msgspec_failure(exc, path)
+        bad = _value_at(value, failure.inner) if failure.exact else _MISSING
         if bad is _MISSING:
-            msg = f"{where}: {reason}"
-            raise RequestError(msg, param=where) from None
+            msg = f"{failure.path}: {failure.reason}"
+            raise RequestError(msg, param=failure.path) from None
         # "Expected `float`, got `str`" names the JSON type; the value itself says more.
-        reason = _MSGSPEC_GOT.sub("", reason)
-        raise refuse(bad, reason[:1].lower() + reason[1:], at=where) from None
+        reason = _MSGSPEC_GOT.sub("", failure.reason)
+        raise refuse(bad, reason[:1].lower() + reason[1:], at=failure.path) from None
 
 
 def mapping(value: object, path: str) -> Mapping[str, Any]:
