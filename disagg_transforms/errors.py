@@ -20,12 +20,14 @@ worker's 4xx/5xx answer.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from http import HTTPStatus
 from typing import Any, ClassVar
 
 from disagg_transforms._routes import Route
 
 __all__ = (
+    "ANTHROPIC_ERROR_TYPES",
     "ConfigError",
     "DisaggTransformError",
     "PluginLoadError",
@@ -150,7 +152,7 @@ def _rebuild_with(
     return cls(message, **kwargs)
 
 
-_ANTHROPIC_TYPES: dict[int, str] = {
+ANTHROPIC_ERROR_TYPES: Mapping[int, str] = {
     400: "invalid_request_error",
     401: "authentication_error",
     403: "permission_error",
@@ -162,6 +164,9 @@ _ANTHROPIC_TYPES: dict[int, str] = {
 }
 """Anthropic's error ``type`` by HTTP status; other 4xx are ``invalid_request_error``, other 5xx
 ``api_error`` (see docs/errors.md)."""
+
+_ANTHROPIC_KINDS = frozenset({*ANTHROPIC_ERROR_TYPES.values(), "billing_error", "timeout_error"})
+"""Every ``type`` Anthropic's errors use, the ones no status maps to included."""
 
 _OPENAI_TYPES: dict[int, str] = {
     400: "BadRequestError",
@@ -185,7 +190,7 @@ _MIN_ERROR_STATUS, _MAX_ERROR_STATUS = 400, 599
 
 def _anthropic_type(status: int) -> str:
     fallback = "invalid_request_error" if status < HTTPStatus.INTERNAL_SERVER_ERROR else "api_error"
-    return _ANTHROPIC_TYPES.get(status, fallback)
+    return ANTHROPIC_ERROR_TYPES.get(status, fallback)
 
 
 def _openai_type(status: int) -> str:
@@ -209,7 +214,7 @@ def error_body(
     (``param`` has no place in it); every other route gets OpenAI's and vLLM's
     ``{"error": {"message", "type", "param", "code"}}``. ``error_type`` replaces the type
     derived from ``status`` (Anthropic's table, or vLLM's class-style name such as
-    ``BadRequestError``).
+    ``BadRequestError``); on ``Route.MESSAGES`` only one of Anthropic's own types does.
 
     Args:
         api_route: the route the client called (its error shape is the one returned).
@@ -226,7 +231,9 @@ def error_body(
         msg = f"status: expected an HTTP error status from 400 to 599, got {untyped!r}"
         raise ConfigError(msg, param="status")
     if api_route == Route.MESSAGES:
-        kind = _anthropic_type(status) if error_type is None else error_type
+        # A type outside Anthropic's table (vLLM's class-style names) gives way to the status's.
+        known = error_type is not None and error_type in _ANTHROPIC_KINDS
+        kind = error_type if known else _anthropic_type(status)
         return {"type": "error", "error": {"type": kind, "message": message}}
     kind = _openai_type(status) if error_type is None else error_type
     return {"error": {"message": message, "type": kind, "param": param, "code": status}}

@@ -23,7 +23,6 @@ from disagg_transforms._config import (
     StepParams,
 )
 from disagg_transforms._exchange import reply as _reply
-from disagg_transforms._exchange.failure import error_body, in_stream_error
 from disagg_transforms._request.caps import TOP_LEVEL_CAPS, apply_sampling_caps
 from disagg_transforms._request.legs import (
     CLIENT_MAPPERS,
@@ -45,6 +44,7 @@ from disagg_transforms.errors import (
     DisaggTransformError,
     RequestError,
     UpstreamContractError,
+    error_body,
 )
 from disagg_transforms.hooks import LegInputs, Pipeline, TransformContext
 
@@ -248,7 +248,6 @@ class Exchange:
         self._reading: str | None = None  # the step whose stream is being read
         self._error_status = 0  # a streamed answer's non-2xx status, its body being collected
         self._error_body = bytearray()
-        self._events = 0  # SSE events sent to the client (Responses numbers its error event)
         self._done = False
         self._step = "client"  # the step whose answer is being read, named in errors
         self._members: _raw.RawMembers = _raw.RawMembers({}, RequestError, token_ids_key="")
@@ -564,14 +563,14 @@ class Exchange:
         return headers
 
     def _emit(self, out: bytes) -> bytes:
-        self._events += out.count(b"\n\n")
         if self._final is not None or not out:
             return out
         self._final = ClientStream(status=200, headers=self._reply_headers(_reply.SSE), first=out)
         return b""
 
     def _stream_error(self, message: str) -> bytes:
-        return in_stream_error(self._route, message, sequence_number=self._events)
+        assert self._relay is not None  # noqa: S101 - a started stream has its relay
+        return self._relay.error_event(message, status=502)
 
     def _broken(self, error: DisaggTransformError) -> bytes:
         """A contract break in the worker's stream: an in-stream error, or a clean 502."""
@@ -632,7 +631,11 @@ class Exchange:
         error_type: str | None = None,
         retry: bool,
     ) -> None:
-        body = error_body(self._route, status, message, param=param, error_type=error_type)
+        body = _raw.encode(
+            error_body(
+                self._route, status=status, message=message, param=param, error_type=error_type
+            )
+        )
         # Only a 4xx says nothing about retrying: the SDKs do not retry those anyway.
         retryable = retry or status < 500
         headers = self._reply_headers(_reply.JSON, retry=retryable)

@@ -29,8 +29,8 @@ from disagg_transforms._routes import Route
 from disagg_transforms._wire import keys as w
 from disagg_transforms._wire import raw as _raw
 from disagg_transforms._wire.limits import DEFAULT_LIMITS, check_body_size
-from disagg_transforms._wire.sse import DEFAULT_MAX_EVENT_BYTES, DONE_EVENT
-from disagg_transforms.errors import UpstreamContractError
+from disagg_transforms._wire.sse import DEFAULT_MAX_EVENT_BYTES, DONE_EVENT, format_sse_event
+from disagg_transforms.errors import UpstreamContractError, error_body
 
 __all__ = ("Relay", "Shape", "reply_shape", "stream_relay", "whole_reply")
 
@@ -182,6 +182,16 @@ class Relay(Protocol):
         """End of the worker's stream; raises ``UpstreamContractError`` when it was cut."""
         ...
 
+    def error_event(self, message: str, *, status: int = 500) -> bytes:
+        """The client API's in-stream error event that ends a started stream."""
+        ...
+
+
+def _chat_style_error(message: str, status: int) -> bytes:
+    """VLLM's in-stream error on its OpenAI routes and generate: the error body, then [DONE]."""
+    body = error_body(Route.CHAT_COMPLETIONS, status=status, message=message)
+    return format_sse_event(body) + DONE_EVENT
+
 
 class _GenerateRelay:
     """A generate stream sent on as generate events, each checked; stripped for a chat client."""
@@ -205,6 +215,9 @@ class _GenerateRelay:
     def close(self) -> bytes:
         return b"".join(self._write(p, done=e is None) for p, e in self._reader.close())
 
+    def error_event(self, message: str, *, status: int = 500) -> bytes:
+        return _chat_style_error(message, status)
+
 
 class _PassRelay:
     """The worker's own stream on the client's route: its bytes, released whole events at a time.
@@ -227,6 +240,9 @@ class _PassRelay:
     def close(self) -> bytes:
         rest, self._held = self._held, b""
         return rest
+
+    def error_event(self, message: str, *, status: int = 500) -> bytes:
+        return _chat_style_error(message, status)
 
 
 def stream_relay(

@@ -13,7 +13,7 @@ Two shapes, both ending in ``data: [DONE]``:
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any, Final
+from typing import Any
 
 from msgspec import UNSET
 
@@ -38,9 +38,10 @@ from disagg_transforms._response.options import (
     envelope_created,
     envelope_model,
 )
+from disagg_transforms._routes import Route
 from disagg_transforms._wire import keys as w
 from disagg_transforms._wire.sse import DONE_EVENT, format_sse_event
-from disagg_transforms.errors import UpstreamContractError
+from disagg_transforms.errors import UpstreamContractError, error_body
 
 __all__ = (
     "ChatStreamConverter",
@@ -49,9 +50,6 @@ __all__ = (
 )
 
 # vLLM's error ``type`` per HTTP status (its ``ErrorResponse``); other 4xx: a bad request.
-_VLLM_ERROR_TYPES: Final = {404: "NotFoundError", 500: "InternalServerError"}
-_BAD_REQUEST: Final = "BadRequestError"
-_FIRST_SERVER_STATUS: Final = 500
 
 
 def _include_usage(client_body: Mapping[str, Any] | None) -> bool:
@@ -257,11 +255,10 @@ class ChatStreamConverter:
         the error would have had before the stream started; ``error_type`` overrides the
         type vLLM gives that status (``InternalServerError``, ``BadRequestError``, ...).
         """
-        if error_type is None:
-            fallback = _VLLM_ERROR_TYPES[500] if status >= _FIRST_SERVER_STATUS else _BAD_REQUEST
-            error_type = _VLLM_ERROR_TYPES.get(status, fallback)
-        body = {w.MESSAGE: message, w.TYPE: error_type, w.PARAM: None, w.CODE: status}
-        return format_sse_event({w.ERROR: body}) + DONE_EVENT
+        body = error_body(
+            Route.CHAT_COMPLETIONS, status=status, message=message, error_type=error_type
+        )
+        return format_sse_event(body) + DONE_EVENT
 
     def _chunk_head(self, event: StreamEvent) -> dict[str, Any]:
         if self._head is None:

@@ -10,7 +10,7 @@ Messages streaming events: :class:`AnthropicStreamConverter` for a streamed text
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import Any
 
 import orjson
 
@@ -18,11 +18,12 @@ from disagg_transforms._config import OutputMode
 from disagg_transforms._response.generate_stream import NamedEventConverter
 from disagg_transforms._response.options import EnvelopeOptions, envelope_model, front_options
 from disagg_transforms._response.turn import AssistantTurn, ToolCallOut, read_turn
+from disagg_transforms._routes import Route
 from disagg_transforms._wire import keys as w
 from disagg_transforms._wire.describe import describe
 from disagg_transforms._wire.sse import format_sse_typed_event
 from disagg_transforms.envelopes import Usage
-from disagg_transforms.errors import UpstreamContractError
+from disagg_transforms.errors import UpstreamContractError, error_body
 
 __all__ = (
     "AnthropicStreamConverter",
@@ -186,18 +187,6 @@ _EMPTY_BLOCK: dict[str, dict[str, Any]] = {
     w.THINKING: {w.THINKING: "", w.SIGNATURE: ""},
     w.TOOL_USE: {w.INPUT: {}},
 }
-# Anthropic's error type per HTTP status (its errors table); any other 5xx is an api_error.
-_ERROR_TYPES: Final = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    413: "request_too_large",
-    429: "rate_limit_error",
-    529: "overloaded_error",
-}
-_KNOWN_TYPES: Final = frozenset({*_ERROR_TYPES.values(), w.API_ERROR})
-_FIRST_SERVER_STATUS: Final = 500
 
 
 def single_frame_anthropic_events(
@@ -320,10 +309,7 @@ class AnthropicStreamConverter(NamedEventConverter):
         self, message: str, status: int, error_type: str | None, param: str | None
     ) -> list[dict[str, Any]]:
         del param  # Anthropic's error has none
-        if error_type not in _KNOWN_TYPES:  # vLLM's own types are not Anthropic's
-            fallback = w.API_ERROR if status >= _FIRST_SERVER_STATUS else _ERROR_TYPES[400]
-            error_type = _ERROR_TYPES.get(status, fallback)
-        return [{w.TYPE: w.ERROR, w.ERROR: {w.TYPE: error_type, w.MESSAGE: message}}]
+        return [error_body(Route.MESSAGES, status=status, message=message, error_type=error_type)]
 
     def _format(self, event: dict[str, Any]) -> bytes:
         return format_sse_typed_event(event[w.TYPE], event)
