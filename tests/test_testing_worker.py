@@ -34,7 +34,15 @@ GENERATE = "/inference/v1/generate"
 CHAT_RENDER = "/v1/chat/completions/render"
 CREATED = 1796000000
 SCHEMA = load_fixture("request-json-schema.json")
-ALLOWED_IMPORTS = {"__future__", "asyncio", "collections", "contextlib", "dataclasses", "hashlib"}
+ALLOWED_IMPORTS = {
+    "__future__",
+    "asyncio",
+    "base64",
+    "collections",
+    "contextlib",
+    "dataclasses",
+    "hashlib",
+}
 ALLOWED_IMPORTS |= {"json", "orjson", "re", "time", "typing", "uuid"}
 
 
