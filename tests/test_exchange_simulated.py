@@ -239,3 +239,105 @@ def test_multimodal_features_reach_the_encode_leg() -> None:
     assert encode["sampling_params"]["max_tokens"] == 1
     assert prefill["features"] == decode["features"] == features
     assert prefill["ec_transfer_params"]["mm_hashes"] == features["mm_hashes"]["image"]
+
+
+# A contract break is not retried; a worker's 5xx is (the SDK's own retry, one more time here).
+FAULTS = [
+    # (fault, client streams, status, x-should-retry, decode calls)
+    ("no-output-mode", False, 502, "false", 1),
+    ("no-output-mode", True, 502, "false", 1),
+    ("not-json", False, 502, "false", 1),
+    ("not-json", True, 502, "false", 1),
+    ("cut-stream", False, 502, "false", 1),
+    ("http-500", False, 502, None, 2),
+    ("http-500", True, 502, None, 2),
+    ("stream-error", False, 502, None, 2),
+]
+
+
+def _chat(client: openai.OpenAI, stream: bool) -> Any:
+    if stream:
+        return list(client.chat.completions.create(model="m", messages=MESSAGES, stream=True))
+    return client.chat.completions.create(model="m", messages=MESSAGES)
+
+
+@pytest.mark.parametrize(("fault", "stream", "status", "retry", "calls"), FAULTS)
+def test_a_fault_before_the_reply_is_a_clean_error_status(
+    fault: str, stream: bool, status: int, retry: str | None, calls: int
+) -> None:
+    router = SimulatedRouter(_config(), fault=fault)
+    with pytest.raises(openai.APIStatusError) as caught:
+        _chat(_openai(router, retries=2 if retry else 1), stream)
+    error = caught.value
+    assert error.status_code == status
+    assert error.response.headers.get("x-should-retry") == retry
+    assert error.body["message"].startswith("decode ")  # type: ignore[index]
+    assert sum(call.step == "decode" for call in router.calls) == calls
+
+
+@pytest.mark.parametrize("fault", ["no-output-mode", "http-500"])
+def test_a_fault_reaches_the_anthropic_sdk_in_its_shape(fault: str) -> None:
+    router = SimulatedRouter(_config(), fault=fault)
+    with pytest.raises(anthropic.APIStatusError) as caught:
+        _anthropic(router, retries=2 if fault == "no-output-mode" else 0).messages.create(
+            model="m", max_tokens=64, messages=MESSAGES
+        )
+    assert caught.value.status_code == 502
+    body: Any = caught.value.body
+    assert body["type"] == "error"
+    assert body["error"]["type"] == "api_error"
+    assert body["error"]["message"].startswith("decode ")
+    assert sum(call.step == "decode" for call in router.calls) == 1
+
+
+@pytest.mark.parametrize("fault", ["cut-stream", "stream-error"])
+def test_a_fault_after_the_stream_started_ends_it_with_the_apis_error_event(fault: str) -> None:
+    router = SimulatedRouter(_config(), fault=fault)
+    stream = _openai(router, retries=2).chat.completions.create(
+        model="m", messages=MESSAGES, stream=True
+    )
+    assert next(stream).choices[0].delta.content == "H"
+    with pytest.raises(openai.APIError) as caught:
+        next(stream)
+    assert not isinstance(caught.value, openai.APIStatusError)
+    with _openai(router).responses.stream(model="m", input="Hi") as events_stream:
+        events = list(events_stream)
+    assert events[-1].type == "error"
+    assert events[-1].sequence_number == len(events) - 1
+    assert sum(call.step == "decode" for call in router.calls) == 2
+
+
+def test_a_slow_first_byte_just_completes_slower() -> None:
+    router = SimulatedRouter(_config(), fault="slow-first-byte")
+    assert _chat(_openai(router), stream=False).choices[0].message.content == "Hello!"
+    chunks = _chat(_openai(router), stream=True)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == "Hello!"
+
+
+@pytest.mark.parametrize("cap", [16, 100])
+def test_the_legs_the_worker_saw(cap: int) -> None:
+    router = SimulatedRouter(_config())
+    raw = _openai(router).chat.completions.with_raw_response.create(
+        model="m", messages=MESSAGES, max_tokens=cap, extra_headers={"x-request-id": "client-7"}
+    )
+    assert raw.headers["x-request-id"] == "client-7"
+    calls = router.worker.calls
+    assert [call.path for call in calls] == ["/v1/chat/completions/render", GENERATE, GENERATE]
+    assert {call.headers["x-request-id"] for call in calls} == {"client-7"}
+    prefill, decode = _bodies(router)
+    assert prefill["sampling_params"]["max_tokens"] == 1
+    assert prefill["kv_transfer_params"] == {"do_remote_decode": True, "do_remote_prefill": False}
+    assert decode["sampling_params"]["max_tokens"] == cap
+    kv = decode["kv_transfer_params"]
+    answered = json.loads(_replay(GENERATE, prefill, "client-7"))["kv_transfer_params"]
+    assert list(kv) == list(answered)
+    assert kv["remote_request_id"].startswith("generate-tokens-client-7")
+    assert decode["sampling_params"]["extra_args"]["kv_transfer_params"] == kv
+
+
+def test_a_request_id_is_made_when_the_client_sends_none() -> None:
+    router = SimulatedRouter(_config())
+    raw = _openai(router).chat.completions.with_raw_response.create(model="m", messages=MESSAGES)
+    made = raw.headers["x-request-id"]
+    assert made
+    assert {call.headers["x-request-id"] for call in router.worker.calls} == {made}
