@@ -89,6 +89,7 @@ class SimulatedWorker:
 
     Routes: ``POST /inference/v1/generate``, ``POST /v1/chat/completions/render``,
     ``/v1/completions/render``, ``/v1/responses/render``, ``/v1/messages/render``,
+    ``POST /v1/chat/completions`` and ``/v1/completions`` (coupled, text mode),
     ``GET /health`` and ``GET /v1/models``; anything else is a 404 in vLLM's error shape. Every
     answer carries ``x-request-id`` (the request's, else a fresh one).
 
