@@ -34,7 +34,15 @@ GENERATE = "/inference/v1/generate"
 CHAT_RENDER = "/v1/chat/completions/render"
 CREATED = 1796000000
 SCHEMA = load_fixture("request-json-schema.json")
-ALLOWED_IMPORTS = {"__future__", "asyncio", "collections", "contextlib", "dataclasses", "hashlib"}
+ALLOWED_IMPORTS = {
+    "__future__",
+    "asyncio",
+    "base64",
+    "collections",
+    "contextlib",
+    "dataclasses",
+    "hashlib",
+}
 ALLOWED_IMPORTS |= {"json", "orjson", "re", "time", "typing", "uuid"}
 
 
@@ -714,3 +722,48 @@ def test_the_log_keeps_bodies_that_are_not_json(worker: SimulatedWorker) -> None
     call(worker, "POST", GENERATE, content=b"<xml/>", headers={"content-type": "application/json"})
     call(worker, "GET", "/health")
     assert [c.body for c in worker.calls] == [None, None]
+
+
+def _image_render(worker: SimulatedWorker) -> dict[str, Any]:
+    image = {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}
+    chat = {"model": "m", "messages": [{"role": "user", "content": [image]}]}
+    answer = call(worker, "POST", CHAT_RENDER, chat)
+    assert answer.status_code == 200
+    rendered: dict[str, Any] = answer.json()
+    return rendered
+
+
+def test_generate_checks_features_like_vllm(worker: SimulatedWorker) -> None:
+    rendered = _image_render(worker)
+    features = rendered["features"]
+    (place,) = features["mm_placeholders"]["image"]
+    pads = rendered["token_ids"][place["offset"] : place["offset"] + place["length"]]
+    assert pads == [151655] * 4
+    body = {"token_ids": rendered["token_ids"], "sampling_params": {"max_tokens": 1}}
+    encoded = call(worker, "POST", GENERATE, {**body, "features": features}).json()
+    assert encoded["ec_transfer_params"]["mm_hashes"] == features["mm_hashes"]["image"]
+    metadata_only = {**features, "kwargs_data": {"image": [None]}}
+    refused = call(worker, "POST", GENERATE, {**body, "features": metadata_only})
+    assert refused.status_code == 400
+    assert "ec_transfer_params" in refused.json()["error"]["message"]
+    given = {**body, "features": metadata_only, "ec_transfer_params": encoded["ec_transfer_params"]}
+    assert call(worker, "POST", GENERATE, given).json()["ec_transfer_params"] is None
+    outside = {**features, "mm_placeholders": {"image": [{"offset": 10_000, "length": 4}]}}
+    refused = call(worker, "POST", GENERATE, {**body, "features": outside})
+    assert refused.json()["error"]["param"] == "body.features"
+    parts = call(worker, "POST", GENERATE, {**body, "content_parts": [{"type": "image_url"}]})
+    assert parts.json()["error"]["param"] == "body.content_parts"
+
+
+def test_coupled_chat_answers_like_vllms_coupled_server(worker: SimulatedWorker) -> None:
+    chat = {"model": "Qwen/Qwen3-0.6B", "messages": [{"role": "user", "content": "Hi"}]}
+    answer = call(worker, "POST", "/v1/chat/completions", chat, {"x-request-id": "abc123"}).json()
+    expected = load_fixture("chat-completion-coupled.json")
+    assert list(answer) == list(expected)
+    assert list(answer["choices"][0]["message"]) == list(expected["choices"][0]["message"])
+    assert answer["id"] == expected["id"]
+    assert answer["choices"][0]["message"]["content"] == "Hello!"
+    stream = call(worker, "POST", "/v1/chat/completions", {**chat, "stream": True})
+    first = json.loads(events(stream)[0][len("data: ") :])
+    assert first["choices"][0]["delta"] == {"role": "assistant", "content": "H"}
+    assert events(stream)[-1] == "data: [DONE]"

@@ -2,8 +2,9 @@
 
 Routers test their disaggregated flows against it without a GPU. It answers vLLM 0.33's
 ``POST /inference/v1/generate`` (output modes ``tokens``, ``text`` and ``derender``, streaming for
-``tokens`` and ``text``, a prefill leg's NIXL ``kv_transfer_params``), the four
-``/v1/.../render`` routes (a deterministic byte tokenizer over a Qwen3-like template), and
+``tokens`` and ``text``, a prefill leg's NIXL ``kv_transfer_params``), coupled
+``/v1/chat/completions`` and ``/v1/completions``, the four ``/v1/.../render`` routes (a
+deterministic byte tokenizer over a Qwen3-like template), and
 ``GET /health`` / ``GET /v1/models``; it refuses what vLLM refuses with vLLM's 400 bodies, and plays
 faults on request. It is independent of the rest of ``disagg_transforms`` on purpose: it is the
 peer the library is tested against.
@@ -34,8 +35,12 @@ the random part of its ``resp_`` id. What differs from a real vLLM server:
   ``--enable-prompt-tokens-details``), also on a decode leg that pulled its KV blocks.
 - A prefill's ``remote_request_id`` ends in a hash instead of a random suffix; its blocks are
   numbered from 1 for every request (16 tokens a block).
-- Validation messages follow pydantic's wording for the common failures only; ``features`` and
-  ``content_parts`` (multimodal) are refused.
+- Validation messages follow pydantic's wording for the common failures only; ``content_parts``
+  (raw media) are refused. An image part renders to four ``<|image_pad|>`` tokens and
+  ``features`` hashed from its URL; a call that runs the encoder answers made-up
+  ``ec_transfer_params``.
+- ``/v1/chat/completions`` and ``/v1/completions`` (coupled serving) answer in text mode: no
+  reasoning or tool parser, no completions logprobs.
 - ``/v1/models`` lists ``simulated`` and the configured model, with ``permission: []``.
 - Generate ids follow vLLM: ``generate-tokens-`` plus the ``x-request-id`` header when sent,
   else the body's ``request_id``, else a random id.

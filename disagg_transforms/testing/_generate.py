@@ -201,15 +201,82 @@ def _check_parse_context(value: object, issues: list[Issue]) -> None:
         issues.append(Issue("greater_than_equal", loc, msg, count))
 
 
+def _check_features(features: object, token_ids: object, issues: list[Issue]) -> None:
+    """``MultiModalFeatures``: parallel lists per modality, placeholders inside the prompt."""
+    loc = "body.features"
+    if not isinstance(features, dict):
+        issues.append(_type_issue("obj", loc, features))
+        return
+    hashes = features.get("mm_hashes")
+    places = features.get("mm_placeholders")
+    data = features.get("kwargs_data")
+    if not (isinstance(hashes, dict) and isinstance(places, dict)):
+        msg = "mm_hashes and mm_placeholders are required objects"
+        issues.append(Issue("value_error", loc, msg, features))
+        return
+    length = len(token_ids) if isinstance(token_ids, list) else 0
+    for modality, items in places.items():
+        hashed = hashes.get(modality)
+        given = data.get(modality) if isinstance(data, dict) else None
+        if not (isinstance(items, list) and isinstance(hashed, list)) or len(items) != len(hashed):
+            msg = f"{modality}: mm_hashes and mm_placeholders must be parallel lists"
+            issues.append(Issue("value_error", f"{loc}.mm_placeholders.{modality}", msg, items))
+            continue
+        if given is not None and not (isinstance(given, list) and len(given) == len(items)):
+            msg = f"{modality}: kwargs_data must be parallel to mm_hashes"
+            issues.append(Issue("value_error", f"{loc}.kwargs_data.{modality}", msg, given))
+        for index, item in enumerate(items):
+            offset: Any = item.get("offset") if isinstance(item, dict) else None
+            size: Any = item.get("length") if isinstance(item, dict) else None
+            if not (_is_int(offset) and _is_int(size) and offset >= 0 and size > 0):
+                msg = "offset >= 0 and length > 0 are required"
+                issues.append(
+                    Issue("value_error", f"{loc}.mm_placeholders.{modality}.{index}", msg, item)
+                )
+            elif offset + size > length:
+                msg = "Value error, mm_placeholders must lie inside token_ids"
+                issues.append(Issue("value_error", loc, msg, features))
+
+
+def _encoder_inputs(body: Mapping[str, Any]) -> list[str]:
+    """The hashes of the items this call must encode itself (their data is in the body)."""
+    features = body.get("features")
+    if not isinstance(features, dict):
+        return []
+    data = features.get("kwargs_data") or {}
+    return [
+        digest
+        for modality, hashes in features["mm_hashes"].items()
+        for digest, item in zip(hashes, data.get(modality) or [None] * len(hashes), strict=True)
+        if item is not None
+    ]
+
+
+def _metadata_only(body: Mapping[str, Any]) -> bool:
+    features = body.get("features")
+    if not isinstance(features, dict):
+        return False
+    data = features.get("kwargs_data") or {}
+    return any(
+        item is None
+        for modality, hashes in features["mm_hashes"].items()
+        for item in data.get(modality) or [None] * len(hashes)
+    )
+
+
 def _check_other_fields(body: Mapping[str, Any], issues: list[Issue]) -> None:
     for key, kind in _TOP_KINDS.items():
         if key in body and not _kind_matches(kind, body[key]):
             issues.append(_type_issue(kind, f"body.{key}", body[key]))
-    for key in ("features", "content_parts"):
-        if body.get(key) is not None:
-            # Multimodal inputs need an encoder; the toy worker has none.
-            msg = f"{key} is not supported by the simulated worker"
-            issues.append(Issue("value_error", f"body.{key}", msg, body[key]))
+    if body.get("content_parts") is not None:
+        # Raw media would need a processor; the toy worker takes rendered features only.
+        msg = "content_parts is not supported by the simulated worker"
+        issues.append(Issue("value_error", "body.content_parts", msg, body["content_parts"]))
+    if body.get("features") is not None:
+        _check_features(body["features"], body.get("token_ids"), issues)
+        if not issues and _metadata_only(body) and body.get("ec_transfer_params") is None:
+            msg = "Value error, multimodal items without kwargs_data need ec_transfer_params"
+            issues.append(Issue("value_error", "body.features", msg, body["features"]))
     options = body.get("stream_options")
     if options is not None:
         if not isinstance(options, dict):
@@ -534,6 +601,24 @@ def _kv_answer(body: Mapping[str, Any], request_id: str, sequence: int, settings
     }
 
 
+def _ec_answer(body: Mapping[str, Any], settings: Settings) -> Any:  # noqa: ANN401 - JSON
+    """Where the encoder cache of the items this call encoded can be pulled from.
+
+    A call that ran the encoder (features with data, no ``ec_transfer_params``) answers the
+    simulated EC connector's params; a call that was handed them answers none.
+    """
+    encoded = _encoder_inputs(body)
+    if not encoded or body.get("ec_transfer_params") is not None:
+        return None
+    return {
+        "do_remote_encode": False,
+        "mm_hashes": encoded,
+        "remote_engine_id": settings.engine_id,
+        "remote_host": "localhost",
+        "remote_port": 5700,
+    }
+
+
 @dataclasses.dataclass(frozen=True)
 class GenerateAnswer:
     """What the route answers: one JSON body, or the SSE events of a stream."""
@@ -609,7 +694,7 @@ def generate(
         "mm_placeholders": None,
         "metrics": None,
         "kv_transfer_params": _kv_answer(body, request_id, sequence, settings),
-        "ec_transfer_params": None,
+        "ec_transfer_params": _ec_answer(body, settings),
         "output_mode": mode,
         "choices": answer_choices,
     }

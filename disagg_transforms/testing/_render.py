@@ -6,7 +6,9 @@ The prompt goes through a Qwen3-like ChatML template and the toy byte tokenizer;
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import hashlib
 import json
 import uuid
 from collections.abc import Mapping
@@ -21,16 +23,55 @@ _GREEDY: Final = 1e-5
 _MIN_TEMPERATURE: Final = 0.01
 
 
+_IMAGE: Final = f"<|vision_start|>{'<|image_pad|>' * tok.IMAGE_TOKENS}<|vision_end|>"
+
+
+def _image_url(part: object) -> str | None:
+    if not (isinstance(part, dict) and part.get("type") == "image_url"):
+        return None
+    image = part.get("image_url")
+    url = image.get("url") if isinstance(image, dict) else image
+    return url if isinstance(url, str) else None
+
+
 def _text_of(content: object) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
         return "\n".join(
-            str(part.get("text", ""))
+            str(part["text"]) if isinstance(part.get("text"), str) else _IMAGE
             for part in content
-            if isinstance(part, dict) and isinstance(part.get("text"), str)
+            if isinstance(part, dict) and (isinstance(part.get("text"), str) or _image_url(part))
         )
     return ""
+
+
+def _features(messages: list[dict[str, Any]], token_ids: list[int]) -> dict[str, Any] | None:
+    """The image parts as vLLM's ``MultiModalFeatures``: one placeholder per image's pads.
+
+    The hash is the URL's (the simulated processor never fetches it); ``kwargs_data`` is a
+    stand-in for the processed pixels, so an encode leg has something to encode.
+    """
+    urls = [
+        url
+        for message in messages
+        if isinstance(message.get("content"), list)
+        for part in message["content"]
+        if (url := _image_url(part)) is not None
+    ]
+    if not urls:
+        return None
+    starts = [i + 1 for i, token in enumerate(token_ids) if token == tok.VISION_START]
+    hashes = [hashlib.sha256(url.encode()).hexdigest() for url in urls]
+    return {
+        "mm_hashes": {"image": hashes},
+        "mm_placeholders": {
+            "image": [{"offset": start, "length": tok.IMAGE_TOKENS} for start in starts]
+        },
+        "kwargs_data": {
+            "image": [base64.b64encode(f"pixels:{h}".encode()).decode() for h in hashes]
+        },
+    }
 
 
 def _tool_call_text(call: Mapping[str, Any]) -> str:
@@ -226,12 +267,13 @@ def _generate_request(  # noqa: PLR0913 - every field of the dump, by keyword
     body: Mapping[str, Any],
     kv: object,
     ec: object,
+    features: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     return {
         "request_id": request_id,
         "token_ids": token_ids,
         "token_offsets": None,
-        "features": None,
+        "features": features,
         "content_parts": None,
         "sampling_params": sampling,
         "model": model,
@@ -351,6 +393,7 @@ def _chat_render(  # noqa: PLR0913 - the chat, after each API's conversion
         body=body,
         kv=kv,
         ec=ec,
+        features=_features(messages, token_ids),
     )
 
 

@@ -14,6 +14,11 @@ TOOL_CALL_START: Final = 151657
 TOOL_CALL_END: Final = 151658
 THINK_START: Final = 151667
 THINK_END: Final = 151668
+VISION_START: Final = 151652
+VISION_END: Final = 151653
+IMAGE_PAD: Final = 151655
+IMAGE_TOKENS: Final = 4
+"""``<|image_pad|>`` tokens an image renders to (its placeholder's length)."""
 
 SPECIAL_TOKENS: Final[dict[str, int]] = {
     "<|im_start|>": IM_START,
@@ -22,6 +27,9 @@ SPECIAL_TOKENS: Final[dict[str, int]] = {
     "</tool_call>": TOOL_CALL_END,
     "<think>": THINK_START,
     "</think>": THINK_END,
+    "<|vision_start|>": VISION_START,
+    "<|vision_end|>": VISION_END,
+    "<|image_pad|>": IMAGE_PAD,
 }
 _SPECIAL_TEXT: Final[dict[int, str]] = {token: text for text, token in SPECIAL_TOKENS.items()}
 _SPLIT: Final = re.compile("(" + "|".join(re.escape(text) for text in SPECIAL_TOKENS) + ")")

@@ -11,7 +11,7 @@ from typing import Any, Final
 
 import orjson
 
-from disagg_transforms.testing import _generate, _render
+from disagg_transforms.testing import _generate, _openai, _render
 from disagg_transforms.testing._common import (
     BadRequestError,
     Issue,
@@ -44,6 +44,7 @@ _RENDER_PATHS: Final = (
     "/v1/responses/render",
     "/v1/messages/render",
 )
+_COUPLED_PATHS: Final = (_openai.CHAT_PATH, _openai.COMPLETIONS_PATH)
 MAX_BODY: Final = 64 * 1024 * 1024
 DEFAULT_ENGINE_ID: Final = "4f8a0c3e-7d2b-4c1a-9e5f-2b6d8a1c3e70"
 _HTML_ERROR: Final = (
@@ -88,6 +89,7 @@ class SimulatedWorker:
 
     Routes: ``POST /inference/v1/generate``, ``POST /v1/chat/completions/render``,
     ``/v1/completions/render``, ``/v1/responses/render``, ``/v1/messages/render``,
+    ``POST /v1/chat/completions`` and ``/v1/completions`` (coupled, text mode),
     ``GET /health`` and ``GET /v1/models``; anything else is a 404 in vLLM's error shape. Every
     answer carries ``x-request-id`` (the request's, else a fresh one).
 
@@ -210,7 +212,7 @@ class SimulatedWorker:
         fault: str | None,
     ) -> _Reply:
         known = {GENERATE_PATH: "POST", "/health": "GET", "/v1/models": "GET"}
-        known.update(dict.fromkeys(_RENDER_PATHS, "POST"))
+        known.update(dict.fromkeys((*_RENDER_PATHS, *_COUPLED_PATHS), "POST"))
         if path not in known:
             return _json(404, error_body("Not Found", "NotFoundError", None, 404))
         if method != known[path]:
@@ -227,6 +229,8 @@ class SimulatedWorker:
         try:
             if path == GENERATE_PATH:
                 return self._generate(body, header_id, fault)
+            if path in _COUPLED_PATHS:
+                return self._coupled(path, body, header_id, fault)
             return _json(200, self._render(path, body, header_id))
         except RequestInvalidError as error:
             return _json(400, error.body())
@@ -257,6 +261,18 @@ class SimulatedWorker:
         if answer.events is not None:
             return _Reply(200, "text/event-stream; charset=utf-8", events=answer.events)
         return _json(200, answer.body)
+
+    def _coupled(self, path: str, body: object, header_id: str | None, fault: str | None) -> _Reply:
+        if fault == "stream-error" and isinstance(body, dict) and body.get("stream") is not True:
+            return _json(500, _INTERNAL_ERROR)
+        serve = _openai.chat if path == _openai.CHAT_PATH else _openai.completions
+        answer = serve(body, header_id, self.settings, len(self.calls))
+        if isinstance(answer, dict):
+            return _json(200, answer)
+        events = [b"data: " + orjson.dumps(chunk) + b"\n\n" for chunk in answer]
+        return _Reply(
+            200, "text/event-stream; charset=utf-8", events=[*events, b"data: [DONE]\n\n"]
+        )
 
     def _models(self) -> dict[str, Any]:
         names = ["simulated"]

@@ -1,0 +1,197 @@
+"""``POST /v1/chat/completions`` and ``/v1/completions``: vLLM's coupled serving, in text mode.
+
+A leg sent in OpenAI format (``use_openai_format: true``), and a completions client on any
+pipeline, speak these routes. The request is rendered as ``/render`` would, generated as a
+text-mode generate call would, and answered in the coupled envelope (the shapes of
+``chat-completion-coupled.json`` and ``chat-completion-chunk-coupled.json``). No reasoning or
+tool parser runs here, and completions answers carry no logprobs.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+
+from disagg_transforms.testing import _generate, _render
+from disagg_transforms.testing._common import Settings
+
+CHAT_PATH = "/v1/chat/completions"
+COMPLETIONS_PATH = "/v1/completions"
+
+
+def _generated(
+    request: dict[str, Any], settings: Settings, header_id: str | None, sequence: int
+) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+    """A rendered request run in text mode: the whole answer, or the stream's chunks."""
+    request = {**request, "output_mode": "text"}
+    _generate.validate(request, legacy=False)
+    _generate.check_request(request, settings)
+    answer = _generate.generate(
+        request, settings, header_id=header_id, legacy=False, sequence=sequence
+    )
+    if answer.events is None:
+        return answer.body, []
+    chunks = [orjson.loads(event[len(b"data: ") :]) for event in answer.events[:-1]]
+    return None, chunks
+
+
+def _created(settings: Settings) -> int:
+    return settings.created if settings.created is not None else int(time.time())
+
+
+def _head(request_id: str, kind: str, model: object, settings: Settings) -> dict[str, Any]:
+    return {"id": request_id, "object": kind, "created": _created(settings), "model": model}
+
+
+def chat(
+    body: object, header_id: str | None, settings: Settings, sequence: int
+) -> dict[str, Any] | list[dict[str, Any]]:
+    """``POST /v1/chat/completions``: a ``chat.completion``, or the chunks of its stream.
+
+    Args:
+        body: The client's chat body.
+        header_id: The ``x-request-id`` header, if sent.
+        settings: The worker's settings.
+        sequence: The call's position in the worker's log.
+
+    Returns:
+        The answer body, or the stream's chunk bodies (``[DONE]`` left to the caller).
+    """
+    request = _render.render_chat(body, header_id, settings)
+    whole, chunks = _generated(request, settings, header_id, sequence)
+    head = _head(request["request_id"], "chat.completion", request["model"], settings)
+    if whole is not None:
+        return {
+            **head,
+            "choices": [
+                {
+                    "index": choice["index"],
+                    "message": {
+                        "role": "assistant",
+                        "content": choice["text"],
+                        "refusal": None,
+                        "annotations": None,
+                        "audio": None,
+                        "function_call": None,
+                        "reasoning": None,
+                    },
+                    "logprobs": choice["logprobs"],
+                    "finish_reason": choice["finish_reason"],
+                    "stop_reason": None,
+                    "token_ids": None,
+                    "routed_experts": None,
+                    "weight_versions": None,
+                }
+                for choice in whole["choices"]
+            ],
+            "service_tier": None,
+            "system_fingerprint": None,
+            "usage": whole["usage"],
+            "prompt_logprobs": None,
+            "prompt_token_ids": None,
+            "prompt_text": None,
+            "kv_transfer_params": whole["kv_transfer_params"],
+            "ec_transfer_params": whole["ec_transfer_params"],
+            "metrics": None,
+        }
+    head["object"] = "chat.completion.chunk"
+    started: set[int] = set()
+    out = []
+    for chunk in chunks:
+        choices = []
+        for choice in chunk["choices"]:
+            delta: dict[str, Any] = {"content": choice["text"]}
+            if choice["index"] not in started:
+                delta = {"role": "assistant", **delta}
+                started.add(choice["index"])
+            choices.append(
+                {
+                    "index": choice["index"],
+                    "delta": delta,
+                    "logprobs": choice["logprobs"],
+                    "finish_reason": choice["finish_reason"],
+                    "stop_reason": None,
+                }
+            )
+        out.append(_stream_chunk(head, choices, chunk))
+    return out
+
+
+def _stream_chunk(
+    head: Mapping[str, Any], choices: list[dict[str, Any]], chunk: Mapping[str, Any]
+) -> dict[str, Any]:
+    answer = {**head, "choices": choices}
+    if chunk.get("usage") is not None:
+        answer["usage"] = chunk["usage"]
+    return answer
+
+
+def completions(
+    body: object, header_id: str | None, settings: Settings, sequence: int
+) -> dict[str, Any] | list[dict[str, Any]]:
+    """``POST /v1/completions``: a ``text_completion``, or the chunks of its stream.
+
+    Every prompt is generated in turn; prompt ``i``'s choices are numbered from ``i * n``.
+
+    Args:
+        body: The client's completions body.
+        header_id: The ``x-request-id`` header, if sent.
+        settings: The worker's settings.
+        sequence: The call's position in the worker's log.
+
+    Returns:
+        The answer body, or the stream's chunk bodies (``[DONE]`` left to the caller).
+    """
+    requests = _render.render_completions(body, header_id, settings)
+    base = requests[0]["request_id"].rsplit("-", 1)[0]
+    head = _head(base, "text_completion", requests[0]["model"], settings)
+    choices: list[dict[str, Any]] = []
+    usage = {"prompt_tokens": 0, "total_tokens": 0, "completion_tokens": 0}
+    kv = None
+    out: list[dict[str, Any]] = []
+    for number, request in enumerate(requests):
+        offset = number * request["sampling_params"].get("n", 1)
+        whole, chunks = _generated(request, settings, header_id, sequence)
+        for chunk in chunks:
+            texts = [
+                {
+                    "index": offset + choice["index"],
+                    "text": choice["text"],
+                    "logprobs": None,
+                    "finish_reason": choice["finish_reason"],
+                    "stop_reason": None,
+                }
+                for choice in chunk["choices"]
+            ]
+            out.append(_stream_chunk(head, texts, chunk))
+        if whole is None:
+            continue
+        kv = kv or whole["kv_transfer_params"]
+        for key in usage:
+            usage[key] += whole["usage"][key]
+        choices.extend(
+            {
+                "index": offset + choice["index"],
+                "text": choice["text"],
+                "logprobs": None,
+                "finish_reason": choice["finish_reason"],
+                "stop_reason": None,
+                "token_ids": None,
+                "prompt_logprobs": None,
+                "prompt_token_ids": None,
+            }
+            for choice in whole["choices"]
+        )
+    if out:
+        return out
+    return {
+        **head,
+        "choices": choices,
+        "service_tier": None,
+        "system_fingerprint": None,
+        "usage": {**usage, "prompt_tokens_details": None},
+        "kv_transfer_params": kv,
+    }
