@@ -733,7 +733,7 @@ class StripTransferParamsCallback(CustomLogger):
     """LiteLLM callback: remove client-supplied ``kv_transfer_params`` / ``ec_transfer_params``.
 
     A client that sets them (top level, ``sampling_params.extra_args`` or ``vllm_xargs``) could
-    point a worker at any host (SPEC §4.6); only the router should set them. Both hooks return
+    point a worker at any host; only the router should set them. Both hooks return
     a new dict and leave LiteLLM's untouched.
     """
 
