@@ -194,7 +194,8 @@ def test_a_worker_error_keeps_its_status_and_message(worker: FakeWorker) -> None
             )
         )
     assert getattr(caught.value, "status_code", None) == 404
-    assert "render: the worker answered HTTP 404: no route" in str(caught.value)
+    # The exchange names the step and quotes the worker (docs/exchange.md, "Errors").
+    assert "render rejected the request: no route" in str(caught.value)
 
 
 def test_a_bad_cap_is_a_400(worker: FakeWorker) -> None:

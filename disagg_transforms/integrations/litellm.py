@@ -1,13 +1,14 @@
-"""LiteLLM integration: a custom provider over vLLM's generate route, and request callbacks.
+"""LiteLLM integration: a custom provider that drives the exchange, and request callbacks.
 
 Install with ``pip install 'disagg_transforms[litellm]'``; the core never imports this module.
 
-- :class:`VllmGenerateLLM` is a LiteLLM ``CustomLLM`` that serves chat completions from a vLLM
-  worker's ``/inference/v1/generate``: it asks the worker's ``/v1/chat/completions/render``
-  for the prompt, builds one decode leg with :func:`~disagg_transforms.build_decode_request`
-  (``output_mode`` from its :class:`~disagg_transforms.DecodeParams`), checks the
-  ``output_mode`` echo, and answers with LiteLLM's own types (text, ``tool_calls``, reasoning as
-  ``reasoning_content``), streaming included.
+- :class:`VllmGenerateLLM` is a LiteLLM ``CustomLLM`` that serves chat completions from vLLM
+  workers' ``/inference/v1/generate`` by driving an :class:`~disagg_transforms.Exchange` per
+  call: render once, an optional prefill leg on its own worker, the decode leg, and the chat
+  envelope the exchange builds, parsed once into LiteLLM's own types (text, ``tool_calls``,
+  reasoning as ``reasoning_content``), streaming included. LiteLLM turns its Responses and
+  Anthropic Messages calls into chat completions before calling a custom provider, so they are
+  served through the same path.
 - :class:`SamplingCapsCallback` and :class:`StripTransferParamsCallback` are LiteLLM callbacks
   that relocate the client's output cap and remove client-supplied transfer params from a
   request dict, without mutating it.
@@ -17,27 +18,36 @@ registered object's own class body (a subclass that adds nothing silently turns 
 these classes are concrete and final: register an instance, or hold one in your own class and
 call it. The callbacks refuse to be subclassed. ``docs/litellm.md`` shows the registration.
 
-Unlike the core, this module does I/O: HTTP to the worker, through ``httpx``.
+Unlike the core, this module does I/O: HTTP to the workers, through one pooled ``httpx`` client
+per provider.
 """
 
 from __future__ import annotations
 
+import asyncio
+import threading
+import weakref
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
-from typing import Any, Final, NoReturn, final
+from typing import Any, Final, NoReturn, TypeAlias, final
 
 import httpx
+import msgspec
 import orjson
 from litellm.integrations.custom_logger import CustomLogger
 from litellm.llms.custom_llm import CustomLLM, CustomLLMError
 from litellm.types.utils import GenericStreamingChunk, ModelResponse
 from typing_extensions import override
 
-from disagg_transforms._config import DecodeParams, OutputMode
+from disagg_transforms._config import DecodeParams, OutputMode, PrefillParams, Step, StepParams
+from disagg_transforms._exchange.flow import (
+    NEED_DATA,
+    ClientReply,
+    ClientStream,
+    Exchange,
+    WorkerCall,
+)
 from disagg_transforms._request.caps import apply_sampling_caps
-from disagg_transforms._request.legs import DecodeLeg, build_decode_request, strip_transfer_params
-from disagg_transforms._response.chat_stream import ChatStreamConverter, single_frame_chat_chunks
-from disagg_transforms._response.chat_wrap import wrap_chat_completion
-from disagg_transforms._response.options import EnvelopeOptions
+from disagg_transforms._request.legs import strip_transfer_params
 from disagg_transforms._routes import Route
 from disagg_transforms._wire import keys as w
 from disagg_transforms._wire.describe import describe
@@ -45,7 +55,7 @@ from disagg_transforms._wire.sse import SseParser
 from disagg_transforms.errors import ConfigError, DisaggTransformError
 
 __all__ = (
-    "RENDER_PATH",
+    "PREFILL_API_BASE",
     "SamplingCapsCallback",
     "StripTransferParamsCallback",
     "VllmGenerateLLM",
@@ -55,12 +65,12 @@ __all__ = (
     "text_provider",
 )
 
-RENDER_PATH: Final = "/v1/chat/completions/render"
-"""The worker route that renders a chat body into a ``GenerateRequest``."""
+PREFILL_API_BASE: Final = "prefill_api_base"
+"""The deployment's ``model_info`` key naming the prefill worker's URL."""
 
 _DEFAULT_TIMEOUT: Final = 600.0
-_MAX_ERROR_TEXT: Final = 500
 _LITELLM_ONLY: Final = ("extra_body",)  # merged into the body, as the openai SDK does
+_Timeout: TypeAlias = "float | httpx.Timeout"
 
 # LiteLLM call types → the client route whose cap keys the request dict carries.
 _CALL_ROUTES: Final[Mapping[str, Route]] = {
@@ -79,10 +89,6 @@ def _llm_error(status: int, message: str) -> CustomLLMError:
     return CustomLLMError(status_code=status, message=message)  # type: ignore[no-untyped-call]  # LiteLLM leaves it unannotated
 
 
-def _litellm_error(error: DisaggTransformError) -> CustomLLMError:
-    return _llm_error(error.status_hint, str(error))
-
-
 def _json_default(value: object) -> object:
     # LiteLLM users pass earlier answers back (pydantic Message objects) in `messages`.
     dump = getattr(value, "model_dump", None)
@@ -94,8 +100,18 @@ def _json_default(value: object) -> object:
 
 def _chat_body(
     model: str, messages: list[Any], optional_params: Mapping[str, Any], *, stream: bool
-) -> dict[str, Any]:
-    """The chat request LiteLLM was asked for, as the plain JSON a client would have sent."""
+) -> bytes:
+    """The chat request LiteLLM was asked for, as the JSON bytes a client would have sent."""
+    if PREFILL_API_BASE in optional_params:
+        # Request kwargs win over a deployment's litellm_params, and a proxy client can send
+        # any of them: a URL taken from there would let a client pick the worker that hands
+        # decode its KV source (docs/litellm.md, "Prefill").
+        msg = (
+            f"{PREFILL_API_BASE}: not taken from the request (a client could point the prefill "
+            "leg at any host); set it in the deployment's model_info or the provider's "
+            "constructor"
+        )
+        raise _llm_error(400, msg)
     body: dict[str, Any] = {w.MODEL: model, w.MESSAGES: messages}
     body.update((k, v) for k, v in optional_params.items() if k not in _LITELLM_ONLY)
     extra = optional_params.get("extra_body")
@@ -106,54 +122,72 @@ def _chat_body(
     else:
         body.pop(w.STREAM, None)
     try:
-        parsed: dict[str, Any] = orjson.loads(orjson.dumps(body, default=_json_default))
+        return orjson.dumps(body, default=_json_default)
     except TypeError as error:
         raise _llm_error(400, f"the chat request: {error}") from None
-    return parsed
 
 
-def _base_url(api_base: object) -> str:
+def _base_url(api_base: object, what: str) -> str:
     if not isinstance(api_base, str) or not api_base.strip():
-        msg = f"api_base: the vLLM worker's URL is required, got {describe(api_base)}"
+        msg = f"{what}: the vLLM worker's URL is required, got {describe(api_base)}"
         raise _llm_error(400, msg)
     return api_base.strip().rstrip("/")
 
 
-def _headers(headers: Mapping[str, str] | None, api_key: object) -> dict[str, str]:
-    sent = {"Content-Type": "application/json", **(headers or {})}
+def _prefill_base(litellm_params: object, default: str | None) -> str | None:
+    """The prefill worker's URL: the deployment's ``model_info``, else the constructor's."""
+    info = litellm_params.get("model_info") if isinstance(litellm_params, Mapping) else None
+    given = info.get(PREFILL_API_BASE) if isinstance(info, Mapping) else None
+    if given is None:
+        return default
+    return _base_url(given, f"model_info.{PREFILL_API_BASE}")
+
+
+def _client_headers(headers: Mapping[str, str] | None, api_key: object) -> dict[str, str]:
+    sent = {k.lower(): v for k, v in (headers or {}).items()}
     if isinstance(api_key, str) and api_key:
-        sent.setdefault("Authorization", f"Bearer {api_key}")
+        sent.setdefault("authorization", f"Bearer {api_key}")
     return sent
 
 
-def _error_text(response: httpx.Response) -> str:
+def _reason(error: httpx.TransportError) -> str:
+    detail = str(error)
+    return f"{type(error).__name__}: {detail}" if detail else type(error).__name__
+
+
+def _reply_error(reply: ClientReply) -> CustomLLMError:
+    """The exchange's error reply (OpenAI's shape: the client is a chat client) for LiteLLM."""
     try:
-        payload = orjson.loads(response.content)
-    except orjson.JSONDecodeError:
-        return " ".join(response.text.split())[:_MAX_ERROR_TEXT]
-    error = payload.get("error") if isinstance(payload, dict) else None
-    message = error.get("message") if isinstance(error, dict) else None
-    return str(message) if message is not None else describe(payload)
+        error = orjson.loads(reply.body).get(w.ERROR)
+        message = str(error[w.MESSAGE])
+    except (orjson.JSONDecodeError, AttributeError, KeyError, TypeError):
+        message = reply.body.decode("utf-8", "replace")
+    return _llm_error(reply.status, message)
 
 
-def _raise_http(response: httpx.Response, what: str) -> NoReturn:
-    status = response.status_code
-    msg = f"{what}: the worker answered HTTP {status}: {_error_text(response)}"
-    raise _llm_error(status, msg)
+def _reply_bytes(reply: ClientReply | ClientStream) -> bytes:
+    if reply.status >= httpx.codes.BAD_REQUEST:
+        assert isinstance(reply, ClientReply)  # noqa: S101 - a stream head is always a 200
+        raise _reply_error(reply)
+    return reply.first if isinstance(reply, ClientStream) else reply.body
 
 
-def _json_object(response: httpx.Response, what: str) -> dict[str, Any]:
-    if response.status_code >= httpx.codes.BAD_REQUEST:
-        _raise_http(response, what)
-    try:
-        payload = orjson.loads(response.content)
-    except orjson.JSONDecodeError as error:
-        msg = f"{what}: the worker's answer is not JSON: {error}"
-        raise _llm_error(502, msg) from None
-    if not isinstance(payload, dict):
-        msg = f"{what}: the worker's answer is not a JSON object: {describe(payload)}"
-        raise _llm_error(502, msg)
-    return payload
+def _with_reasoning_content(message: Mapping[str, Any]) -> dict[str, Any]:
+    # The exchange writes vLLM's `reasoning`; LiteLLM's clients read `reasoning_content`.
+    reasoning = message.get(w.REASONING)
+    if reasoning is None or w.REASONING_CONTENT in message:
+        return dict(message)
+    return {**message, w.REASONING_CONTENT: reasoning}
+
+
+def _model_response(body: bytes) -> ModelResponse:
+    """The exchange's ``chat.completion`` bytes as LiteLLM's ``ModelResponse`` (one parse)."""
+    completion = orjson.loads(body)
+    completion[w.CHOICES] = [
+        {**choice, w.MESSAGE: _with_reasoning_content(choice.get(w.MESSAGE) or {})}
+        for choice in completion.get(w.CHOICES) or []
+    ]
+    return ModelResponse(**completion)
 
 
 def _generic_chunks(chunk: Mapping[str, Any]) -> list[GenericStreamingChunk]:
@@ -177,7 +211,7 @@ def _generic_chunks(chunk: Mapping[str, Any]) -> list[GenericStreamingChunk]:
                 usage=usage if last else None,
                 index=choice.get(w.INDEX, 0),
             )
-            reasoning = delta.get(w.REASONING_CONTENT)
+            reasoning = delta.get(w.REASONING)
             if position == 0 and reasoning:
                 item["provider_specific_fields"] = {w.REASONING_CONTENT: reasoning}
             out.append(item)
@@ -185,73 +219,200 @@ def _generic_chunks(chunk: Mapping[str, Any]) -> list[GenericStreamingChunk]:
 
 
 @final
-class _TextStream:
-    """A streamed text-mode leg: generate SSE bytes in, LiteLLM streaming chunks out."""
+class _ChatChunks:
+    """The exchange's chat SSE bytes in, LiteLLM streaming chunks out."""
 
-    def __init__(self, converter: ChatStreamConverter) -> None:
-        self._converter = converter
+    def __init__(self) -> None:
         self._parser = SseParser()
 
     def feed(self, data: bytes) -> list[GenericStreamingChunk]:
         try:
-            return self._chunks(self._converter.feed(data))
+            return self._chunks(self._parser.feed(data))
         except DisaggTransformError as error:
-            raise _litellm_error(error) from error
+            raise _llm_error(error.status_hint, str(error)) from error
 
     def close(self) -> list[GenericStreamingChunk]:
-        try:
-            return self._chunks(self._converter.close()) + self._chunks(b"", closing=True)
-        except DisaggTransformError as error:
-            raise _litellm_error(error) from error
+        return self._chunks(self._parser.close())
 
-    def _chunks(self, sse: bytes, *, closing: bool = False) -> list[GenericStreamingChunk]:
-        payloads = self._parser.close() if closing else self._parser.feed(sse)
+    @staticmethod
+    def _chunks(payloads: list[bytes]) -> list[GenericStreamingChunk]:
         out: list[GenericStreamingChunk] = []
         for payload in payloads:
             if payload == w.SSE_DONE:
                 continue
             chunk = orjson.loads(payload)
             error = chunk.get(w.ERROR)
-            if error is not None:  # the worker's in-stream error, passed on by the converter
-                detail = error.get("message") if isinstance(error, dict) else error
-                code = error.get("code") if isinstance(error, dict) else None
+            if error is not None:  # the in-stream error event that ends the client's stream
+                code = error.get(w.CODE)
                 status = code if isinstance(code, int) and code >= httpx.codes.BAD_REQUEST else 502
-                msg = f"generate stream: the worker reported an error: {detail}"
-                raise _llm_error(status, msg)
+                raise _llm_error(status, str(error.get(w.MESSAGE)))
             out.extend(_generic_chunks(chunk))
         return out
 
 
 @final
+class _Plan:
+    """One call's exchange, the worker URL of each of its steps, and the request timeout."""
+
+    __slots__ = ("exchange", "timeout", "urls")
+
+    def __init__(self, exchange: Exchange, urls: Mapping[str, str], timeout: _Timeout) -> None:
+        self.exchange = exchange
+        self.urls = urls
+        self.timeout = timeout
+
+    def request(self, http: httpx.Client | httpx.AsyncClient, call: WorkerCall) -> httpx.Request:
+        return http.build_request(
+            call.method,
+            self.urls[call.step] + call.path,
+            headers=call.headers,
+            content=call.body,
+            timeout=self.timeout,
+        )
+
+
+def _exchange_bytes(http: httpx.Client, plan: _Plan) -> Iterator[bytes]:
+    """Drive the plan's exchange to its end over ``http``: the client's reply bytes, as they come.
+
+    Raises ``CustomLLMError`` (before any byte) when the reply is an error status. The loop is
+    the one of ``docs/router.md``.
+    """
+    ex = plan.exchange
+    answer: httpx.Response | None = None
+    chunks: Iterator[bytes] = iter(())  # the decode stream, once it is open
+    after = b""
+    try:
+        while isinstance(call := ex.next_event(), WorkerCall):
+            try:
+                answer = http.send(plan.request(http, call), stream=call.stream)
+                if not call.stream:
+                    ex.receive(answer.status_code, answer.headers.raw, answer.read())
+                    continue
+                ex.receive_stream_head(answer.status_code, answer.headers.raw)
+                chunks = answer.iter_bytes()
+                for chunk in chunks:  # until the first event passed its checks
+                    after += ex.feed(chunk)
+                    if ex.next_event() is not NEED_DATA:
+                        break
+                else:
+                    after += ex.end_of_stream()
+            except httpx.TransportError as error:
+                after += ex.worker_failed(call.step, _reason(error))
+        reply = ex.next_event()
+        assert isinstance(reply, (ClientReply, ClientStream))  # noqa: S101 - the loop ran out
+        yield _reply_bytes(reply) + after
+        if isinstance(reply, ClientReply):
+            return
+        try:
+            for chunk in chunks:
+                yield ex.feed(chunk)
+            yield ex.end_of_stream()
+        except httpx.TransportError as error:
+            yield ex.worker_failed("decode", _reason(error))
+    finally:
+        if answer is not None:
+            answer.close()
+
+
+async def _aexchange_bytes(http: httpx.AsyncClient, plan: _Plan) -> AsyncIterator[bytes]:
+    """:func:`_exchange_bytes` over an ``httpx.AsyncClient``."""
+    ex = plan.exchange
+    answer: httpx.Response | None = None
+    chunks: AsyncIterator[bytes] | None = None  # the decode stream, once it is open
+    after = b""
+    try:
+        while isinstance(call := ex.next_event(), WorkerCall):
+            try:
+                answer = await http.send(plan.request(http, call), stream=call.stream)
+                if not call.stream:
+                    ex.receive(answer.status_code, answer.headers.raw, await answer.aread())
+                    continue
+                ex.receive_stream_head(answer.status_code, answer.headers.raw)
+                chunks = answer.aiter_bytes()
+                async for chunk in chunks:  # until the first event passed its checks
+                    after += ex.feed(chunk)
+                    if ex.next_event() is not NEED_DATA:
+                        break
+                else:
+                    after += ex.end_of_stream()
+            except httpx.TransportError as error:
+                after += ex.worker_failed(call.step, _reason(error))
+        reply = ex.next_event()
+        assert isinstance(reply, (ClientReply, ClientStream))  # noqa: S101 - the loop ran out
+        yield _reply_bytes(reply) + after
+        if isinstance(reply, ClientReply) or chunks is None:
+            return
+        try:
+            async for chunk in chunks:
+                yield ex.feed(chunk)
+            yield ex.end_of_stream()
+        except httpx.TransportError as error:
+            yield ex.worker_failed("decode", _reason(error))
+    finally:
+        if answer is not None:
+            await answer.aclose()
+
+
+def _checked_url(value: object, param: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        msg = f"VllmGenerateLLM: {param} must be a worker URL or None, got {describe(value)}"
+        raise ConfigError(msg, param=param)
+    return value.strip().rstrip("/")
+
+
+@final
 class VllmGenerateLLM(CustomLLM):
-    """A LiteLLM provider serving chat completions from a vLLM worker's generate route.
+    """A LiteLLM provider serving chat completions from vLLM workers' generate route.
 
-    Each call POSTs the chat body to ``{api_base}/v1/chat/completions/render``, builds the
-    decode leg from the answer (:func:`~disagg_transforms.build_decode_request` with
-    ``rendered=``; the client's cap ends up in ``sampling_params.max_tokens``), POSTs it to
-    ``{api_base}/inference/v1/generate`` and rebuilds the answer as a ``ModelResponse``: text
-    mode streams through :class:`~disagg_transforms.ChatStreamConverter`; derender
-    mode carries ``tool_calls`` and ``reasoning_content`` and streams as one single frame.
+    Each call drives an :class:`~disagg_transforms.Exchange`: the chat body is rendered once by
+    ``{api_base}/v1/chat/completions/render``; when a prefill worker is configured, the
+    one-token prefill leg goes to ``{prefill_api_base}/inference/v1/generate`` and its
+    ``kv_transfer_params`` are handed to decode; the decode leg (the client's cap, the
+    ``output_mode`` of ``params``) goes to ``{api_base}/inference/v1/generate``. The exchange's
+    reply, the client's ``chat.completion`` (or its chunk stream), is parsed once into LiteLLM's
+    ``ModelResponse`` or ``GenericStreamingChunk``s, with the reasoning as
+    ``reasoning_content``.
 
-    A worker that ignores ``output_mode`` (vLLM older than 0.32 / 0.33) fails the echo check:
-    LiteLLM raises its error for status 502 with the library's message. Any library error
-    reaches LiteLLM as a ``CustomLLMError`` carrying its ``status_hint`` and message.
+    The prefill worker's URL comes from the deployment's ``model_info.prefill_api_base``, else
+    from ``prefill_api_base`` here; never from the request (a ``prefill_api_base`` call
+    argument is refused with 400: a proxy client could send it). An error reply of the exchange
+    reaches LiteLLM as a ``CustomLLMError`` with its status and message (a worker's 4xx keeps
+    its status, a 5xx or a transport failure is a 502, a contract break such as a missing
+    ``output_mode`` echo a 502).
 
-    Register an instance (``litellm.custom_provider_map``); do not subclass it (see the module
-    docstring). A new ``httpx`` client is used per call; LiteLLM's ``client`` argument is
-    ignored.
+    One pooled ``httpx.Client`` (sync calls) and ``httpx.AsyncClient`` (async calls) serve all
+    calls, created on first use; :meth:`close` / :meth:`aclose` close them. LiteLLM's
+    ``client`` argument is ignored. Register an instance (``litellm.custom_provider_map``); do
+    not subclass it (see the module docstring).
 
     Args:
         params: the decode step's params; ``use_openai_format`` must be false (this provider
-            exists to use the generate route). Defaults to text mode.
+            exists to use the generate route); ``wrap_chat_completion`` is always on (LiteLLM
+            reads the chat envelope). Defaults to text mode.
+        prefill_params: the prefill step's params, when a prefill worker is used. Defaults to
+            the generate route.
+        prefill_api_base: the prefill worker's URL for deployments whose ``model_info`` names
+            none; ``None``: no prefill leg.
         timeout: seconds per HTTP request when LiteLLM passes none.
+        http_client: the ``httpx.Client`` for sync calls (its owner closes it).
+        async_http_client: the ``httpx.AsyncClient`` for async calls (its owner closes it).
 
     Raises:
-        ConfigError: ``params`` is not a ``DecodeParams`` with ``use_openai_format`` false.
+        ConfigError: ``params`` is not a ``DecodeParams`` with ``use_openai_format`` false,
+            ``prefill_params`` not a ``PrefillParams``, or ``prefill_api_base`` not a URL.
     """
 
-    def __init__(
-        self, *, params: DecodeParams | None = None, timeout: float = _DEFAULT_TIMEOUT
+    def __init__(  # noqa: PLR0913 - keyword-only settings, each optional
+        self,
+        *,
+        params: DecodeParams | None = None,
+        prefill_params: PrefillParams | None = None,
+        prefill_api_base: str | None = None,
+        timeout: float = _DEFAULT_TIMEOUT,
+        http_client: httpx.Client | None = None,
+        async_http_client: httpx.AsyncClient | None = None,
     ) -> None:
         super().__init__()
         params = DecodeParams(use_openai_format=False) if params is None else params
@@ -261,72 +422,95 @@ class VllmGenerateLLM(CustomLLM):
                 f"got {params!r}"
             )
             raise ConfigError(msg, param="params")
-        self._params = params
+        prefill: object = (  # a proxy module may hand over anything
+            PrefillParams(use_openai_format=False) if prefill_params is None else prefill_params
+        )
+        if not isinstance(prefill, PrefillParams):
+            msg = f"VllmGenerateLLM: prefill_params must be PrefillParams, got {describe(prefill)}"
+            raise ConfigError(msg, param="prefill_params")
+        self._params = msgspec.structs.replace(params, wrap_chat_completion=True)
+        self._pipelines: Mapping[bool, Mapping[Step, StepParams]] = {
+            False: {Step.DECODE: self._params},
+            True: {Step.PREFILL: prefill, Step.DECODE: self._params},
+        }
+        self._prefill_base = _checked_url(prefill_api_base, "prefill_api_base")
         self._timeout = timeout
+        self._lock = threading.Lock()
+        self._http = http_client
+        self._owns_http = http_client is None
+        self._ahttp = async_http_client
+        self._owns_ahttp = async_http_client is None
+        self._aloop: weakref.ref[asyncio.AbstractEventLoop] | None = None
 
     @property
     def params(self) -> DecodeParams:
         """The decode step's params (its ``output_mode`` is what the leg asks for)."""
         return self._params
 
-    # -- the steps every call shares (no I/O) ----------------------------------------------
+    def close(self) -> None:
+        """Close the ``httpx.Client`` this provider opened; a later call opens a new one."""
+        with self._lock:
+            client = self._http if self._owns_http else None
+            if self._owns_http:
+                self._http = None
+        if client is not None:
+            client.close()
 
-    def _leg(self, chat: Mapping[str, Any], rendered: Mapping[str, Any]) -> DecodeLeg:
-        try:
-            return build_decode_request(
-                chat,
-                client_path=Route.CHAT_COMPLETIONS.value,
-                params=self._params,
-                rendered=rendered,
-            )
-        except DisaggTransformError as error:
-            raise _litellm_error(error) from error
+    async def aclose(self) -> None:
+        """Close the ``httpx.AsyncClient`` (and ``httpx.Client``) this provider opened."""
+        client = self._ahttp if self._owns_ahttp else None
+        if self._owns_ahttp:
+            self._ahttp = self._aloop = None
+        self.close()
+        if client is not None:
+            await client.aclose()
 
-    def _model_response(
-        self, response: Mapping[str, Any], chat: Mapping[str, Any], model: str
-    ) -> ModelResponse:
-        try:
-            completion = wrap_chat_completion(
-                response,
-                requested=self._params.output_mode,
-                client_body=chat,
-                model=model,
-                reasoning_content=True,
-            )
-        except DisaggTransformError as error:
-            raise _litellm_error(error) from error
-        return ModelResponse(**completion)
+    # -- the steps every call shares ---------------------------------------------------------
 
-    def _single_frame(
-        self, response: Mapping[str, Any], chat: Mapping[str, Any], model: str
-    ) -> list[GenericStreamingChunk]:
-        try:
-            chunks = single_frame_chat_chunks(
-                response,
-                requested=self._params.output_mode,
-                client_body=chat,
-                model=model,
-                reasoning_content=True,
-            )
-        except DisaggTransformError as error:
-            raise _litellm_error(error) from error
-        return [item for chunk in chunks for item in _generic_chunks(chunk)]
+    def _client(self) -> httpx.Client:
+        with self._lock:
+            if self._http is None:
+                self._http = httpx.Client(timeout=self._timeout)
+            return self._http
 
-    def _text_stream(self, chat: Mapping[str, Any]) -> _TextStream:
-        # The chunks' id comes from the generate stream's request_id, as the wrap's does.
-        try:
-            converter = ChatStreamConverter(
-                requested=OutputMode.TEXT,
-                client_body=chat,
-                options=EnvelopeOptions(model=str(chat.get(w.MODEL, ""))),
-                created=0,  # LiteLLM stamps its own id / created on the chunks it yields
-            )
-        except DisaggTransformError as error:
-            raise _litellm_error(error) from error
-        return _TextStream(converter)
+    def _async_client(self) -> httpx.AsyncClient:
+        if not self._owns_ahttp:
+            assert self._ahttp is not None  # noqa: S101 - given at construction
+            return self._ahttp
+        loop = asyncio.get_running_loop()
+        if self._ahttp is None or self._aloop is None or self._aloop() is not loop:
+            # Pooled connections belong to the event loop that opened them: a call in another
+            # loop (each asyncio.run, LiteLLM's sync wrappers) gets a client of its own.
+            self._ahttp = httpx.AsyncClient(timeout=self._timeout)
+            self._aloop = weakref.ref(loop)
+        return self._ahttp
 
-    def _timeout_for(self, timeout: float | httpx.Timeout | None) -> float | httpx.Timeout:
-        return self._timeout if timeout is None else timeout
+    def _plan(  # noqa: PLR0913 - what LiteLLM hands every entry point
+        self,
+        model: str,
+        messages: list[Any],
+        optional_params: Mapping[str, Any],
+        *,
+        api_base: object,
+        api_key: object,
+        litellm_params: object,
+        headers: Mapping[str, str] | None,
+        timeout: float | httpx.Timeout | None,
+        stream: bool,
+    ) -> _Plan:
+        base = _base_url(api_base, "api_base")
+        prefill = _prefill_base(litellm_params, self._prefill_base)
+        body = _chat_body(model, messages, optional_params, stream=stream)
+        urls = {"render": base, "decode": base}
+        if prefill is not None:
+            urls["prefill"] = prefill
+        exchange = Exchange(
+            self._pipelines[prefill is not None],
+            Route.CHAT_COMPLETIONS.value,
+            _client_headers(headers, api_key),
+            body,
+        )
+        return _Plan(exchange, urls, self._timeout if timeout is None else timeout)
 
     # -- LiteLLM's entry points ----------------------------------------------------------------
 
@@ -351,13 +535,18 @@ class VllmGenerateLLM(CustomLLM):
         client: Any = None,
     ) -> ModelResponse:
         """Serve one non-streaming chat completion (synchronous)."""
-        base, chat = _base_url(api_base), _chat_body(model, messages, optional_params, stream=False)
-        sent = _headers(headers, api_key)
-        with httpx.Client(timeout=self._timeout_for(timeout), headers=sent) as http:
-            rendered = _json_object(http.post(base + RENDER_PATH, json=chat), "render")
-            leg = self._leg(chat, rendered)
-            answer = _json_object(http.post(base + leg.path, json=leg.body), "generate")
-        return self._model_response(answer, chat, model)
+        plan = self._plan(
+            model,
+            messages,
+            optional_params,
+            api_base=api_base,
+            api_key=api_key,
+            litellm_params=litellm_params,
+            headers=headers,
+            timeout=timeout,
+            stream=False,
+        )
+        return _model_response(b"".join(_exchange_bytes(self._client(), plan)))
 
     @override
     async def acompletion(
@@ -380,13 +569,19 @@ class VllmGenerateLLM(CustomLLM):
         client: Any = None,
     ) -> ModelResponse:
         """Serve one non-streaming chat completion."""
-        base, chat = _base_url(api_base), _chat_body(model, messages, optional_params, stream=False)
-        sent = _headers(headers, api_key)
-        async with httpx.AsyncClient(timeout=self._timeout_for(timeout), headers=sent) as http:
-            rendered = _json_object(await http.post(base + RENDER_PATH, json=chat), "render")
-            leg = self._leg(chat, rendered)
-            answer = _json_object(await http.post(base + leg.path, json=leg.body), "generate")
-        return self._model_response(answer, chat, model)
+        plan = self._plan(
+            model,
+            messages,
+            optional_params,
+            api_base=api_base,
+            api_key=api_key,
+            litellm_params=litellm_params,
+            headers=headers,
+            timeout=timeout,
+            stream=False,
+        )
+        parts = [part async for part in _aexchange_bytes(self._async_client(), plan)]
+        return _model_response(b"".join(parts))
 
     @override
     def streaming(
@@ -409,23 +604,21 @@ class VllmGenerateLLM(CustomLLM):
         client: Any = None,
     ) -> Iterator[GenericStreamingChunk]:
         """Serve one streaming chat completion (synchronous)."""
-        base, chat = _base_url(api_base), _chat_body(model, messages, optional_params, stream=True)
-        sent = _headers(headers, api_key)
-        with httpx.Client(timeout=self._timeout_for(timeout), headers=sent) as http:
-            rendered = _json_object(http.post(base + RENDER_PATH, json=chat), "render")
-            leg = self._leg(chat, rendered)
-            if not leg.stream:  # derender: one unstreamed answer, sent on as a single frame
-                answer = _json_object(http.post(base + leg.path, json=leg.body), "generate")
-                yield from self._single_frame(answer, chat, model)
-                return
-            stream = self._text_stream(chat)
-            with http.stream("POST", base + leg.path, json=leg.body) as response:
-                if response.status_code >= httpx.codes.BAD_REQUEST:
-                    response.read()
-                    _raise_http(response, "generate")
-                for data in response.iter_bytes():
-                    yield from stream.feed(data)
-            yield from stream.close()
+        plan = self._plan(
+            model,
+            messages,
+            optional_params,
+            api_base=api_base,
+            api_key=api_key,
+            litellm_params=litellm_params,
+            headers=headers,
+            timeout=timeout,
+            stream=True,
+        )
+        chunks = _ChatChunks()
+        for data in _exchange_bytes(self._client(), plan):
+            yield from chunks.feed(data)
+        yield from chunks.close()
 
     @override
     async def astreaming(  # type: ignore[override]  # LiteLLM types it a coroutine, iterates it
@@ -448,26 +641,23 @@ class VllmGenerateLLM(CustomLLM):
         client: Any = None,
     ) -> AsyncIterator[GenericStreamingChunk]:
         """Serve one streaming chat completion."""
-        base, chat = _base_url(api_base), _chat_body(model, messages, optional_params, stream=True)
-        sent = _headers(headers, api_key)
-        async with httpx.AsyncClient(timeout=self._timeout_for(timeout), headers=sent) as http:
-            rendered = _json_object(await http.post(base + RENDER_PATH, json=chat), "render")
-            leg = self._leg(chat, rendered)
-            if not leg.stream:  # derender: one unstreamed answer, sent on as a single frame
-                answer = _json_object(await http.post(base + leg.path, json=leg.body), "generate")
-                for item in self._single_frame(answer, chat, model):
-                    yield item
-                return
-            stream = self._text_stream(chat)
-            async with http.stream("POST", base + leg.path, json=leg.body) as response:
-                if response.status_code >= httpx.codes.BAD_REQUEST:
-                    await response.aread()
-                    _raise_http(response, "generate")
-                async for data in response.aiter_bytes():
-                    for item in stream.feed(data):
-                        yield item
-            for item in stream.close():
+        plan = self._plan(
+            model,
+            messages,
+            optional_params,
+            api_base=api_base,
+            api_key=api_key,
+            litellm_params=litellm_params,
+            headers=headers,
+            timeout=timeout,
+            stream=True,
+        )
+        chunks = _ChatChunks()
+        async for data in _aexchange_bytes(self._async_client(), plan):
+            for item in chunks.feed(data):
                 yield item
+        for item in chunks.close():
+            yield item
 
 
 def _route_for(call_type: object, fixed: Route | None) -> Route | None:
@@ -543,7 +733,7 @@ class StripTransferParamsCallback(CustomLogger):
     """LiteLLM callback: remove client-supplied ``kv_transfer_params`` / ``ec_transfer_params``.
 
     A client that sets them (top level, ``sampling_params.extra_args`` or ``vllm_xargs``) could
-    point a worker at any host (SPEC §4.6); only the router should set them. Both hooks return
+    point a worker at any host; only the router should set them. Both hooks return
     a new dict and leave LiteLLM's untouched.
     """
 

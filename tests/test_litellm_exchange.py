@@ -1,0 +1,453 @@
+"""The LiteLLM provider driving the exchange, through real ``litellm`` against simulated workers.
+
+The workers are ``disagg_transforms.testing.SimulatedWorker`` apps served in process: a prefill
+worker and a decode worker (which also renders), picked by the request's host. Async calls use
+``httpx.ASGITransport``; sync calls a ``MockTransport`` that runs the app in a thread of its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import os
+import re
+from collections.abc import Awaitable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+import pytest
+
+# LiteLLM fetches its model-cost map at import time unless told not to; there is no network.
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+litellm = pytest.importorskip("litellm")
+yaml = pytest.importorskip("yaml")
+
+from disagg_transforms import DecodeParams, OutputMode  # noqa: E402
+from disagg_transforms.integrations import litellm as integration  # noqa: E402
+from disagg_transforms.integrations.litellm import VllmGenerateLLM  # noqa: E402
+from disagg_transforms.testing import SimulatedWorker  # noqa: E402
+
+pytestmark = [
+    pytest.mark.filterwarnings("ignore::UserWarning:pydantic.*"),
+    pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+    pytest.mark.filterwarnings("ignore::pydantic.warnings.PydanticDeprecatedSince20"),
+]
+
+T = TypeVar("T")
+TIMEOUT = 30.0
+DECODE = "http://decode.test"
+PREFILL = "http://prefill.test"
+GENERATE = "/inference/v1/generate"
+RENDER = "/v1/chat/completions/render"
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
+    }
+]
+MESSAGES = [{"role": "user", "content": "Hi"}]
+KV_REQUEST = {"do_remote_decode": True, "do_remote_prefill": False}
+# The real classes: a test below replaces the module's names to count the clients opened.
+REAL_CLIENT, REAL_ASYNC_CLIENT = httpx.Client, httpx.AsyncClient
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "litellm.md"
+
+
+def run(awaitable: Awaitable[T]) -> T:
+    async def bounded() -> T:
+        return await asyncio.wait_for(awaitable, TIMEOUT)
+
+    return asyncio.run(bounded())
+
+
+class Workers:
+    """A decode and a prefill worker, reachable as ``DECODE`` and ``PREFILL``."""
+
+    def __init__(self) -> None:
+        self.decode = SimulatedWorker(model="qwen")
+        self.prefill = SimulatedWorker(model="qwen", engine_id="prefill-engine")
+        self._apps = {"decode.test": self.decode, "prefill.test": self.prefill}
+
+    def async_transport(self) -> httpx.AsyncBaseTransport:
+        apps = {host: httpx.ASGITransport(app=app) for host, app in self._apps.items()}
+
+        class ByHost(httpx.AsyncBaseTransport):
+            async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+                return await apps[request.url.host].handle_async_request(request)
+
+        return ByHost()
+
+    def sync_transport(self) -> httpx.BaseTransport:
+        transport = self.async_transport()
+
+        async def answer(request: httpx.Request) -> tuple[int, Any, bytes]:
+            async with REAL_ASYNC_CLIENT(transport=transport) as http:
+                sent = http.build_request(
+                    request.method, request.url, headers=request.headers, content=request.content
+                )
+                got = await http.send(sent)
+                return got.status_code, got.headers.raw, got.content
+
+        def handle(request: httpx.Request) -> httpx.Response:
+            request.read()
+            # Its own thread, so it runs whether or not the caller has an event loop running.
+            with ThreadPoolExecutor(1) as pool:
+                status, headers, body = pool.submit(asyncio.run, answer(request)).result()
+            return httpx.Response(status, headers=headers, content=body)
+
+        return httpx.MockTransport(handle)
+
+    def provider(self, **kwargs: Any) -> VllmGenerateLLM:
+        return VllmGenerateLLM(
+            http_client=REAL_CLIENT(transport=self.sync_transport()),
+            async_http_client=REAL_ASYNC_CLIENT(transport=self.async_transport()),
+            **kwargs,
+        )
+
+
+DERENDER = DecodeParams(use_openai_format=False, output_mode=OutputMode.DERENDER)
+
+
+@pytest.fixture
+def workers(monkeypatch: pytest.MonkeyPatch) -> Iterator[Workers]:
+    pool = Workers()
+    handlers = {
+        "pd-text": pool.provider(prefill_api_base=PREFILL),
+        "pd-derender": pool.provider(prefill_api_base=PREFILL, params=DERENDER),
+        "text": pool.provider(),
+    }
+    monkeypatch.setattr(
+        litellm,
+        "custom_provider_map",
+        [{"provider": name, "custom_handler": h} for name, h in handlers.items()],
+    )
+    monkeypatch.setattr(litellm, "callbacks", [])
+    yield pool
+    for handler in handlers.values():
+        handler.close()
+
+
+def complete(model: str, **kwargs: Any) -> Any:
+    kwargs = {"messages": MESSAGES, "api_base": DECODE, "timeout": TIMEOUT, **kwargs}
+    return run(litellm.acompletion(model=model, **kwargs))
+
+
+def stream(model: str, **kwargs: Any) -> list[Any]:
+    async def go() -> list[Any]:
+        chunks = await litellm.acompletion(
+            model=model, messages=MESSAGES, api_base=DECODE, timeout=TIMEOUT, stream=True, **kwargs
+        )
+        return [chunk async for chunk in chunks]
+
+    return run(go())
+
+
+def assert_prefill_then_decode(workers: Workers, *, cap: int, stream: bool) -> None:
+    """Render once, prefill with one token and the kv flags, decode with the cap and its kv."""
+    decode_calls = workers.decode.calls
+    prefill_calls = workers.prefill.calls
+    assert [call.path for call in decode_calls] == [RENDER, GENERATE]
+    assert [call.path for call in prefill_calls] == [GENERATE]
+    [prefill] = prefill_calls
+    decode = decode_calls[1]
+    assert prefill.body["sampling_params"]["max_tokens"] == 1
+    assert prefill.body["kv_transfer_params"] == KV_REQUEST
+    assert prefill.body["stream"] is False
+    assert decode.body["sampling_params"]["max_tokens"] == cap
+    assert decode.body["stream"] is stream
+    kv = decode.body["kv_transfer_params"]
+    assert kv["do_remote_prefill"] is True
+    assert kv["remote_engine_id"] == "prefill-engine"  # what the prefill worker answered
+    [request_id] = {call.headers["x-request-id"] for call in [*decode_calls, *prefill_calls]}
+    assert request_id in kv["remote_request_id"]
+
+
+def test_prefill_then_decode_in_text_mode() -> None:
+    pool = Workers()
+    with pytest.MonkeyPatch.context() as patch:
+        provider = pool.provider(prefill_api_base=PREFILL)
+        patch.setattr(
+            litellm, "custom_provider_map", [{"provider": "pd", "custom_handler": provider}]
+        )
+        response = complete("pd/qwen", max_tokens=40, extra_headers={"x-request-id": "req-7"})
+    assert response.choices[0].message.content == "Hello!"
+    assert response.choices[0].finish_reason == "stop"
+    assert response.usage.completion_tokens > 0
+    assert_prefill_then_decode(pool, cap=40, stream=False)
+    assert pool.decode.calls[0].headers["x-request-id"] == "req-7"
+    assert pool.decode.calls[1].body["output_mode"] == "text"
+
+
+def test_derender_answers_tool_calls_reasoning_and_usage(workers: Workers) -> None:
+    response = complete("pd-derender/qwen", tools=TOOLS, max_completion_tokens=400)
+    message = response.choices[0].message
+    assert response.choices[0].finish_reason == "tool_calls"
+    assert message.tool_calls[0].function.name == "get_weather"
+    assert message.reasoning_content == "The user greets me."
+    assert response.usage.prompt_tokens > 0
+    assert response.usage.completion_tokens > 0
+    assert_prefill_then_decode(workers, cap=400, stream=False)
+    assert workers.decode.calls[1].body["output_mode"] == "derender"
+
+
+def test_text_stream_with_usage(workers: Workers) -> None:
+    chunks = stream("pd-text/qwen", max_tokens=30, stream_options={"include_usage": True})
+    text = "".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices)
+    assert text == "Hello!"
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
+    usage = [chunk.usage for chunk in chunks if getattr(chunk, "usage", None)]
+    assert usage
+    assert usage[-1].completion_tokens > 0
+    assert_prefill_then_decode(workers, cap=30, stream=True)
+
+
+def test_derender_stream_is_one_single_frame(workers: Workers) -> None:
+    chunks = stream("pd-derender/qwen", tools=TOOLS, max_tokens=400)
+    calls = [
+        c for chunk in chunks if chunk.choices for c in chunk.choices[0].delta.tool_calls or []
+    ]
+    assert [call.function.name for call in calls if call.function.name] == ["get_weather"]
+    # A GenericStreamingChunk has no reasoning field: it travels in provider_specific_fields.
+    reasoning = [
+        (chunk.choices[0].delta.provider_specific_fields or {}).get("reasoning_content")
+        for chunk in chunks
+        if chunk.choices
+    ]
+    assert "The user greets me." in reasoning
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
+    assert_prefill_then_decode(workers, cap=400, stream=False)  # vLLM 0.33: no derender stream
+
+
+def test_sync_completion_and_streaming(workers: Workers) -> None:
+    response = litellm.completion(
+        model="pd-text/qwen", messages=MESSAGES, api_base=DECODE, timeout=TIMEOUT, max_tokens=20
+    )
+    assert response.choices[0].message.content == "Hello!"
+    assert_prefill_then_decode(workers, cap=20, stream=False)
+    chunks = litellm.completion(
+        model="text/qwen", messages=MESSAGES, api_base=DECODE, timeout=TIMEOUT, stream=True
+    )
+    assert "".join(chunk.choices[0].delta.content or "" for chunk in chunks) == "Hello!"
+
+
+@pytest.mark.usefixtures("workers")
+@pytest.mark.parametrize("streamed", [False, True])
+def test_a_worker_without_the_echo_is_a_502(streamed: bool) -> None:
+    call = stream if streamed else complete
+    with pytest.raises(Exception) as caught:  # noqa: PT011 - LiteLLM picks the class
+        call("pd-text/qwen", extra_headers={"x-simulate-fault": "no-output-mode"})
+    assert getattr(caught.value, "status_code", None) == 502
+    message = str(caught.value)
+    assert "decode broke the contract" in message
+    assert 'requested "text"' in message
+    assert "vLLM >= 0.32.0" in message
+
+
+@pytest.mark.parametrize(
+    ("fault", "status", "says"),
+    [
+        ("http-500", 502, "render failed with HTTP 500"),
+        ("not-json", 502, "render broke the contract"),
+    ],
+)
+@pytest.mark.usefixtures("workers")
+def test_worker_faults_keep_the_exchange_status(fault: str, status: int, says: str) -> None:
+    with pytest.raises(Exception) as caught:  # noqa: PT011 - LiteLLM picks the class
+        complete("pd-text/qwen", extra_headers={"x-simulate-fault": fault}, num_retries=0)
+    assert getattr(caught.value, "status_code", None) == status
+    assert says in str(caught.value)
+
+
+@pytest.mark.usefixtures("workers")
+def test_an_error_after_the_stream_started_ends_it() -> None:
+    with pytest.raises(Exception) as caught:  # noqa: PT011 - LiteLLM picks the class
+        stream("text/qwen", extra_headers={"x-simulate-fault": "stream-error"})
+    # vLLM's own in-stream error event, relayed by the exchange: its code is the status.
+    assert getattr(caught.value, "status_code", None) == 500
+    assert "Internal server error" in str(caught.value)
+
+
+def test_a_bad_cap_is_a_400_and_no_worker_is_called(workers: Workers) -> None:
+    with pytest.raises(Exception) as caught:  # noqa: PT011 - LiteLLM picks the class
+        complete("pd-text/qwen", max_tokens=0)
+    assert getattr(caught.value, "status_code", None) == 400
+    assert "max_tokens" in str(caught.value)
+    assert workers.decode.calls == workers.prefill.calls == []
+
+
+def test_the_prefill_url_never_comes_from_the_request(workers: Workers) -> None:
+    with pytest.raises(Exception) as caught:  # noqa: PT011 - LiteLLM picks the class
+        complete("text/qwen", prefill_api_base="http://evil.test")
+    assert getattr(caught.value, "status_code", None) == 400
+    assert "prefill_api_base" in str(caught.value)
+    assert workers.decode.calls == []
+
+
+def test_the_deployment_model_info_names_the_prefill_worker(workers: Workers) -> None:
+    router = litellm.Router(
+        model_list=[
+            {
+                "model_name": "qwen",
+                "litellm_params": {"model": "text/qwen", "api_base": DECODE},
+                "model_info": {"prefill_api_base": PREFILL},
+            }
+        ]
+    )
+    response = run(router.acompletion(model="qwen", messages=MESSAGES, max_tokens=12))
+    assert response.choices[0].message.content == "Hello!"
+    assert_prefill_then_decode(workers, cap=12, stream=False)
+
+
+def test_litellm_responses_reach_the_provider_as_chat(workers: Workers) -> None:
+    response = litellm.responses(
+        model="pd-text/qwen", input="Hi", api_base=DECODE, max_output_tokens=25, timeout=TIMEOUT
+    )
+    texts = [
+        part.text for item in response.output if item.type == "message" for part in item.content
+    ]
+    assert texts == ["Hello!"]
+    assert_prefill_then_decode(workers, cap=25, stream=False)
+    # LiteLLM called the provider with a chat body: the chat render, never the Responses one.
+    assert workers.decode.calls[0].body["messages"] == [{"role": "user", "content": "Hi"}]
+
+
+def test_litellm_anthropic_messages_reach_the_provider_as_chat(workers: Workers) -> None:
+    message = run(
+        litellm.anthropic_messages(
+            model="pd-derender/qwen", messages=MESSAGES, max_tokens=50, api_base=DECODE
+        )
+    )
+    kinds = [block["type"] for block in message["content"]]
+    assert kinds == ["thinking", "text"]
+    assert message["content"][1]["text"] == "Hello!"
+    assert message["stop_reason"] == "end_turn"
+    assert_prefill_then_decode(workers, cap=50, stream=False)
+
+
+# --- the shared client -----------------------------------------------------------------------
+
+
+@pytest.fixture
+def opened(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Every httpx client the provider opens on its own, over the simulated workers."""
+    pool = Workers()
+    made: list[Any] = []
+
+    class Sync(REAL_CLIENT):
+        def __init__(self, **kwargs: Any) -> None:
+            super().__init__(transport=pool.sync_transport(), **kwargs)
+            made.append(self)
+
+    class Async(REAL_ASYNC_CLIENT):
+        def __init__(self, **kwargs: Any) -> None:
+            super().__init__(transport=pool.async_transport(), **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr(integration.httpx, "Client", Sync)
+    monkeypatch.setattr(integration.httpx, "AsyncClient", Async)
+    return made
+
+
+def test_one_pooled_client_per_provider_and_close(
+    opened: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    provider = VllmGenerateLLM(prefill_api_base=PREFILL)
+    monkeypatch.setattr(
+        litellm, "custom_provider_map", [{"provider": "pd", "custom_handler": provider}]
+    )
+
+    async def three_calls() -> None:
+        for _ in range(2):
+            await litellm.acompletion(model="pd/qwen", messages=MESSAGES, api_base=DECODE)
+        chunks = await litellm.acompletion(
+            model="pd/qwen", messages=MESSAGES, api_base=DECODE, stream=True
+        )
+        assert [chunk async for chunk in chunks]
+        await provider.aclose()
+
+    run(three_calls())
+    [async_client] = opened
+    assert async_client.is_closed
+    for _ in range(2):
+        litellm.completion(model="pd/qwen", messages=MESSAGES, api_base=DECODE)
+    assert len(opened) == 2
+    sync_client = opened[1]
+    provider.close()
+    assert sync_client.is_closed
+    litellm.completion(model="pd/qwen", messages=MESSAGES, api_base=DECODE)
+    assert len(opened) == 3  # a call after close opens a new one
+    provider.close()
+
+
+def test_an_injected_client_is_used_and_left_open() -> None:
+    pool = Workers()
+    given = httpx.AsyncClient(transport=pool.async_transport())
+    provider = VllmGenerateLLM(async_http_client=given)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(
+            litellm, "custom_provider_map", [{"provider": "x", "custom_handler": provider}]
+        )
+        complete("x/qwen")
+        run(provider.aclose())
+    assert not given.is_closed
+    assert [call.path for call in pool.decode.calls] == [RENDER, GENERATE]
+    run(given.aclose())
+
+
+# --- the proxy config of docs/litellm.md --------------------------------------------------------
+
+
+def _doc_yaml() -> dict[str, Any]:
+    [block] = re.findall(r"```yaml\n(.*?)```", DOCS.read_text(encoding="utf-8"), re.DOTALL)
+    config: dict[str, Any] = yaml.safe_load(block)
+    return config
+
+
+def _import(dotted: str) -> Any:
+    module, _, name = dotted.rpartition(".")
+    return getattr(importlib.import_module(module), name)
+
+
+def test_the_documented_proxy_config_names_importable_objects() -> None:
+    config = _doc_yaml()
+    settings = config["litellm_settings"]
+    [entry] = settings["custom_provider_map"]
+    assert isinstance(_import(entry["custom_handler"]), VllmGenerateLLM)
+    for callback in settings["callbacks"]:
+        assert isinstance(_import(callback), litellm.integrations.custom_logger.CustomLogger)
+    for deployment in config["model_list"]:
+        params = deployment["litellm_params"]
+        assert params["model"].startswith(entry["provider"] + "/")
+        assert params["api_base"].startswith("http")
+        assert deployment["model_info"]["prefill_api_base"].startswith("http")
+
+
+def test_the_documented_proxy_config_routes_through_a_litellm_router(
+    workers: Workers, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = _doc_yaml()
+    [entry] = config["litellm_settings"]["custom_provider_map"]
+    provider = workers.provider()
+    monkeypatch.setattr(
+        litellm,
+        "custom_provider_map",
+        [{"provider": entry["provider"], "custom_handler": provider}],
+    )
+    model_list = [
+        {
+            **deployment,
+            "litellm_params": {**deployment["litellm_params"], "api_base": DECODE},
+            "model_info": {"prefill_api_base": PREFILL},
+        }
+        for deployment in config["model_list"]
+    ]
+    router = litellm.Router(model_list=model_list)
+    name = model_list[0]["model_name"]
+    response = run(router.acompletion(model=name, messages=MESSAGES, max_tokens=9))
+    assert response.choices[0].message.content == "Hello!"
+    assert_prefill_then_decode(workers, cap=9, stream=False)
+    provider.close()
