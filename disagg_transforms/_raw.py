@@ -4,9 +4,9 @@ A body is split once into its top-level members (``msgspec.Raw`` slices, the JSO
 whole document checked on the way); :class:`RawMembers` holds them decoded for the rules shared
 with the dict path, and :meth:`RawMembers.encode` writes a result back with every member a rule
 passed through unchanged taken byte for byte from the input. ``token_ids`` gets a scan instead
-of a decode (:func:`scan_token_ids`): proving an array holds only non-negative integers below
-19 digits costs a ``bytes.translate`` and a substring search, far less than building 128k
-``int`` objects.
+of a decode (:func:`scan_token_ids`): proving an array's shape (unsigned integer literals only)
+costs a few byte searches, far less than building 128k ``int`` objects. Their range is left to
+the worker, the one place that knows the vocabulary.
 """
 
 from __future__ import annotations
@@ -28,15 +28,11 @@ _SPLITTER: Final = msgspec.json.Decoder(dict[str, msgspec.Raw])
 _DECODER: Final = msgspec.json.Decoder()
 _ENCODER: Final = msgspec.json.Encoder()
 
-# Digits become "0", the bytes a flat integer array may hold stay, anything else becomes NUL
-# ("[" too: only the first byte may be one): one translate answers "only integers?" (no NUL
-# after the first byte) and "any of 19+ digits?" (a run of "0").
-_ARRAY_BYTES: Final = b",] \t\n\r"
-_SCAN_TABLE: Final = bytes(
-    0x30 if chr(i).isdigit() and i < 0x80 else i if i in _ARRAY_BYTES else 0 for i in range(256)
-)
-# 2**63 - 1 has 19 digits and JSON has no leading zeros: 18 digits are always in range.
-_LONG_NUMBER: Final = b"0" * 19
+# In valid JSON, an array with none of these bytes after its "[" holds unsigned integer literals
+# only: a string needs '"', an object '{', a nested array '[', true and false 'e', null 'n', a
+# sign '-', a fraction '.', an exponent 'e' or 'E'. Each is one memchr, together far cheaper
+# than one translate of the array (measured: 0.07 ms against 0.31 ms for 128k IDs).
+_NOT_IN_UNSIGNED_INTEGERS: Final = tuple(bytes([byte]) for byte in b'"{[neE-.')
 _EMPTY_ARRAY: Final = re.compile(rb"\[\s*\]\Z")
 # Decoded a slice at a time, the decoder's output stays in cache (and, even as UCS-4, below
 # malloc's mmap threshold): a megabyte body is checked about 3x faster than by one decode.
@@ -125,7 +121,7 @@ def decode_member(raw: msgspec.Raw, path: str, error: ErrorFactory) -> Any:  # n
 
 
 class RawTokenIds:
-    """A ``token_ids`` array proved to hold 1+ integers in ``[0, 2**63 - 1]``, kept as bytes."""
+    """A ``token_ids`` array proved to hold 1+ unsigned integer literals, kept as bytes."""
 
     __slots__ = ("_count", "raw")
 
@@ -142,24 +138,40 @@ class RawTokenIds:
         return self._count
 
 
-def scan_token_ids(raw: msgspec.Raw) -> RawTokenIds | None:
-    """Prove, without decoding, that ``raw`` is a non-empty flat array of int64-range integers.
+class UnprovedTokenIds(list[Any]):
+    """A ``token_ids`` array the scan could not prove, decoded from the body's bytes.
 
-    ``raw`` is a member of a document msgspec has already parsed, so it is valid JSON; holding
-    only digits, commas, whitespace and one ``[`` then means a flat array of non-negative
-    integers. ``None`` means "not proved": the caller decodes and validates it the slow way,
-    which also finds the index of a bad item for the error.
+    The rules check it as on the dict path, but leave its range to the worker as for a proved
+    array: what the bytes path accepts must not depend on which way it was proved.
+    """
+
+    __slots__ = ()
+
+
+def scan_token_ids(raw: msgspec.Raw) -> RawTokenIds | None:
+    """Prove, without decoding, that ``raw`` is a non-empty flat array of unsigned integers.
+
+    ``raw`` is a member of a document msgspec has already parsed, so it is valid JSON (no
+    leading zeros, no stray bytes): an array without the bytes any other value needs holds only
+    unsigned integer literals. ``None`` means "not proved": the caller decodes and validates it
+    the slow way, which also finds the index of a bad item for the error.
     """
     data = bytes(raw)
-    mapped = data.translate(_SCAN_TABLE)
-    if (
-        not data.startswith(b"[")
-        or mapped.find(b"\0", 1) >= 0
-        or _LONG_NUMBER in mapped
-        or _EMPTY_ARRAY.match(data) is not None
-    ):
+    if not data.startswith(b"[") or _EMPTY_ARRAY.match(data) is not None:
         return None
+    for byte in _NOT_IN_UNSIGNED_INTEGERS:
+        if data.find(byte, 1) >= 0:
+            return None
     return RawTokenIds(raw)
+
+
+def _token_ids_member(raw: msgspec.Raw, path: str, error: ErrorFactory) -> Any:  # noqa: ANN401 - JSON
+    """``token_ids`` as the rules read it: proved and kept as bytes, else decoded."""
+    proved = scan_token_ids(raw)
+    if proved is not None:
+        return proved
+    value = decode_member(raw, path, error)
+    return UnprovedTokenIds(value) if isinstance(value, list) else value
 
 
 class RawMembers(dict[str, Any]):
@@ -167,8 +179,9 @@ class RawMembers(dict[str, Any]):
 
     Every member but ``token_ids`` is decoded: the rules and the depth limit read them all, and
     they are small. ``token_ids`` is scanned, not decoded (:func:`scan_token_ids`); when the scan
-    cannot prove it clean it is decoded, and the shared rules refuse it exactly as on the dict
-    path. A plain ``dict`` underneath, so the rules read it at C speed.
+    cannot prove its shape it is decoded (an array as :class:`UnprovedTokenIds`), and the shared
+    rules refuse it at the index the dict path names. A plain ``dict`` underneath, so the rules
+    read it at C speed.
     """
 
     __slots__ = ("_members",)
@@ -179,8 +192,11 @@ class RawMembers(dict[str, Any]):
         super().__init__()
         self._members = members
         for key, raw in members.items():
-            scanned = scan_token_ids(raw) if key == token_ids_key else None
-            self[key] = scanned if scanned is not None else decode_member(raw, f"$.{key}", error)
+            path = f"$.{key}"
+            if key == token_ids_key:
+                self[key] = _token_ids_member(raw, path, error)
+            else:
+                self[key] = decode_member(raw, path, error)
 
     def encode(self, result: Mapping[str, Any]) -> bytes:
         """Write ``result`` (built by the rules from this mapping) as JSON bytes.

@@ -22,6 +22,7 @@ from disagg_transforms import (
     wrap_chat_completion,
     wrap_chat_completion_bytes,
 )
+from disagg_transforms._raw import scan_token_ids
 
 GENERATE = "/inference/v1/generate"
 TEXT = DecodeParams(use_openai_format=False, output_mode=OutputMode.TEXT)
@@ -56,6 +57,11 @@ def test_decode_bytes_path_equals_dict_path(
 ) -> None:
     raw = _loose(body)
     decoded = json.loads(raw)
+    ids = decoded.get("token_ids")
+    if isinstance(ids, list) and any(
+        type(item) in {int, float} and item > 2**63 - 1 for item in ids
+    ):
+        reject()  # only the dict path checks the range (the shape property in test_fuzz_harness)
     params = DecodeParams(use_openai_format=openai, output_mode=mode)
     kind, by_dict = _outcome(
         lambda: build_decode_request(decoded, client_path=path, params=params, token_ids=router_ids)
@@ -146,10 +152,15 @@ def test_token_ids_pass_byte_for_byte() -> None:
 @pytest.mark.parametrize(
     ("token_ids", "param"),
     [
-        ("[1, 9223372036854775808]", "$.token_ids[1]"),
         ("[1, -2]", "$.token_ids[1]"),
-        ("[1, 2.5]", "$.token_ids[1]"),
         ("[1, [2]]", "$.token_ids[1]"),
+        ("[[1]]", "$.token_ids[0]"),
+        ("[1, {}]", "$.token_ids[1]"),
+        ("[1, true]", "$.token_ids[1]"),
+        ("[1, false]", "$.token_ids[1]"),
+        ("[1, null]", "$.token_ids[1]"),
+        ("[1, 2.5e-1]", "$.token_ids[1]"),
+        ("[1, 2.5]", "$.token_ids[1]"),
         ('[1, "2"]', "$.token_ids[1]"),
         ("[]", "$.token_ids"),
         ("[ ]", "$.token_ids"),
@@ -162,9 +173,46 @@ def test_bad_token_ids_are_refused_at_their_index(token_ids: str, param: str) ->
     assert caught.value.param == param
 
 
-def test_long_in_range_and_whole_float_token_ids_are_kept() -> None:
-    body = json.loads(_leg(_generate("[9223372036854775807, 5.0, 1234567890123456789]")).body)
-    assert body["token_ids"] == [2**63 - 1, 5, 1234567890123456789]
+def test_long_and_whole_float_token_ids_are_kept() -> None:
+    body = json.loads(_leg(_generate("[9223372036854775807, 5.0, 1E2, 1234567890123456789]")).body)
+    assert body["token_ids"] == [2**63 - 1, 5, 100, 1234567890123456789]
+
+
+@pytest.mark.parametrize("big", [2**63, 2**64 + 1, 10**40])
+@pytest.mark.parametrize("whole_float", [False, True])
+def test_a_large_token_id_passes_on_bytes_and_is_refused_on_dict(
+    big: int, whole_float: bool
+) -> None:
+    # The bytes path proves the shape only; the worker knows its vocabulary. A whole float
+    # beside it makes the array unprovable by the scan: the range is still not checked.
+    ids = [1, 5.0, big] if whole_float else [1, big]
+    raw = json.dumps(ids).encode()
+    assert json.loads(_leg(_generate(raw.decode())).body)["token_ids"] == [int(i) for i in ids]
+    with pytest.raises(RequestError) as caught:
+        build_decode_request({"token_ids": ids}, client_path=GENERATE, params=TEXT)
+    assert caught.value.param == f"$.token_ids[{len(ids) - 1}]"
+
+
+@pytest.mark.parametrize(
+    "array", ["[1]", "[0, 12,\n3]", "[ 7 ]", "[99999999999999999999999]", "[1,\t2\r]"]
+)
+def test_scan_proves_unsigned_integer_arrays(array: str) -> None:
+    raw = _SPLIT.decode(_generate(array))["token_ids"]
+    proved = scan_token_ids(raw)
+    assert proved is not None
+    assert proved.raw is raw
+
+
+@pytest.mark.parametrize(
+    "array",
+    # Each refused by one test of the scan: the first byte, emptiness, or one of its bytes.
+    [
+        *('"[1]"', "7", "[]", "[ \n]", '[1, "2"]', "[1, {}]", "[1, [2]]", "[[1]]", "[true]"),
+        *("[null]", "[1, -2]", "[1.5]", "[1E2]", "[1e2]"),
+    ],
+)
+def test_scan_leaves_any_other_member_to_the_decode(array: str) -> None:
+    assert scan_token_ids(_SPLIT.decode(_generate(array))["token_ids"]) is None
 
 
 @pytest.mark.parametrize(
