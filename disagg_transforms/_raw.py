@@ -184,19 +184,31 @@ class RawMembers(dict[str, Any]):
     read it at C speed.
     """
 
-    __slots__ = ("_members",)
+    __slots__ = ("_flat_bytes", "_members")
 
     def __init__(
         self, members: dict[str, msgspec.Raw], error: ErrorFactory, *, token_ids_key: str
     ) -> None:
         super().__init__()
         self._members = members
+        self._flat_bytes = 0
         for key, raw in members.items():
             path = f"$.{key}"
             if key == token_ids_key:
                 self[key] = _token_ids_member(raw, path, error)
+                if isinstance(self[key], RawTokenIds):
+                    self._flat_bytes = len(raw)
             else:
                 self[key] = decode_member(raw, path, error)
+
+    def nests_within(self, limit: int) -> bool:
+        """Whether the body is too short to nest past ``limit`` levels, whatever its content.
+
+        A level below the body takes two bytes (its brackets): members holding at most
+        ``2 * (limit - 1)`` bytes, proved token IDs aside, cannot nest past the limit, and the
+        depth walk over the decoded members can be skipped.
+        """
+        return sum(map(len, self._members.values())) - self._flat_bytes <= 2 * (limit - 1)
 
     def encode(self, result: Mapping[str, Any]) -> bytes:
         """Write ``result`` (built by the rules from this mapping) as JSON bytes.
