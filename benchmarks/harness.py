@@ -24,7 +24,7 @@ def median_seconds(
     used), so a slow spell of the machine hits all of them alike and the ratios between them
     stay fair. Time is this process's CPU time: on a machine shared with other jobs, wall time
     also counts the spells this process waits for a core (measured: medians of repeated fresh
-    runs varied 2-4x in wall time under a load of 4 on 2 cores, within 1% in CPU time).
+    runs varied up to 4x in wall time under a load of 4 on 2 cores, within 2% in CPU time).
     """
     loops = {}
     for name, func in funcs.items():
