@@ -89,21 +89,28 @@ def split(data: object, error: ErrorFactory, what: str) -> dict[str, msgspec.Raw
         DisaggTransformError: from ``error``: ``data`` is not bytes, not JSON, not an object,
             or not UTF-8; ``param`` is ``$``.
     """
+    body, members = _split_syntax(data, error, what)
+    check_utf8(body, error)
+    return members
+
+
+def _split_syntax(
+    data: object, error: ErrorFactory, what: str
+) -> tuple[bytes, dict[str, msgspec.Raw]]:
+    """:func:`split` without the UTF-8 check: the body's bytes and its raw members."""
     if not isinstance(data, (bytes, bytearray, memoryview)):
         msg = f"$: {what} must be JSON bytes, got {describe(data)}"
         raise error(msg, param="$")
     # A Raw is a view of its input: a private immutable copy keeps a caller's buffer out of it.
     body = data if isinstance(data, bytes) else bytes(data)
     try:
-        members = _SPLITTER.decode(body)
+        return body, _SPLITTER.decode(body)
     except msgspec.ValidationError:
         msg = f"$: {what} must be a JSON object, got {describe(_first_token(body))}"
         raise error(msg, param="$") from None
     except (msgspec.DecodeError, RecursionError) as exc:
         msg = f"$: {what} is not valid JSON: {exc}"
         raise error(msg, param="$") from None
-    check_utf8(body, error)
-    return members
 
 
 def _first_token(body: bytes) -> str:
@@ -186,20 +193,28 @@ class RawMembers(dict[str, Any]):
 
     __slots__ = ("_flat_bytes", "_members")
 
-    def __init__(
-        self, members: dict[str, msgspec.Raw], error: ErrorFactory, *, token_ids_key: str
-    ) -> None:
+    def __init__(self, data: object, error: ErrorFactory, what: str, *, token_ids_key: str) -> None:
+        """Split ``data`` (see :func:`split`, same errors) and decode its members.
+
+        UTF-8 is proved without a pass of its own: msgspec refuses a string that is not UTF-8
+        in what it decodes (keys and every member), and proved token IDs are ASCII (valid JSON
+        outside strings is). Only a failed decode looks for the body's first bad byte.
+        """
         super().__init__()
-        self._members = members
+        body, self._members = _split_syntax(data, error, what)
         self._flat_bytes = 0
-        for key, raw in members.items():
-            path = f"$.{key}"
-            if key == token_ids_key:
-                self[key] = _token_ids_member(raw, path, error)
-                if isinstance(self[key], RawTokenIds):
-                    self._flat_bytes = len(raw)
-            else:
-                self[key] = decode_member(raw, path, error)
+        try:
+            for key, raw in self._members.items():
+                path = f"$.{key}"
+                if key == token_ids_key:
+                    self[key] = _token_ids_member(raw, path, error)
+                    if isinstance(self[key], RawTokenIds):
+                        self._flat_bytes = len(raw)
+                else:
+                    self[key] = decode_member(raw, path, error)
+        except DisaggTransformError:
+            check_utf8(body, error)  # refused for a bad byte: name it as split does
+            raise
 
     def nests_within(self, limit: int) -> bool:
         """Whether the body is too short to nest past ``limit`` levels, whatever its content.

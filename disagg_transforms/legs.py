@@ -449,9 +449,7 @@ def build_decode_request_bytes(  # noqa: PLR0913 - the router hands in what it h
     if isinstance(client_body, bytes):
         _limits.check_body_size(client_body, limits, error=RequestError)
     members = _raw.RawMembers(
-        _raw.split(client_body, RequestError, "the client body"),
-        RequestError,
-        token_ids_key=w.TOKEN_IDS,
+        client_body, RequestError, "the client body", token_ids_key=w.TOKEN_IDS
     )
     leg = build_decode_request(
         members,

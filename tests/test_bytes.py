@@ -405,3 +405,26 @@ def test_bad_client_top_logprobs_is_refused_after_the_echo_check() -> None:
             requested=OutputMode.TEXT,
             client_body={"top_logprobs": -5},
         )
+
+
+_IN_A_STRING = bytes(range(0x20, 0x100)).replace(b'"', b"").replace(b"\\", b"")
+
+
+@given(
+    text=st.lists(st.sampled_from(list(_IN_A_STRING)), max_size=12).map(bytes),
+    key=st.sampled_from(["model", "cache_salt", "x"]),
+)
+def test_request_bytes_are_refused_exactly_when_not_utf8(text: bytes, key: str) -> None:
+    # No pass over the body checks UTF-8: msgspec's check of the strings it decodes must
+    # refuse exactly what a strict decode refuses, naming the same byte.
+    body = b'{"token_ids": [1, 22], "' + key.encode() + b'": "' + text + b'"}'
+    try:
+        body.decode()
+    except UnicodeDecodeError as exc:
+        with pytest.raises(RequestError) as caught:
+            _leg(body)
+        assert caught.value.param == "$"
+        assert str(caught.value).endswith(f"({exc.reason} at byte {exc.start})")
+        return
+    outcome = _outcome(lambda: _leg(body))
+    assert outcome[1] != "$"
