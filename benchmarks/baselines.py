@@ -176,3 +176,50 @@ def wrap_pydantic(raw: bytes, mode: str, top: int) -> bytes:
         ],
     }
     return pydantic.TypeAdapter(dict[str, Any]).dump_json(wrapped)
+
+
+# --- convert a generate SSE stream into chat.completion.chunk events, chunk by chunk ----------
+
+_DONE = b"[DONE]"
+
+
+def chat_stream_orjson(events: list[bytes], completion_id: str, model: str, created: int) -> bytes:
+    """The minimal per-chunk converter: parse the data line, build the chunk, dump it, frame it.
+
+    No checks (echo, types, bounds) and no logprobs cut: the floor of any converter written on
+    dicts with orjson.
+    """
+    out = []
+    started: set[int] = set()
+    for event in events:
+        data = event.removeprefix(b"data: ").rstrip()
+        if data == _DONE:
+            out.append(b"data: [DONE]\n\n")
+            continue
+        chunk = orjson.loads(data)
+        choices = []
+        for choice in chunk["choices"]:
+            delta = {"content": choice["text"]}
+            if choice["index"] not in started:
+                started.add(choice["index"])
+                delta = {"role": "assistant", **delta}
+            choices.append(
+                {
+                    "index": choice["index"],
+                    "delta": delta,
+                    "logprobs": choice["logprobs"],
+                    "finish_reason": choice["finish_reason"],
+                    "stop_reason": choice["stop_reason"],
+                }
+            )
+        built = {
+            "id": completion_id,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model,
+            "choices": choices,
+        }
+        if chunk.get("usage") is not None:
+            built["usage"] = chunk["usage"]
+        out.append(b"data: " + orjson.dumps(built) + b"\n\n")
+    return b"".join(out)

@@ -8,15 +8,20 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
+from functools import lru_cache, partial
+from typing import Protocol
 
 import baselines
 import orjson
 import payloads
 
 from disagg_transforms import (
+    AnthropicStreamConverter,
+    ChatStreamConverter,
     DecodeParams,
+    EnvelopeOptions,
     OutputMode,
+    ResponsesStreamConverter,
     Route,
     build_decode_request,
     build_decode_request_bytes,
@@ -33,6 +38,14 @@ SYNTAX_SCAN = "syntax scan"
 ORJSON = "orjson dicts"
 STDLIB = "stdlib json"
 PYDANTIC = "pydantic v2"
+ORJSON_CONVERTER = "orjson converter"
+TRANSFORMS = (LIBRARY, DICT_PATH, ORJSON, STDLIB, PYDANTIC, ORJSON_CONVERTER)
+"""The runners that do the case's whole job, so their outputs must agree with the library's."""
+
+DECODE_PHASE, WRAP_PHASE, STREAM_PHASE = "decode legs", "wraps", "streams"
+PHASES = (DECODE_PHASE, WRAP_PHASE, STREAM_PHASE)
+"""Timed apart: huge logprob responses decoded by the wrap baselines fragment the heap and
+slow later orjson calls, so one phase's allocations must not be another's starting state."""
 
 _GENERATE = Route.GENERATE.value
 _CHAT = Route.CHAT_COMPLETIONS.value
@@ -44,13 +57,23 @@ _WRAP_CLIENT = orjson.dumps(
 )
 
 
+def _json(output: bytes) -> object:
+    return orjson.loads(output)
+
+
 @dataclass(frozen=True)
 class Case:
     name: str
+    phase: str
     build: Callable[[], bytes]
     warmup: Callable[[], bytes]
     runners: dict[str, Runner]
-    scan_is_floor: bool = True
+    decode_output: Callable[[bytes], object] = _json
+    """How two runners' outputs are compared: as the JSON values they decode to."""
+    compared: tuple[str, ...] = TRANSFORMS
+    """The runners whose output must be the library's (a stream's baseline may speak chat)."""
+    items: Callable[[bytes], int] = lambda _payload: 1
+    """How many items one call handles (a stream's chunks): times are reported per item."""
 
 
 def _decode_generate_bytes(raw: bytes) -> bytes:
@@ -94,6 +117,82 @@ def _wrap_dict(raw: bytes, mode: OutputMode) -> bytes:
     return orjson.dumps(wrap_chat_completion(orjson.loads(raw), requested=mode, client_body=client))
 
 
+@lru_cache(maxsize=4)
+def _events(stream: bytes) -> list[bytes]:
+    # Split once, outside the timing: the worker's chunks arrive one by one.
+    return [event + b"\n\n" for event in stream.split(b"\n\n") if event]
+
+
+def _sse_json(output: bytes) -> object:
+    # Each event as its fields, a data field decoded as JSON (except the [DONE] marker).
+    return [
+        [
+            (field, value if value == b"[DONE]" or field != b"data" else orjson.loads(value))
+            for field, _, value in (line.partition(b": ") for line in event.split(b"\n"))
+        ]
+        for event in output.split(b"\n\n")
+        if event
+    ]
+
+
+_STREAM_ID, _STREAM_MODEL, _STREAM_CREATED = "chatcmpl-bench", "Qwen/Qwen3-0.6B", 1796000000
+# The chunks carry no model: the router names it (the chat id comes from the chunks' request_id).
+_STREAM_OPTIONS = EnvelopeOptions(model=_STREAM_MODEL)
+
+
+class _Converter(Protocol):
+    def feed(self, data: bytes) -> bytes: ...
+    def close(self) -> bytes: ...
+
+
+def _convert(make: Callable[[], _Converter], raw: bytes) -> bytes:
+    converter = make()
+    return b"".join([*map(converter.feed, _events(raw)), converter.close()])
+
+
+_STREAM_CONVERTERS: dict[str, Callable[[], _Converter]] = {
+    "chat": partial(
+        ChatStreamConverter,
+        requested=OutputMode.TEXT,
+        options=_STREAM_OPTIONS,
+        created=_STREAM_CREATED,
+        client_body={"stream_options": {"include_usage": True}},
+    ),
+    "Responses": partial(
+        ResponsesStreamConverter,
+        requested=OutputMode.TEXT,
+        options=_STREAM_OPTIONS,
+        created=_STREAM_CREATED,
+    ),
+    "Anthropic": partial(
+        AnthropicStreamConverter, requested=OutputMode.TEXT, options=_STREAM_OPTIONS
+    ),
+}
+
+
+def _stream_case(envelope: str, n_tokens: int) -> Case:
+    baseline = partial(
+        baselines.chat_stream_orjson,
+        completion_id=_STREAM_ID,
+        model=_STREAM_MODEL,
+        created=_STREAM_CREATED,
+    )
+    return Case(
+        name=f"stream, {envelope} converter, {n_tokens} tokens",
+        phase=STREAM_PHASE,
+        build=partial(payloads.generate_stream, n_tokens),
+        warmup=partial(payloads.generate_stream, 4),
+        runners={
+            LIBRARY: partial(_convert, _STREAM_CONVERTERS[envelope]),
+            ORJSON_CONVERTER: lambda raw: baseline(_events(raw)),
+        },
+        decode_output=_sse_json,
+        # The baseline speaks chat: only the chat converter's output must equal it.
+        compared=TRANSFORMS if envelope == "chat" else (LIBRARY,),
+        items=lambda raw: len(_events(raw)),
+    )
+
+
 def _floors() -> dict[str, Runner]:
     return {ORJSON_ROUND_TRIP: baselines.orjson_round_trip, SYNTAX_SCAN: baselines.syntax_scan}
 
@@ -101,6 +200,7 @@ def _floors() -> dict[str, Runner]:
 def _decode_chat_case(n_messages: int) -> Case:
     return Case(
         name=f"decode leg, chat {n_messages} msg + tools",
+        phase=DECODE_PHASE,
         build=partial(payloads.chat_request, n_messages),
         warmup=partial(payloads.chat_request, 1),
         runners={
@@ -116,6 +216,7 @@ def _decode_chat_case(n_messages: int) -> Case:
 def _decode_generate_case(n_tokens: int) -> Case:
     return Case(
         name=f"decode leg, generate {n_tokens // 1000}k tokens",
+        phase=DECODE_PHASE,
         build=partial(payloads.generate_request, n_tokens),
         warmup=partial(payloads.generate_request, 8),
         runners={
@@ -134,6 +235,7 @@ def _wrap_case(n_tokens: int, mode: OutputMode, *, logprobs: bool) -> Case:
     label = "8k" if n_tokens >= 1000 else str(n_tokens)
     return Case(
         name=f"wrap, {mode.value} {label} tokens{' + logprobs' if logprobs else ''}",
+        phase=WRAP_PHASE,
         build=partial(payloads.generate_response, n_tokens, mode.value, logprobs=logprobs),
         warmup=partial(payloads.generate_response, 4, mode.value, logprobs=logprobs),
         runners={
@@ -148,9 +250,10 @@ def _wrap_case(n_tokens: int, mode: OutputMode, *, logprobs: bool) -> Case:
 
 
 def all_cases(*, quick: bool = False) -> list[Case]:
-    """Every case; ``quick`` keeps the small payloads only (a smoke run)."""
+    """Every case, in phase order; ``quick`` keeps the small payloads only (a smoke run)."""
     generate_sizes = (1_000,) if quick else (1_000, 32_000, 128_000)
     wrap_sizes = (256,) if quick else (256, 8192)
+    stream_chunks = 16 if quick else 512
     return [
         _decode_chat_case(1),
         _decode_chat_case(20),
@@ -161,6 +264,7 @@ def all_cases(*, quick: bool = False) -> list[Case]:
             for mode in (OutputMode.TEXT, OutputMode.DERENDER)
             for logprobs in (False, True)
         ),
+        *(_stream_case(envelope, stream_chunks) for envelope in _STREAM_CONVERTERS),
     ]
 
 

@@ -143,3 +143,33 @@ def generate_response(n_tokens: int, mode: str, *, logprobs: bool) -> bytes:
         "choices": [choice],
     }
     return orjson.dumps(body)
+
+
+def generate_stream(n_tokens: int) -> bytes:
+    """A text-mode generate SSE stream as vLLM sends it: one chunk per token, then the finish
+    chunk, the usage chunk (``stream_options.include_usage``) and ``[DONE]``."""
+    rng = random.Random(n_tokens * 3)  # noqa: S311 - seeded payloads, not secrets
+
+    def chunk(text: str, token: int, finish: str | None) -> dict[str, Any]:
+        choice = {
+            "index": 0,
+            "finish_reason": finish,
+            "stop_reason": None,
+            "token_ids": [token],
+            "routed_experts": None,
+            "sampling_mask": None,
+            "weight_versions": None,
+            "text": text,
+            "logprobs": None,
+        }
+        return {**_STREAM_HEAD, "usage": None, "output_mode": "text", "choices": [choice]}
+
+    events = [chunk(rng.choice(_WORDS), rng.randrange(_VOCAB), None) for _ in range(n_tokens)]
+    events.append(chunk("", 151_645, "stop"))
+    usage = {"prompt_tokens": 1024, "total_tokens": 1024 + n_tokens, "completion_tokens": n_tokens}
+    events.append({**_STREAM_HEAD, "usage": usage, "output_mode": "text", "choices": []})
+    frames = [b"data: " + orjson.dumps(event) + b"\n\n" for event in events]
+    return b"".join([*frames, b"data: [DONE]\n\n"])
+
+
+_STREAM_HEAD = {"request_id": "generate-tokens-chatcmpl-bench"}

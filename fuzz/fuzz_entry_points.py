@@ -88,6 +88,57 @@ def _json(call: Callable[[Any], object]) -> Callable[[bytes], object]:
 
 _CHAT_CLIENT = {"top_logprobs": 1, "stream_options": {"include_usage": True}}
 _STREAM_OPTIONS = EnvelopeOptions(model="m", max_event_bytes=1 << 16)
+_GENERATE = "/inference/v1/generate"
+_INT64_MAX = 2**63 - 1
+
+
+def _verdict(call: Callable[[], bytes | dict[str, Any]]) -> tuple[str, object]:
+    try:
+        return "ok", call()
+    except EXPECTED as error:
+        return type(error).__name__, error.param
+
+
+def _in_int64(item: object) -> object:
+    # What only the dict path's range bound refuses, as an ID inside it.
+    whole = type(item) is int or (type(item) is float and item.is_integer())
+    return 0 if whole and item > _INT64_MAX else item  # type: ignore[operator]
+
+
+def token_ids_shape(data: bytes) -> object:
+    """Differential: ``data`` as a generate body's ``token_ids``, on the bytes and dict paths.
+
+    The bytes path proves the array's shape and leaves the range to the worker; the dict path
+    also refuses IDs at or above 2**63. Apart from that bound, both must accept or refuse alike
+    (refusals naming the same param) and accept the same IDs.
+
+    Raises:
+        AssertionError: the paths disagree (a finding).
+    """
+    body = b'{"token_ids": ' + data + b"}"
+    try:
+        value = msgspec.json.decode(body)
+    except (msgspec.DecodeError, RecursionError):
+        return None  # not JSON (or numbers past what a parser reads): refused before either path
+    ids = value.get("token_ids")
+    if isinstance(ids, list):
+        value["token_ids"] = [_in_int64(item) for item in ids]
+    by_bytes = _verdict(
+        lambda: build_decode_request_bytes(body, client_path=_GENERATE, params=_DECODE).body
+    )
+    by_dict = _verdict(
+        lambda: build_decode_request(value, client_path=_GENERATE, params=_DECODE).body
+    )
+    if by_bytes[0] != by_dict[0] or (by_bytes[0] != "ok" and by_bytes != by_dict):
+        msg = f"token_ids {data!r}: bytes path {by_bytes}, dict path {by_dict}"
+        raise AssertionError(msg)
+    if by_bytes[0] == "ok":
+        sent = msgspec.json.decode(by_bytes[1])["token_ids"]  # type: ignore[arg-type]
+        if sent != [int(item) for item in ids]:
+            msg = f"token_ids {data!r}: the bytes path sent {sent!r}"
+            raise AssertionError(msg)
+    return by_bytes
+
 
 TARGETS: tuple[tuple[str, Callable[[bytes], object]], ...] = (
     (
@@ -172,6 +223,7 @@ TARGETS: tuple[tuple[str, Callable[[bytes], object]], ...] = (
             data, requested=OutputMode.TEXT, client_body=_CHAT_CLIENT, clock=_fixed_clock
         ),
     ),
+    ("token_ids shape (bytes path against dict path)", token_ids_shape),
 )
 
 

@@ -382,6 +382,32 @@ cap_bodies: st.SearchStrategy[dict[str, Any]] = st.fixed_dictionaries(
 
 token_id_lists = st.lists(st.integers(min_value=0, max_value=2**63 - 1), min_size=1, max_size=8)
 
+# A token_ids array as JSON text, the way a client may spell it: IDs of any size, negatives,
+# fractions, exponents, the other JSON values, nesting, and JSON whitespace anywhere it may go.
+_json_whitespace = st.text(alphabet=" \t\n\r", max_size=2)
+_token_id_literals = (
+    st.integers(min_value=0, max_value=2**63 - 1).map(str)
+    | st.integers().map(str)
+    | st.integers(min_value=2**63 - 2, max_value=2**80).map(str)
+    | st.floats(allow_nan=False, allow_infinity=False).map(json.dumps)
+    | st.sampled_from(
+        ["5.0", "-0", "1e2", "1E2", "1e+2", "2E-1", "0e0", "true", "false", "null", '"3"', "[]"]
+    )
+    | st.sampled_from(["[1]", "[ 2 , 3 ]", "{}", '{"a": 1}', "-1", "9223372036854775808"])
+)
+
+
+@st.composite
+def _token_id_array(draw: st.DrawFn) -> bytes:
+    items = draw(st.lists(st.tuples(_json_whitespace, _token_id_literals, _json_whitespace)))
+    inner = ",".join(before + item + after for before, item, after in items)
+    return f"[{draw(_json_whitespace)}{inner}{draw(_json_whitespace)}]".encode()
+
+
+token_id_arrays: st.SearchStrategy[bytes] = _token_id_array() | st.sampled_from(
+    [b"7", b'"[1]"', b"null", b"{}", b"[]", b"[ \n]"]
+)
+
 _transfer_values = st.dictionaries(st.sampled_from(["remote_host", "remote_port"]), json_scalars)
 
 client_request_bodies: st.SearchStrategy[dict[str, Any]] = st.fixed_dictionaries(

@@ -40,27 +40,55 @@ def test_memory_probe_reports_growth_in_a_child() -> None:
 
 def _row(case: str, lib: float, baselines: dict[str, float]) -> run.Row:
     seconds = {cases.LIBRARY: lib, **baselines}
-    return run.Row(case=case, size=1000, seconds=seconds, rss={cases.LIBRARY: 2500})
+    return run.Row(case=case, size=1000, seconds=seconds, rss={cases.LIBRARY: 1500})
 
 
 def test_targets_table_marks_each_floor_met_or_missed() -> None:
-    rt, scan, pydantic, stdlib = (
+    rt, scan, pydantic, stdlib, converter = (
         cases.ORJSON_ROUND_TRIP,
         cases.SYNTAX_SCAN,
         cases.PYDANTIC,
         cases.STDLIB,
+        cases.ORJSON_CONVERTER,
     )
     rows = [
         # 32k: 0.1x the round trip (met), 4x faster than pydantic (missed)
         _row("decode leg, generate 32k tokens", 1.0, {rt: 10, scan: 1, pydantic: 4, stdlib: 40}),
         # 128k: 4x the syntax scan (missed), 10x faster than pydantic (met)
         _row("decode leg, generate 128k tokens", 4.0, {rt: 40, scan: 1, pydantic: 40, stdlib: 80}),
+        # 1k: 2x the round trip (missed)
+        _row("decode leg, generate 1k tokens", 2.0, {rt: 1, scan: 1, pydantic: 1, stdlib: 1}),
+        _row("stream, chat converter, 512 tokens", 1.4, {converter: 1}),
+        _row("stream, Anthropic converter, 512 tokens", 2.1, {converter: 1}),
     ]
     lines = run.targets(rows).splitlines()
     by_key = {tuple(cell.strip() for cell in line.split("|")[1:3]): line for line in lines[2:]}
     assert by_key[("decode leg, generate 32k tokens", "pydantic/lib")].endswith("| **no** |")
     assert by_key[("decode leg, generate 128k tokens", "lib/scan")].endswith("| **no** |")
     assert by_key[("decode leg, generate 32k tokens", "lib/orjson rt")].endswith("| yes |")
-    assert "| 2.50 | yes |" in by_key[("decode leg, generate 128k tokens", "peak RSS (x body)")]
+    assert by_key[("decode leg, generate 1k tokens", "lib/orjson rt")].endswith("| **no** |")
+    assert "| 1.50 | yes |" in by_key[("decode leg, generate 128k tokens", "peak RSS (x body)")]
     assert by_key[("library 128k / 32k", "time")].endswith("| 4.00 | yes |")
-    assert not any("wrap" in line for line in lines)  # cases not in the run are left out
+    chat = by_key[("stream, chat converter, 512 tokens", "lib/orjson converter")]
+    assert chat.endswith("| <= 1.5 | 1.40 | yes |")
+    anthropic = by_key[("stream, Anthropic converter, 512 tokens", "lib/orjson converter")]
+    assert anthropic.endswith("| <= 2 | 2.10 | **no** |")
+    assert not any("wrap" in line or "Responses" in line for line in lines)  # not in the run
+
+
+def test_stream_table_reports_time_per_chunk() -> None:
+    row = run.Row(
+        case="stream, chat converter, 512 tokens",
+        size=2048,
+        seconds={cases.LIBRARY: 0.003, cases.ORJSON_CONVERTER: 0.002},
+        rss={},
+        items=1000,
+    )
+    assert run.stream_table([row]).splitlines()[2].endswith("| 2 KiB | 1000 | 3.00 | 2.00 | 1.50 |")
+    assert "stream" not in run.table([row])  # the decode-leg and wrap table leaves it out
+
+
+def test_each_phase_runs_in_its_own_child() -> None:
+    rows = run.measure_apart(quick=True, memory=False)
+    assert [row.case for row in rows] == [case.name for case in cases.all_cases(quick=True)]
+    assert {case.phase for case in cases.all_cases()} == set(cases.PHASES)

@@ -25,6 +25,7 @@ from disagg_transforms import (
     wrap_chat_completion,
     wrap_chat_completion_bytes,
 )
+from disagg_transforms._wire.raw import scan_token_ids
 
 GENERATE = "/inference/v1/generate"
 TEXT = DecodeParams(use_openai_format=False, output_mode=OutputMode.TEXT)
@@ -67,6 +68,11 @@ def test_decode_bytes_path_equals_dict_path(
 ) -> None:
     raw = _loose(body)
     decoded = json.loads(raw)
+    ids = decoded.get("token_ids")
+    if isinstance(ids, list) and any(
+        type(item) in {int, float} and item > 2**63 - 1 for item in ids
+    ):
+        reject()  # only the dict path checks the range (the shape property in test_fuzz_harness)
     kind, by_dict = _outcome(
         lambda: build_decode_request(decoded, client_path=path, params=params, inputs=inputs)
     )
@@ -156,10 +162,15 @@ def test_token_ids_pass_byte_for_byte() -> None:
 @pytest.mark.parametrize(
     ("token_ids", "param"),
     [
-        ("[1, 9223372036854775808]", "$.token_ids[1]"),
         ("[1, -2]", "$.token_ids[1]"),
-        ("[1, 2.5]", "$.token_ids[1]"),
         ("[1, [2]]", "$.token_ids[1]"),
+        ("[[1]]", "$.token_ids[0]"),
+        ("[1, {}]", "$.token_ids[1]"),
+        ("[1, true]", "$.token_ids[1]"),
+        ("[1, false]", "$.token_ids[1]"),
+        ("[1, null]", "$.token_ids[1]"),
+        ("[1, 2.5e-1]", "$.token_ids[1]"),
+        ("[1, 2.5]", "$.token_ids[1]"),
         ('[1, "2"]', "$.token_ids[1]"),
         ("[]", "$.token_ids"),
         ("[ ]", "$.token_ids"),
@@ -172,9 +183,46 @@ def test_bad_token_ids_are_refused_at_their_index(token_ids: str, param: str) ->
     assert caught.value.param == param
 
 
-def test_long_in_range_and_whole_float_token_ids_are_kept() -> None:
-    body = json.loads(_leg(_generate("[9223372036854775807, 5.0, 1234567890123456789]")).body)
-    assert body["token_ids"] == [2**63 - 1, 5, 1234567890123456789]
+def test_long_and_whole_float_token_ids_are_kept() -> None:
+    body = json.loads(_leg(_generate("[9223372036854775807, 5.0, 1E2, 1234567890123456789]")).body)
+    assert body["token_ids"] == [2**63 - 1, 5, 100, 1234567890123456789]
+
+
+@pytest.mark.parametrize("big", [2**63, 2**64 + 1, 10**40])
+@pytest.mark.parametrize("whole_float", [False, True])
+def test_a_large_token_id_passes_on_bytes_and_is_refused_on_dict(
+    big: int, whole_float: bool
+) -> None:
+    # The bytes path proves the shape only; the worker knows its vocabulary. A whole float
+    # beside it makes the array unprovable by the scan: the range is still not checked.
+    ids = [1, 5.0, big] if whole_float else [1, big]
+    raw = json.dumps(ids).encode()
+    assert json.loads(_leg(_generate(raw.decode())).body)["token_ids"] == [int(i) for i in ids]
+    with pytest.raises(RequestError) as caught:
+        build_decode_request({"token_ids": ids}, client_path=GENERATE, params=TEXT)
+    assert caught.value.param == f"$.token_ids[{len(ids) - 1}]"
+
+
+@pytest.mark.parametrize(
+    "array", ["[1]", "[0, 12,\n3]", "[ 7 ]", "[99999999999999999999999]", "[1,\t2\r]"]
+)
+def test_scan_proves_unsigned_integer_arrays(array: str) -> None:
+    raw = _SPLIT.decode(_generate(array))["token_ids"]
+    proved = scan_token_ids(raw)
+    assert proved is not None
+    assert proved.raw is raw
+
+
+@pytest.mark.parametrize(
+    "array",
+    # Each refused by one test of the scan: the first byte, emptiness, or one of its bytes.
+    [
+        *('"[1]"', "7", "[]", "[ \n]", '[1, "2"]', "[1, {}]", "[1, [2]]", "[[1]]", "[true]"),
+        *("[null]", "[1, -2]", "[1.5]", "[1E2]", "[1e2]"),
+    ],
+)
+def test_scan_leaves_any_other_member_to_the_decode(array: str) -> None:
+    assert scan_token_ids(_SPLIT.decode(_generate(array))["token_ids"]) is None
 
 
 @pytest.mark.parametrize(
@@ -368,3 +416,26 @@ def test_bad_client_top_logprobs_is_refused_after_the_echo_check() -> None:
             requested=OutputMode.TEXT,
             client_body={"top_logprobs": -5},
         )
+
+
+_IN_A_STRING = bytes(range(0x20, 0x100)).replace(b'"', b"").replace(b"\\", b"")
+
+
+@given(
+    text=st.lists(st.sampled_from(list(_IN_A_STRING)), max_size=12).map(bytes),
+    key=st.sampled_from(["model", "cache_salt", "x"]),
+)
+def test_request_bytes_are_refused_exactly_when_not_utf8(text: bytes, key: str) -> None:
+    # No pass over the body checks UTF-8: msgspec's check of the strings it decodes must
+    # refuse exactly what a strict decode refuses, naming the same byte.
+    body = b'{"token_ids": [1, 22], "' + key.encode() + b'": "' + text + b'"}'
+    try:
+        body.decode()
+    except UnicodeDecodeError as exc:
+        with pytest.raises(RequestError) as caught:
+            _leg(body)
+        assert caught.value.param == "$"
+        assert str(caught.value).endswith(f"({exc.reason} at byte {exc.start})")
+        return
+    outcome = _outcome(lambda: _leg(body))
+    assert outcome[1] != "$"

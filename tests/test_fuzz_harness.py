@@ -8,6 +8,8 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+from hypothesis import given
+from strategies import token_id_arrays
 
 FUZZ = Path(__file__).resolve().parent.parent / "fuzz"
 
@@ -46,3 +48,38 @@ def test_a_finding_propagates(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(HARNESS, "TARGETS", (("broken", broken),))
     with pytest.raises(KeyError):
         HARNESS.one_input(b"\x00{}")
+
+
+@given(array=token_id_arrays)
+def test_token_ids_shape_is_judged_alike_on_both_paths(array: bytes) -> None:
+    # The target raises AssertionError when the bytes and dict paths disagree.
+    HARNESS.token_ids_shape(array)
+
+
+@pytest.mark.parametrize(
+    "array", [b"[1, 2]", b"[5.0, 1e19, 18446744073709551616]", b"[1, -2]", b"[1.5]", b"[]"]
+)
+def test_token_ids_shape_target_answers_both_paths_verdict(array: bytes) -> None:
+    kind, _ = HARNESS.token_ids_shape(array)
+    assert kind == ("RequestError" if array in {b"[1, -2]", b"[1.5]", b"[]"} else "ok")
+
+
+def test_token_ids_shape_target_reports_a_disagreement(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = HARNESS.build_decode_request_bytes
+
+    def rewrite(old: bytes, new: bytes) -> object:
+        return lambda body, **kwargs: real(body.replace(old, new), **kwargs)
+
+    monkeypatch.setattr(HARNESS, "build_decode_request_bytes", rewrite(b"2]", b"3]"))
+    with pytest.raises(AssertionError, match="sent"):
+        HARNESS.token_ids_shape(b"[1, 2]")
+    monkeypatch.setattr(HARNESS, "build_decode_request_bytes", rewrite(b"2]", b"-2]"))
+    with pytest.raises(AssertionError, match="dict path"):
+        HARNESS.token_ids_shape(b"[1, 2]")  # refused on one path only
+    monkeypatch.setattr(HARNESS, "build_decode_request_bytes", rewrite(b"[1, -2", b"[-1, 2"))
+    with pytest.raises(AssertionError, match="dict path"):
+        HARNESS.token_ids_shape(b"[1, -2]")  # refused on both, at different indexes
+
+
+def test_token_ids_shape_target_skips_what_no_parser_reads() -> None:
+    assert HARNESS.token_ids_shape(b"[1e400]") is None

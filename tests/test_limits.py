@@ -4,6 +4,7 @@ cache_salt, placeholder spans, caps."""
 from __future__ import annotations
 
 import time
+from functools import partial
 from typing import Any
 
 import pytest
@@ -105,6 +106,40 @@ def test_depth_limit_on_the_legs() -> None:
         with pytest.raises(RequestError, match=r"Limits\.max_depth") as error:
             build(too_deep, limits=limits)
         assert error.value.param == "$.messages[0].content"
+
+
+@pytest.mark.parametrize(
+    ("member", "ok"),
+    # At max_depth 3 a member may nest 2 levels: the shortest 3-level one is 6 bytes, just past
+    # the length that proves a body shallow without the walk (4 bytes).
+    [("[[]]", True), ("[[[]]]", False), ('"[[[[[[]]]]]]"', True), ("[1,2,[{}]]", False)],
+)
+def test_depth_limit_on_short_bytes_bodies(member: str, ok: bool) -> None:
+    body = b'{"token_ids": [1, 2, 3, 4, 5, 6, 7, 8, 9], "x": ' + member.encode() + b"}"
+    build = partial(
+        build_decode_request_bytes,
+        body,
+        client_path="/inference/v1/generate",
+        params=GENERATE_LEG,
+        limits=Limits(max_depth=3),
+    )
+    if ok:
+        build()
+        return
+    with pytest.raises(RequestError, match=r"Limits\.max_depth") as error:
+        build()
+    assert error.value.param.startswith("$.x[")
+
+
+def test_depth_limit_counts_token_ids_the_scan_did_not_prove() -> None:
+    with pytest.raises(RequestError, match=r"Limits\.max_depth") as error:
+        build_decode_request_bytes(
+            b'{"token_ids": [[[1]]]}',
+            client_path="/inference/v1/generate",
+            params=GENERATE_LEG,
+            limits=Limits(max_depth=3),
+        )
+    assert error.value.param == "$.token_ids[0][0]"
 
 
 def _prefill(body: dict[str, Any], **kwargs: Any) -> Any:

@@ -278,3 +278,13 @@ def test_any_json_gives_a_result_or_a_typed_error(value: Any) -> None:
     with contextlib.suppress(UpstreamContractError):
         wrap_chat_completion(value, requested=OutputMode.TEXT, model="m", clock=lambda: 0.0)
     assert value == before
+
+
+def test_a_lone_surrogate_in_a_derender_message_is_a_contract_error() -> None:
+    # A dict answer can hold a str no JSON encoder accepts; msgspec.convert then raises
+    # UnicodeEncodeError, which must surface as ours (found by the hostile-response property).
+    answer = load_fixture("response-derender-text.json")
+    answer["choices"][0]["message"]["\ud800"] = 1
+    with pytest.raises(UpstreamContractError) as caught:
+        wrap_chat_completion(answer, requested=OutputMode.DERENDER)
+    assert caught.value.param.startswith("$.choices[0].message")

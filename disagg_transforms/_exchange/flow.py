@@ -250,7 +250,7 @@ class Exchange:
         self._error_body = bytearray()
         self._done = False
         self._step = "client"  # the step whose answer is being read, named in errors
-        self._members: _raw.RawMembers = _raw.RawMembers({}, RequestError, token_ids_key="")
+        self._members: _raw.RawMembers = _raw.RawMembers(b"{}", RequestError, "", token_ids_key="")
         routes = {
             step: resolve_format(params.use_openai_format, client_path)
             for step, params in self._params.items()
@@ -391,9 +391,7 @@ class Exchange:
         if isinstance(body, (bytes, bytearray, memoryview)):
             _limits.check_body_size(bytes(body), self._limits, error=RequestError)
         members = _raw.RawMembers(
-            _raw.split(body, RequestError, "the client body"),
-            RequestError,
-            token_ids_key=self._token_ids_key(),
+            body, RequestError, "the client body", token_ids_key=self._token_ids_key()
         )
         _limits.check_client_body(members, self._limits)
         return members
@@ -497,8 +495,9 @@ class Exchange:
     def _answered(self, step: str, body: bytes) -> None:
         if step == "render":
             self._rendered = _raw.RawMembers(
-                _raw.split(body, UpstreamContractError, "the render answer"),
+                body,
                 UpstreamContractError,
+                "the render answer",
                 token_ids_key=self._token_ids_key(),
             )
         elif step in {"encode", "prefill"}:

@@ -295,13 +295,15 @@ def _token_ids(
 ) -> list[int] | _raw.RawTokenIds | None:
     value = token_ids if token_ids is not None else fallback
     if isinstance(value, _raw.RawTokenIds):
-        return value  # the bytes path proved it a non-empty array of int64-range integers
+        return value  # the bytes path proved it a non-empty array of unsigned integers
     if value is None:
         if required:
             msg = f"$.{w.TOKEN_IDS}: required on the generate route (the rendered prompt)"
             raise RequestError(msg, param=f"$.{w.TOKEN_IDS}")
         return None
-    checked = _validate.token_ids(value)
+    # Decoded from bytes the scan could not prove: checked as a dict's, the range the worker's.
+    unbounded = isinstance(value, _raw.UnprovedTokenIds)
+    checked = _validate.token_ids(value, maximum=None if unbounded else _validate.MAX_TOKEN_ID)
     if required and not checked:
         msg = f"$.{w.TOKEN_IDS}: must hold at least one token ID, got an empty array"
         raise RequestError(msg, param=f"$.{w.TOKEN_IDS}")
@@ -600,9 +602,7 @@ def build_decode_request_bytes(  # noqa: PLR0913 - keyword front as build_decode
     if isinstance(client_body, bytes):
         _limits.check_body_size(client_body, given.limits, error=RequestError)
     members = _raw.RawMembers(
-        _raw.split(client_body, RequestError, "the client body"),
-        RequestError,
-        token_ids_key=w.TOKEN_IDS,
+        client_body, RequestError, "the client body", token_ids_key=w.TOKEN_IDS
     )
     leg = _decode(members, client_path, params, given)
     fields: dict[str, Any] = {

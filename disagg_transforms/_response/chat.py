@@ -18,7 +18,7 @@ from disagg_transforms._config import OutputMode
 from disagg_transforms._wire import keys as w
 from disagg_transforms._wire import raw as _raw
 from disagg_transforms._wire.describe import describe
-from disagg_transforms._wire.validate import MAPPINGS
+from disagg_transforms._wire.validate import CONVERT_ERRORS, MAPPINGS
 from disagg_transforms.errors import ConfigError, RequestError, UpstreamContractError
 
 SDK_FINISH_REASONS: Final = frozenset(
@@ -218,7 +218,7 @@ def finish_fields(value: object, *, streaming: bool, passthrough: bool) -> dict[
     return {w.FINISH_REASON: _MAPPED_FINISH_REASON, w.VLLM_FINISH_REASON: value}
 
 
-def _rooted(error: msgspec.ValidationError, path: str) -> UpstreamContractError:
+def _rooted(error: Exception, path: str) -> UpstreamContractError:
     # msgspec reports "... - at `$.x`" relative to the member; put the member's path in front.
     text = str(error)
     if " - at `$" in text:
@@ -264,7 +264,7 @@ class _DictCodec(Codec[Any]):
     def read(self, value: Any, view: type[_T], path: str) -> _T:  # noqa: ANN401 - JSON value
         try:
             return msgspec.convert(value, view)
-        except msgspec.ValidationError as error:
+        except CONVERT_ERRORS as error:  # a lone surrogate in a str member included
             raise _rooted(error, path) from None
 
     def is_object(self, value: Any) -> bool:  # noqa: ANN401 - JSON value

@@ -4,9 +4,9 @@ A body is split once into its top-level members (``msgspec.Raw`` slices, the JSO
 whole document checked on the way); :class:`RawMembers` holds them decoded for the rules shared
 with the dict path, and :meth:`RawMembers.encode` writes a result back with every member a rule
 passed through unchanged taken byte for byte from the input. ``token_ids`` gets a scan instead
-of a decode (:func:`scan_token_ids`): proving an array holds only non-negative integers below
-19 digits costs a ``bytes.translate`` and a substring search, far less than building 128k
-``int`` objects.
+of a decode (:func:`scan_token_ids`): proving an array's shape (unsigned integer literals only)
+costs a few byte searches, far less than building 128k ``int`` objects. Their range is left to
+the worker, the one place that knows the vocabulary.
 """
 
 from __future__ import annotations
@@ -28,15 +28,11 @@ _SPLITTER: Final = msgspec.json.Decoder(dict[str, msgspec.Raw])
 _DECODER: Final = msgspec.json.Decoder()
 _ENCODER: Final = msgspec.json.Encoder()
 
-# Digits become "0", the bytes a flat integer array may hold stay, anything else becomes NUL
-# ("[" too: only the first byte may be one): one translate answers "only integers?" (no NUL
-# after the first byte) and "any of 19+ digits?" (a run of "0").
-_ARRAY_BYTES: Final = b",] \t\n\r"
-_SCAN_TABLE: Final = bytes(
-    0x30 if chr(i).isdigit() and i < 0x80 else i if i in _ARRAY_BYTES else 0 for i in range(256)
-)
-# 2**63 - 1 has 19 digits and JSON has no leading zeros: 18 digits are always in range.
-_LONG_NUMBER: Final = b"0" * 19
+# In valid JSON, an array with none of these bytes after its "[" holds unsigned integer literals
+# only: a string needs '"', an object '{', a nested array '[', true and false 'e', null 'n', a
+# sign '-', a fraction '.', an exponent 'e' or 'E'. Each is one memchr, together far cheaper
+# than one translate of the array (measured: 0.07 ms against 0.31 ms for 128k IDs).
+_NOT_IN_UNSIGNED_INTEGERS: Final = tuple(bytes([byte]) for byte in b'"{[neE-.')
 _EMPTY_ARRAY: Final = re.compile(rb"\[\s*\]\Z")
 # Decoded a slice at a time, the decoder's output stays in cache (and, even as UCS-4, below
 # malloc's mmap threshold): a megabyte body is checked about 3x faster than by one decode.
@@ -93,21 +89,28 @@ def split(data: object, error: ErrorFactory, what: str) -> dict[str, msgspec.Raw
         DisaggTransformError: from ``error``: ``data`` is not bytes, not JSON, not an object,
             or not UTF-8; ``param`` is ``$``.
     """
+    body, members = _split_syntax(data, error, what)
+    check_utf8(body, error)
+    return members
+
+
+def _split_syntax(
+    data: object, error: ErrorFactory, what: str
+) -> tuple[bytes, dict[str, msgspec.Raw]]:
+    """:func:`split` without the UTF-8 check: the body's bytes and its raw members."""
     if not isinstance(data, (bytes, bytearray, memoryview)):
         msg = f"$: {what} must be JSON bytes, got {describe(data)}"
         raise error(msg, param="$")
     # A Raw is a view of its input: a private immutable copy keeps a caller's buffer out of it.
     body = data if isinstance(data, bytes) else bytes(data)
     try:
-        members = _SPLITTER.decode(body)
+        return body, _SPLITTER.decode(body)
     except msgspec.ValidationError:
         msg = f"$: {what} must be a JSON object, got {describe(_first_token(body))}"
         raise error(msg, param="$") from None
     except (msgspec.DecodeError, RecursionError) as exc:
         msg = f"$: {what} is not valid JSON: {exc}"
         raise error(msg, param="$") from None
-    check_utf8(body, error)
-    return members
 
 
 def _first_token(body: bytes) -> str:
@@ -125,7 +128,7 @@ def decode_member(raw: msgspec.Raw, path: str, error: ErrorFactory) -> Any:  # n
 
 
 class RawTokenIds:
-    """A ``token_ids`` array proved to hold 1+ integers in ``[0, 2**63 - 1]``, kept as bytes."""
+    """A ``token_ids`` array proved to hold 1+ unsigned integer literals, kept as bytes."""
 
     __slots__ = ("_count", "raw")
 
@@ -142,24 +145,40 @@ class RawTokenIds:
         return self._count
 
 
-def scan_token_ids(raw: msgspec.Raw) -> RawTokenIds | None:
-    """Prove, without decoding, that ``raw`` is a non-empty flat array of int64-range integers.
+class UnprovedTokenIds(list[Any]):
+    """A ``token_ids`` array the scan could not prove, decoded from the body's bytes.
 
-    ``raw`` is a member of a document msgspec has already parsed, so it is valid JSON; holding
-    only digits, commas, whitespace and one ``[`` then means a flat array of non-negative
-    integers. ``None`` means "not proved": the caller decodes and validates it the slow way,
-    which also finds the index of a bad item for the error.
+    The rules check it as on the dict path, but leave its range to the worker as for a proved
+    array: what the bytes path accepts must not depend on which way it was proved.
+    """
+
+    __slots__ = ()
+
+
+def scan_token_ids(raw: msgspec.Raw) -> RawTokenIds | None:
+    """Prove, without decoding, that ``raw`` is a non-empty flat array of unsigned integers.
+
+    ``raw`` is a member of a document msgspec has already parsed, so it is valid JSON (no
+    leading zeros, no stray bytes): an array without the bytes any other value needs holds only
+    unsigned integer literals. ``None`` means "not proved": the caller decodes and validates it
+    the slow way, which also finds the index of a bad item for the error.
     """
     data = bytes(raw)
-    mapped = data.translate(_SCAN_TABLE)
-    if (
-        not data.startswith(b"[")
-        or mapped.find(b"\0", 1) >= 0
-        or _LONG_NUMBER in mapped
-        or _EMPTY_ARRAY.match(data) is not None
-    ):
+    if not data.startswith(b"[") or _EMPTY_ARRAY.match(data) is not None:
         return None
+    for byte in _NOT_IN_UNSIGNED_INTEGERS:
+        if data.find(byte, 1) >= 0:
+            return None
     return RawTokenIds(raw)
+
+
+def _token_ids_member(raw: msgspec.Raw, path: str, error: ErrorFactory) -> Any:  # noqa: ANN401 - JSON
+    """``token_ids`` as the rules read it: proved and kept as bytes, else decoded."""
+    proved = scan_token_ids(raw)
+    if proved is not None:
+        return proved
+    value = decode_member(raw, path, error)
+    return UnprovedTokenIds(value) if isinstance(value, list) else value
 
 
 class RawMembers(dict[str, Any]):
@@ -167,20 +186,44 @@ class RawMembers(dict[str, Any]):
 
     Every member but ``token_ids`` is decoded: the rules and the depth limit read them all, and
     they are small. ``token_ids`` is scanned, not decoded (:func:`scan_token_ids`); when the scan
-    cannot prove it clean it is decoded, and the shared rules refuse it exactly as on the dict
-    path. A plain ``dict`` underneath, so the rules read it at C speed.
+    cannot prove its shape it is decoded (an array as :class:`UnprovedTokenIds`), and the shared
+    rules refuse it at the index the dict path names. A plain ``dict`` underneath, so the rules
+    read it at C speed.
     """
 
-    __slots__ = ("_members",)
+    __slots__ = ("_flat_bytes", "_members")
 
-    def __init__(
-        self, members: dict[str, msgspec.Raw], error: ErrorFactory, *, token_ids_key: str
-    ) -> None:
+    def __init__(self, data: object, error: ErrorFactory, what: str, *, token_ids_key: str) -> None:
+        """Split ``data`` (see :func:`split`, same errors) and decode its members.
+
+        UTF-8 is proved without a pass of its own: msgspec refuses a string that is not UTF-8
+        in what it decodes (keys and every member), and proved token IDs are ASCII (valid JSON
+        outside strings is). Only a failed decode looks for the body's first bad byte.
+        """
         super().__init__()
-        self._members = members
-        for key, raw in members.items():
-            scanned = scan_token_ids(raw) if key == token_ids_key else None
-            self[key] = scanned if scanned is not None else decode_member(raw, f"$.{key}", error)
+        body, self._members = _split_syntax(data, error, what)
+        self._flat_bytes = 0
+        try:
+            for key, raw in self._members.items():
+                path = f"$.{key}"
+                if key == token_ids_key:
+                    self[key] = _token_ids_member(raw, path, error)
+                    if isinstance(self[key], RawTokenIds):
+                        self._flat_bytes = len(raw)
+                else:
+                    self[key] = decode_member(raw, path, error)
+        except DisaggTransformError:
+            check_utf8(body, error)  # refused for a bad byte: name it as split does
+            raise
+
+    def nests_within(self, limit: int) -> bool:
+        """Whether the body is too short to nest past ``limit`` levels, whatever its content.
+
+        A level below the body takes two bytes (its brackets): members holding at most
+        ``2 * (limit - 1)`` bytes, proved token IDs aside, cannot nest past the limit, and the
+        depth walk over the decoded members can be skipped.
+        """
+        return sum(map(len, self._members.values())) - self._flat_bytes <= 2 * (limit - 1)
 
     def encode(self, result: Mapping[str, Any]) -> bytes:
         """Write ``result`` (built by the rules from this mapping) as JSON bytes.

@@ -202,11 +202,14 @@ def obj(body: Mapping[str, Any], key: str, parent: str = "$") -> Mapping[str, An
     return None if value is None else mapping(value, f"{parent}.{key}")
 
 
-def token_ids(value: object, path: str = "$.token_ids") -> list[int]:
-    """Check a token-ID list: integers in ``[0, 2**63 - 1]``; whole floats become ints.
+def token_ids(
+    value: object, path: str = "$.token_ids", *, maximum: int | None = MAX_TOKEN_ID
+) -> list[int]:
+    """Check a token-ID list: integers in ``[0, maximum]``; whole floats become ints.
 
     Returns the list itself when every item is already an int (no copy; an ``int`` subclass such
-    as an ``IntEnum`` counts as one), else a normalised copy.
+    as an ``IntEnum`` counts as one), else a normalised copy. ``maximum`` ``None``: no upper
+    bound (the bytes path leaves the range to the worker).
 
     Raises:
         RequestError: with the index of the first bad item, e.g. ``$.token_ids[3]``.
@@ -225,7 +228,7 @@ def token_ids(value: object, path: str = "$.token_ids") -> list[int]:
         # The common case (a plain int in range) stays on this cheap branch.
         if type(item) is int and 0 <= item <= MAX_TOKEN_ID:
             continue
-        whole_number(item, f"{path}[{index}]", minimum=0, maximum=MAX_TOKEN_ID)
+        whole_number(item, f"{path}[{index}]", minimum=0, maximum=maximum)
         exact = False
     if exact and isinstance(value, list):
         return value
