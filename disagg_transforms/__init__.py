@@ -42,6 +42,8 @@ from disagg_transforms._request.caps import (
 from disagg_transforms._request.legs import (
     DecodeLeg,
     DecodeLegBytes,
+    GenerateDecodeLeg,
+    GenerateDecodeLegBytes,
     Leg,
     build_decode_request,
     build_decode_request_bytes,
@@ -118,6 +120,8 @@ __all__ = [
     "Event",
     "Exchange",
     "ExchangeStateError",
+    "GenerateDecodeLeg",
+    "GenerateDecodeLegBytes",
     "KvTransferPlacement",
     "Leg",
     "LegInputs",

@@ -19,6 +19,7 @@ from typing import Any, Protocol, final
 import msgspec
 
 from disagg_transforms._config import Step, StepParams
+from disagg_transforms._request.legs import LegInputs
 from disagg_transforms._routes import Route, detect_route
 from disagg_transforms._wire.describe import describe
 from disagg_transforms._wire.json_copy import json_copy
@@ -48,28 +49,6 @@ ENTRY_POINT_GROUP = "disagg_transforms.transforms"
 _MAX_REASON = 200
 
 
-class LegInputs(msgspec.Struct, frozen=True, kw_only=True):
-    """What the router hands a leg builder besides the client's body, for one request.
-
-    The keyword arguments of :func:`~disagg_transforms.build_decode_request` that vary per
-    request; the built-in :func:`~disagg_transforms.transforms.decode_request` transform passes
-    them on. Every field defaults to ``None`` (not given).
-    """
-
-    token_ids: Sequence[int] | None = None
-    """The rendered prompt."""
-    kv_transfer_params: Mapping[str, Any] | None = None
-    """What the router's KV connector supplies for this leg."""
-    features: Mapping[str, Any] | None = None
-    """Multimodal features of the prompt."""
-    rendered: Mapping[str, Any] | None = None
-    """The ``GenerateRequest`` vLLM's ``/render`` answered for this request."""
-    request_id: str | None = None
-    """The router's request ID."""
-    parse_context: Mapping[str, Any] | None = None
-    """The ``parse_context`` ``/render`` returned (derender mode)."""
-
-
 class TransformContext(msgspec.Struct, frozen=True, kw_only=True):
     """What a transform may know about the request besides its body; the host builds it.
 
@@ -87,7 +66,8 @@ class TransformContext(msgspec.Struct, frozen=True, kw_only=True):
     client_body: Mapping[str, Any] | None = None
     """The client's original request, for response transforms (its ``top_logprobs``, model)."""
     inputs: LegInputs = msgspec.field(default_factory=LegInputs)
-    """The router's per-request inputs to the leg builders (token IDs, ``/render`` answer...)."""
+    """The router's per-request inputs to the leg builders (token IDs, ``/render`` answer...),
+    the same object a router passes them as ``inputs=``."""
 
     @property
     def client_route(self) -> Route:

@@ -123,17 +123,8 @@ def decode_request(body: Mapping[str, Any], context: TransformContext, /) -> dic
         RequestError: as :func:`~disagg_transforms.build_decode_request`.
     """
     params = _decode_params(context, "decode_request")
-    inputs = context.inputs
     leg = build_decode_request(
-        body,
-        client_path=context.client_path,
-        params=params,
-        token_ids=inputs.token_ids,
-        kv_transfer_params=inputs.kv_transfer_params,
-        features=inputs.features,
-        rendered=inputs.rendered,
-        request_id=inputs.request_id,
-        parse_context=inputs.parse_context,
+        body, client_path=context.client_path, params=params, inputs=context.inputs
     )
     return leg.body
 

@@ -394,6 +394,7 @@ client_request_bodies: st.SearchStrategy[dict[str, Any]] = st.fixed_dictionaries
             optional={
                 "max_tokens": cap_values,
                 "temperature": st.floats(0, 2),
+                "detokenize": st.booleans(),
                 "extra_args": st.fixed_dictionaries(
                     {}, optional={"kv_transfer_params": _transfer_values}
                 ),
@@ -414,12 +415,16 @@ client_request_bodies: st.SearchStrategy[dict[str, Any]] = st.fixed_dictionaries
             [{"type": "json_object"}, {"type": "text"}, {"type": "bogus"}]
         )
         | json_values,
-        "tools": st.just([{"type": "function", "function": {"name": "f"}}]) | json_values,
+        "tools": st.sampled_from([[{"type": "function", "function": {"name": "f"}}], []])
+        | json_values,
+        "tool_choice": st.sampled_from(["auto", "none"]),
         "stream": st.booleans() | json_scalars,
         "stream_options": st.just({"include_usage": True}) | json_values,
         "kv_transfer_params": _transfer_values | json_values,
         "ec_transfer_params": _transfer_values,
-        "vllm_xargs": st.fixed_dictionaries({}, optional={"kv_transfer_params": _transfer_values}),
+        "vllm_xargs": st.fixed_dictionaries(
+            {}, optional={"kv_transfer_params": _transfer_values, "lora": st.text(max_size=3)}
+        ),
         "cache_salt": st.text(min_size=1, max_size=4),
         "priority": st.integers(-2, 2),
         "request_id": st.text(max_size=4),
@@ -730,3 +735,96 @@ def hostile_sse_streams(draw: st.DrawFn) -> bytes:
     separator = draw(st.sampled_from([b"\n\n", b"\r\n\r\n", b"\r\r"]))
     stream = valid.split(b"data: [DONE]")[0] + _sse(events, separator)
     return stream + draw(st.sampled_from([b"data: [DONE]\n\n", b"", b"data: [DONE]"]))
+
+
+# Generate request bodies for the simulated worker: every field of vLLM 0.33's GenerateRequest,
+# each drawn well formed or not, so that both its acceptances and its 400s are exercised.
+_loose_values: st.SearchStrategy[Any] = (
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-3, max_value=5000)
+    | st.floats(min_value=-3, max_value=3, allow_nan=False)
+    | st.text(max_size=3)
+    | st.lists(st.integers(min_value=-1, max_value=3), max_size=3)
+    | st.lists(st.text(max_size=2), max_size=2)
+    | st.dictionaries(st.sampled_from(["a", "1"]), st.integers(0, 2) | st.none(), max_size=2)
+)
+_SAMPLING_KEYS = (
+    "n",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "seed",
+    "stop",
+    "stop_token_ids",
+    "max_tokens",
+    "min_tokens",
+    "logprobs",
+    "detokenize",
+    "skip_special_tokens",
+    "output_kind",
+    "extra_args",
+    "logit_bias",
+    "bad_words",
+    "skip_reading_prefix_cache",
+    "vllm_future_key",
+)
+_tools = st.lists(
+    st.fixed_dictionaries(
+        {
+            "type": st.just("function"),
+            "function": st.fixed_dictionaries({"name": st.text(max_size=4)}),
+        }
+    ),
+    max_size=2,
+)
+_parse_contexts = (
+    st.none()
+    | _loose_values
+    | st.fixed_dictionaries(
+        {},
+        optional={
+            "tools": st.none() | _tools | _loose_values,
+            "tool_choice": st.sampled_from(["none", "auto", "required", "any"]) | _loose_values,
+            "parallel_tool_calls": _loose_values,
+            "include_reasoning": _loose_values,
+            "chat_template_kwargs": _loose_values,
+            "history_tool_call_cnt": _loose_values,
+        },
+    )
+)
+_GENERATE_FIELDS: dict[str, st.SearchStrategy[Any]] = {
+    "request_id": st.text(max_size=6) | _loose_values,
+    "token_ids": st.lists(st.integers(min_value=-1, max_value=200_000), max_size=6) | _loose_values,
+    "token_offsets": _loose_values,
+    "sampling_params": st.dictionaries(st.sampled_from(_SAMPLING_KEYS), _loose_values, max_size=6)
+    | _loose_values,
+    "model": _loose_values,
+    "reasoning_ended": _loose_values,
+    "reasoning_parser_kwargs": _loose_values
+    | st.fixed_dictionaries({"chat_template_kwargs": _loose_values}),
+    "return_token_ids": _loose_values,
+    "output_mode": st.sampled_from(["tokens", "text", "derender", "Text"]) | _loose_values,
+    "parse_context": _parse_contexts,
+    "stream": _loose_values,
+    "stream_options": _loose_values
+    | st.fixed_dictionaries(
+        {}, optional={"include_usage": _loose_values, "continuous_usage_stats": _loose_values}
+    ),
+    "cache_salt": _loose_values,
+    "priority": _loose_values,
+    "kv_transfer_params": _loose_values,
+    "ec_transfer_params": _loose_values,
+    "vllm_future_field": _loose_values,
+}
+
+
+@st.composite
+def simulated_generate_bodies(draw: st.DrawFn) -> dict[str, Any]:
+    """A generate body with a random subset of fields, each well formed or not."""
+    keys = draw(st.sets(st.sampled_from(sorted(_GENERATE_FIELDS))))
+    # Most bodies carry the two required fields, so that the later checks are reached.
+    if draw(st.integers(0, 3)):
+        keys |= {"token_ids", "sampling_params"}
+    return {key: draw(_GENERATE_FIELDS[key]) for key in sorted(keys)}

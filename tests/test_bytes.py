@@ -14,6 +14,9 @@ from strategies import client_paths, client_request_bodies, generate_responses, 
 from disagg_transforms import (
     DecodeParams,
     DisaggTransformError,
+    GenerateDecodeLeg,
+    GenerateDecodeLegBytes,
+    LegInputs,
     OutputMode,
     RequestError,
     UpstreamContractError,
@@ -47,23 +50,28 @@ def _loose(body: dict[str, Any]) -> bytes:
 @given(
     body=client_request_bodies,
     path=client_paths,
-    router_ids=st.none() | token_id_lists,
-    mode=st.sampled_from([OutputMode.TEXT, OutputMode.DERENDER]),
-    openai=st.booleans(),
+    inputs=st.builds(
+        LegInputs,
+        token_ids=st.none() | token_id_lists,
+        kv_transfer_params=st.none() | st.just({"remote_host": "router"}),
+    ),
+    params=st.builds(
+        DecodeParams,
+        use_openai_format=st.booleans(),
+        output_mode=st.sampled_from([OutputMode.TEXT, OutputMode.DERENDER]),
+        trust_client_transfer_params=st.booleans(),
+    ),
 )
 def test_decode_bytes_path_equals_dict_path(
-    body: dict[str, Any], path: str, router_ids: list[int] | None, mode: OutputMode, openai: bool
+    body: dict[str, Any], path: str, inputs: LegInputs, params: DecodeParams
 ) -> None:
     raw = _loose(body)
     decoded = json.loads(raw)
-    params = DecodeParams(use_openai_format=openai, output_mode=mode)
     kind, by_dict = _outcome(
-        lambda: build_decode_request(decoded, client_path=path, params=params, token_ids=router_ids)
+        lambda: build_decode_request(decoded, client_path=path, params=params, inputs=inputs)
     )
     kind_b, by_bytes = _outcome(
-        lambda: build_decode_request_bytes(
-            raw, client_path=path, params=params, token_ids=router_ids
-        )
+        lambda: build_decode_request_bytes(raw, client_path=path, params=params, inputs=inputs)
     )
     assert kind == kind_b
     if kind != "ok":
@@ -76,6 +84,8 @@ def test_decode_bytes_path_equals_dict_path(
         by_dict.single_frame,
         by_dict.dropped,
     )
+    assert isinstance(by_bytes, GenerateDecodeLegBytes) == isinstance(by_dict, GenerateDecodeLeg)
+    assert by_bytes.output_mode is by_dict.output_mode
     # Same key order; a member the dict path passed through (the same object) keeps its bytes.
     out = _SPLIT.decode(by_bytes.body)
     assert list(out) == list(by_dict.body)

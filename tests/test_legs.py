@@ -352,7 +352,8 @@ def test_rendered_request_is_merged() -> None:
         rendered=rendered,
         kv_transfer_params=ROUTER_KV,
     )
-    assert leg.body["sampling_params"]["max_tokens"] == 256
+    # The client's own cap is written over render's; render's other sampling_params stay.
+    assert leg.body["sampling_params"]["max_tokens"] == 5
     assert leg.body["sampling_params"]["temperature"] == 0.7
     assert leg.body["token_ids"] == [5, 6]
     assert leg.body["request_id"] == "chatcmpl-1"

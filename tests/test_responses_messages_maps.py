@@ -62,8 +62,12 @@ def test_responses_tools_become_chat_tools_with_auto_choice() -> None:
         "parallel_tool_calls": False,
         "chat_template_kwargs": {"reasoning_effort": "low"},
     }  # fmt: skip
-    named = map_responses_request({"tool_choice": {"type": "function", "name": "w"}})
-    assert named.parse_context == {"tool_choice": {"type": "function", "function": {"name": "w"}}}
+    tools = [{"type": "function", "name": "w"}]
+    named = map_responses_request(
+        {"tools": tools, "tool_choice": {"type": "function", "name": "w"}}
+    )
+    assert named.parse_context is not None
+    assert named.parse_context["tool_choice"] == {"type": "function", "function": {"name": "w"}}
 
 
 def test_responses_logprobs_need_include() -> None:
@@ -169,8 +173,10 @@ def test_messages_fields_map_as_vllm_converts_them_to_chat() -> None:
     ],
 )
 def test_messages_tool_choice(choice: dict[str, Any], expected: object) -> None:
-    mapping = map_messages_request({"max_tokens": 1, "tool_choice": choice})
-    assert mapping.parse_context == {"tool_choice": expected}
+    tools = [{"name": "w", "input_schema": {}}]
+    mapping = map_messages_request({"max_tokens": 1, "tools": tools, "tool_choice": choice})
+    assert mapping.parse_context is not None
+    assert mapping.parse_context["tool_choice"] == expected
 
 
 @pytest.mark.parametrize(

@@ -46,7 +46,6 @@ _CHAT_MAPPED = frozenset(
         w.TOP_LOGPROBS,
         w.RESPONSE_FORMAT,
         w.STRUCTURED_OUTPUTS,
-        w.VLLM_XARGS,
     }
 )
 
@@ -63,7 +62,6 @@ def chat_family_sampling(body: Mapping[str, Any]) -> dict[str, Any]:
         kinds=_FORMATS,
         schema_in=w.JSON_SCHEMA,
     )
-    f.extra_args(body, sampling)
     return sampling
 
 

@@ -22,7 +22,6 @@ _MAPPED = frozenset(
         w.LOGPROBS,
         w.RESPONSE_FORMAT,
         w.STRUCTURED_OUTPUTS,
-        w.VLLM_XARGS,
     }
 )
 

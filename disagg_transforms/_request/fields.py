@@ -76,13 +76,6 @@ def copy_sampling(body: Mapping[str, Any], keys: Iterable[str]) -> dict[str, Any
     }
 
 
-def extra_args(body: Mapping[str, Any], sampling: dict[str, Any]) -> None:
-    """Write ``vllm_xargs`` as ``sampling_params.extra_args`` (vLLM hands it to the engine so)."""
-    xargs = obj(body, w.VLLM_XARGS)
-    if xargs is not None:
-        sampling[w.EXTRA_ARGS] = dict(xargs)
-
-
 def refuse_when_set(body: Mapping[str, Any], reasons: Mapping[str, str]) -> None:
     """Refuse each key of ``reasons`` set to anything but null or false (the harmless values)."""
     for key, why in reasons.items():
@@ -224,15 +217,13 @@ def parse_context(
     """A ``parse_context`` in the chat shape with vLLM's chat defaults, or ``None`` when empty.
 
     ``tool_choice`` becomes ``"auto"`` when tools are present and it is unset (vLLM's chat
-    default); nulls, an empty tool list and empty template kwargs are left out.
+    default); without tools (``tools: []`` included) it is left out, as vLLM refuses an empty
+    tool list and a choice among no tools. Nulls and empty template kwargs are left out too.
     """
     context: dict[str, Any] = {}
     if tools:
         context[w.TOOLS] = tools
-        if tool_choice is None:
-            tool_choice = w.TOOL_CHOICE_AUTO
-    if tool_choice is not None:
-        context[w.TOOL_CHOICE] = tool_choice
+        context[w.TOOL_CHOICE] = w.TOOL_CHOICE_AUTO if tool_choice is None else tool_choice
     if parallel_tool_calls is not None:
         context[w.PARALLEL_TOOL_CALLS] = parallel_tool_calls
     if chat_template_kwargs:
@@ -252,13 +243,24 @@ def client_mapping(
 ) -> ClientMapping:
     """What ``body`` contributes to a leg, its dropped keys derived one way for every route.
 
-    ``dropped`` is the body's keys, in body order, neither ``mapped`` nor the leg builder's
-    (:data:`LEG_KEYS`); ``context_keys`` is those of ``context_keys`` present (they only feed
-    ``parse_context``, so text mode drops them).
+    Every route's ``vllm_xargs`` becomes ``sampling_params.extra_args`` here (vLLM hands it to
+    the engine so). ``dropped`` is the body's keys, in body order, neither ``mapped`` nor the
+    leg builder's (:data:`LEG_KEYS`), then ``tools`` and ``tool_choice`` when the client's tool
+    list is empty or absent (nothing for ``parse_context`` to carry); ``context_keys`` is those
+    of ``context_keys`` present (they only feed ``parse_context``, so text mode drops them).
     """
+    xargs = obj(body, w.VLLM_XARGS)
+    if xargs is not None:
+        sampling[w.EXTRA_ARGS] = dict(xargs)
+    kept = mapped | LEG_KEYS | {w.VLLM_XARGS}
+    toolless = parse_context is None or w.TOOLS not in parse_context
+    unused = (w.TOOLS, w.TOOL_CHOICE) if toolless else ()
     return ClientMapping(
         sampling_params=sampling,
         parse_context=parse_context,
-        dropped=tuple(key for key in body if key not in mapped and key not in LEG_KEYS),
+        dropped=(
+            *(key for key in body if key not in kept),
+            *(key for key in unused if key in body),
+        ),
         context_keys=tuple(key for key in context_keys if key in body),
     )

@@ -9,8 +9,8 @@ with the client's cap and sampling fields where vLLM reads them (``sampling_para
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, TypeAlias
 
 import msgspec
 
@@ -44,7 +44,10 @@ from disagg_transforms.errors import RequestError
 __all__ = (
     "DecodeLeg",
     "DecodeLegBytes",
+    "GenerateDecodeLeg",
+    "GenerateDecodeLegBytes",
     "Leg",
+    "LegInputs",
     "build_decode_request",
     "build_decode_request_bytes",
     "build_encode_request",
@@ -63,6 +66,54 @@ _TRANSFER_KEYS = (w.KV_TRANSFER_PARAMS, w.EC_TRANSFER_PARAMS)
 _PREFILL_KV: Mapping[str, Any] = {w.DO_REMOTE_DECODE: True, w.DO_REMOTE_PREFILL: False}
 # Carried from a non-generate client onto its generate leg, when set (not null).
 _CARRIED_AS_IS = (w.MODEL, w.CACHE_SALT, w.PRIORITY, w.RETURN_TOKEN_IDS)
+# Where transfer params hide: the top level (None), sampling_params.extra_args, vllm_xargs.
+_Places: TypeAlias = tuple[tuple[str, str | None], ...]
+_XARGS: _Places = ((w.VLLM_XARGS, None),)
+_EVERYWHERE: _Places = ((w.SAMPLING_PARAMS, w.EXTRA_ARGS), *_XARGS)
+# Clients whose envelope always ends with usage (a Responses `response.completed`, an Anthropic
+# `message_delta`): their streamed leg asks for it (docs/request-legs.md, "Streaming").
+_USAGE_AT_END = frozenset({Route.RESPONSES, Route.MESSAGES})
+_DETOKENIZE = f"{w.SAMPLING_PARAMS}.{w.DETOKENIZE}"
+
+
+class LegInputs(msgspec.Struct, frozen=True, kw_only=True):
+    """What the router hands a leg builder for one request, besides the client's body.
+
+    The one shape of the router's inputs: the leg builders' keyword arguments build one, a
+    router can pass one as ``inputs=``, and the built-in transforms read it from the
+    :class:`~disagg_transforms.hooks.TransformContext`. Every field defaults to not given.
+    """
+
+    token_ids: Sequence[int] | None = None
+    """The rendered prompt."""
+    kv_transfer_params: Mapping[str, Any] | None = None
+    """What the router's KV connector supplies for this leg."""
+    ec_transfer_params: Mapping[str, Any] | None = None
+    """What the router's encoder-cache connector supplies for this leg."""
+    features: Mapping[str, Any] | None = None
+    """Multimodal features of the prompt (generate route)."""
+    rendered: Mapping[str, Any] | None = None
+    """The ``GenerateRequest`` vLLM's ``/render`` answered for this request."""
+    request_id: str | None = None
+    """The router's request ID (else the client's, else none)."""
+    parse_context: Mapping[str, Any] | None = None
+    """The ``parse_context`` ``/render`` returned (derender decode legs)."""
+    limits: Limits = DEFAULT_LIMITS
+    """The bounds on the body (``docs/security.md``)."""
+
+
+def _inputs(given: object, **keywords: Any) -> LegInputs:  # noqa: ANN401 - any keyword value
+    """The router's inputs, from ``inputs=`` or from the builder's keywords (not both)."""
+    from_keywords = LegInputs(**keywords)
+    if given is None:
+        return from_keywords
+    if not isinstance(given, LegInputs):
+        msg = f"inputs: expected a LegInputs, got {describe(given)}"
+        raise RequestError(msg, param="inputs")
+    if from_keywords != LegInputs():
+        msg = "inputs: pass the router's inputs as keywords or as one LegInputs, not both"
+        raise RequestError(msg, param="inputs")
+    return given
 
 
 class Leg(msgspec.Struct, frozen=True, kw_only=True):
@@ -77,7 +128,11 @@ class Leg(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class DecodeLeg(Leg, frozen=True, kw_only=True):
-    """A decode request and how its answer must be handled."""
+    """A decode request and how its answer must be handled.
+
+    A leg on the generate route is a :class:`GenerateDecodeLeg`, whose ``output_mode`` is never
+    ``None``: ``isinstance(leg, GenerateDecodeLeg)`` narrows it for the wraps.
+    """
 
     stream: bool
     """The leg streams (SSE)."""
@@ -91,12 +146,20 @@ class DecodeLeg(Leg, frozen=True, kw_only=True):
     """Client keys left out of the leg, on the documented list (``docs/request-legs.md``)."""
 
 
+class GenerateDecodeLeg(DecodeLeg, frozen=True, kw_only=True):
+    """A decode leg on the generate route: its answer is checked and wrapped for ``output_mode``."""
+
+    output_mode: OutputMode
+    """The requested ``output_mode``: what the wraps and converters take as ``requested``."""
+
+
 class _Transfer(msgspec.Struct, frozen=True, kw_only=True):
-    """The transfer params a leg carries, and the client keys stripped on the way."""
+    """The transfer params a leg carries, and where the client had put its own."""
 
     kv: Mapping[str, Any] | None
     ec: Mapping[str, Any] | None
     stripped: tuple[str, ...]
+    """The client's transfer params removed from the leg (its JSON paths, ``$.`` left off)."""
 
 
 def _client_route(client_path: object) -> Route:
@@ -110,37 +173,50 @@ def _router_object(value: object, name: str) -> Mapping[str, Any] | None:
     return None if value is None else _validate.mapping(value, f"$.{name}")
 
 
-def _take_transfer(
-    body: Mapping[str, Any],
-) -> tuple[dict[str, Any], dict[str, tuple[object, str]], list[str]]:
-    """Remove every transfer param from a body: (cleaned body, values found, where found).
-
-    Looked for at the top level, in ``sampling_params.extra_args`` and in ``vllm_xargs`` (which
-    vLLM turns into ``extra_args``): any of them would steer a worker. A value found is kept with
-    its JSON path; a top-level value is preferred over a nested one.
-    """
-    result = {k: v for k, v in body.items() if k not in _TRANSFER_KEYS}
-    found = {k: (body[k], f"$.{k}") for k in _TRANSFER_KEYS if body.get(k) is not None}
-    where = [k for k in _TRANSFER_KEYS if k in body]
-    for outer, inner in ((w.SAMPLING_PARAMS, w.EXTRA_ARGS), (w.VLLM_XARGS, None)):
+def _containers(
+    body: Mapping[str, Any], where: _Places
+) -> Iterator[tuple[str, str | None, Mapping[str, Any], Mapping[str, Any]]]:
+    """Each object of ``where`` holding a transfer param: (outer key, inner key, outer, itself)."""
+    for outer, inner in where:
         container = _validate.obj(body, outer)
         if container is None:
             continue
-        path = outer
-        args: Mapping[str, Any] | None = container
-        if inner is not None:
-            args = _validate.obj(container, inner, f"$.{outer}")
-            path = f"{outer}.{inner}"
-        if args is None or not any(k in args for k in _TRANSFER_KEYS):
-            continue
+        args = container if inner is None else _validate.obj(container, inner, f"$.{outer}")
+        if args is not None and any(k in args for k in _TRANSFER_KEYS):
+            yield outer, inner, container, args
+
+
+def _find_transfer(
+    body: Mapping[str, Any], where: _Places
+) -> tuple[dict[str, tuple[object, str]], tuple[str, ...]]:
+    """The client's transfer params: {key: (value, JSON path)} and where each set one was.
+
+    A top-level value is preferred over a nested one; a null one says nothing and is ignored.
+    """
+    found = {k: (body[k], f"$.{k}") for k in _TRANSFER_KEYS if body.get(k) is not None}
+    paths = list(found)
+    for outer, inner, _, args in _containers(body, where):
         for key in _TRANSFER_KEYS:
-            if key in args:
-                where.append(f"{path}.{key}")
-                if args[key] is not None:
-                    found.setdefault(key, (args[key], f"$.{path}.{key}"))
+            if args.get(key) is not None:
+                path = f"{outer}.{key}" if inner is None else f"{outer}.{inner}.{key}"
+                paths.append(path)
+                found.setdefault(key, (args[key], f"$.{path}"))
+    return found, tuple(paths)
+
+
+def _strip_transfer(body: Mapping[str, Any]) -> dict[str, Any]:
+    """``body`` without a transfer param anywhere; a container this emptied goes too."""
+    result = {k: v for k, v in body.items() if k not in _TRANSFER_KEYS}
+    for outer, inner, container, args in _containers(body, _EVERYWHERE):
         cleaned = {k: v for k, v in args.items() if k not in _TRANSFER_KEYS}
-        result[outer] = cleaned if inner is None else {**container, inner: cleaned}
-    return result, found, where
+        if inner is not None:
+            rest = {k: v for k, v in container.items() if k != inner}
+            result[outer] = {**rest, inner: cleaned} if cleaned else rest
+        elif cleaned:
+            result[outer] = cleaned
+        else:
+            del result[outer]
+    return result
 
 
 def strip_transfer_params(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -151,27 +227,41 @@ def strip_transfer_params(body: Mapping[str, Any]) -> dict[str, Any]:
     Raises:
         RequestError: ``body`` (or a container the params hide in) is not a JSON object.
     """
-    return _take_transfer(_validate.mapping(body, "$"))[0]
+    return _strip_transfer(_validate.mapping(body, "$"))
+
+
+def _merged(*layers: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The layers merged, later ones winning; ``None`` when none was given."""
+    given = [layer for layer in layers if layer is not None]
+    return {k: v for layer in given for k, v in layer.items()} if given else None
 
 
 def _transfer(
-    body: Mapping[str, Any],
+    client_body: Mapping[str, Any],
     *,
+    where: _Places,
     trusted: bool,
-    kv: Mapping[str, Any] | None,
-    ec: Mapping[str, Any] | None,
-) -> tuple[dict[str, Any], _Transfer]:
-    """Strip the client's transfer params and decide the ones the leg carries (router's win)."""
-    cleaned, found, where = _take_transfer(body)
+    inputs: LegInputs,
+    flags: Mapping[str, Any] | None,
+) -> _Transfer:
+    """The transfer params a leg carries: one rule for every leg.
+
+    The prefill flags win, then the router's values, then the client's (kept only when the step
+    trusts them; else reported as stripped). See ``docs/request-legs.md``, "Transfer params".
+    """
+    found, paths = _find_transfer(client_body, where)
     client = (
         {key: _validate.mapping(value, path) for key, (value, path) in found.items()}
         if trusted
         else {}
     )
-    final_kv = kv if kv is not None else client.get(w.KV_TRANSFER_PARAMS)
-    final_ec = ec or client.get(w.EC_TRANSFER_PARAMS)
-    stripped = () if trusted else tuple(where)
-    return cleaned, _Transfer(kv=final_kv, ec=final_ec, stripped=stripped)
+    kv = _router_object(inputs.kv_transfer_params, w.KV_TRANSFER_PARAMS)
+    ec = _router_object(inputs.ec_transfer_params, w.EC_TRANSFER_PARAMS)
+    return _Transfer(
+        kv=_merged(client.get(w.KV_TRANSFER_PARAMS), kv, flags),
+        ec=_merged(client.get(w.EC_TRANSFER_PARAMS), ec),
+        stripped=() if trusted else paths,
+    )
 
 
 def _place_top_level(body: dict[str, Any], transfer: _Transfer) -> dict[str, Any]:
@@ -218,22 +308,6 @@ def _token_ids(
     return checked
 
 
-class _Inputs(msgspec.Struct, frozen=True, kw_only=True):
-    """What the router hands a builder besides the client's body, its path and the step's params.
-
-    ``kv`` and ``ec`` are checked (and merged, for prefill) when this is built; ``features`` and
-    ``rendered`` only when a generate leg reads them (an OpenAI-format leg ignores them).
-    """
-
-    token_ids: Sequence[int] | None
-    features: object
-    rendered: object
-    request_id: str | None
-    kv: Mapping[str, Any] | None
-    ec: Mapping[str, Any] | None
-    limits: Limits
-
-
 class _Core(msgspec.Struct, frozen=True, kw_only=True):
     """A generate body before the step-specific part (stream, output mode, single-token cap)."""
 
@@ -243,29 +317,42 @@ class _Core(msgspec.Struct, frozen=True, kw_only=True):
     transfer: _Transfer
 
 
+def _client_caps(body: Mapping[str, Any], client_route: Route) -> dict[str, Any]:
+    """The client's own cap and ``min_tokens``, as ``sampling_params`` fields (§4.3 rules)."""
+    caps = {k: body[k] for k in (*TOP_LEVEL_CAPS, w.MIN_TOKENS) if k in body}
+    sampling: dict[str, Any] = apply_sampling_caps(caps, client_route)[w.SAMPLING_PARAMS]
+    return sampling
+
+
 def _generate_core(
-    body: Mapping[str, Any], client_route: Route, inputs: _Inputs, *, trusted: bool
+    body: Mapping[str, Any],
+    client_route: Route,
+    inputs: LegInputs,
+    *,
+    trusted: bool,
+    flags: Mapping[str, Any] | None,
 ) -> _Core:
     features = _router_object(inputs.features, w.FEATURES)
     rendered = _router_object(inputs.rendered, "rendered")
     mapping = None
+    where = _EVERYWHERE
     if client_route is Route.GENERATE:
         leg = apply_sampling_caps(body, Route.GENERATE)
     else:
         mapping = CLIENT_MAPPERS[client_route](body)
+        # A non-generate client's `sampling_params` is an unknown key (dropped), not a hiding place.
+        where = _XARGS
+        caps = _client_caps(body, client_route)
         if rendered is not None:
+            # Render's sampling_params are the base; the client's cap is written over render's
+            # max_tokens, which render leaves out when it equals the engine default (16).
             leg = apply_sampling_caps(_validate.mapping(rendered, "$"), Route.GENERATE)
+            leg[w.SAMPLING_PARAMS] = {**leg[w.SAMPLING_PARAMS], **caps}
         else:
-            caps = {k: body[k] for k in (*TOP_LEVEL_CAPS, w.MIN_TOKENS) if k in body}
-            sampling = apply_sampling_caps(caps, client_route)[w.SAMPLING_PARAMS]
-            leg = {w.SAMPLING_PARAMS: {**mapping.sampling_params, **sampling}}
+            leg = {w.SAMPLING_PARAMS: {**mapping.sampling_params, **caps}}
         for key in _CARRIED_AS_IS:
-            if body.get(key) is not None:
-                leg.setdefault(key, body[key])
-        # The client's transfer params are judged below; the rendered ones came from it too.
-        for key in _TRANSFER_KEYS:
-            if body.get(key) is not None:
-                leg.setdefault(key, body[key])
+            if body.get(key) is not None and leg.get(key) is None:
+                leg[key] = body[key]
         if body.get(w.REQUEST_ID) is not None:
             leg[w.REQUEST_ID] = body[w.REQUEST_ID]
     if inputs.request_id is not None:
@@ -275,8 +362,8 @@ def _generate_core(
     given_features = features if features is not None else leg.get(w.FEATURES)
     if given_features is not None:
         leg[w.FEATURES] = _validate.features(given_features, len(ids or ()))
-    leg, transfer = _transfer(leg, trusted=trusted, kv=inputs.kv, ec=inputs.ec)
-    return _Core(body=leg, mapping=mapping, transfer=transfer)
+    transfer = _transfer(body, where=where, trusted=trusted, inputs=inputs, flags=flags)
+    return _Core(body=_strip_transfer(leg), mapping=mapping, transfer=transfer)
 
 
 def _check_generate(body: Mapping[str, Any]) -> None:
@@ -289,6 +376,28 @@ def _leg_stream(body: Mapping[str, Any], mode: OutputMode | None) -> tuple[bool,
     """Return (leg streams, client streams)."""
     client_streams = _validate.typed(body, w.STREAM, bool) is True
     return client_streams and mode is not OutputMode.DERENDER, client_streams
+
+
+def _stream_options(
+    body: Mapping[str, Any], client_route: Route, leg: dict[str, Any], *, streams: bool
+) -> bool:
+    """Write the streamed leg's ``stream_options``; return whether the client's own were kept.
+
+    The base is what the leg already holds (render's answer, a generate client's own), else a
+    chat client's; a client whose envelope ends with usage always asks for it. An unstreamed
+    leg carries none: usage comes in the one answer anyway.
+    """
+    options = leg.pop(w.STREAM_OPTIONS, None)
+    own = client_route in (Route.CHAT_COMPLETIONS, Route.GENERATE)
+    if options is None and own:
+        options = body.get(w.STREAM_OPTIONS)
+    if client_route in _USAGE_AT_END:
+        given = {} if options is None else _validate.mapping(options, f"$.{w.STREAM_OPTIONS}")
+        options = {**given, w.INCLUDE_USAGE: True}
+    if streams and options is not None:
+        leg[w.STREAM_OPTIONS] = options
+        return own
+    return False
 
 
 def _decode_generate(
@@ -304,13 +413,14 @@ def _decode_generate(
     dropped = list(core.transfer.stripped)
     leg[w.OUTPUT_MODE] = mode.value
     leg[w.STREAM] = streams
-    options = leg.pop(w.STREAM_OPTIONS, None)
-    if client_route is not Route.GENERATE:
-        options = body.get(w.STREAM_OPTIONS)
-    if options is not None and streams:
-        leg[w.STREAM_OPTIONS] = options
-    elif w.STREAM_OPTIONS in body:
+    kept = _stream_options(body, client_route, leg, streams=streams)
+    if not kept and body.get(w.STREAM_OPTIONS) is not None:
         dropped.append(w.STREAM_OPTIONS)
+    sampling = leg[w.SAMPLING_PARAMS]
+    if sampling.get(w.DETOKENIZE) is False:
+        # vLLM refuses text and derender without detokenizing (400): the step's mode wins.
+        leg[w.SAMPLING_PARAMS] = {k: v for k, v in sampling.items() if k != w.DETOKENIZE}
+        dropped.append(_DETOKENIZE)
     mapping = core.mapping
     if mapping is not None:
         dropped.extend(mapping.dropped)
@@ -327,7 +437,7 @@ def _decode_generate(
     return leg, streams, client_streams, tuple(dict.fromkeys(dropped))
 
 
-def build_decode_request(  # noqa: PLR0913 - the router hands in what it has, by keyword
+def build_decode_request(  # noqa: PLR0913 - SPEC's keyword front; `inputs=` is the one shape
     client_body: Mapping[str, Any],
     *,
     client_path: str,
@@ -339,6 +449,7 @@ def build_decode_request(  # noqa: PLR0913 - the router hands in what it has, by
     request_id: str | None = None,
     parse_context: Mapping[str, Any] | None = None,
     limits: Limits = DEFAULT_LIMITS,
+    inputs: LegInputs | None = None,
 ) -> DecodeLeg:
     """Build the decode leg for a client request (SPEC §4.2).
 
@@ -351,30 +462,44 @@ def build_decode_request(  # noqa: PLR0913 - the router hands in what it has, by
         kv_transfer_params: what the router's KV connector supplies for decode.
         features: multimodal features for the prompt (generate route).
         rendered: a ``GenerateRequest`` from vLLM's ``/render`` for this request: the leg is
-            built from it (its ``sampling_params`` kept) instead of mapping the client's fields.
+            built from it (its ``sampling_params`` kept, the client's cap written over them)
+            instead of mapping the client's fields.
         request_id: the router's request ID (else the client's, else none).
         parse_context: the one ``/render`` returned (derender mode).
         limits: the bounds on the body (``docs/security.md``).
+        inputs: all of the above as one :class:`LegInputs` (then pass none of them).
+
+    Returns:
+        A :class:`GenerateDecodeLeg` (``output_mode`` set) on the generate route, else a
+        :class:`DecodeLeg` whose ``output_mode`` is ``None``.
 
     Raises:
         RequestError: the body (or what the router handed in) cannot make a valid leg or is
-            past a limit; ``param`` is the JSON path of the offending value.
+            past a limit; ``param`` is the JSON path of the offending value (``inputs`` when
+            both ``inputs`` and a keyword were given).
     """
-    body, client_route, route = _routes(client_body, client_path, params.use_openai_format, limits)
-    inputs = _Inputs(
+    given = _inputs(
+        inputs,
         token_ids=token_ids,
+        kv_transfer_params=kv_transfer_params,
         features=features,
         rendered=rendered,
         request_id=request_id,
-        kv=_router_object(kv_transfer_params, w.KV_TRANSFER_PARAMS),
-        ec=None,
+        parse_context=parse_context,
         limits=limits,
     )
+    return _decode(client_body, client_path, params, given)
+
+
+def _decode(
+    client_body: Mapping[str, Any], client_path: str, params: DecodeParams, inputs: LegInputs
+) -> DecodeLeg:
+    body, client_route, route = _routes(client_body, client_path, params.use_openai_format, inputs)
     trusted = params.trust_client_transfer_params
     if route is not Route.GENERATE:
-        leg, transfer = _openai_leg(body, route, inputs, trusted=trusted)
+        leg, transfer = _openai_leg(body, route, inputs, trusted=trusted, flags=None)
         placed = _place_top_level(leg, transfer)
-        _limits.check_token_count(placed, limits)
+        _limits.check_token_count(placed, inputs.limits)
         streams = _validate.typed(body, w.STREAM, bool) is True
         return DecodeLeg(
             path=route.value,
@@ -386,13 +511,13 @@ def build_decode_request(  # noqa: PLR0913 - the router hands in what it has, by
             output_mode=None,
             dropped=transfer.stripped,
         )
-    core = _generate_core(body, client_route, inputs, trusted=trusted)
+    core = _generate_core(body, client_route, inputs, trusted=trusted, flags=None)
     leg, streams, client_streams, dropped = _decode_generate(
-        body, client_route, params, core, _router_object(parse_context, w.PARSE_CONTEXT)
+        body, client_route, params, core, _router_object(inputs.parse_context, w.PARSE_CONTEXT)
     )
     _check_generate(leg)
-    _limits.check_token_count(leg, limits)
-    return DecodeLeg(
+    _limits.check_token_count(leg, inputs.limits)
+    return GenerateDecodeLeg(
         path=route.value,
         route=route,
         body=leg,
@@ -405,7 +530,10 @@ def build_decode_request(  # noqa: PLR0913 - the router hands in what it has, by
 
 
 class DecodeLegBytes(msgspec.Struct, frozen=True, kw_only=True):
-    """A decode request built on the bytes path: as :class:`DecodeLeg`, with a JSON body."""
+    """A decode request built on the bytes path: as :class:`DecodeLeg`, with a JSON body.
+
+    A leg on the generate route is a :class:`GenerateDecodeLegBytes`.
+    """
 
     path: str
     """The path to POST to (``route.value``)."""
@@ -425,7 +553,14 @@ class DecodeLegBytes(msgspec.Struct, frozen=True, kw_only=True):
     """As :attr:`DecodeLeg.dropped`."""
 
 
-def build_decode_request_bytes(  # noqa: PLR0913 - the router hands in what it has, by keyword
+class GenerateDecodeLegBytes(DecodeLegBytes, frozen=True, kw_only=True):
+    """A bytes-path decode leg on the generate route: as :class:`GenerateDecodeLeg`."""
+
+    output_mode: OutputMode
+    """As :attr:`GenerateDecodeLeg.output_mode`."""
+
+
+def build_decode_request_bytes(  # noqa: PLR0913 - keyword front as build_decode_request's
     client_body: bytes,
     *,
     client_path: str,
@@ -437,31 +572,23 @@ def build_decode_request_bytes(  # noqa: PLR0913 - the router hands in what it h
     request_id: str | None = None,
     parse_context: Mapping[str, Any] | None = None,
     limits: Limits = DEFAULT_LIMITS,
+    inputs: LegInputs | None = None,
 ) -> DecodeLegBytes:
     """Build the decode leg from the client's JSON bytes, never decoding ``token_ids``.
 
-    The same leg as :func:`build_decode_request` (same rules, same errors), written as JSON
-    bytes: the body is split into raw top-level members, ``token_ids`` is proved clean by a byte
-    scan instead of a decode (the other members are decoded for the rules), and every member
-    the leg keeps unchanged is written with its input bytes, in the input's key order. See
-    ``docs/bytes.md``.
+    The same leg as :func:`build_decode_request` (same rules, same errors, same arguments),
+    written as JSON bytes: the body is split into raw top-level members, ``token_ids`` is proved
+    clean by a byte scan instead of a decode (the other members are decoded for the rules), and
+    every member the leg keeps unchanged is written with its input bytes, in the input's key
+    order. See ``docs/bytes.md``.
 
     Raises:
         RequestError: as :func:`build_decode_request`; also ``param`` ``$`` when the body is not
             bytes, not valid JSON, not a JSON object, not UTF-8, or over
             ``limits.max_body_bytes``.
     """
-    if isinstance(client_body, bytes):
-        _limits.check_body_size(client_body, limits, error=RequestError)
-    members = _raw.RawMembers(
-        _raw.split(client_body, RequestError, "the client body"),
-        RequestError,
-        token_ids_key=w.TOKEN_IDS,
-    )
-    leg = build_decode_request(
-        members,
-        client_path=client_path,
-        params=params,
+    given = _inputs(
+        inputs,
         token_ids=token_ids,
         kv_transfer_params=kv_transfer_params,
         features=features,
@@ -470,32 +597,48 @@ def build_decode_request_bytes(  # noqa: PLR0913 - the router hands in what it h
         parse_context=parse_context,
         limits=limits,
     )
-    return DecodeLegBytes(
-        path=leg.path,
-        route=leg.route,
-        body=members.encode(leg.body),
-        stream=leg.stream,
-        single_frame=leg.single_frame,
-        wrap_chat_completion=leg.wrap_chat_completion,
-        output_mode=leg.output_mode,
-        dropped=leg.dropped,
+    if isinstance(client_body, bytes):
+        _limits.check_body_size(client_body, given.limits, error=RequestError)
+    members = _raw.RawMembers(
+        _raw.split(client_body, RequestError, "the client body"),
+        RequestError,
+        token_ids_key=w.TOKEN_IDS,
     )
+    leg = _decode(members, client_path, params, given)
+    fields: dict[str, Any] = {
+        "path": leg.path,
+        "route": leg.route,
+        "body": members.encode(leg.body),
+        "stream": leg.stream,
+        "single_frame": leg.single_frame,
+        "wrap_chat_completion": leg.wrap_chat_completion,
+        "dropped": leg.dropped,
+    }
+    if isinstance(leg, GenerateDecodeLeg):
+        return GenerateDecodeLegBytes(output_mode=leg.output_mode, **fields)
+    return DecodeLegBytes(output_mode=None, **fields)
 
 
 def _routes(
-    client_body: Mapping[str, Any], client_path: str, use_openai_format: bool, limits: Limits
+    client_body: Mapping[str, Any], client_path: str, use_openai_format: bool, inputs: LegInputs
 ) -> tuple[Mapping[str, Any], Route, Route]:
     """The checked client body, the client's route and the leg's route (every builder's start)."""
     body = _validate.mapping(client_body, "$")
-    _limits.check_client_body(body, limits)
+    _limits.check_client_body(body, inputs.limits)
     client_route = _client_route(client_path)
     return body, client_route, resolve_format(use_openai_format, client_path)
 
 
 def _openai_leg(
-    body: Mapping[str, Any], route: Route, inputs: _Inputs, *, trusted: bool
+    body: Mapping[str, Any],
+    route: Route,
+    inputs: LegInputs,
+    *,
+    trusted: bool,
+    flags: Mapping[str, Any] | None,
 ) -> tuple[dict[str, Any], _Transfer]:
-    leg, transfer = _transfer(body, trusted=trusted, kv=inputs.kv, ec=inputs.ec)
+    transfer = _transfer(body, where=_EVERYWHERE, trusted=trusted, inputs=inputs, flags=flags)
+    leg = _strip_transfer(body)
     if route is Route.COMPLETIONS:
         ids = _token_ids(inputs.token_ids, None, required=False)
         if ids is not None and ids:
@@ -507,27 +650,30 @@ def _single_token_leg(
     client_body: Mapping[str, Any],
     client_path: str,
     params: EncodeParams | PrefillParams,
-    placement: KvTransferPlacement,
-    inputs: _Inputs,
+    inputs: LegInputs,
 ) -> Leg:
-    limits = inputs.limits
-    body, client_route, route = _routes(client_body, client_path, params.use_openai_format, limits)
+    body, client_route, route = _routes(client_body, client_path, params.use_openai_format, inputs)
     trusted = params.trust_client_transfer_params
+    # The prefill flags win over every other value (docs/request-legs.md, "Transfer params").
+    flags: Mapping[str, Any] | None = None
+    placement = KvTransferPlacement.BOTH
+    if isinstance(params, PrefillParams):
+        flags, placement = _PREFILL_KV, params.kv_transfer_placement
     if route is not Route.GENERATE:
-        leg, transfer = _openai_leg(body, route, inputs, trusted=trusted)
+        leg, transfer = _openai_leg(body, route, inputs, trusted=trusted, flags=flags)
         leg = apply_single_token_cap(_place_top_level(leg, transfer), route)
-        _limits.check_token_count(leg, limits)
+        _limits.check_token_count(leg, inputs.limits)
         return Leg(path=route.value, route=route, body=leg)
-    core = _generate_core(body, client_route, inputs, trusted=trusted)
+    core = _generate_core(body, client_route, inputs, trusted=trusted, flags=flags)
     # A prefill or encode answer is never read for text: tokens mode, the route's default.
     leg = {k: v for k, v in core.body.items() if k != w.OUTPUT_MODE}
     leg = apply_single_token_cap(_place_generate(leg, core.transfer, placement), Route.GENERATE)
     _check_generate(leg)
-    _limits.check_token_count(leg, limits)
+    _limits.check_token_count(leg, inputs.limits)
     return Leg(path=route.value, route=route, body=leg)
 
 
-def build_prefill_request(  # noqa: PLR0913 - the router hands in what it has, by keyword
+def build_prefill_request(  # noqa: PLR0913 - keyword front; `inputs=` is the one shape
     client_body: Mapping[str, Any],
     *,
     client_path: str,
@@ -539,28 +685,30 @@ def build_prefill_request(  # noqa: PLR0913 - the router hands in what it has, b
     rendered: Mapping[str, Any] | None = None,
     request_id: str | None = None,
     limits: Limits = DEFAULT_LIMITS,
+    inputs: LegInputs | None = None,
 ) -> Leg:
     """Build the prefill leg (SPEC §4.4): the client's request capped at one output token.
 
-    ``kv_transfer_params`` is ``{"do_remote_decode": true, "do_remote_prefill": false}`` merged
-    with what the router's connector supplies (the router's keys win); ``ec_transfer_params`` is
-    written when the router supplies a non-empty one. Client sampling fields stay, so the
-    prefill's cache key matches decode's. Other arguments as for :func:`build_decode_request`.
+    ``kv_transfer_params`` is ``{"do_remote_decode": true, "do_remote_prefill": false}`` over
+    what the router's connector supplies, over the client's own when the step trusts them;
+    ``ec_transfer_params`` likewise without the flags. Client sampling fields stay, so the
+    prefill's cache key matches decode's. Other arguments as for :func:`build_decode_request`
+    (a ``parse_context`` in ``inputs`` is not read: prefill answers carry no text).
     """
-    kv = _router_object(kv_transfer_params, w.KV_TRANSFER_PARAMS)
-    inputs = _Inputs(
+    given = _inputs(
+        inputs,
         token_ids=token_ids,
+        kv_transfer_params=kv_transfer_params,
+        ec_transfer_params=ec_transfer_params,
         features=features,
         rendered=rendered,
         request_id=request_id,
-        kv={**_PREFILL_KV, **(kv or {})},
-        ec=_router_object(ec_transfer_params, w.EC_TRANSFER_PARAMS),
         limits=limits,
     )
-    return _single_token_leg(client_body, client_path, params, params.kv_transfer_placement, inputs)
+    return _single_token_leg(client_body, client_path, params, given)
 
 
-def build_encode_request(  # noqa: PLR0913 - the router hands in what it has, by keyword
+def build_encode_request(  # noqa: PLR0913 - keyword front; `inputs=` is the one shape
     client_body: Mapping[str, Any],
     *,
     client_path: str,
@@ -570,19 +718,20 @@ def build_encode_request(  # noqa: PLR0913 - the router hands in what it has, by
     rendered: Mapping[str, Any] | None = None,
     request_id: str | None = None,
     limits: Limits = DEFAULT_LIMITS,
+    inputs: LegInputs | None = None,
 ) -> Leg:
-    """Build an encode leg (SPEC §4.4): capped at one token, with no transfer params.
+    """Build an encode leg (SPEC §4.4): capped at one token.
 
-    Client-supplied transfer params are stripped unless the step trusts them. Arguments as for
+    It carries the transfer params ``inputs`` hands in and, when the step trusts them, the
+    client's own (the router's win); untrusted client copies are stripped. Arguments as for
     :func:`build_decode_request`.
     """
-    inputs = _Inputs(
+    given = _inputs(
+        inputs,
         token_ids=token_ids,
         features=features,
         rendered=rendered,
         request_id=request_id,
-        kv=None,
-        ec=None,
         limits=limits,
     )
-    return _single_token_leg(client_body, client_path, params, KvTransferPlacement.BOTH, inputs)
+    return _single_token_leg(client_body, client_path, params, given)

@@ -49,7 +49,6 @@ _MAPPED = frozenset(
         w.TOP_LOGPROBS,
         w.TEXT,
         w.STRUCTURED_OUTPUTS,
-        w.VLLM_XARGS,
     }
 )
 _FORMATS = (w.TEXT, w.JSON_OBJECT, w.JSON_SCHEMA)
@@ -83,7 +82,6 @@ def map_responses_request(body: Mapping[str, Any]) -> ClientMapping:
         path=f"$.{w.TEXT}.{w.FORMAT}",
         kinds=_FORMATS,
     )
-    f.extra_args(body, sampling)
     reasoning = obj(body, w.REASONING)
     effort = None if reasoning is None else typed(reasoning, w.EFFORT, str, f"$.{w.REASONING}")
     return f.client_mapping(

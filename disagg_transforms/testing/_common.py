@@ -1,0 +1,102 @@
+"""Pieces every route of the simulated worker shares: vLLM's error bodies and their messages."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+
+def error_body(message: str, error_type: str, param: str | None, code: int) -> dict[str, Any]:
+    """VLLM's error body, the same on every route.
+
+    Args:
+        message: The human message.
+        error_type: ``BadRequestError``, ``Bad Request``, ``NotFoundError``, ...
+        param: The field at fault, or ``None``.
+        code: The HTTP status.
+
+    Returns:
+        ``{"error": {"message", "type", "param", "code"}}``.
+    """
+    return {"error": {"message": message, "type": error_type, "param": param, "code": code}}
+
+
+@dataclasses.dataclass(frozen=True)
+class Issue:
+    """One request-validation failure, written the way vLLM's validation handler prints it."""
+
+    kind: str
+    loc: str
+    msg: str
+    value: object
+    ctx: dict[str, object] | None = None
+
+
+def _summary(value: object) -> object:
+    # vLLM's handler summarises containers by their size instead of echoing them.
+    if isinstance(value, dict):
+        return f"<dict of {len(value)} items>"
+    if isinstance(value, list):
+        return f"<list of {len(value)} items>"
+    return value
+
+
+class RequestInvalidError(Exception):
+    """A request body that fails validation; answered with 400 ``Bad Request``."""
+
+    def __init__(self, issues: list[Issue]) -> None:
+        super().__init__(issues)
+        self.issues = issues
+
+    def body(self) -> dict[str, Any]:
+        """The 400 body vLLM's request-validation handler writes.
+
+        Returns:
+            The error body, ``param`` naming the first failure's location.
+        """
+        count = len(self.issues)
+        lines = [f"{count} validation error{'' if count == 1 else 's'}:"]
+        for issue in self.issues:
+            record: dict[str, object] = {
+                "type": issue.kind,
+                "loc": issue.loc,
+                "msg": issue.msg,
+                "input": _summary(issue.value),
+            }
+            if issue.ctx is not None:
+                record["ctx"] = issue.ctx
+            lines.append(f"  {record!r}")
+        return error_body("\n".join(lines), "Bad Request", self.issues[0].loc, 400)
+
+
+class BadRequestError(Exception):
+    """A request vLLM refuses after validation: 400 ``BadRequestError``."""
+
+    def __init__(self, message: str, param: str | None = None, status: int = 400) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.status = status
+
+    def body(self) -> dict[str, Any]:
+        """The error body.
+
+        Returns:
+            ``{"error": {...}}`` with type ``BadRequestError`` (or the status's vLLM type).
+        """
+        error_type = {404: "NotFoundError", 405: "MethodNotAllowed"}.get(
+            self.status, "BadRequestError"
+        )
+        return error_body(self.message, error_type, self.param, self.status)
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """What the simulated server was started with."""
+
+    model: str
+    max_model_len: int
+    created: int | None
+    answer: str
+    reasoning: str
+    engine_id: str

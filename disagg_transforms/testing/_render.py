@@ -1,0 +1,663 @@
+"""The ``/v1/.../render`` routes: a client body turned into vLLM 0.33 ``GenerateRequest`` bodies.
+
+The prompt goes through a Qwen3-like ChatML template and the toy byte tokenizer; everything else
+(key order, nulls, omitted defaults, ids) is what vLLM's render routes write.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import uuid
+from collections.abc import Mapping
+from typing import Any, Final
+
+from disagg_transforms.testing import _tokenizer as tok
+from disagg_transforms.testing._common import BadRequestError, Issue, RequestInvalidError, Settings
+
+ENGINE_DEFAULT_MAX_TOKENS: Final = 16
+"""``SamplingParams.max_tokens``'s default: a dump leaves this value out."""
+_GREEDY: Final = 1e-5
+_MIN_TEMPERATURE: Final = 0.01
+
+
+def _text_of(content: object) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(
+            str(part.get("text", ""))
+            for part in content
+            if isinstance(part, dict) and isinstance(part.get("text"), str)
+        )
+    return ""
+
+
+def _tool_call_text(call: Mapping[str, Any]) -> str:
+    function = call.get("function") if isinstance(call.get("function"), dict) else call
+    assert isinstance(function, dict)  # noqa: S101 - narrowed by the line above
+    arguments: object = function.get("arguments", {})
+    if isinstance(arguments, str):
+        with contextlib.suppress(ValueError):
+            arguments = json.loads(arguments)
+    payload = {"name": function.get("name"), "arguments": arguments}
+    return f"<tool_call>\n{json.dumps(payload, ensure_ascii=False)}\n</tool_call>"
+
+
+def chat_prompt(  # noqa: C901 - one branch per role, as the template has
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    kwargs: Mapping[str, Any],
+) -> str:
+    """The prompt text of a chat, in the Qwen3-like template.
+
+    Args:
+        messages: OpenAI chat messages.
+        tools: OpenAI chat tools, or ``None``.
+        kwargs: The effective chat template kwargs.
+
+    Returns:
+        The prompt, special strings included.
+    """
+    parts: list[str] = []
+    rest = messages
+    system = (
+        messages[0] if messages and messages[0].get("role") in {"system", "developer"} else None
+    )
+    if system is not None:
+        rest = messages[1:]
+    if tools:
+        header = f"{_text_of(system.get('content'))}\n\n" if system is not None else ""
+        lines = "\n".join(json.dumps(tool, ensure_ascii=False) for tool in tools)
+        parts.append(
+            f"<|im_start|>system\n{header}# Tools\n\n<tools>\n{lines}\n</tools><|im_end|>\n"
+        )
+    elif system is not None:
+        parts.append(f"<|im_start|>system\n{_text_of(system.get('content'))}<|im_end|>\n")
+    for index, message in enumerate(rest):
+        role = message.get("role")
+        content = _text_of(message.get("content"))
+        if role == "tool":
+            opening = index == 0 or rest[index - 1].get("role") != "tool"
+            closing = index == len(rest) - 1 or rest[index + 1].get("role") != "tool"
+            parts.append(
+                ("<|im_start|>user" if opening else "")
+                + f"\n<tool_response>\n{content}\n</tool_response>"
+                + ("<|im_end|>\n" if closing else "")
+            )
+            continue
+        if role == "assistant":
+            calls = message.get("tool_calls") or []
+            for number, call in enumerate(calls):
+                if isinstance(call, dict):
+                    separator = "\n" if content or number else ""
+                    content += separator + _tool_call_text(call)
+        parts.append(f"<|im_start|>{role}\n{content}<|im_end|>\n")
+    if kwargs.get("continue_final_message") and parts:
+        parts[-1] = parts[-1].removesuffix("<|im_end|>\n")
+    elif kwargs.get("add_generation_prompt", True):
+        thinking_off = kwargs.get("enable_thinking") is False
+        parts.append(
+            "<|im_start|>assistant\n" + ("<think>\n\n</think>\n\n" if thinking_off else "")
+        )
+    return "".join(parts)
+
+
+def _number(value: object, default: float) -> float:
+    return (
+        float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else default
+    )
+
+
+def _room(prompt_len: int, settings: Settings) -> int:
+    room = settings.max_model_len - prompt_len
+    if room <= 0:
+        msg = (
+            f"This model's maximum context length is {settings.max_model_len} tokens. However,"
+            f" your request has {prompt_len} input tokens. Please reduce the length of the input"
+            " messages."
+        )
+        raise BadRequestError(msg, "input_tokens")
+    return room
+
+
+def _max_tokens(cap: object, prompt_len: int, settings: Settings) -> int:
+    room = _room(prompt_len, settings)
+    if not isinstance(cap, int) or isinstance(cap, bool):
+        return room
+    if cap > room:
+        msg = (
+            f"'max_tokens' or 'max_completion_tokens' is too large: {cap}. This model's maximum"
+            f" context length is {settings.max_model_len} tokens and your request has"
+            f" {prompt_len} input tokens ({cap} > {settings.max_model_len} - {prompt_len})."
+        )
+        raise BadRequestError(msg, "max_tokens")
+    return cap
+
+
+def sampling_params(  # noqa: C901, PLR0912, PLR0913 - a branch per optional field, vLLM's order
+    request: Mapping[str, Any],
+    *,
+    max_tokens: int,
+    stream: bool,
+    skip_special_tokens: bool,
+    logprobs: int | None,
+    stop: object,
+    extra_args: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """``sampling_params`` as a render route dumps them (defaults left out, vLLM's order).
+
+    Args:
+        request: The client's body (penalties, temperature, seed, ...).
+        max_tokens: The resolved cap.
+        stream: Whether the client streams.
+        skip_special_tokens: The value after the parsers adjusted the request.
+        logprobs: Top logprobs per token, or ``None``.
+        stop: The client's stop string(s).
+        extra_args: ``extra_args`` to write, or ``None``.
+
+    Returns:
+        The dict.
+    """
+    temperature = _number(request.get("temperature"), 1.0)
+    if 0 < temperature < _MIN_TEMPERATURE:
+        temperature = _MIN_TEMPERATURE
+    greedy = temperature < _GREEDY
+    params: dict[str, Any] = {}
+    n = request.get("n")
+    if isinstance(n, int) and n != 1:
+        params["n"] = n
+    params["presence_penalty"] = _number(request.get("presence_penalty"), 0.0)
+    params["frequency_penalty"] = _number(request.get("frequency_penalty"), 0.0)
+    params["repetition_penalty"] = _number(request.get("repetition_penalty"), 1.0)
+    params["temperature"] = temperature
+    if not greedy:
+        params["top_p"] = _number(request.get("top_p"), 1.0)
+        top_k = request.get("top_k")
+        if isinstance(top_k, int) and top_k not in {0, -1}:
+            params["top_k"] = top_k
+        params["min_p"] = _number(request.get("min_p"), 0.0)
+    if isinstance(request.get("seed"), int) and request["seed"] != -1:
+        params["seed"] = request["seed"]
+    stops = [stop] if isinstance(stop, str) else []
+    if isinstance(stop, list):
+        stops = [item for item in stop if isinstance(item, str)]
+    params["stop"] = stops
+    stop_ids = request.get("stop_token_ids")
+    params["stop_token_ids"] = list(dict.fromkeys(stop_ids)) if isinstance(stop_ids, list) else []
+    if request.get("ignore_eos") is True:
+        params["ignore_eos"] = True
+    if max_tokens != ENGINE_DEFAULT_MAX_TOKENS:
+        params["max_tokens"] = max_tokens
+    min_tokens = request.get("min_tokens")
+    if isinstance(min_tokens, int) and min_tokens > 0:
+        params["min_tokens"] = min_tokens
+    if logprobs is not None:
+        params["logprobs"] = logprobs
+    if not skip_special_tokens:
+        params["skip_special_tokens"] = False
+    if request.get("include_stop_str_in_output") is True:
+        params["include_stop_str_in_output"] = True
+    params["output_kind"] = 1 if stream else 2
+    params["skip_clone"] = True
+    if stops and not request.get("include_stop_str_in_output"):
+        # Text that could start a stop string is held back this many characters.
+        params["output_text_buffer_length"] = max(len(s) for s in stops) - 1
+    if isinstance(request.get("logit_bias"), dict):
+        params["logit_bias"] = {int(k): float(v) for k, v in request["logit_bias"].items()}
+    if extra_args is not None:
+        params["extra_args"] = extra_args
+    params["bad_words"] = []
+    params["skip_reading_prefix_cache"] = False
+    return params
+
+
+def _generate_request(  # noqa: PLR0913 - every field of the dump, by keyword
+    *,
+    request_id: str,
+    token_ids: list[int],
+    sampling: dict[str, Any],
+    model: object,
+    reasoning_ended: bool | None,
+    template_kwargs: dict[str, Any] | None,
+    parse_context: dict[str, Any] | None,
+    stream: bool,
+    stream_options: dict[str, Any] | None,
+    body: Mapping[str, Any],
+    kv: object,
+    ec: object,
+) -> dict[str, Any]:
+    return {
+        "request_id": request_id,
+        "token_ids": token_ids,
+        "token_offsets": None,
+        "features": None,
+        "content_parts": None,
+        "sampling_params": sampling,
+        "model": model,
+        "reasoning_ended": reasoning_ended,
+        "reasoning_parser_kwargs": (
+            None if template_kwargs is None else {"chat_template_kwargs": template_kwargs}
+        ),
+        "return_token_ids": None,
+        "output_mode": "tokens",
+        "parse_context": parse_context,
+        "stream": stream,
+        "stream_options": stream_options,
+        "cache_salt": body.get("cache_salt") if isinstance(body.get("cache_salt"), str) else None,
+        "priority": body.get("priority") if isinstance(body.get("priority"), int) else 0,
+        "kv_transfer_params": kv if isinstance(kv, dict) else None,
+        "ec_transfer_params": ec if isinstance(ec, dict) else None,
+    }
+
+
+def _template_kwargs(body: Mapping[str, Any]) -> dict[str, Any]:
+    client = body.get("chat_template_kwargs")
+    client = client if isinstance(client, dict) else {}
+    kwargs: dict[str, Any] = {
+        "add_generation_prompt": client.get(
+            "add_generation_prompt", body.get("add_generation_prompt", True)
+        ),
+        "continue_final_message": client.get(
+            "continue_final_message", body.get("continue_final_message", False)
+        ),
+    }
+    kwargs.update((k, v) for k, v in client.items() if k not in kwargs)
+    return kwargs
+
+
+def _require_object(body: object) -> Mapping[str, Any]:
+    if not isinstance(body, dict):
+        msg = "Input should be a valid dictionary"
+        raise RequestInvalidError([Issue("model_attributes_type", "body", msg, body)])
+    return body
+
+
+def _require_list(body: Mapping[str, Any], key: str) -> list[Any]:
+    if key not in body:
+        raise RequestInvalidError([Issue("missing", f"body.{key}", "Field required", dict(body))])
+    value = body[key]
+    if not isinstance(value, list) or not all(isinstance(item, dict) for item in value):
+        msg = "Input should be a valid list"
+        raise RequestInvalidError([Issue("list_type", f"body.{key}", msg, value)])
+    return value
+
+
+def _base_id(header_id: str | None, body: Mapping[str, Any]) -> str:
+    # vLLM: the X-Request-Id header wins, else the body's request_id, else a random id.
+    if header_id is not None:
+        return header_id
+    given = body.get("request_id")
+    return given if isinstance(given, str) else uuid.uuid4().hex
+
+
+def _history_tool_calls(messages: list[dict[str, Any]]) -> int:
+    return sum(
+        len(message.get("tool_calls") or [])
+        for message in messages
+        if message.get("role") == "assistant"
+    )
+
+
+def _chat_render(  # noqa: PLR0913 - the chat, after each API's conversion
+    body: Mapping[str, Any],
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    *,
+    request_id: str,
+    cap: object,
+    stream_options: dict[str, Any] | None,
+    settings: Settings,
+    kv: object = None,
+    ec: object = None,
+    extra_args: dict[str, Any] | None = None,
+    logprobs: int | None = None,
+    tool_choice: object = None,
+    stop: object = None,
+) -> dict[str, Any]:
+    kwargs = _template_kwargs(body)
+    token_ids = tok.encode(chat_prompt(messages, tools, kwargs))
+    stream = body.get("stream") is True
+    sampling = sampling_params(
+        body,
+        max_tokens=_max_tokens(cap, len(token_ids), settings),
+        stream=stream,
+        skip_special_tokens=False,
+        logprobs=logprobs,
+        stop=stop,
+        extra_args=extra_args,
+    )
+    if tool_choice is None:
+        tool_choice = "auto" if tools else "none"
+    parallel = body.get("parallel_tool_calls", True)
+    parse_context = {
+        "tools": tools or None,
+        "tool_choice": tool_choice,
+        "parallel_tool_calls": parallel if isinstance(parallel, bool) else True,
+        "include_reasoning": body.get("include_reasoning", True) is not False,
+        "chat_template_kwargs": kwargs,
+        "history_tool_call_cnt": _history_tool_calls(messages),
+    }
+    return _generate_request(
+        request_id=request_id,
+        token_ids=token_ids,
+        sampling=sampling,
+        model=body.get("model") or settings.model,
+        reasoning_ended=False,
+        template_kwargs=kwargs,
+        parse_context=parse_context,
+        stream=stream,
+        stream_options=stream_options,
+        body=body,
+        kv=kv,
+        ec=ec,
+    )
+
+
+def render_chat(body: object, header_id: str | None, settings: Settings) -> dict[str, Any]:
+    """``POST /v1/chat/completions/render``.
+
+    Args:
+        body: The client's chat body.
+        header_id: The ``x-request-id`` header, if sent.
+        settings: The worker's settings.
+
+    Returns:
+        One ``GenerateRequest`` body.
+
+    Raises:
+        BadRequestError: ``tools: []``, ``stream_options`` without ``stream``, too long a prompt.
+    """
+    request = _require_object(body)
+    messages = _require_list(request, "messages")
+    tools = request.get("tools")
+    if tools == []:
+        msg = (
+            "`tools` must not be an empty array. Either provide at least one tool or omit the"
+            " field entirely. (parameter=tools)"
+        )
+        raise BadRequestError(msg, "tools")
+    options = request.get("stream_options")
+    if options is not None and request.get("stream") is not True:
+        msg = "Stream options can only be defined when `stream=True`."
+        raise BadRequestError(msg, "stream_options")
+    stream_options = None
+    if isinstance(options, dict):
+        stream_options = {
+            "include_usage": options.get("include_usage", True),
+            "continuous_usage_stats": options.get("continuous_usage_stats", False),
+        }
+    cap = request.get("max_completion_tokens")
+    if cap is None:
+        cap = request.get("max_tokens")
+    top = request.get("top_logprobs")
+    logprobs = (top if isinstance(top, int) else 0) if request.get("logprobs") is True else None
+    xargs = request.get("vllm_xargs")
+    return _chat_render(
+        request,
+        messages,
+        tools if isinstance(tools, list) else None,
+        request_id=f"chatcmpl-{_base_id(header_id, request)}",
+        cap=cap,
+        stream_options=stream_options,
+        settings=settings,
+        kv=request.get("kv_transfer_params"),
+        ec=request.get("ec_transfer_params"),
+        extra_args=dict(xargs) if isinstance(xargs, dict) else None,
+        logprobs=logprobs,
+        tool_choice=request.get("tool_choice"),
+        stop=request.get("stop"),
+    )
+
+
+def _anthropic_messages(request: Mapping[str, Any]) -> list[dict[str, Any]]:
+    messages: list[dict[str, Any]] = []
+    system = request.get("system")
+    if system is not None:
+        messages.append({"role": "system", "content": _text_of(system)})
+    for message in _require_list(request, "messages"):
+        content = message.get("content")
+        if isinstance(content, str):
+            messages.append({"role": message.get("role"), "content": content})
+            continue
+        blocks = [block for block in content or [] if isinstance(block, dict)]
+        texts = [block for block in blocks if block.get("type") == "text"]
+        calls = [
+            {
+                "id": block.get("id"),
+                "type": "function",
+                "function": {
+                    "name": block.get("name"),
+                    "arguments": json.dumps(block.get("input", {}), ensure_ascii=False),
+                },
+            }
+            for block in blocks
+            if block.get("type") == "tool_use"
+        ]
+        messages.extend(
+            {
+                "role": "tool",
+                "tool_call_id": block.get("tool_use_id"),
+                "content": _text_of(block.get("content")),
+            }
+            for block in blocks
+            if block.get("type") == "tool_result"
+        )
+        if texts or calls:
+            converted: dict[str, Any] = {"role": message.get("role"), "content": _text_of(texts)}
+            if calls:
+                converted["tool_calls"] = calls
+            messages.append(converted)
+    return messages
+
+
+def _anthropic_tool(tool: Mapping[str, Any]) -> dict[str, Any]:
+    function: dict[str, Any] = {"name": tool.get("name")}
+    if "description" in tool:
+        function["description"] = tool["description"]
+    function["parameters"] = tool.get("input_schema")
+    return {"type": "function", "function": function}
+
+
+def _anthropic_tool_choice(choice: object) -> object:
+    if not isinstance(choice, dict):
+        return None
+    kind = choice.get("type")
+    if kind == "tool":
+        return {"type": "function", "function": {"name": choice.get("name")}}
+    return {"auto": "auto", "any": "required", "none": "none"}.get(str(kind))
+
+
+def render_messages(body: object, header_id: str | None, settings: Settings) -> dict[str, Any]:
+    """``POST /v1/messages/render``: an Anthropic Messages body, converted to chat first.
+
+    Args:
+        body: The client's Messages body.
+        header_id: The ``x-request-id`` header, if sent.
+        settings: The worker's settings.
+
+    Returns:
+        One ``GenerateRequest`` body.
+    """
+    request = _require_object(body)
+    if "max_tokens" not in request:
+        issue = Issue("missing", "body.max_tokens", "Field required", dict(request))
+        raise RequestInvalidError([issue])
+    messages = _anthropic_messages(request)
+    raw_tools = request.get("tools")
+    tools = [_anthropic_tool(t) for t in raw_tools if isinstance(t, dict)] if raw_tools else None
+    stream = request.get("stream") is True
+    usage = {"include_usage": True, "continuous_usage_stats": True} if stream else None
+    return _chat_render(
+        request,
+        messages,
+        tools,
+        request_id=f"chatcmpl-{_base_id(header_id, request)}",
+        cap=request.get("max_tokens"),
+        stream_options=usage,
+        settings=settings,
+        tool_choice=_anthropic_tool_choice(request.get("tool_choice")),
+        stop=request.get("stop_sequences"),
+    )
+
+
+def _responses_messages(request: Mapping[str, Any]) -> list[dict[str, Any]]:
+    messages: list[dict[str, Any]] = []
+    instructions = request.get("instructions")
+    if isinstance(instructions, str):
+        messages.append({"role": "system", "content": instructions})
+    given = request.get("input")
+    if isinstance(given, str):
+        messages.append({"role": "user", "content": given})
+        return messages
+    for item in given if isinstance(given, list) else []:
+        if not isinstance(item, dict):
+            continue
+        kind = item.get("type", "message")
+        if kind == "message":
+            role = "system" if item.get("role") == "developer" else item.get("role")
+            messages.append({"role": role, "content": _text_of(item.get("content"))})
+        elif kind == "function_call":
+            call = {
+                "id": item.get("call_id"),
+                "type": "function",
+                "function": {"name": item.get("name"), "arguments": item.get("arguments", "{}")},
+            }
+            messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
+        elif kind == "function_call_output":
+            output = _text_of(item.get("output"))
+            messages.append(
+                {"role": "tool", "tool_call_id": item.get("call_id"), "content": output}
+            )
+    return messages
+
+
+def _responses_tool(tool: Mapping[str, Any]) -> dict[str, Any]:
+    function = {key: tool[key] for key in ("name", "description", "parameters") if key in tool}
+    return {"type": "function", "function": function}
+
+
+def render_responses(body: object, settings: Settings) -> dict[str, Any]:
+    """``POST /v1/responses/render``: no ``parse_context``, and ``X-Request-Id`` is ignored.
+
+    Args:
+        body: The client's Responses body.
+        settings: The worker's settings.
+
+    Returns:
+        One ``GenerateRequest`` body.
+    """
+    request = _require_object(body)
+    if "input" not in request:
+        issue = Issue("missing", "body.input", "Field required", dict(request))
+        raise RequestInvalidError([issue])
+    messages = _responses_messages(request)
+    raw_tools = request.get("tools") or []
+    tools = [
+        _responses_tool(tool)
+        for tool in raw_tools
+        if isinstance(tool, dict) and tool.get("type") == "function"
+    ]
+    kwargs = _template_kwargs(request)
+    token_ids = tok.encode(chat_prompt(messages, tools or None, kwargs))
+    stream = request.get("stream") is True
+    given = request.get("request_id")
+    request_id = given if isinstance(given, str) else f"resp_{uuid.uuid4().hex[:16]}"
+    top = request.get("top_logprobs")
+    sampling = sampling_params(
+        request,
+        max_tokens=_max_tokens(request.get("max_output_tokens"), len(token_ids), settings),
+        stream=stream,
+        skip_special_tokens=False,
+        logprobs=top if isinstance(top, int) and top > 0 else None,
+        stop=None,
+        extra_args={},
+    )
+    return _generate_request(
+        request_id=request_id,
+        token_ids=token_ids,
+        sampling=sampling,
+        model=request.get("model") or settings.model,
+        reasoning_ended=None,
+        template_kwargs=kwargs,
+        parse_context=None,
+        stream=stream,
+        stream_options=None,
+        body=request,
+        kv=None,
+        ec=None,
+    )
+
+
+def _prompts(request: Mapping[str, Any]) -> list[list[int]]:
+    prompt = request.get("prompt")
+    if isinstance(prompt, str):
+        return [tok.encode(prompt)]
+    if isinstance(prompt, list) and prompt:
+        if all(isinstance(item, str) for item in prompt):
+            return [tok.encode(item) for item in prompt]
+        if all(isinstance(item, int) and not isinstance(item, bool) for item in prompt):
+            return [list(prompt)]
+        if all(isinstance(item, list) and all(isinstance(t, int) for t in item) for item in prompt):
+            return [list(item) for item in prompt]
+    if "prompt" not in request:
+        raise RequestInvalidError([Issue("missing", "body.prompt", "Field required", request)])
+    msg = "Input should be a valid string or a list of strings or token IDs"
+    raise RequestInvalidError([Issue("string_type", "body.prompt", msg, prompt)])
+
+
+def render_completions(
+    body: object, header_id: str | None, settings: Settings
+) -> list[dict[str, Any]]:
+    """``POST /v1/completions/render``: one ``GenerateRequest`` per prompt, no template.
+
+    Args:
+        body: The client's completions body.
+        header_id: The ``x-request-id`` header, if sent.
+        settings: The worker's settings.
+
+    Returns:
+        The list of bodies; the request ids are ``cmpl-<id>-<index>``.
+    """
+    request = _require_object(body)
+    base = _base_id(header_id, request)
+    stream = request.get("stream") is True
+    options = request.get("stream_options")
+    stream_options = None
+    if isinstance(options, dict):
+        stream_options = {
+            "include_usage": options.get("include_usage", True),
+            "continuous_usage_stats": options.get("continuous_usage_stats", False),
+        }
+    # A completions client's cap defaults to 16, the OpenAI default.
+    cap = request.get("max_tokens", ENGINE_DEFAULT_MAX_TOKENS)
+    logprobs = request.get("logprobs")
+    xargs = request.get("vllm_xargs")
+    answers: list[dict[str, Any]] = []
+    for index, token_ids in enumerate(_prompts(request)):
+        sampling = sampling_params(
+            request,
+            max_tokens=_max_tokens(cap, len(token_ids), settings),
+            stream=stream,
+            skip_special_tokens=request.get("skip_special_tokens", True) is not False,
+            logprobs=logprobs if isinstance(logprobs, int) else None,
+            stop=request.get("stop"),
+            extra_args=dict(xargs) if isinstance(xargs, dict) else None,
+        )
+        answers.append(
+            _generate_request(
+                request_id=f"cmpl-{base}-{index}",
+                token_ids=token_ids,
+                sampling=sampling,
+                model=request.get("model") or settings.model,
+                reasoning_ended=None,
+                template_kwargs=None,
+                parse_context=None,
+                stream=stream,
+                stream_options=stream_options,
+                body=request,
+                kv=request.get("kv_transfer_params"),
+                ec=request.get("ec_transfer_params"),
+            )
+        )
+    return answers

@@ -1,0 +1,360 @@
+"""The simulated worker as a raw ASGI 3 application."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
+from typing import Any, Final
+
+import orjson
+
+from disagg_transforms.testing import _generate, _render
+from disagg_transforms.testing._common import (
+    BadRequestError,
+    Issue,
+    RequestInvalidError,
+    Settings,
+    error_body,
+)
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+FAULT_HEADER: Final = "x-simulate-fault"
+"""Request header naming a fault for that one request (overrides the worker's ``fault``)."""
+FAULT_MODES: Final = (
+    "cut-stream",
+    "http-500",
+    "no-output-mode",
+    "not-json",
+    "slow-first-byte",
+    "stream-error",
+)
+"""Every fault the worker can play (see :class:`SimulatedWorker`)."""
+
+GENERATE_PATH: Final = "/inference/v1/generate"
+_RENDER_PATHS: Final = (
+    "/v1/chat/completions/render",
+    "/v1/completions/render",
+    "/v1/responses/render",
+    "/v1/messages/render",
+)
+MAX_BODY: Final = 64 * 1024 * 1024
+DEFAULT_ENGINE_ID: Final = "4f8a0c3e-7d2b-4c1a-9e5f-2b6d8a1c3e70"
+_HTML_ERROR: Final = (
+    b"<html>\r\n<head><title>502 Bad Gateway</title></head>\r\n<body>\r\n"
+    b"<center><h1>502 Bad Gateway</h1></center>\r\n<hr><center>nginx</center>\r\n"
+    b"</body>\r\n</html>\r\n"
+)
+_INTERNAL_ERROR: Final = error_body("Internal server error", "InternalServerError", None, 500)
+
+
+@dataclasses.dataclass(frozen=True)
+class RecordedCall:
+    """One request the worker received, in arrival order.
+
+    Attributes:
+        method: ``GET``, ``POST``, ...
+        path: The request path, without the query string.
+        headers: The request headers, names lower-cased (repeated headers joined by ``", "``).
+        body: The parsed JSON body; ``None`` when there was none or it was not JSON.
+    """
+
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class _Reply:
+    status: int
+    content_type: str
+    body: bytes | None = None
+    events: list[bytes] | None = None
+
+
+def _json(status: int, payload: object) -> _Reply:
+    return _Reply(status, "application/json", orjson.dumps(payload))
+
+
+class SimulatedWorker:
+    """A simulated vLLM 0.33 worker: a raw ASGI 3 application, no GPU, no model.
+
+    Routes: ``POST /inference/v1/generate``, ``POST /v1/chat/completions/render``,
+    ``/v1/completions/render``, ``/v1/responses/render``, ``/v1/messages/render``,
+    ``GET /health`` and ``GET /v1/models``; anything else is a 404 in vLLM's error shape. Every
+    answer carries ``x-request-id`` (the request's, else a fresh one).
+
+    The "model" always generates the same text: ``answer`` followed by ``<|im_end|>``
+    (``"Hello!"`` gives the tokens of ``tests/fixtures/generate-decode-response.json``); in
+    ``derender`` mode it thinks first (``<think>`` ``reasoning`` ``</think>``) and, when
+    ``parse_context`` offers tools and ``tool_choice`` is not ``"none"``, calls the first (or the
+    named) tool with sample arguments (``"Paris"`` for a string, ``1`` for an integer, ...).
+    The cap is ``sampling_params.max_tokens``, or the rest of the context when it is absent or
+    null.
+
+    Faults (``FAULT_MODES``), for every request (``fault``) or one request (header
+    ``x-simulate-fault: MODE``); ``GET /health`` only plays a fault named in its own header:
+
+    - ``no-output-mode``: a vLLM older than ``output_mode``: generate ignores the key, answers
+      tokens only and writes no ``output_mode``, in stream chunks too.
+    - ``http-500``: status 500 with vLLM's ``InternalServerError`` body.
+    - ``not-json``: status 200, an HTML error page (``text/html``).
+    - ``cut-stream``: a stream sends its first chunk, then half of the next event and ends (no
+      ``[DONE]``); a non-streaming answer ends halfway through its JSON.
+    - ``slow-first-byte``: waits ``first_byte_delay`` seconds before the response starts.
+    - ``stream-error``: a stream sends its first chunk, then vLLM's in-stream error event and
+      ``[DONE]`` (status 200); a non-streaming generate answers 500.
+
+    Args:
+        fault: A fault for every request, or ``None``.
+        model: The model listed by ``/v1/models`` (besides ``simulated``) and answered when a
+            body names none; a body's own ``model`` is echoed, whatever it is.
+        max_model_len: The context length.
+        first_byte_delay: Seconds ``slow-first-byte`` waits.
+        created: The ``created`` timestamp of generate answers; ``None``: the clock.
+        answer: The text the model generates.
+        reasoning: The reasoning the model writes in ``derender`` mode.
+        engine_id: ``remote_engine_id`` of a prefill's ``kv_transfer_params``.
+
+    Raises:
+        ValueError: An unknown fault or a bad setting.
+    """
+
+    def __init__(  # noqa: PLR0913 - every setting is keyword-only and documented
+        self,
+        *,
+        fault: str | None = None,
+        model: str = "simulated",
+        max_model_len: int = 4096,
+        first_byte_delay: float = 0.5,
+        created: int | None = None,
+        answer: str = "Hello!",
+        reasoning: str = "The user greets me.",
+        engine_id: str = DEFAULT_ENGINE_ID,
+    ) -> None:
+        if fault is not None and fault not in FAULT_MODES:
+            msg = f"unknown fault {fault!r}; expected one of {', '.join(FAULT_MODES)}"
+            raise ValueError(msg)
+        if max_model_len < 1 or first_byte_delay < 0:
+            msg = "max_model_len must be positive and first_byte_delay non-negative"
+            raise ValueError(msg)
+        self.fault = fault
+        self.first_byte_delay = first_byte_delay
+        self.settings = Settings(model, max_model_len, created, answer, reasoning, engine_id)
+        self.calls: list[RecordedCall] = []
+        """Every request received, in order."""
+
+    def calls_to(self, path: str) -> list[RecordedCall]:
+        """The recorded calls to one path.
+
+        Args:
+            path: A request path, such as ``"/inference/v1/generate"``.
+
+        Returns:
+            Those calls, in order.
+        """
+        return [call for call in self.calls if call.path == path]
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Serve one ASGI connection scope (``http``, or ``lifespan`` for servers that send it).
+
+        Args:
+            scope: The ASGI scope.
+            receive: The ASGI receive callable.
+            send: The ASGI send callable.
+        """
+        if scope["type"] == "lifespan":
+            await _lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        headers = _headers(scope)
+        raw = await _read_body(receive)
+        method = str(scope.get("method", "GET")).upper()
+        path = str(scope.get("path", "/"))
+        body = _parse(raw)
+        self.calls.append(RecordedCall(method, path, headers, body))
+        request_id = headers.get("x-request-id") or uuid.uuid4().hex
+        fault = headers.get(FAULT_HEADER)
+        if fault is None and path != "/health":
+            fault = self.fault
+        if fault is not None and fault not in FAULT_MODES:
+            msg = f"unknown {FAULT_HEADER} {fault!r}; expected one of {', '.join(FAULT_MODES)}"
+            reply = _json(400, error_body(msg, "BadRequestError", FAULT_HEADER, 400))
+        elif fault == "http-500":
+            reply = _json(500, _INTERNAL_ERROR)
+        elif fault == "not-json":
+            reply = _Reply(200, "text/html; charset=utf-8", _HTML_ERROR)
+        elif raw is None:
+            reply = _json(413, error_body("Request body too large", "BadRequestError", None, 413))
+        else:
+            reply = self._route(method, path, headers, raw, body, fault)
+        if fault == "slow-first-byte":
+            await asyncio.sleep(self.first_byte_delay)
+        await _send(send, reply, request_id, fault)
+
+    def _route(  # noqa: PLR0911, PLR0913, PLR0917 - one answer per route
+        self,
+        method: str,
+        path: str,
+        headers: Mapping[str, str],
+        raw: bytes,
+        body: object,
+        fault: str | None,
+    ) -> _Reply:
+        known = {GENERATE_PATH: "POST", "/health": "GET", "/v1/models": "GET"}
+        known.update(dict.fromkeys(_RENDER_PATHS, "POST"))
+        if path not in known:
+            return _json(404, error_body("Not Found", "NotFoundError", None, 404))
+        if method != known[path]:
+            return _json(405, error_body("Method Not Allowed", "MethodNotAllowed", None, 405))
+        if path == "/health":
+            return _Reply(200, "application/json", b"")
+        if path == "/v1/models":
+            return _json(200, self._models())
+        if (raw and body is None) or not _is_json_type(headers):
+            # FastAPI reads only a JSON body; anything else fails validation.
+            issue = Issue("json_invalid", "body", "JSON decode error", None)
+            return _json(400, RequestInvalidError([issue]).body())
+        header_id = headers.get("x-request-id")
+        try:
+            if path == GENERATE_PATH:
+                return self._generate(body, header_id, fault)
+            return _json(200, self._render(path, body, header_id))
+        except RequestInvalidError as error:
+            return _json(400, error.body())
+        except BadRequestError as error:
+            return _json(error.status, error.body())
+
+    def _render(self, path: str, body: object, header_id: str | None) -> object:
+        if path == "/v1/chat/completions/render":
+            return _render.render_chat(body, header_id, self.settings)
+        if path == "/v1/completions/render":
+            return _render.render_completions(body, header_id, self.settings)
+        if path == "/v1/responses/render":
+            return _render.render_responses(body, self.settings)
+        return _render.render_messages(body, header_id, self.settings)
+
+    def _generate(self, body: object, header_id: str | None, fault: str | None) -> _Reply:
+        legacy = fault == "no-output-mode"
+        request = _generate.validate(body, legacy=legacy)
+        if legacy:
+            request = {key: value for key, value in request.items() if key != "output_mode"}
+        _generate.check_request(request, self.settings)
+        stream = request.get("stream") is True
+        if fault == "stream-error" and not stream:
+            return _json(500, _INTERNAL_ERROR)
+        answer = _generate.generate(
+            request, self.settings, header_id=header_id, legacy=legacy, sequence=len(self.calls)
+        )
+        if answer.events is not None:
+            return _Reply(200, "text/event-stream; charset=utf-8", events=answer.events)
+        return _json(200, answer.body)
+
+    def _models(self) -> dict[str, Any]:
+        names = ["simulated"]
+        if self.settings.model not in names:
+            names.append(self.settings.model)
+        created = self.settings.created if self.settings.created is not None else int(time.time())
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": name,
+                    "object": "model",
+                    "created": created,
+                    "owned_by": "vllm",
+                    "root": name,
+                    "parent": None,
+                    "max_model_len": self.settings.max_model_len,
+                    "permission": [],
+                }
+                for name in names
+            ],
+        }
+
+
+def _is_json_type(headers: Mapping[str, str]) -> bool:
+    content_type = headers.get("content-type", "application/json").split(";")[0].strip().lower()
+    return content_type == "application/json" or content_type.endswith("+json")
+
+
+def _headers(scope: Scope) -> dict[str, str]:
+    headers: dict[str, str] = {}
+    for name, value in scope.get("headers", []):
+        key = bytes(name).decode("latin-1").lower()
+        text = bytes(value).decode("latin-1")
+        headers[key] = f"{headers[key]}, {text}" if key in headers else text
+    return headers
+
+
+async def _read_body(receive: Receive) -> bytes | None:
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            break
+        chunk = bytes(message.get("body", b""))
+        size += len(chunk)
+        if size > MAX_BODY:
+            return None
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            break
+    return b"".join(chunks)
+
+
+def _parse(raw: bytes | None) -> Any:  # noqa: ANN401 - any JSON value
+    if not raw:
+        return None
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+
+
+async def _lifespan(receive: Receive, send: Send) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+
+
+async def _send(send: Send, reply: _Reply, request_id: str, fault: str | None) -> None:
+    headers = [
+        (b"content-type", reply.content_type.encode()),
+        (b"x-request-id", request_id.encode("latin-1")),
+    ]
+    if reply.events is None:
+        body = reply.body or b""
+        if fault == "cut-stream" and reply.status == 200 and body:
+            body = body[: len(body) // 2]
+        else:
+            headers.append((b"content-length", str(len(body)).encode()))
+        await send({"type": "http.response.start", "status": reply.status, "headers": headers})
+        await send({"type": "http.response.body", "body": body, "more_body": False})
+        return
+    events = reply.events
+    if fault == "cut-stream" and len(events) > 1:
+        # One whole event, then the next one stops in the middle of its data line.
+        events = [events[0], events[1][: max(len(events[1]) // 2, 8)]]
+    elif fault == "stream-error":
+        error = b'data: {"error": {"message": "Internal server error", "type": '
+        error += b'"InternalServerError", "param": null, "code": 500}}\n\n'
+        events = [events[0], error, b"data: [DONE]\n\n"]
+    headers.append((b"cache-control", b"no-cache"))
+    await send({"type": "http.response.start", "status": reply.status, "headers": headers})
+    for event in events:
+        await send({"type": "http.response.body", "body": event, "more_body": True})
+    await send({"type": "http.response.body", "body": b"", "more_body": False})
