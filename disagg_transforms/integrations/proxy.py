@@ -8,7 +8,6 @@ answers relayed to the client as they come. The library's core never imports thi
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import time
@@ -147,16 +146,18 @@ class _Worker:
         limit = self._timeouts.first_byte if self._first else self._timeouts.idle
         self._first = False
         try:
-            return await asyncio.wait_for(self._chunks.__anext__(), limit)
+            with anyio.fail_after(limit):
+                return await self._chunks.__anext__()
         except StopAsyncIteration:
             return None
 
 
-_FAILURES = (httpx.TransportError, httpx.InvalidURL, asyncio.TimeoutError)
+# anyio.fail_after raises the builtin TimeoutError (asyncio's own on Python 3.10 is another).
+_FAILURES = (httpx.TransportError, httpx.InvalidURL, TimeoutError)
 
 
 def _reason(error: BaseException, timeouts: Timeouts) -> str:
-    if isinstance(error, asyncio.TimeoutError):
+    if isinstance(error, TimeoutError):
         return (
             f"no answer within the timeout ({timeouts.first_byte:g}s first byte,"
             f" {timeouts.idle:g}s idle)"
@@ -201,9 +202,8 @@ class _Proxy:
             k: v for k, v in request.headers.items() if k in {"authorization", "x-request-id"}
         }
         try:
-            answer = await asyncio.wait_for(
-                self._client().get(url, headers=headers), self.timeouts.first_byte
-            )
+            with anyio.fail_after(self.timeouts.first_byte):
+                answer = await self._client().get(url, headers=headers)
         except _FAILURES as error:
             message = f"decode failed: {_reason(error, self.timeouts)}"
             body = error_body(Route.CHAT_COMPLETIONS, 502, message)
@@ -247,9 +247,8 @@ class _Proxy:
         stream: _Worker | None = None
         held = b""
         try:
-            answer = await asyncio.wait_for(
-                self._client().send(request, stream=call.stream), self.timeouts.first_byte
-            )
+            with anyio.fail_after(self.timeouts.first_byte):
+                answer = await self._client().send(request, stream=call.stream)
             if not call.stream:
                 ex.receive(answer.status_code, answer.headers.raw, answer.content)
                 log.leg(call.step, answer.status_code, since)
