@@ -226,12 +226,12 @@ def passthrough(worker: str) -> None:
     from starlette.applications import Starlette  # noqa: PLC0415
     from starlette.background import BackgroundTask  # noqa: PLC0415
     from starlette.requests import Request  # noqa: PLC0415
-    from starlette.responses import StreamingResponse  # noqa: PLC0415
+    from starlette.responses import Response, StreamingResponse  # noqa: PLC0415
     from starlette.routing import Route  # noqa: PLC0415
 
     http = httpx.AsyncClient(timeout=30, limits=httpx.Limits(max_connections=None), trust_env=False)
 
-    async def forward(request: Request) -> StreamingResponse:
+    async def forward(request: Request) -> Response:
         upstream = http.build_request(
             "POST",
             worker + request.url.path,
@@ -239,10 +239,14 @@ def passthrough(worker: str) -> None:
             headers={"content-type": "application/json"},
         )
         answer = await http.send(upstream, stream=True)
+        kind = answer.headers["content-type"]
+        if not kind.startswith("text/event-stream"):  # a whole answer goes back whole
+            content = await answer.aread()
+            return Response(content, status_code=answer.status_code, media_type=kind)
         return StreamingResponse(
             answer.aiter_raw(),
             status_code=answer.status_code,
-            headers={"content-type": answer.headers["content-type"]},
+            headers={"content-type": kind},
             background=BackgroundTask(answer.aclose),
         )
 

@@ -828,3 +828,25 @@ def simulated_generate_bodies(draw: st.DrawFn) -> dict[str, Any]:
     if draw(st.integers(0, 3)):
         keys |= {"token_ids", "sampling_params"}
     return {key: draw(_GENERATE_FIELDS[key]) for key in sorted(keys)}
+
+
+# -- the reference proxy: pipelines and the worker URLs given with them -----------------------
+
+proxy_steps = st.fixed_dictionaries(
+    {},
+    optional={
+        "encode": st.fixed_dictionaries({}, optional={"use_openai_format": st.booleans()}),
+        "prefill": st.fixed_dictionaries({}, optional={"use_openai_format": st.booleans()}),
+        "decode": st.fixed_dictionaries({}, optional={"use_openai_format": st.booleans()}),
+        "conditional-decode": st.just({}),
+    },
+)
+"""A pipeline's steps as a router's config gives them (any subset, either wire format)."""
+
+proxy_urls = st.fixed_dictionaries(
+    {
+        f"{step}_url": st.none() | st.just(f"http://{step}:8000")
+        for step in ("render", "encode", "prefill", "decode")
+    }
+)
+"""The ``--<step>-url`` flags, each given or not."""

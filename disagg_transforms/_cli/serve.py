@@ -7,6 +7,7 @@ imported when one of these commands runs, so the other commands work without the
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import signal
 import socket
@@ -98,6 +99,16 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _need_the_extra() -> None:
+    """A one-line error, not a traceback, when the proxy extra is not installed."""
+    from disagg_transforms._cli.main import _CliError  # noqa: PLC0415 - main imports this module
+
+    for module in ("httpx", "starlette", "uvicorn"):
+        if importlib.util.find_spec(module) is None:
+            msg = f"this command needs {module}: pip install 'disagg_transforms[proxy]'"
+            raise _CliError(msg)
+
+
 def _default_document(*, prefill: bool) -> dict[str, Any]:
     steps: dict[str, Any] = {"decode": {"output_mode": "text", "wrap_chat_completion": True}}
     if prefill:
@@ -112,6 +123,7 @@ def _serve(args: argparse.Namespace) -> int:
         _read_config,
     )
 
+    _need_the_extra()
     urls = {step: getattr(args, f"{step}_url") for step in _STEP_URLS}
     if args.simulate and any(urls.values()):
         msg = "--simulate calls its own simulated worker: give no worker URL with it"
@@ -220,6 +232,7 @@ def _simulate(args: argparse.Namespace) -> int:
     from disagg_transforms._cli.main import _CliError  # noqa: PLC0415 - main imports this module
     from disagg_transforms.testing import FAULT_MODES  # noqa: PLC0415
 
+    _need_the_extra()
     if args.fault is not None and args.fault not in FAULT_MODES:
         msg = f"--fault: unknown fault {args.fault!r}; expected one of {', '.join(FAULT_MODES)}"
         raise _CliError(msg)
