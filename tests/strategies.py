@@ -885,3 +885,23 @@ rebuilt_routes = st.sampled_from(["/v1/chat/completions", "/v1/responses", "/v1/
 # HTTP error statuses a worker or a router may answer with, and the messages beside them.
 error_statuses = st.integers(min_value=400, max_value=599)
 error_messages = st.text(max_size=40)
+# -- the reference proxy: pipelines and the worker URLs given with them -----------------------
+
+proxy_steps = st.fixed_dictionaries(
+    {},
+    optional={
+        "encode": st.fixed_dictionaries({}, optional={"use_openai_format": st.booleans()}),
+        "prefill": st.fixed_dictionaries({}, optional={"use_openai_format": st.booleans()}),
+        "decode": st.fixed_dictionaries({}, optional={"use_openai_format": st.booleans()}),
+        "conditional-decode": st.just({}),
+    },
+)
+"""A pipeline's steps as a router's config gives them (any subset, either wire format)."""
+
+proxy_urls = st.fixed_dictionaries(
+    {
+        f"{step}_url": st.none() | st.just(f"http://{step}:8000")
+        for step in ("render", "encode", "prefill", "decode")
+    }
+)
+"""The ``--<step>-url`` flags, each given or not."""

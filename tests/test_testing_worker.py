@@ -631,6 +631,18 @@ def test_slow_first_byte_fault_waits() -> None:
     assert response.status_code == 200
 
 
+def test_stream_delay_spaces_the_events_of_a_stream() -> None:
+    worker = SimulatedWorker(stream_delay=0.05)
+    start = time.monotonic()
+    response = call(worker, "POST", GENERATE, generate_body(stream=True))
+    assert response.status_code == 200
+    sent = events(response)
+    assert time.monotonic() - start >= 0.05 * (len(sent) - 1)
+    assert sent[-1] == "data: [DONE]"
+    with pytest.raises(ValueError, match="non-negative"):
+        SimulatedWorker(stream_delay=-1)
+
+
 def test_health_ignores_the_worker_fault_but_not_its_own_header() -> None:
     worker = SimulatedWorker(fault="http-500")
     health = call(worker, "GET", "/health")

@@ -334,6 +334,10 @@ def _parser() -> argparse.ArgumentParser:
         help="auto (the default): YAML for .yaml/.yml files, JSON otherwise",
     )
     check.set_defaults(handler=_check_config)
+    # serve and simulate (the proxy extra) live in their own module.
+    from disagg_transforms._cli.serve import add_commands  # noqa: PLC0415 - it imports this one
+
+    add_commands(commands)
     return parser
 
 

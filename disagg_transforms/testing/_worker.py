@@ -120,6 +120,7 @@ class SimulatedWorker:
             body names none; a body's own ``model`` is echoed, whatever it is.
         max_model_len: The context length.
         first_byte_delay: Seconds ``slow-first-byte`` waits.
+        stream_delay: Seconds between the events of a stream (a slow model; ``0``: none).
         created: The ``created`` timestamp of generate answers; ``None``: the clock.
         answer: The text the model generates.
         reasoning: The reasoning the model writes in ``derender`` mode.
@@ -136,6 +137,7 @@ class SimulatedWorker:
         model: str = "simulated",
         max_model_len: int = 4096,
         first_byte_delay: float = 0.5,
+        stream_delay: float = 0.0,
         created: int | None = None,
         answer: str = "Hello!",
         reasoning: str = "The user greets me.",
@@ -144,11 +146,12 @@ class SimulatedWorker:
         if fault is not None and fault not in FAULT_MODES:
             msg = f"unknown fault {fault!r}; expected one of {', '.join(FAULT_MODES)}"
             raise ValueError(msg)
-        if max_model_len < 1 or first_byte_delay < 0:
-            msg = "max_model_len must be positive and first_byte_delay non-negative"
+        if max_model_len < 1 or first_byte_delay < 0 or stream_delay < 0:
+            msg = "max_model_len must be positive and the delays non-negative"
             raise ValueError(msg)
         self.fault = fault
         self.first_byte_delay = first_byte_delay
+        self.stream_delay = stream_delay
         self.settings = Settings(model, max_model_len, created, answer, reasoning, engine_id)
         self.calls: list[RecordedCall] = []
         """Every request received, in order."""
@@ -200,7 +203,7 @@ class SimulatedWorker:
             reply = self._route(method, path, headers, raw, body, fault)
         if fault == "slow-first-byte":
             await asyncio.sleep(self.first_byte_delay)
-        await _send(send, reply, request_id, fault)
+        await _send(send, reply, request_id, fault, self.stream_delay)
 
     def _route(  # noqa: PLR0911, PLR0913, PLR0917 - one answer per route
         self,
@@ -347,7 +350,9 @@ async def _lifespan(receive: Receive, send: Send) -> None:
             return
 
 
-async def _send(send: Send, reply: _Reply, request_id: str, fault: str | None) -> None:
+async def _send(
+    send: Send, reply: _Reply, request_id: str, fault: str | None, delay: float
+) -> None:
     headers = [
         (b"content-type", reply.content_type.encode()),
         (b"x-request-id", request_id.encode("latin-1")),
@@ -371,6 +376,8 @@ async def _send(send: Send, reply: _Reply, request_id: str, fault: str | None) -
         events = [events[0], error, b"data: [DONE]\n\n"]
     headers.append((b"cache-control", b"no-cache"))
     await send({"type": "http.response.start", "status": reply.status, "headers": headers})
-    for event in events:
+    for index, event in enumerate(events):
+        if delay and index:
+            await asyncio.sleep(delay)
         await send({"type": "http.response.body", "body": event, "more_body": True})
     await send({"type": "http.response.body", "body": b"", "more_body": False})

@@ -1,0 +1,290 @@
+"""The reference proxy against a minimal pass-through proxy on the same Starlette + httpx stack.
+
+Usage: ``python benchmarks/proxy.py [--quick] [--no-write]``. Starts one simulated worker
+(``disagg-transforms simulate``, answering at once), the proxy (``disagg-transforms serve``, a
+decode-only generate pipeline) and the pass-through (this file with ``--passthrough``: it
+forwards the body to the worker and the answer back, nothing else), each its own process; then
+a load generator (httpx.AsyncClient, bounded concurrency, a fixed count) sends a 1k-token
+generate request to each in turn, whole and streamed, rounds interleaved. It prints requests
+per second and the latency each adds over calling the worker directly (p50, p99), checks the
+floor (the proxy at least 0.8x the pass-through's requests per second) and writes the figures
+into the last section of ``docs/performance.md``.
+
+Why the generate route: the simulated worker serves no ``/v1/chat/completions``, so the one
+request both proxies can send the worker as a single call is a generate request; the proxy
+still does its whole per-request work on it (parse and check the body, build the decode leg,
+check the answer's echo, relay the stream event by event).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import select
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+
+_ROOT = Path(__file__).resolve().parent.parent
+_DOC = _ROOT / "docs" / "performance.md"
+_START = "<!-- proxy benchmark: written by benchmarks/proxy.py -->"
+FLOOR = 0.8
+PROMPT_TOKENS = 1024
+CONCURRENCY = 16
+
+
+@dataclass(frozen=True)
+class Result:
+    target: str
+    mode: str
+    rps: float
+    p50_ms: float
+    p99_ms: float
+
+
+def verdict(proxy_rps: float, passthrough_rps: float) -> tuple[float, bool]:
+    """The proxy's requests per second over the pass-through's, and whether it meets the floor."""
+    ratio = proxy_rps / passthrough_rps if passthrough_rps > 0 else 0.0
+    return ratio, ratio >= FLOOR
+
+
+def body(*, stream: bool) -> bytes:
+    tokens = [1000 + (i % 26) + 97 for i in range(PROMPT_TOKENS)]
+    return orjson.dumps(
+        {"model": "m", "token_ids": tokens, "stream": stream, "sampling_params": {"max_tokens": 6}}
+    )
+
+
+async def load(url: str, payload: bytes, count: int, *, stream: bool) -> tuple[float, list[float]]:
+    """Send ``count`` requests, ``CONCURRENCY`` at a time; seconds taken and each latency."""
+    import httpx  # noqa: PLC0415 - only the load generator needs it
+
+    latencies: list[float] = []
+    queue = iter(range(count))
+    headers = {"content-type": "application/json"}
+    limits = httpx.Limits(max_connections=CONCURRENCY, max_keepalive_connections=CONCURRENCY)
+
+    async def worker(client: httpx.AsyncClient) -> None:
+        for _ in queue:
+            start = time.perf_counter()
+            if stream:
+                async with client.stream("POST", url, content=payload, headers=headers) as answer:
+                    async for _chunk in answer.aiter_raw():
+                        pass
+                    assert answer.status_code == 200, answer.status_code
+            else:
+                answer = await client.post(url, content=payload, headers=headers)
+                assert answer.status_code == 200, answer.text
+            latencies.append(time.perf_counter() - start)
+
+    async with httpx.AsyncClient(timeout=30, limits=limits, trust_env=False) as client:
+        start = time.perf_counter()
+        await asyncio.gather(*(worker(client) for _ in range(CONCURRENCY)))
+        return time.perf_counter() - start, latencies
+
+
+def percentile(values: Sequence[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
+
+
+def _spawn(args: list[str]) -> tuple[subprocess.Popen[bytes], str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_ROOT), env.get("PYTHONPATH")]))
+    process = subprocess.Popen(  # noqa: S603 - our own interpreter
+        [sys.executable, *args], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env
+    )
+    assert process.stdout is not None
+    ready, _, _ = select.select([process.stdout], [], [], 30)
+    line = process.stdout.readline().decode() if ready else ""
+    if not line.startswith("listening on "):
+        process.kill()
+        msg = f"{args} did not start: {line!r}"
+        raise RuntimeError(msg)
+    return process, line.removeprefix("listening on ").strip()
+
+
+@contextmanager
+def servers() -> Iterator[dict[str, str]]:
+    processes = []
+    try:
+        worker, worker_url = _spawn(["-m", "disagg_transforms", "simulate", "--port", "0"])
+        processes.append(worker)
+        proxy, proxy_url = _spawn(
+            ["-m", "disagg_transforms", "serve", "--port", "0", "--decode-url", worker_url]
+        )
+        processes.append(proxy)
+        passthrough, passthrough_url = _spawn([__file__, "--passthrough", worker_url])
+        processes.append(passthrough)
+        yield {"worker": worker_url, "pass-through": passthrough_url, "proxy": proxy_url}
+    finally:
+        for process in processes:
+            process.terminate()
+            process.wait(timeout=30)
+            if process.stdout is not None:
+                process.stdout.close()
+
+
+def measure(*, quick: bool) -> list[Result]:
+    count, rounds = (200, 1) if quick else (1000, 3)
+    path = "/inference/v1/generate"
+    results = []
+    with servers() as urls:
+        for mode in ("whole", "stream"):
+            stream = mode == "stream"
+            payload = body(stream=stream)
+            runs: dict[str, list[tuple[float, list[float]]]] = {name: [] for name in urls}
+            for url in urls.values():  # warm up: connections, imports, caches
+                asyncio.run(load(url + path, payload, 50, stream=stream))
+            for _ in range(rounds):
+                for name, url in urls.items():
+                    runs[name].append(asyncio.run(load(url + path, payload, count, stream=stream)))
+            for name, measured in runs.items():
+                seconds = statistics.median(run[0] for run in measured)
+                latencies = [value for run in measured for value in run[1]]
+                results.append(
+                    Result(
+                        name,
+                        mode,
+                        count / seconds,
+                        percentile(latencies, 0.5) * 1000,
+                        percentile(latencies, 0.99) * 1000,
+                    )
+                )
+    return results
+
+
+def table(results: Sequence[Result]) -> str:
+    direct = {(r.mode): r for r in results if r.target == "worker"}
+    lines = [
+        "| request | target | requests/s | p50 ms | p99 ms | added p50 ms | added p99 ms |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        base = direct[r.mode]
+        added = (
+            ("-", "-")
+            if r.target == "worker"
+            else (f"{r.p50_ms - base.p50_ms:.2f}", f"{r.p99_ms - base.p99_ms:.2f}")
+        )
+        lines.append(
+            f"| {r.mode} | {r.target} | {r.rps:.0f} | {r.p50_ms:.2f} | {r.p99_ms:.2f} | "
+            f"{added[0]} | {added[1]} |"
+        )
+    lines += [
+        "",
+        "| request | proxy / pass-through requests/s | floor | met? |",
+        "|---|---|---|---|",
+    ]
+    for mode in ("whole", "stream"):
+        by = {r.target: r for r in results if r.mode == mode}
+        ratio, met = verdict(by["proxy"].rps, by["pass-through"].rps)
+        lines.append(f"| {mode} | {ratio:.2f} | >= {FLOOR} | {'yes' if met else '**no**'} |")
+    return "\n".join(lines)
+
+
+def section(results: Sequence[Result]) -> str:
+    return f"""{_START}
+## The reference proxy against a pass-through
+
+`python benchmarks/proxy.py` ({platform.python_implementation()} {platform.python_version()},
+{os.cpu_count()} CPUs shared with other work, so treat the figures as indicative). One
+simulated worker answering at once; `disagg-transforms serve` (a decode-only generate pipeline)
+and a minimal pass-through proxy on the same Starlette + httpx + uvicorn stack, each its own
+process; {CONCURRENCY} requests in flight; a generate request of {PROMPT_TOKENS} prompt tokens
+and 6 generated ("whole": one JSON answer; "stream": 7 SSE events). "Added" is the latency over
+calling the worker directly. The simulated worker has no `/v1/chat/completions`, so the
+generate route is the one request both proxies can send as a single call (why: the script's
+docstring).
+
+{table(results)}
+"""
+
+
+def write(results: Sequence[Result]) -> None:
+    text = _DOC.read_text(encoding="utf-8")
+    if _START in text:
+        text = text[: text.index(_START)].rstrip("\n") + "\n"
+    _DOC.write_text(text + "\n" + section(results), encoding="utf-8")
+
+
+def passthrough(worker: str) -> None:
+    """Serve the minimal pass-through: forward the body, relay the answer as it comes."""
+    import socket  # noqa: PLC0415
+
+    import httpx  # noqa: PLC0415
+    import uvicorn  # noqa: PLC0415
+    from starlette.applications import Starlette  # noqa: PLC0415
+    from starlette.background import BackgroundTask  # noqa: PLC0415
+    from starlette.requests import Request  # noqa: PLC0415
+    from starlette.responses import Response, StreamingResponse  # noqa: PLC0415
+    from starlette.routing import Route  # noqa: PLC0415
+
+    http = httpx.AsyncClient(timeout=30, limits=httpx.Limits(max_connections=None), trust_env=False)
+
+    async def forward(request: Request) -> Response:
+        upstream = http.build_request(
+            "POST",
+            worker + request.url.path,
+            content=await request.body(),
+            headers={"content-type": "application/json"},
+        )
+        answer = await http.send(upstream, stream=True)
+        kind = answer.headers["content-type"]
+        if not kind.startswith("text/event-stream"):  # a whole answer goes back whole
+            content = await answer.aread()
+            return Response(content, status_code=answer.status_code, media_type=kind)
+        return StreamingResponse(
+            answer.aiter_raw(),
+            status_code=answer.status_code,
+            headers={"content-type": kind},
+            background=BackgroundTask(answer.aclose),
+        )
+
+    app = Starlette(routes=[Route("/{path:path}", forward, methods=["POST"])])
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.bind(("127.0.0.1", 0))
+
+    class Ready(uvicorn.Server):
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets)
+            print(f"listening on http://127.0.0.1:{sock.getsockname()[1]}", flush=True)
+
+    config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="off")
+    Ready(config).run(sockets=[sock])
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="200 requests, one round")
+    parser.add_argument("--no-write", action="store_true", help="leave docs/performance.md")
+    parser.add_argument("--passthrough", metavar="WORKER_URL", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.passthrough:
+        passthrough(args.passthrough)
+        return 0
+    results = measure(quick=args.quick)
+    print(table(results))
+    if not args.no_write:
+        write(results)
+    ratios = [
+        verdict(
+            next(r.rps for r in results if r.mode == mode and r.target == "proxy"),
+            next(r.rps for r in results if r.mode == mode and r.target == "pass-through"),
+        )[1]
+        for mode in ("whole", "stream")
+    ]
+    return 0 if all(ratios) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,339 @@
+"""``serve`` (the reference proxy) and ``simulate`` (one simulated worker): see docs/proxy.md.
+
+Only argparse is imported here at first: starlette, uvicorn and httpx (the ``proxy`` extra) are
+imported when one of these commands runs, so the other commands work without them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import signal
+import socket
+import sys
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import orjson
+
+if TYPE_CHECKING:
+    import uvicorn
+    from starlette.types import ASGIApp, Receive, Scope, Send
+
+_ParserT = TypeVar("_ParserT", bound=argparse.ArgumentParser)
+
+# The settings travel to uvicorn's worker processes (``--workers N``), which build the app from
+# an import string: the parent writes them here, the factory reads them back.
+_SETTINGS = "DISAGG_TRANSFORMS_SERVE_SETTINGS"
+_FACTORY = "disagg_transforms._cli.serve:app_from_settings"
+_SIMULATED = "/simulated"  # where ``serve --simulate`` mounts its worker on its own server
+_STEP_URLS = ("render", "encode", "prefill", "decode")
+_EXIT_USAGE = 2
+_PROG = "disagg-transforms"
+
+
+def add_commands(commands: argparse._SubParsersAction[_ParserT]) -> None:
+    """Add ``serve`` and ``simulate`` to the command line's subcommands."""
+    serve = commands.add_parser(
+        "serve",
+        help="run the reference proxy (needs the proxy extra)",
+        description="Serve the five client routes, calling vLLM workers through the exchange.",
+    )
+    serve.add_argument("--config", help="the pipeline document check-config reads")
+    for step in _STEP_URLS:
+        serve.add_argument(f"--{step}-url", help=f"the {step} worker's base URL")
+    serve.add_argument(
+        "--simulate",
+        action="store_true",
+        help="call a simulated vLLM worker served by this same server (no URLs)",
+    )
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000, help="0 picks a free port")
+    serve.add_argument("--workers", type=_positive_int, default=1, help="server processes")
+    serve.add_argument("--connect-timeout", type=_seconds, default=5.0, help="seconds (default 5)")
+    serve.add_argument(
+        "--first-byte-timeout",
+        type=_seconds,
+        default=300.0,
+        help="seconds to a whole answer or a stream's first chunk (default 300)",
+    )
+    serve.add_argument(
+        "--idle-timeout",
+        type=_seconds,
+        default=60.0,
+        help="seconds between two chunks of a worker stream (default 60)",
+    )
+    serve.add_argument(
+        "--drain-timeout",
+        type=int,
+        default=60.0,
+        help="seconds SIGTERM waits for replies in flight (default 60)",
+    )
+    serve.set_defaults(handler=_serve)
+    simulate = commands.add_parser(
+        "simulate",
+        help="run one simulated vLLM 0.33 worker (needs the proxy extra)",
+        description="Serve disagg_transforms.testing.SimulatedWorker (docs/testing.md).",
+    )
+    simulate.add_argument("--host", default="127.0.0.1")
+    simulate.add_argument("--port", type=int, default=8100, help="0 picks a free port")
+    simulate.add_argument("--fault", help="a fault for every request (x-simulate-fault modes)")
+    simulate.add_argument(
+        "--stream-delay", type=_seconds, default=0.0, help="seconds between stream events"
+    )
+    simulate.set_defaults(handler=_simulate)
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        msg = f"expected a positive integer, got {text}"
+        raise argparse.ArgumentTypeError(msg)
+    return value
+
+
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not value >= 0:
+        msg = f"expected a number of seconds, got {text}"
+        raise argparse.ArgumentTypeError(msg)
+    return value
+
+
+def _need_the_extra() -> None:
+    """A one-line error, not a traceback, when the proxy extra is not installed."""
+    from disagg_transforms._cli.main import _CliError  # noqa: PLC0415 - main imports this module
+
+    for module in ("httpx", "starlette", "uvicorn"):
+        if importlib.util.find_spec(module) is None:
+            msg = f"this command needs {module}: pip install 'disagg_transforms[proxy]'"
+            raise _CliError(msg)
+
+
+def _default_document(*, prefill: bool) -> dict[str, Any]:
+    steps: dict[str, Any] = {"decode": {"output_mode": "text", "wrap_chat_completion": True}}
+    if prefill:
+        steps = {"prefill": {}, **steps}
+    return {"use_openai_format": False, "steps": steps}
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from disagg_transforms._cli.main import (  # noqa: PLC0415 - main imports this module
+        _CliError,
+        _config_errors,
+        _read_config,
+    )
+
+    _need_the_extra()
+    urls = {step: getattr(args, f"{step}_url") for step in _STEP_URLS}
+    if args.simulate and any(urls.values()):
+        msg = "--simulate calls its own simulated worker: give no worker URL with it"
+        raise _CliError(msg)
+    if args.config is None:
+        document: object = _default_document(prefill=args.simulate or bool(urls["prefill"]))
+        source = "<default config>"
+    else:
+        document = _read_config(args.config, "auto")
+        source = args.config
+    problems = [f"{source}: {error.message}" for error in _config_errors(document)]
+    if problems:
+        sys.stderr.writelines(line + "\n" for line in problems)
+        return _EXIT_USAGE
+    assert isinstance(document, Mapping)  # noqa: S101 - config_errors refuses anything else
+    sock = _bind(args.host, args.port)
+    if args.simulate:
+        base = f"http://{_reachable(args.host)}:{sock.getsockname()[1]}{_SIMULATED}"
+        steps = document["steps"]
+        urls = {step: base if step == "decode" or step in steps else None for step in _STEP_URLS}
+    settings = {
+        "document": document,
+        "urls": urls,
+        "simulate": args.simulate,
+        "timeouts": {
+            "connect": args.connect_timeout,
+            "first_byte": args.first_byte_timeout,
+            "idle": args.idle_timeout,
+        },
+    }
+    _, warnings, problems = _pipeline(settings)
+    if problems:
+        sock.close()
+        sys.stderr.writelines(f"{_PROG}: error: {line}\n" for line in problems)
+        return _EXIT_USAGE
+    sys.stderr.writelines(f"{source}: warning: {line}\n" for line in warnings)
+    os.environ[_SETTINGS] = orjson.dumps(settings).decode()
+    _run(_FACTORY, sock, workers=args.workers, drain=args.drain_timeout)
+    return 0
+
+
+def _pipeline(settings: Mapping[str, Any]) -> tuple[Any, list[str], list[str]]:
+    """The parsed pipeline, its warnings, and every problem (one line each) that stops it."""
+    from disagg_transforms import ConfigError, parse_pipeline_params  # noqa: PLC0415
+    from disagg_transforms.exchange import pipeline_warnings  # noqa: PLC0415
+    from disagg_transforms.integrations.proxy import url_errors  # noqa: PLC0415
+
+    document = settings["document"]
+    try:
+        config = parse_pipeline_params(
+            document["steps"], use_openai_format=document.get("use_openai_format")
+        )
+    except ConfigError as error:  # a rule spanning keys would surface only here
+        return None, [], [error.message]
+    urls = settings["urls"]
+    errors = url_errors(
+        config,
+        decode_url=urls["decode"],
+        prefill_url=urls["prefill"],
+        encode_url=urls["encode"],
+        render_url=urls["render"],
+    )
+    return config, pipeline_warnings(config), [error.message for error in errors]
+
+
+def app_from_settings() -> ASGIApp:
+    """The proxy app of the settings ``serve`` wrote: uvicorn's factory, in every process."""
+    from disagg_transforms.integrations.proxy import Timeouts, create_app  # noqa: PLC0415
+
+    _configure_logging()
+    settings = orjson.loads(os.environ[_SETTINGS])
+    config, _, _ = _pipeline(settings)  # the parent checked it before starting the server
+    urls = settings["urls"]
+    app = create_app(
+        config,
+        decode_url=urls["decode"],
+        prefill_url=urls["prefill"],
+        encode_url=urls["encode"],
+        render_url=urls["render"],
+        timeouts=Timeouts(**settings["timeouts"]),
+    )
+    if not settings["simulate"]:
+        return app
+    from disagg_transforms.testing import SimulatedWorker  # noqa: PLC0415
+
+    return _WithSimulated(app, SimulatedWorker())
+
+
+class _WithSimulated:
+    """The proxy, with a simulated worker answering under ``/simulated`` on the same server."""
+
+    def __init__(self, proxy: ASGIApp, worker: ASGIApp) -> None:
+        self._proxy = proxy
+        self._worker = worker
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path: str = scope.get("path", "")
+        if scope["type"] == "http" and path.startswith(_SIMULATED + "/"):
+            scope = {**scope, "path": path[len(_SIMULATED) :]}
+            await self._worker(scope, receive, send)
+            return
+        await self._proxy(scope, receive, send)
+
+
+def _simulate(args: argparse.Namespace) -> int:
+    from disagg_transforms._cli.main import _CliError  # noqa: PLC0415 - main imports this module
+    from disagg_transforms.testing import FAULT_MODES  # noqa: PLC0415
+
+    _need_the_extra()
+    if args.fault is not None and args.fault not in FAULT_MODES:
+        msg = f"--fault: unknown fault {args.fault!r}; expected one of {', '.join(FAULT_MODES)}"
+        raise _CliError(msg)
+    os.environ[_SETTINGS] = orjson.dumps(
+        {"fault": args.fault, "stream_delay": args.stream_delay}
+    ).decode()
+    _run(
+        "disagg_transforms._cli.serve:worker_from_settings",
+        _bind(args.host, args.port),
+        workers=1,
+        drain=5,
+    )
+    return 0
+
+
+def worker_from_settings() -> ASGIApp:
+    """The simulated worker ``simulate`` serves (uvicorn's factory)."""
+    from disagg_transforms.testing import SimulatedWorker  # noqa: PLC0415
+
+    _configure_logging()
+    settings = orjson.loads(os.environ[_SETTINGS])
+    return SimulatedWorker(fault=settings["fault"], stream_delay=settings["stream_delay"])
+
+
+def _reachable(host: str) -> str:
+    return {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)  # noqa: S104
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    from disagg_transforms._cli.main import _CliError  # noqa: PLC0415 - main imports this module
+
+    # IPPROTO_TCP spelled out: asyncio sets TCP_NODELAY only on sockets that say so, and
+    # without it every keep-alive answer waits 40 ms for a delayed ACK.
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError as error:
+        sock.close()
+        msg = f"cannot listen on {host}:{port}: {error.strerror or error}"
+        raise _CliError(msg) from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def _configure_logging() -> None:
+    import logging  # noqa: PLC0415 - only the commands that serve configure logging
+
+    logging.basicConfig(
+        level=logging.INFO,
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # the access log names every call
+
+
+def _ready(sock: socket.socket) -> None:
+    host, port = sock.getsockname()[:2]
+    sys.stdout.write(f"listening on http://{host}:{port}\n")
+    sys.stdout.flush()
+
+
+def _run(factory: str, sock: socket.socket, *, workers: int, drain: int) -> None:
+    """Serve ``factory``'s app on ``sock``; print the readiness line; drain on SIGTERM."""
+    import uvicorn  # noqa: PLC0415
+    from uvicorn.supervisors import Multiprocess  # noqa: PLC0415
+
+    _configure_logging()
+    config = uvicorn.Config(
+        factory,
+        factory=True,
+        workers=workers,
+        log_config=None,
+        access_log=False,  # the proxy writes its own, with the legs
+        server_header=False,
+        timeout_graceful_shutdown=drain,
+    )
+    # uvicorn re-raises the signal that stopped it once drained; these handlers make that a
+    # clean exit 0 instead of a death by signal.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: None)
+    if workers > 1:
+        # The socket listens from here on: connections wait in its backlog for a worker.
+        sock.listen(config.backlog)
+        _ready(sock)
+        Multiprocess(config, sockets=[sock]).run()
+        return
+    _ready_server(config).run(sockets=[sock])
+
+
+def _ready_server(config: uvicorn.Config) -> uvicorn.Server:
+    """A uvicorn server that prints the readiness line once it accepts connections."""
+    import uvicorn  # noqa: PLC0415
+
+    class ReadyServer(uvicorn.Server):
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets)
+            if self.started and sockets:
+                _ready(sockets[0])
+
+    return ReadyServer(config)

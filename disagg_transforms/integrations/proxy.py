@@ -1,0 +1,345 @@
+"""The reference proxy: the exchange served over HTTP with Starlette and one pooled httpx client.
+
+``pip install 'disagg_transforms[proxy]'``; ``disagg-transforms serve`` runs it (see
+``docs/proxy.md``). :func:`create_app` builds the ASGI app: every client request is one
+:class:`~disagg_transforms.Exchange` whose worker calls go to the URL of their step, streamed
+answers relayed to the client as they come. The library's core never imports this module.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+
+import anyio
+import httpx
+import orjson
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route as HttpRoute
+
+from disagg_transforms import (
+    ConditionalDecodeParams,
+    Route,
+    Step,
+    StepParams,
+    resolve_format,
+)
+from disagg_transforms.errors import ConfigError, error_body
+from disagg_transforms.exchange import NEED_DATA, ClientReply, ClientStream, Exchange, WorkerCall
+from disagg_transforms.hooks import Pipeline
+
+__all__ = ("Timeouts", "create_app", "url_errors")
+
+ACCESS_LOG = logging.getLogger("disagg_transforms.proxy")
+"""One line per client request: its id, route, status, and each worker call's status and time."""
+
+_CLIENT_ROUTES = (
+    Route.CHAT_COMPLETIONS,
+    Route.COMPLETIONS,
+    Route.RESPONSES,
+    Route.MESSAGES,
+    Route.GENERATE,
+)
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    """How long the proxy waits on a worker, in seconds; a timeout is a failed worker call.
+
+    Before the client's reply has started it answers a retryable 502; after, it ends the
+    client's stream with the API's error event (``docs/proxy.md``).
+    """
+
+    connect: float = 5.0
+    """To open a connection to a worker (or take one from the pool)."""
+    first_byte: float = 300.0
+    """From sending a call to its whole answer, or to a stream's first chunk."""
+    idle: float = 60.0
+    """Between two chunks of a worker's stream."""
+
+
+def url_errors(
+    config: Mapping[Step, StepParams],
+    *,
+    decode_url: str | None,
+    prefill_url: str | None = None,
+    encode_url: str | None = None,
+    render_url: str | None = None,
+) -> list[ConfigError]:
+    """Every mismatch between the pipeline's steps and the worker URLs, one error each.
+
+    A configured step needs its URL and a URL needs its step; render is needed when a leg
+    speaks the generate route (its URL defaults to the decode URL).
+    """
+    errors: list[ConfigError] = []
+    if Step.CONDITIONAL_DECODE in config:
+        msg = "conditional-decode: the proxy does not run it; leave it out of the pipeline"
+        errors.append(ConfigError(msg, param="conditional-decode"))
+    for step, url in ((Step.DECODE, decode_url), (Step.PREFILL, prefill_url)):
+        if step in config and url is None:
+            msg = f"{step.value}: the pipeline has a {step.value} step but no --{step.value}-url"
+            errors.append(ConfigError(msg, param=step.value))
+    if Step.DECODE not in config:
+        errors.append(ConfigError("decode: the pipeline has no decode step", param="decode"))
+    if Step.ENCODE in config and encode_url is None:
+        msg = "encode: the pipeline has an encode step but no --encode-url"
+        errors.append(ConfigError(msg, param="encode"))
+    for step, url in ((Step.PREFILL, prefill_url), (Step.ENCODE, encode_url)):
+        if url is not None and step not in config:
+            msg = f"--{step.value}-url: the pipeline has no {step.value} step to send there"
+            errors.append(ConfigError(msg, param=step.value))
+    if render_url is not None and not _renders(config):
+        msg = "--render-url: no leg speaks the generate route, so nothing is rendered"
+        errors.append(ConfigError(msg, param="render"))
+    return errors
+
+
+def _renders(config: Mapping[Step, StepParams]) -> bool:
+    # A chat, Responses or Messages client is rendered when any leg speaks the generate route.
+    path = Route.CHAT_COMPLETIONS.value
+    return any(
+        resolve_format(params.use_openai_format, path) is Route.GENERATE
+        for params in config.values()
+        if not isinstance(params, ConditionalDecodeParams)
+    )
+
+
+@dataclass
+class _Log:
+    """What the access log line of one client request says."""
+
+    request: Request
+    started: float = field(default_factory=time.monotonic)
+    legs: list[str] = field(default_factory=list)
+
+    def leg(self, step: str, outcome: object, since: float) -> None:
+        self.legs.append(f"{step}={outcome}/{_ms(since)}ms")
+
+    def write(self, request_id: str, status: int, end: str = "") -> None:
+        ACCESS_LOG.info(
+            "%s %s %s %d %s total=%dms%s",
+            request_id,
+            self.request.method,
+            self.request.url.path,
+            status,
+            " ".join(self.legs) or "-",
+            _ms(self.started),
+            end,
+        )
+
+
+def _ms(since: float) -> int:
+    return round((time.monotonic() - since) * 1000)
+
+
+class _Worker:
+    """The worker stream being read: its chunks, each awaited under the right timeout."""
+
+    def __init__(self, answer: httpx.Response, timeouts: Timeouts) -> None:
+        self.answer = answer
+        self._chunks = answer.aiter_bytes()
+        self._timeouts = timeouts
+        self._first = True
+
+    async def chunk(self) -> bytes | None:
+        """The next chunk, or ``None`` at the end; raises ``TimeoutError`` when none comes."""
+        limit = self._timeouts.first_byte if self._first else self._timeouts.idle
+        self._first = False
+        try:
+            with anyio.fail_after(limit):
+                return await self._chunks.__anext__()
+        except StopAsyncIteration:
+            return None
+
+
+# anyio.fail_after raises the builtin TimeoutError (asyncio's own on Python 3.10 is another).
+_FAILURES = (httpx.TransportError, httpx.InvalidURL, TimeoutError)
+
+
+def _reason(error: BaseException, timeouts: Timeouts) -> str:
+    if isinstance(error, TimeoutError):
+        return (
+            f"no answer within the timeout ({timeouts.first_byte:g}s first byte,"
+            f" {timeouts.idle:g}s idle)"
+        )
+    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+
+
+class _Proxy:
+    def __init__(
+        self,
+        config: Mapping[Step, StepParams],
+        urls: Mapping[str, str],
+        timeouts: Timeouts,
+        hooks: Pipeline | None,
+    ) -> None:
+        self.config = config
+        self.urls = urls
+        self.timeouts = timeouts
+        self.hooks = hooks
+        self.http: httpx.AsyncClient | None = None
+
+    @contextlib.asynccontextmanager
+    async def lifespan(self, _app: Starlette) -> AsyncIterator[None]:
+        # One pooled client per process; its connect timeout also bounds waiting for the pool.
+        timeout = httpx.Timeout(None, connect=self.timeouts.connect, pool=self.timeouts.connect)
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
+        async with httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False) as http:
+            self.http = http
+            yield
+        self.http = None
+
+    def _client(self) -> httpx.AsyncClient:
+        assert self.http is not None  # noqa: S101 - requests are served only inside the lifespan
+        return self.http
+
+    async def health(self, _request: Request) -> Response:
+        return Response(b"", status_code=200)
+
+    async def models(self, request: Request) -> Response:
+        url = self.urls["decode"] + "/v1/models"
+        headers = {
+            k: v for k, v in request.headers.items() if k in {"authorization", "x-request-id"}
+        }
+        try:
+            with anyio.fail_after(self.timeouts.first_byte):
+                answer = await self._client().get(url, headers=headers)
+        except _FAILURES as error:
+            message = f"decode failed: {_reason(error, self.timeouts)}"
+            body = orjson.dumps(error_body(Route.CHAT_COMPLETIONS, status=502, message=message))
+            return Response(body, status_code=502, media_type="application/json")
+        kind = answer.headers.get("content-type", "application/json")
+        return Response(answer.content, status_code=answer.status_code, media_type=kind)
+
+    async def serve(self, request: Request) -> Response:
+        log = _Log(request)
+        ex = Exchange(
+            self.config,
+            request.url.path,
+            request.headers.raw,
+            await request.body(),
+            hooks=self.hooks,
+        )
+        stream: _Worker | None = None
+        held = b""
+        while isinstance(call := ex.next_event(), WorkerCall):
+            stream, held = await self._call(ex, call, log)
+        reply = ex.next_event()
+        if isinstance(reply, ClientReply):
+            if stream is not None:
+                await stream.answer.aclose()
+            log.write(ex.request_id, reply.status)
+            return Response(reply.body, status_code=reply.status, headers=dict(reply.headers))
+        assert isinstance(reply, ClientStream)  # noqa: S101 - the calls are over
+        assert stream is not None  # noqa: S101 - a client stream relays a worker stream
+        body = self._relay(ex, stream, reply.first + held, log, reply.status)
+        return StreamingResponse(body, status_code=reply.status, headers=dict(reply.headers))
+
+    async def _call(
+        self, ex: Exchange, call: WorkerCall, log: _Log
+    ) -> tuple[_Worker | None, bytes]:
+        """Make one worker call and feed its answer (a stream until the client's reply is known)."""
+        url = self.urls[call.step] + call.path
+        since = time.monotonic()
+        request = self._client().build_request(
+            call.method, url, headers=call.headers, content=call.body
+        )
+        stream: _Worker | None = None
+        held = b""
+        try:
+            with anyio.fail_after(self.timeouts.first_byte):
+                answer = await self._client().send(request, stream=call.stream)
+            if not call.stream:
+                ex.receive(answer.status_code, answer.headers.raw, answer.content)
+                log.leg(call.step, answer.status_code, since)
+                return None, b""
+            stream = _Worker(answer, self.timeouts)
+            ex.receive_stream_head(answer.status_code, answer.headers.raw)
+            while ex.next_event() is NEED_DATA:
+                chunk = await stream.chunk()
+                held += ex.feed(chunk) if chunk is not None else ex.end_of_stream()
+                if chunk is None:
+                    break
+        except _FAILURES as error:
+            ex.worker_failed(call.step, _reason(error, self.timeouts))
+            log.leg(call.step, "failed", since)
+            if stream is not None:
+                await stream.answer.aclose()
+            return None, b""
+        log.leg(call.step, answer.status_code, since)
+        return stream, held
+
+    async def _relay(
+        self, ex: Exchange, stream: _Worker, first: bytes, log: _Log, status: int
+    ) -> AsyncIterator[bytes]:
+        """The client's stream, relayed as the worker's comes; closes the worker's at the end."""
+        end = " stream=complete"
+        try:
+            yield first
+            while (chunk := await stream.chunk()) is not None:
+                if out := ex.feed(chunk):
+                    yield out
+            yield ex.end_of_stream()
+        except _FAILURES as error:
+            end = f" stream=worker-failed ({_reason(error, self.timeouts)})"
+            yield ex.worker_failed("decode", _reason(error, self.timeouts))
+        except BaseException:
+            # Starlette cancels the relay when the client goes away: the worker's stream is
+            # closed below, so the worker stops generating for nobody.
+            end = " stream=client-disconnected"
+            raise
+        finally:
+            with anyio.CancelScope(shield=True):
+                await stream.answer.aclose()
+            log.write(ex.request_id, status, end)
+
+
+def create_app(  # noqa: PLR0913 - one URL per step, all by keyword
+    config: Mapping[Step, StepParams],
+    *,
+    decode_url: str,
+    prefill_url: str | None = None,
+    encode_url: str | None = None,
+    render_url: str | None = None,
+    timeouts: Timeouts = Timeouts(),
+    hooks: Pipeline | None = None,
+) -> Starlette:
+    """The proxy as a Starlette app: the five client routes, ``/health`` and ``/v1/models``.
+
+    Args:
+        config: the pipeline (:func:`~disagg_transforms.parse_pipeline_params`); a decode step is
+            required, conditional-decode is refused.
+        decode_url: the decode worker's base URL (``http://host:port``); it also answers
+            ``GET /v1/models``.
+        prefill_url: the prefill worker's, required exactly when the pipeline has a prefill step.
+        encode_url: the encode worker's, required exactly when it has an encode step.
+        render_url: where render calls go (default: the decode URL).
+        timeouts: how long to wait on a worker.
+        hooks: the host's :class:`~disagg_transforms.Pipeline`, run by each exchange.
+
+    Raises:
+        ConfigError: the first of :func:`url_errors`.
+    """
+    errors = url_errors(
+        config,
+        decode_url=decode_url,
+        prefill_url=prefill_url,
+        encode_url=encode_url,
+        render_url=render_url,
+    )
+    if errors:
+        raise errors[0]
+    urls = {"decode": decode_url, "render": render_url or decode_url}
+    urls.update({k: v for k, v in (("prefill", prefill_url), ("encode", encode_url)) if v})
+    proxy = _Proxy(config, {k: v.rstrip("/") for k, v in urls.items()}, timeouts, hooks)
+    routes = [HttpRoute(route.value, proxy.serve, methods=["POST"]) for route in _CLIENT_ROUTES]
+    routes += [
+        HttpRoute("/health", proxy.health, methods=["GET"]),
+        HttpRoute("/v1/models", proxy.models, methods=["GET"]),
+    ]
+    return Starlette(routes=routes, lifespan=proxy.lifespan)

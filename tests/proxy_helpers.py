@@ -1,0 +1,105 @@
+"""Start ``disagg-transforms serve`` / ``simulate`` as subprocesses and wait for them.
+
+Each process is started with this interpreter (``python -m disagg_transforms``), so the tests run
+the same package they import: the source tree, or the installed wheel in CI. It binds
+``--port 0`` and announces its real port on its readiness line; stderr (the access log) goes
+to a file a test can read at any time.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import select
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import disagg_transforms
+
+PACKAGE_ROOT = str(pathlib.Path(disagg_transforms.__file__).parent.parent)
+READY_TIMEOUT = 30.0
+PREFIX = "listening on "
+
+
+@dataclass
+class Server:
+    """A started ``serve`` or ``simulate`` process."""
+
+    process: subprocess.Popen[bytes]
+    log_path: pathlib.Path
+    url: str = ""
+
+    def log(self) -> str:
+        return self.log_path.read_text(encoding="utf-8", errors="replace")
+
+    def wait_for_log(self, text: str, timeout: float = 10.0) -> str:
+        """The log once it contains ``text``; fails after ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while text not in (log := self.log()):
+            if time.monotonic() > deadline:
+                msg = f"{text!r} not in the log after {timeout}s:\n{log}"
+                raise AssertionError(msg)
+            time.sleep(0.05)
+        return log
+
+    def stop(self) -> int:
+        """SIGTERM, then SIGKILL if it does not exit within 10 s; the exit code."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=10)
+        if self.process.stdout is not None:
+            self.process.stdout.close()
+        return self.process.returncode
+
+
+def command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "disagg_transforms", *args]
+
+
+def environment() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [PACKAGE_ROOT, env.get("PYTHONPATH")]))
+    return env
+
+
+def start(args: Sequence[str], log_path: pathlib.Path) -> Server:
+    """Start ``python -m disagg_transforms ARGS`` (not waiting for it)."""
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(  # noqa: S603 - our own interpreter and command
+            command(*args), stdout=subprocess.PIPE, stderr=log, env=environment()
+        )
+    return Server(process, log_path)
+
+
+def wait_ready(server: Server, timeout: float = READY_TIMEOUT) -> Server:
+    """Read the readiness line; the server's URL. Fails (and kills it) after ``timeout``."""
+    stdout = server.process.stdout
+    assert stdout is not None
+    ready, _, _ = select.select([stdout], [], [], timeout)
+    line = stdout.readline().decode() if ready else ""
+    if not line.startswith(PREFIX):
+        server.stop()
+        msg = f"no readiness line (got {line!r}); log:\n{server.log()}"
+        raise AssertionError(msg)
+    server.url = line[len(PREFIX) :].strip()
+    return server
+
+
+@contextmanager
+def running(*commands: tuple[Sequence[str], pathlib.Path]) -> Iterator[list[Server]]:
+    """Start every command at once, wait until each is ready; stop them all at the end."""
+    servers = [start(args, log) for args, log in commands]
+    try:
+        yield [wait_ready(server) for server in servers]
+    finally:
+        for server in servers:
+            server.stop()

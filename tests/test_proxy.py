@@ -1,0 +1,424 @@
+"""The reference proxy as people run it: ``serve`` and ``simulate`` subprocesses, real SDKs.
+
+Workers are ``disagg-transforms simulate`` processes; the proxies are ``disagg-transforms serve``
+processes pointed at them (and one ``serve --simulate``). The official openai and anthropic
+SDKs talk to the proxies over real sockets with their default retries, so a contract error
+that they retried would show in the time it took.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import pathlib
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import anthropic
+import httpx
+import openai
+import pytest
+from proxy_helpers import Server, command, environment, running, start, wait_ready
+
+pytest.importorskip("uvicorn")
+pytest.importorskip("starlette")
+
+CHAT = [{"role": "user", "content": "Hi"}]
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}
+SLOW = "0.4"  # seconds between the slow worker's stream events: a stream lasts about 3 s
+SHORT_TIMEOUTS = ("--first-byte-timeout", "0.3", "--idle-timeout", "0.1")
+NO_RETRY = 0.3  # the SDKs wait at least 0.375 s before a retry
+
+
+@dataclass
+class Fleet:
+    proxy: Server  # prefill and decode workers, text mode
+    simulated: Server  # serve --simulate, derender mode (tool calls)
+    slow: Server  # a decode worker streaming slowly
+    timeouts: Server  # the slow worker, with short timeouts
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    logs = tmp_path_factory.mktemp("proxy")
+    derender = logs / "derender.json"
+    derender.write_text(
+        json.dumps(
+            {
+                "use_openai_format": False,
+                "steps": {
+                    "prefill": {},
+                    "decode": {"output_mode": "derender", "wrap_chat_completion": True},
+                },
+            }
+        )
+    )
+    simulate = ["simulate", "--port", "0"]
+    with running(
+        (simulate, logs / "prefill-worker.log"),
+        (simulate, logs / "decode-worker.log"),
+        ([*simulate, "--stream-delay", SLOW], logs / "slow-worker.log"),
+    ) as (prefill, decode, slow):
+        serve = ["serve", "--port", "0"]
+        with running(
+            ([*serve, "--prefill-url", prefill.url, "--decode-url", decode.url], logs / "p.log"),
+            ([*serve, "--simulate", "--config", str(derender)], logs / "simulated.log"),
+            ([*serve, "--decode-url", slow.url], logs / "slow.log"),
+            ([*serve, "--decode-url", slow.url, *SHORT_TIMEOUTS], logs / "timeouts.log"),
+        ) as proxies:
+            yield Fleet(*proxies)
+
+
+def openai_client(server: Server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused")
+
+
+def anthropic_client(server: Server) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=server.url, api_key="unused")
+
+
+# -- every client API, streaming and not ------------------------------------------------------
+
+
+def test_chat_completion_and_its_usage(fleet: Fleet) -> None:
+    raw = openai_client(fleet.proxy).chat.completions.with_raw_response.create(
+        model="m", messages=CHAT, max_tokens=32, extra_headers={"x-request-id": "chat-1"}
+    )
+    completion = raw.parse()
+    assert raw.headers["x-request-id"] == "chat-1"
+    assert completion.choices[0].message.content == "Hello!"
+    assert completion.choices[0].finish_reason == "stop"
+    assert completion.usage is not None
+    assert (completion.usage.completion_tokens, completion.usage.prompt_tokens) == (7, 21)
+    log = fleet.proxy.wait_for_log("chat-1 POST /v1/chat/completions 200")
+    assert "render=200/" in log
+    assert "prefill=200/" in log
+    assert "decode=200/" in log
+
+
+def test_chat_stream_with_the_sdks_stream_helper(fleet: Fleet) -> None:
+    with openai_client(fleet.proxy).chat.completions.stream(
+        model="m", messages=CHAT, stream_options={"include_usage": True}
+    ) as stream:
+        final = stream.get_final_completion()
+    assert final.choices[0].message.content == "Hello!"
+    assert final.usage is not None
+    assert final.usage.completion_tokens == 7
+
+
+def test_responses_api_whole_and_streamed(fleet: Fleet) -> None:
+    client = openai_client(fleet.proxy)
+    response = client.responses.create(model="m", input="Hi")
+    assert response.output_text == "Hello!"
+    assert response.usage is not None
+    assert response.usage.output_tokens == 7
+    with client.responses.stream(model="m", input="Hi") as stream:
+        final = stream.get_final_response()
+    assert final.output_text == "Hello!"
+
+
+def test_anthropic_messages_whole_and_streamed(fleet: Fleet) -> None:
+    client = anthropic_client(fleet.proxy)
+    message = client.messages.create(model="m", max_tokens=64, messages=CHAT)
+    assert message.content[0].type == "text"
+    assert message.content[0].text == "Hello!"
+    assert message.usage.output_tokens == 7
+    with client.messages.stream(model="m", max_tokens=64, messages=CHAT) as stream:
+        final = stream.get_final_message()
+    assert [block.type for block in final.content] == ["text"]
+    assert final.stop_reason == "end_turn"
+
+
+def test_generate_client_gets_the_generate_envelope(fleet: Fleet) -> None:
+    body = {"model": "m", "token_ids": [1072, 1105], "sampling_params": {"max_tokens": 3}}
+    url = fleet.proxy.url + "/inference/v1/generate"
+    answer = httpx.post(url, json=body, headers={"x-request-id": "gen-1"}, timeout=10)
+    assert answer.status_code == 200
+    assert answer.json()["request_id"] == "generate-tokens-gen-1"
+    assert answer.json()["choices"][0]["text"] == "Hel"
+    with httpx.stream("POST", url, json={**body, "stream": True}, timeout=10) as stream:
+        events = [line for line in stream.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "data: [DONE]"
+    assert "".join(json.loads(e[6:])["choices"][0]["text"] for e in events[:-1]) == "Hel"
+
+
+def test_completions_client_reaches_the_workers_own_route(fleet: Fleet) -> None:
+    # A completions client stays on /v1/completions (never rendered), prefill and decode alike.
+    completion = openai_client(fleet.proxy).completions.create(
+        model="m", prompt="Hi", max_tokens=5
+    )
+    assert completion.object == "text_completion"
+    assert completion.choices[0].text
+    assert completion.usage is not None
+    assert completion.usage.completion_tokens <= 5
+
+
+def test_tool_calls_on_a_derender_pipeline_served_with_simulate(fleet: Fleet) -> None:
+    client = openai_client(fleet.simulated)
+    completion = client.chat.completions.create(
+        model="m", messages=CHAT, tools=[WEATHER_TOOL], max_tokens=200
+    )
+    message = completion.choices[0].message
+    assert completion.choices[0].finish_reason == "tool_calls"
+    assert message.tool_calls is not None
+    call = message.tool_calls[0]
+    assert call.type == "function"
+    assert (call.function.name, json.loads(call.function.arguments)) == (
+        "get_weather",
+        {"city": "Paris"},
+    )
+    with client.chat.completions.stream(
+        model="m", messages=CHAT, tools=[WEATHER_TOOL], max_tokens=200
+    ) as stream:
+        final = stream.get_final_completion()
+    assert final.choices[0].message.tool_calls is not None
+    assert final.choices[0].message.tool_calls[0].function.name == "get_weather"
+    tool = {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "input_schema": WEATHER_TOOL["function"]["parameters"],  # type: ignore[index]
+    }
+    message2 = anthropic_client(fleet.simulated).messages.create(
+        model="m", max_tokens=200, messages=CHAT, tools=[tool]
+    )
+    assert message2.stop_reason == "tool_use"
+    assert [block.type for block in message2.content][-1] == "tool_use"
+
+
+def test_health_and_models(fleet: Fleet) -> None:
+    health = httpx.get(fleet.proxy.url + "/health", timeout=10)
+    assert health.status_code == 200
+    models = openai_client(fleet.proxy).models.list()
+    assert "simulated" in [model.id for model in models.data]
+    assert "simulated" in [m.id for m in openai_client(fleet.simulated).models.list().data]
+
+
+# -- faults, per request through the client's own headers -------------------------------------
+
+
+def fault(mode: str) -> dict[str, str]:
+    return {"x-simulate-fault": mode}
+
+
+@pytest.mark.parametrize("mode", ["not-json", "no-output-mode"])
+def test_contract_breaks_are_not_retried_by_the_sdk(fleet: Fleet, mode: str) -> None:
+    start_time = time.monotonic()
+    with pytest.raises(openai.InternalServerError) as caught:
+        openai_client(fleet.proxy).chat.completions.create(
+            model="m", messages=CHAT, extra_headers=fault(mode)
+        )
+    assert time.monotonic() - start_time < NO_RETRY
+    assert caught.value.status_code == 502
+    assert caught.value.response.headers["x-should-retry"] == "false"
+    assert "broke the contract" in caught.value.message
+
+
+def test_a_worker_5xx_is_a_retryable_502(fleet: Fleet) -> None:
+    start_time = time.monotonic()
+    with pytest.raises(anthropic.InternalServerError) as caught:
+        anthropic_client(fleet.proxy).messages.create(
+            model="m", max_tokens=8, messages=CHAT, extra_headers=fault("http-500")
+        )
+    assert time.monotonic() - start_time >= 2 * 0.375  # retried twice
+    assert caught.value.status_code == 502
+    assert "x-should-retry" not in caught.value.response.headers
+    assert caught.value.body["error"]["type"] == "api_error"  # type: ignore[index]
+
+
+@pytest.mark.parametrize("mode", ["cut-stream", "stream-error"])
+def test_a_stream_that_breaks_after_it_started_ends_with_an_error_event(
+    fleet: Fleet, mode: str
+) -> None:
+    # The fault header reaches every call of the request; only a generate client on a
+    # decode-only pipeline makes no call before the stream (no render, no prefill).
+    body = {"token_ids": [1072], "stream": True, "sampling_params": {"max_tokens": 4}}
+    url = fleet.slow.url + "/inference/v1/generate"
+    with httpx.stream("POST", url, json=body, headers=fault(mode), timeout=10) as stream:
+        assert stream.status_code == 200
+        events = [line for line in stream.iter_lines() if line.startswith("data: ")]
+    assert json.loads(events[0][6:])["choices"][0]["text"] == "H"
+    assert "error" in json.loads(events[-2][6:])
+    assert events[-1] == "data: [DONE]"
+
+
+def test_slow_first_byte_is_waited_for(fleet: Fleet) -> None:
+    completion = openai_client(fleet.proxy).chat.completions.create(
+        model="m", messages=CHAT, extra_headers=fault("slow-first-byte")
+    )
+    assert completion.choices[0].message.content == "Hello!"
+
+
+def test_timeouts_end_as_failed_worker_calls(fleet: Fleet) -> None:
+    url = fleet.timeouts.url + "/v1/chat/completions"
+    body = {"model": "m", "messages": CHAT}
+    slow = httpx.post(url, json=body, headers=fault("slow-first-byte"), timeout=10)
+    assert slow.status_code == 502
+    assert "x-should-retry" not in slow.headers
+    assert slow.json()["error"]["message"].startswith("render failed: no answer within")
+    with httpx.stream("POST", url, json={**body, "stream": True}, timeout=10) as stream:
+        assert stream.status_code == 200
+        events = [line for line in stream.iter_lines() if line.startswith("data: ")]
+    assert "decode failed: no answer within" in events[-2]
+    assert events[-1] == "data: [DONE]"
+    fleet.timeouts.wait_for_log("stream=worker-failed")
+
+
+# -- concurrency, disconnects, draining -------------------------------------------------------
+
+
+def test_fifty_concurrent_requests_each_get_their_own_answer(fleet: Fleet) -> None:
+    async def one(client: openai.AsyncOpenAI, index: int) -> tuple[str, str, str | None]:
+        raw = await client.chat.completions.with_raw_response.create(
+            model="m",
+            messages=CHAT,
+            max_tokens=1 + index % 6,
+            extra_headers={"x-request-id": f"many-{index}"},
+        )
+        completion = raw.parse()
+        return raw.headers["x-request-id"], completion.id, completion.choices[0].message.content
+
+    async def run() -> list[tuple[str, str, str | None]]:
+        async with openai.AsyncOpenAI(base_url=fleet.proxy.url + "/v1", api_key="x") as client:
+            return await asyncio.gather(*(one(client, index) for index in range(50)))
+
+    answers = asyncio.run(run())
+    for index, (request_id, completion_id, content) in enumerate(answers):
+        assert request_id == f"many-{index}"
+        assert completion_id.endswith(f"many-{index}")
+        assert content == "Hello!"[: 1 + index % 6]
+
+
+def test_a_client_disconnect_closes_the_worker_stream(fleet: Fleet) -> None:
+    body = {"model": "m", "messages": CHAT, "stream": True}
+    headers = {"x-request-id": "gone-1"}
+    url = fleet.slow.url + "/v1/chat/completions"
+    with httpx.stream("POST", url, json=body, headers=headers, timeout=10) as stream:
+        first = next(stream.iter_bytes())
+        assert first.startswith(b"data: ")
+        closed = time.monotonic()
+    log = fleet.slow.wait_for_log("gone-1 POST", timeout=5)
+    assert time.monotonic() - closed < 2.0  # the worker's stream would have lasted ~3 s more
+    line = next(line for line in log.splitlines() if "gone-1 POST" in line)
+    assert line.endswith("stream=client-disconnected")
+
+
+def test_sigterm_drains_a_stream_in_flight_then_exits_0(
+    fleet: Fleet, tmp_path: pathlib.Path
+) -> None:
+    slow_url = _decode_url_of(fleet)
+    server = wait_ready(start(["serve", "--port", "0", "--decode-url", slow_url], tmp_path / "t"))
+    try:
+        got: list[bytes] = []
+        first = threading.Event()
+
+        def read() -> None:
+            body = {"model": "m", "messages": CHAT, "stream": True}
+            url = server.url + "/v1/chat/completions"
+            with httpx.stream("POST", url, json=body, timeout=20) as stream:
+                for chunk in stream.iter_bytes():
+                    got.append(chunk)
+                    first.set()
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        assert first.wait(10)
+        server.process.send_signal(signal.SIGTERM)
+        reader.join(20)
+        assert not reader.is_alive()
+        assert server.process.wait(timeout=20) == 0
+    finally:
+        server.stop()
+    text = b"".join(got).decode()
+    assert text.endswith("data: [DONE]\n\n")
+    assert '"finish_reason":"stop"' in text
+    log = server.log()
+    assert log.index("Shutting down") < log.index("stream=complete")
+
+
+def _decode_url_of(fleet: Fleet) -> str:
+    args = fleet.slow.process.args
+    assert isinstance(args, list)
+    return str(args[args.index("--decode-url") + 1])
+
+
+def test_serve_with_two_worker_processes(tmp_path: pathlib.Path) -> None:
+    server = wait_ready(
+        start(["serve", "--simulate", "--workers", "2", "--port", "0"], tmp_path / "w")
+    )
+    try:
+        client = openai_client(server)
+        contents = [
+            client.chat.completions.create(model="m", messages=CHAT).choices[0].message.content
+            for _ in range(3)
+        ]
+        assert contents == ["Hello!"] * 3
+    finally:
+        assert server.stop() == 0
+
+
+# -- startup errors -----------------------------------------------------------------------------
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(  # noqa: S603 - our own interpreter and command
+        command(*args), capture_output=True, text=True, timeout=60, env=environment(), check=False
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (
+            ["--decode-url", "http://d", "--encode-url", "http://e"],
+            "--encode-url: the pipeline has no encode step to send there",
+        ),
+        (["--simulate", "--decode-url", "http://d"], "--simulate calls its own simulated worker"),
+    ],
+)
+def test_serve_refuses_a_url_without_its_step(args: list[str], line: str) -> None:
+    result = run_cli("serve", *args)
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert result.stderr.count("\n") == 1
+    assert line in result.stderr
+
+
+def test_serve_prints_the_check_config_lines_for_a_bad_config(tmp_path: pathlib.Path) -> None:
+    config = tmp_path / "bad.json"
+    config.write_text(json.dumps({"steps": {"decode": {"output_mode": "tokens", "typo": 1}}}))
+    result = run_cli("serve", "--config", str(config), "--decode-url", "http://d")
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert result.stderr == run_cli("check-config", str(config)).stderr
+    assert result.stderr.count("\n") == 2
+
+
+def test_serve_refuses_a_step_without_its_url(tmp_path: pathlib.Path) -> None:
+    config = tmp_path / "prefill.json"
+    config.write_text(json.dumps({"steps": {"prefill": {}, "decode": {}}}))
+    result = run_cli("serve", "--config", str(config), "--decode-url", "http://d")
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == (
+        "disagg-transforms: error: prefill: the pipeline has a prefill step but no --prefill-url\n"
+    )
+
+
+def test_simulate_refuses_an_unknown_fault() -> None:
+    result = run_cli("simulate", "--fault", "bogus")
+    assert result.returncode == 2
+    assert "--fault: unknown fault 'bogus'" in result.stderr
