@@ -159,9 +159,7 @@ def test_generate_client_gets_the_generate_envelope(fleet: Fleet) -> None:
 
 def test_completions_client_reaches_the_workers_own_route(fleet: Fleet) -> None:
     # A completions client stays on /v1/completions (never rendered), prefill and decode alike.
-    completion = openai_client(fleet.proxy).completions.create(
-        model="m", prompt="Hi", max_tokens=5
-    )
+    completion = openai_client(fleet.proxy).completions.create(model="m", prompt="Hi", max_tokens=5)
     assert completion.object == "text_completion"
     assert completion.choices[0].text
     assert completion.usage is not None
