@@ -236,6 +236,20 @@ def test_malformed_response_names_the_path(mutate: Any, param: str) -> None:
     assert caught.value.param == param
 
 
+def test_contract_error_names_the_path_once() -> None:
+    # A member read on its own (usage) is reported at its path under the response, and the
+    # message names it once, in front, as every other contract error does.
+    response = load_fixture("response-text.json")
+    response["usage"] = {**response["usage"], "prompt_tokens": "many"}
+    with pytest.raises(UpstreamContractError) as caught:
+        wrap_chat_completion(response, requested=OutputMode.TEXT)
+    assert caught.value.param == "$.usage.prompt_tokens"
+    assert caught.value.message == (
+        "$.usage.prompt_tokens: the generate response breaks the contract: "
+        "Expected `int`, got `str`"
+    )
+
+
 def test_derender_choice_without_message() -> None:
     response = load_fixture("response-derender-text.json")
     del response["choices"][0]["message"]
