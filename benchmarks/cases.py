@@ -16,6 +16,7 @@ import payloads
 
 from disagg_transforms import (
     DecodeParams,
+    LegInputs,
     OutputMode,
     Route,
     build_decode_request,
@@ -64,7 +65,7 @@ def _decode_generate_dict(raw: bytes) -> bytes:
 
 def _decode_chat_bytes(raw: bytes) -> bytes:
     leg = build_decode_request_bytes(
-        raw, client_path=_CHAT, params=_PARAMS, token_ids=_ROUTER_TOKEN_IDS
+        raw, client_path=_CHAT, params=_PARAMS, inputs=LegInputs(token_ids=_ROUTER_TOKEN_IDS)
     )
     return leg.body
 

@@ -371,10 +371,14 @@ def test_dispatchers_are_the_per_api_functions(
 
 
 @given(envelope_options)
-def test_keyword_fronts_are_the_options(fields: dict[str, Any]) -> None:
+def test_deprecated_keywords_are_the_options(fields: dict[str, Any]) -> None:
+    # model= and reasoning_content= stay on the chat wrap while the LiteLLM integration uses them.
     response = load_fixture("response-derender-tool-call.json")
-    by_keywords = wrap_chat_completion(response, requested=OutputMode.DERENDER, **fields)
-    options = EnvelopeOptions(**fields)
+    kept = {key: fields.pop(key) for key in ("model", "reasoning_content") if key in fields}
+    by_keywords = wrap_chat_completion(
+        response, requested=OutputMode.DERENDER, options=EnvelopeOptions(**fields), **kept
+    )
+    options = EnvelopeOptions(**fields, **kept)
     assert wrap_chat_completion(response, requested=OutputMode.DERENDER, options=options) == (
         by_keywords
     )
@@ -389,7 +393,8 @@ def test_model_precedence_is_one_rule() -> None:
     client = {"model": "client"}
     for wrap in (wrap_chat_completion, wrap_responses_response, wrap_anthropic_message):
         assert wrap(answer, requested=OutputMode.TEXT, client_body=client)["model"] == "m"
-        chosen = wrap(answer, requested=OutputMode.TEXT, client_body=client, model="alias")
+        alias = EnvelopeOptions(model="alias")
+        chosen = wrap(answer, requested=OutputMode.TEXT, client_body=client, options=alias)
         assert chosen["model"] == "alias"
         nameless = {key: value for key, value in answer.items() if key != "model"}
         assert wrap(nameless, requested=OutputMode.TEXT, client_body=client)["model"] == "client"

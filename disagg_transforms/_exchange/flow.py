@@ -459,21 +459,38 @@ class Exchange:
         )
 
     def _build(self, step: str) -> Leg:
-        common: dict[str, Any] = {
-            "client_path": self._path,
-            "rendered": self._rendered,
-            "limits": self._limits,
-        }
         params = self._params[Step(step)]
         if isinstance(params, EncodeParams):
-            return build_encode_request(self._members, params=params, **common)
+            return build_encode_request(
+                self._members, client_path=self._path, params=params, inputs=self._inputs()
+            )
         if isinstance(params, PrefillParams):
             return build_prefill_request(
-                self._members, params=params, ec_transfer_params=self._ec, **common
+                self._members,
+                client_path=self._path,
+                params=params,
+                inputs=self._inputs(ec_transfer_params=self._ec),
             )
         assert isinstance(params, DecodeParams)  # noqa: S101 - the config was checked
         return build_decode_request(
-            self._members, params=params, kv_transfer_params=self._kv, **common
+            self._members,
+            client_path=self._path,
+            params=params,
+            inputs=self._inputs(kv_transfer_params=self._kv),
+        )
+
+    def _inputs(
+        self,
+        *,
+        kv_transfer_params: Mapping[str, Any] | None = None,
+        ec_transfer_params: Mapping[str, Any] | None = None,
+    ) -> LegInputs:
+        # What every leg gets (render's answer, the bounds), and what only its step hands on.
+        return LegInputs(
+            kv_transfer_params=kv_transfer_params,
+            ec_transfer_params=ec_transfer_params,
+            rendered=self._rendered,
+            limits=self._limits,
         )
 
     def _context(self, step: Step) -> TransformContext:
