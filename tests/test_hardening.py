@@ -1,4 +1,4 @@
-"""Properties over the whole public API under hostile input (issue 8, SPEC §4.5, §4.6, §7).
+"""Properties over the whole public API under hostile input (``docs/security.md``).
 
 Every public callable that takes a body is listed once in a table below; each property runs
 over every entry. The properties: no input is mutated; nothing but our own errors escapes

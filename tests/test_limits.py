@@ -1,4 +1,4 @@
-"""Every limit at the limit and one past it (issue 8): depth, body size, token count, n,
+"""Every limit at the limit and one past it: depth, body size, token count, n,
 cache_salt, placeholder spans, caps."""
 
 from __future__ import annotations
@@ -255,7 +255,7 @@ def test_echo_messages_name_what_came_back() -> None:
         check_output_mode_echo({}, "bogus")  # type: ignore[arg-type]
 
 
-# Exact messages: each names the limit, the JSON path and the value (SPEC §7).
+# Exact messages: each names the limit, the JSON path and the value.
 
 
 def test_body_size_message_names_the_limit() -> None:

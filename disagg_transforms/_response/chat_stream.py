@@ -1,4 +1,4 @@
-"""Streaming chat clients over the generate route (SPEC §5.3).
+"""Streaming chat clients over the generate route (``docs/responses.md``).
 
 Two shapes, both ending in ``data: [DONE]``:
 

@@ -1,4 +1,4 @@
-"""Rebuild a ``chat.completion`` from a generate response (SPEC §5.2).
+"""Rebuild a ``chat.completion`` from a generate response (``docs/responses.md``).
 
 A chat client on the generate route must not be able to tell: the answer is rebuilt from an
 allow-list (so a field vLLM adds to the generate response later cannot leak), the derendered
@@ -222,7 +222,7 @@ def wrap_chat_completion(  # noqa: PLR0913 - model=, reasoning_content=: see the
             ``options.reasoning_content``.
 
     Raises:
-        UpstreamContractError: the echo check fails (§5.1), or the response is malformed; the
+        UpstreamContractError: the echo check fails (``docs/responses.md``), or the response is malformed; the
             ``param`` is the JSON path.
         ConfigError: ``requested`` is ``tokens`` (token IDs carry no text).
         RequestError: the client's ``top_logprobs`` is not an integer >= -1.
