@@ -101,10 +101,11 @@ def _decode_params(context: TransformContext, transform: str) -> DecodeParams:
 
 
 def decode_request(body: Mapping[str, Any], context: TransformContext, /) -> dict[str, Any]:
-    """Request transform: the client's body becomes the decode leg's body (``docs/request-legs.md``).
+    """Request transform: the client's body becomes the decode leg's body.
 
-    :func:`~disagg_transforms.build_decode_request` with the context's client path,
-    ``DecodeParams`` and :class:`~disagg_transforms.hooks.LegInputs`. Only the body comes back:
+    :func:`~disagg_transforms.build_decode_request` (its rules: ``docs/request-legs.md``) with
+    the context's client path, ``DecodeParams`` and :class:`~disagg_transforms.hooks.LegInputs`.
+    Only the body comes back:
     a host that needs the leg's path, streaming flags or dropped keys calls
     ``build_decode_request`` itself.
 

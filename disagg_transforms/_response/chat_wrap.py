@@ -222,8 +222,8 @@ def wrap_chat_completion(  # noqa: PLR0913 - model=, reasoning_content=: see the
             ``options.reasoning_content``.
 
     Raises:
-        UpstreamContractError: the echo check fails (``docs/responses.md``), or the response is malformed; the
-            ``param`` is the JSON path.
+        UpstreamContractError: the echo check fails (``docs/responses.md``), or the response is
+            malformed; the ``param`` is the JSON path.
         ConfigError: ``requested`` is ``tokens`` (token IDs carry no text).
         RequestError: the client's ``top_logprobs`` is not an integer >= -1.
     """
