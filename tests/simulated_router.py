@@ -24,7 +24,7 @@ from disagg_transforms import (
     StepParams,
     WorkerCall,
 )
-from disagg_transforms.testing import SimulatedWorker
+from disagg_transforms.testing import SimulatedWorker, WorkerSettings
 
 
 class SimulatedRouter:
@@ -39,7 +39,9 @@ class SimulatedRouter:
         fault_step: str = "decode",
     ) -> None:
         self.config = config
-        self.worker = worker or SimulatedWorker(created=1796000000, first_byte_delay=0.05)
+        self.worker = worker or SimulatedWorker(
+            WorkerSettings(created=1796000000), first_byte_delay=0.05
+        )
         self.fault = fault
         self.fault_step = fault_step
         self.requests = 0

@@ -16,7 +16,12 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from disagg_transforms.testing import _tokenizer as tok
-from disagg_transforms.testing._common import BadRequestError, Issue, RequestInvalidError, Settings
+from disagg_transforms.testing._common import (
+    BadRequestError,
+    Issue,
+    RequestInvalidError,
+    WorkerSettings,
+)
 
 ENGINE_DEFAULT_MAX_TOKENS: Final = 16
 """``SamplingParams.max_tokens``'s default: a dump leaves this value out."""
@@ -151,7 +156,7 @@ def _number(value: object, default: float) -> float:
     )
 
 
-def _room(prompt_len: int, settings: Settings) -> int:
+def _room(prompt_len: int, settings: WorkerSettings) -> int:
     room = settings.max_model_len - prompt_len
     if room <= 0:
         msg = (
@@ -163,7 +168,7 @@ def _room(prompt_len: int, settings: Settings) -> int:
     return room
 
 
-def _max_tokens(cap: object, prompt_len: int, settings: Settings) -> int:
+def _max_tokens(cap: object, prompt_len: int, settings: WorkerSettings) -> int:
     room = _room(prompt_len, settings)
     if not isinstance(cap, int) or isinstance(cap, bool):
         return room
@@ -278,7 +283,9 @@ class _Dump:
     features: dict[str, Any] | None = None
 
 
-def _generate_request(body: Mapping[str, Any], settings: Settings, dump: _Dump) -> dict[str, Any]:
+def _generate_request(
+    body: Mapping[str, Any], settings: WorkerSettings, dump: _Dump
+) -> dict[str, Any]:
     template_kwargs = dump.template_kwargs
     return {
         "request_id": dump.request_id,
@@ -369,7 +376,7 @@ class _Chat:
     stop: object = None
 
 
-def _chat_render(body: Mapping[str, Any], chat: _Chat, settings: Settings) -> dict[str, Any]:
+def _chat_render(body: Mapping[str, Any], chat: _Chat, settings: WorkerSettings) -> dict[str, Any]:
     messages, tools, tool_choice = chat.messages, chat.tools, chat.tool_choice
     kwargs = _template_kwargs(body)
     token_ids = tok.encode(chat_prompt(messages, tools, kwargs))
@@ -408,7 +415,7 @@ def _chat_render(body: Mapping[str, Any], chat: _Chat, settings: Settings) -> di
     return _generate_request(body, settings, dump)
 
 
-def render_chat(body: object, header_id: str | None, settings: Settings) -> dict[str, Any]:
+def render_chat(body: object, header_id: str | None, settings: WorkerSettings) -> dict[str, Any]:
     """``POST /v1/chat/completions/render``.
 
     Args:
@@ -521,7 +528,9 @@ def _anthropic_tool_choice(choice: object) -> object:
     return {"auto": "auto", "any": "required", "none": "none"}.get(str(kind))
 
 
-def render_messages(body: object, header_id: str | None, settings: Settings) -> dict[str, Any]:
+def render_messages(
+    body: object, header_id: str | None, settings: WorkerSettings
+) -> dict[str, Any]:
     """``POST /v1/messages/render``: an Anthropic Messages body, converted to chat first.
 
     Args:
@@ -589,7 +598,7 @@ def _responses_tool(tool: Mapping[str, Any]) -> dict[str, Any]:
     return {"type": "function", "function": function}
 
 
-def render_responses(body: object, settings: Settings) -> dict[str, Any]:
+def render_responses(body: object, settings: WorkerSettings) -> dict[str, Any]:
     """``POST /v1/responses/render``: no ``parse_context``, and ``X-Request-Id`` is ignored.
 
     Args:
@@ -647,7 +656,7 @@ def _prompts(request: Mapping[str, Any]) -> list[list[int]]:
 
 
 def render_completions(
-    body: object, header_id: str | None, settings: Settings
+    body: object, header_id: str | None, settings: WorkerSettings
 ) -> list[dict[str, Any]]:
     """``POST /v1/completions/render``: one ``GenerateRequest`` per prompt, no template.
 
