@@ -560,12 +560,7 @@ class Exchange:
                 return hooks.run_response(body, context)
 
         body, content_type = _reply.whole_reply(
-            self._shape(leg),
-            answer,
-            requested=leg.output_mode,
-            client_body=self._members,
-            single_frame=leg.single_frame,
-            hook=hook,
+            self._shape(leg), answer, leg=leg, client_body=self._members, hook=hook
         )
         self._final = ClientReply(status=200, headers=self._reply_headers(content_type), body=body)
 
