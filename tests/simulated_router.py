@@ -19,6 +19,7 @@ import httpx2
 from disagg_transforms import (
     NEED_DATA,
     ClientReply,
+    ClientStream,
     Exchange,
     Step,
     StepParams,
@@ -92,4 +93,5 @@ class SimulatedRouter:
         assert reply is not NEED_DATA
         if isinstance(reply, ClientReply):
             return reply.status, list(reply.headers), reply.body
+        assert isinstance(reply, ClientStream)
         return reply.status, list(reply.headers), reply.first + bytes(sent)

@@ -58,7 +58,7 @@ def _body(name: str, **changes: Any) -> bytes:
 
 
 def _worker(decode_body: Any = DECODE, **answers: Any) -> Any:
-    base = {
+    base: dict[str, Any] = {
         "render": (200, {}, RENDER),
         "prefill": (200, {}, PREFILL),
         "decode": (200, {}, decode_body),

@@ -34,7 +34,8 @@ def _config(decode: dict[str, Any] | None = None, **steps: Any) -> Any:
 
 
 def _openai(router: SimulatedRouter, retries: int = 0) -> openai.OpenAI:
-    http = httpx.Client(transport=httpx.MockTransport(router))
+    # The openai SDK speaks HTTP through httpx2, as the anthropic SDK does.
+    http = httpx2.Client(transport=httpx2.MockTransport(router))
     return openai.OpenAI(
         base_url="http://router/v1", api_key="k", http_client=http, max_retries=retries
     )

@@ -359,7 +359,10 @@ def test_inputs_and_keywords_together_are_refused() -> None:
     assert caught.value.param == "inputs"
     with pytest.raises(RequestError):
         build_prefill_request(
-            {}, client_path=CHAT, params=PrefillParams(), inputs={"token_ids": TOKENS}
+            {},
+            client_path=CHAT,
+            params=PrefillParams(),
+            inputs={"token_ids": TOKENS},  # type: ignore[arg-type]  # a wrong type on purpose
         )
 
 

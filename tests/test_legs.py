@@ -846,9 +846,9 @@ def test_messages_prefill_and_encode_over_generate() -> None:
         leg = build(
             messages_client(),
             client_path=MESSAGES,
-            params=params,
+            params=params,  # type: ignore[arg-type]
             inputs=LegInputs(token_ids=TOKENS),
-        )  # type: ignore[arg-type]
+        )
         assert leg.body["sampling_params"]["max_tokens"] == 1
         assert leg.body["sampling_params"]["stop"] == ["\n\nHuman:"]
         assert_generate_request(leg.body)

@@ -71,7 +71,8 @@ def _client_cap(client: dict[str, Any], path: str) -> dict[str, Any]:
     caps = apply_sampling_caps(
         {k: v for k, v in client.items() if k.startswith(("max_", "min_"))}, detect_route(path)
     )
-    return caps["sampling_params"]
+    sampling: dict[str, Any] = caps["sampling_params"]
+    return sampling
 
 
 @pytest.mark.parametrize("mode", [OutputMode.TEXT, OutputMode.DERENDER])

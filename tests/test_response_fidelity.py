@@ -18,7 +18,11 @@ import pydantic
 import pytest
 from golden import load_fixture, load_stream
 from hypothesis import given
-from openai.types.responses import ResponseStreamEvent
+from openai.types.responses import (
+    ParsedResponseOutputMessage,
+    ParsedResponseOutputText,
+    ResponseStreamEvent,
+)
 from pydantic import TypeAdapter
 from strategies import envelope_options, generate_envelope_responses, rebuilt_routes, request_ids
 
@@ -90,7 +94,7 @@ def text_stream(*, usage: dict[str, Any] | None, logprobs: Any = None) -> bytes:
         "output_mode": "text",
         "choices": [{"index": 0, "text": "Hi", "finish_reason": "stop", "logprobs": logprobs}],
     }
-    events = [chunk]
+    events: list[dict[str, Any]] = [chunk]
     if usage is not None:
         events.append(
             {
@@ -124,7 +128,9 @@ def test_single_frame_chat_closes_tool_calls_for_the_openai_stream_helper() -> N
     done = [e for e in events if e.type == "tool_calls.function.arguments.done"]
     assert len(done) == 1
     assert done[0].parsed_arguments == GetWeather(city="Paris")
-    call = final.choices[0].message.tool_calls[0]
+    calls = final.choices[0].message.tool_calls
+    assert calls is not None
+    call = calls[0]
     assert call.function.parsed_arguments == GetWeather(city="Paris")
     assert final.choices[0].finish_reason == "tool_calls"
     assert final.usage is not None
@@ -234,7 +240,12 @@ def test_top_logprobs_reads_the_same_on_every_envelope(top: int | None, kept: in
     sse = converter.feed(text_stream(usage=CACHED_USAGE, logprobs=_logprobs(3))) + converter.close()
     with openai_client(sse).responses.stream(model="m", input="hi") as stream:
         final = stream.get_final_response()
-    assert len(final.output[0].content[0].logprobs[0].top_logprobs) == kept
+    message = final.output[0]
+    assert isinstance(message, ParsedResponseOutputMessage)
+    text = message.content[0]
+    assert isinstance(text, ParsedResponseOutputText)
+    assert text.logprobs is not None
+    assert len(text.logprobs[0].top_logprobs) == kept
 
 
 # ------------------------------------------------------------------ usage

@@ -79,7 +79,7 @@ def events(response: httpx.Response) -> list[str]:
 
 
 def generate_body(**changes: Any) -> dict[str, Any]:
-    body = load_fixture("generate-decode-request.json")
+    body: dict[str, Any] = load_fixture("generate-decode-request.json")
     body["kv_transfer_params"] = None
     body.update(changes)
     return body
