@@ -326,16 +326,23 @@ def _template_kwargs(body: Mapping[str, Any]) -> dict[str, Any]:
     return kwargs
 
 
-def _require_object(body: object) -> Mapping[str, Any]:
+def _require_object(body: object, *required: str) -> Mapping[str, Any]:
+    """The body as an object holding every ``required`` key (pydantic's errors otherwise)."""
     if not isinstance(body, dict):
         msg = "Input should be a valid dictionary"
         raise RequestInvalidError([Issue("model_attributes_type", "body", msg, body)])
+    for key in required:
+        _require_key(body, key)
     return body
 
 
-def _require_list(body: Mapping[str, Any], key: str) -> list[Any]:
+def _require_key(body: Mapping[str, Any], key: str) -> None:
     if key not in body:
         raise RequestInvalidError([Issue("missing", f"body.{key}", "Field required", dict(body))])
+
+
+def _require_list(body: Mapping[str, Any], key: str) -> list[Any]:
+    _require_key(body, key)
     value = body[key]
     if not isinstance(value, list) or not all(isinstance(item, dict) for item in value):
         msg = "Input should be a valid list"
@@ -541,10 +548,7 @@ def render_messages(
     Returns:
         One ``GenerateRequest`` body.
     """
-    request = _require_object(body)
-    if "max_tokens" not in request:
-        issue = Issue("missing", "body.max_tokens", "Field required", dict(request))
-        raise RequestInvalidError([issue])
+    request = _require_object(body, "max_tokens")
     messages = _anthropic_messages(request)
     raw_tools = request.get("tools")
     tools = [_anthropic_tool(t) for t in raw_tools if isinstance(t, dict)] if raw_tools else None
@@ -608,10 +612,7 @@ def render_responses(body: object, settings: WorkerSettings) -> dict[str, Any]:
     Returns:
         One ``GenerateRequest`` body.
     """
-    request = _require_object(body)
-    if "input" not in request:
-        issue = Issue("missing", "body.input", "Field required", dict(request))
-        raise RequestInvalidError([issue])
+    request = _require_object(body, "input")
     messages = _responses_messages(request)
     raw_tools = request.get("tools") or []
     tools = [
@@ -649,8 +650,7 @@ def _prompts(request: Mapping[str, Any]) -> list[list[int]]:
             return [list(prompt)]
         if all(isinstance(item, list) and all(isinstance(t, int) for t in item) for item in prompt):
             return [list(item) for item in prompt]
-    if "prompt" not in request:
-        raise RequestInvalidError([Issue("missing", "body.prompt", "Field required", request)])
+    _require_key(request, "prompt")
     msg = "Input should be a valid string or a list of strings or token IDs"
     raise RequestInvalidError([Issue("string_type", "body.prompt", msg, prompt)])
 
