@@ -593,18 +593,11 @@ def build_decode_request_bytes(
         token_ids_key=w.TOKEN_IDS,
     )
     leg = _decode(members, client_path, params, given)
-    fields: dict[str, Any] = {
-        "path": leg.path,
-        "route": leg.route,
-        "body": members.encode(leg.body),
-        "stream": leg.stream,
-        "single_frame": leg.single_frame,
-        "wrap_chat_completion": leg.wrap_chat_completion,
-        "dropped": leg.dropped,
-    }
+    # The bytes leg has the dict leg's fields, its body written as JSON bytes.
+    fields = {**msgspec.structs.asdict(leg), "body": members.encode(leg.body)}
     if isinstance(leg, GenerateDecodeLeg):
-        return GenerateDecodeLegBytes(output_mode=leg.output_mode, **fields)
-    return DecodeLegBytes(output_mode=None, **fields)
+        return GenerateDecodeLegBytes(**fields)
+    return DecodeLegBytes(**fields)
 
 
 def _routes(
