@@ -20,6 +20,7 @@ from disagg_transforms import (
     ChatStreamConverter,
     DecodeParams,
     EnvelopeOptions,
+    LegInputs,
     OutputMode,
     ResponsesStreamConverter,
     Route,
@@ -87,7 +88,7 @@ def _decode_generate_dict(raw: bytes) -> bytes:
 
 def _decode_chat_bytes(raw: bytes) -> bytes:
     leg = build_decode_request_bytes(
-        raw, client_path=_CHAT, params=_PARAMS, token_ids=_ROUTER_TOKEN_IDS
+        raw, client_path=_CHAT, params=_PARAMS, inputs=LegInputs(token_ids=_ROUTER_TOKEN_IDS)
     )
     return leg.body
 

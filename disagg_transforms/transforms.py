@@ -62,7 +62,7 @@ class SamplingCaps:
 
 
 def sampling_caps(route: Route | None = None) -> SamplingCaps:
-    """The cap-relocation request transform (SPEC §4.3).
+    """The cap-relocation request transform (``docs/request-legs.md``, "Caps and errors").
 
     Args:
         route: the route whose top-level cap keys are read (``Route.GENERATE`` for a body that
@@ -77,7 +77,7 @@ def sampling_caps(route: Route | None = None) -> SamplingCaps:
 def strip_client_transfer_params(
     body: Mapping[str, Any], context: TransformContext, /
 ) -> dict[str, Any]:
-    """Request transform: remove client-supplied transfer params (SPEC §4.6).
+    """Request transform: remove client-supplied transfer params (``docs/security.md``).
 
     ``kv_transfer_params`` and ``ec_transfer_params`` are removed from the top level,
     ``sampling_params.extra_args`` and ``vllm_xargs``, unless the context's step params set
@@ -101,10 +101,11 @@ def _decode_params(context: TransformContext, transform: str) -> DecodeParams:
 
 
 def decode_request(body: Mapping[str, Any], context: TransformContext, /) -> dict[str, Any]:
-    """Request transform: the client's body becomes the decode leg's body (SPEC §4.2).
+    """Request transform: the client's body becomes the decode leg's body.
 
-    :func:`~disagg_transforms.build_decode_request` with the context's client path,
-    ``DecodeParams`` and :class:`~disagg_transforms.hooks.LegInputs`. Only the body comes back:
+    :func:`~disagg_transforms.build_decode_request` (its rules: ``docs/request-legs.md``) with
+    the context's client path, ``DecodeParams`` and :class:`~disagg_transforms.hooks.LegInputs`.
+    Only the body comes back:
     a host that needs the leg's path, streaming flags or dropped keys calls
     ``build_decode_request`` itself.
 
@@ -123,7 +124,7 @@ def wrap_response(body: Mapping[str, Any], context: TransformContext, /) -> dict
     """Response transform: a non-streamed decode answer becomes the client's envelope.
 
     Driven by the context's ``DecodeParams`` and client path. On the generate route the echo is
-    checked (SPEC §5.1) against ``params.output_mode``, then a chat client gets a
+    checked (``docs/responses.md``) against ``params.output_mode``, then a chat client gets a
     ``chat.completion`` when ``wrap_chat_completion`` is on (else the generate response as it
     came), a Responses client a ``response`` object, an Anthropic client a ``message``, and a
     generate client the generate response. A leg on an OpenAI-format route comes back as it is.

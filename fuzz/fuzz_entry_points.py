@@ -25,6 +25,7 @@ from disagg_transforms import (
     ChatStreamConverter,
     DecodeParams,
     EnvelopeOptions,
+    LegInputs,
     OutputMode,
     RequestError,
     ResponsesStreamConverter,
@@ -183,14 +184,19 @@ TARGETS: tuple[tuple[str, Callable[[bytes], object]], ...] = (
         "wrap_chat_completion",
         _json(
             lambda v: wrap_chat_completion(
-                v, requested=OutputMode.TEXT, client_body=_CHAT_CLIENT, clock=_fixed_clock
+                v,
+                requested=OutputMode.TEXT,
+                client_body=_CHAT_CLIENT,
+                options=EnvelopeOptions(clock=_fixed_clock),
             )
         ),
     ),
     (
         "wrap_responses_response",
         _json(
-            lambda v: wrap_responses_response(v, requested=OutputMode.DERENDER, clock=_fixed_clock)
+            lambda v: wrap_responses_response(
+                v, requested=OutputMode.DERENDER, options=EnvelopeOptions(clock=_fixed_clock)
+            )
         ),
     ),
     (
@@ -214,13 +220,19 @@ TARGETS: tuple[tuple[str, Callable[[bytes], object]], ...] = (
     (
         "build_decode_request_bytes (chat client)",
         lambda data: build_decode_request_bytes(
-            data, client_path="/v1/chat/completions", params=_DECODE, token_ids=[1, 2, 3]
+            data,
+            client_path="/v1/chat/completions",
+            params=_DECODE,
+            inputs=LegInputs(token_ids=[1, 2, 3]),
         ),
     ),
     (
         "wrap_chat_completion_bytes",
         lambda data: wrap_chat_completion_bytes(
-            data, requested=OutputMode.TEXT, client_body=_CHAT_CLIENT, clock=_fixed_clock
+            data,
+            requested=OutputMode.TEXT,
+            client_body=_CHAT_CLIENT,
+            options=EnvelopeOptions(clock=_fixed_clock),
         ),
     ),
     ("token_ids shape (bytes path against dict path)", token_ids_shape),

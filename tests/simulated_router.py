@@ -19,12 +19,13 @@ import httpx2
 from disagg_transforms import (
     NEED_DATA,
     ClientReply,
+    ClientStream,
     Exchange,
     Step,
     StepParams,
     WorkerCall,
 )
-from disagg_transforms.testing import SimulatedWorker
+from disagg_transforms.testing import SimulatedWorker, WorkerSettings
 
 
 class SimulatedRouter:
@@ -39,7 +40,9 @@ class SimulatedRouter:
         fault_step: str = "decode",
     ) -> None:
         self.config = config
-        self.worker = worker or SimulatedWorker(created=1796000000, first_byte_delay=0.05)
+        self.worker = worker or SimulatedWorker(
+            WorkerSettings(created=1796000000), first_byte_delay=0.05
+        )
         self.fault = fault
         self.fault_step = fault_step
         self.requests = 0
@@ -90,4 +93,5 @@ class SimulatedRouter:
         assert reply is not NEED_DATA
         if isinstance(reply, ClientReply):
             return reply.status, list(reply.headers), reply.body
+        assert isinstance(reply, ClientStream)
         return reply.status, list(reply.headers), reply.first + bytes(sent)

@@ -64,7 +64,7 @@ paths = st.text() | st.sampled_from(
 )
 
 # --------------------------------------------------------------------------------------------
-# Response side: generate responses (text / derender) and generate SSE streams (issue 4)
+# Response side: generate responses (text / derender) and generate SSE streams
 
 GENERATE_ONLY_TOP_KEYS = (
     "request_id",
@@ -356,7 +356,7 @@ json_objects: st.SearchStrategy[dict[str, Any]] = st.dictionaries(
 )
 
 
-# ---- request legs (issue 3): client bodies, caps, token IDs ----
+# ---- request legs: client bodies, caps, token IDs ----
 
 cap_values = (
     st.none()
@@ -473,7 +473,7 @@ client_paths = st.sampled_from(
     ]
 )
 # --------------------------------------------------------------------------------------------
-# Text-mode generate streams of one choice (Responses / Anthropic streaming clients, issue 5).
+# Text-mode generate streams of one choice (Responses / Anthropic streaming clients).
 
 
 @st.composite
@@ -571,7 +571,7 @@ client_route_bodies: st.SearchStrategy[tuple[str, dict[str, Any]]] = (
 
 
 # --------------------------------------------------------------------------------------------
-# Hostile inputs (issue 8): any subtree replaced by any value, huge numbers, NaN / Infinity,
+# Hostile inputs: any subtree replaced by any value, huge numbers, NaN / Infinity,
 # deep nesting, lone surrogates, and raw bytes that are truncated, invalid UTF-8 or duplicate
 # keys. Dict strategies feed the dict entry points; byte strategies feed the byte parsers.
 

@@ -14,6 +14,7 @@ from strategies import client_paths, client_request_bodies, generate_responses, 
 from disagg_transforms import (
     DecodeParams,
     DisaggTransformError,
+    EnvelopeOptions,
     GenerateDecodeLeg,
     GenerateDecodeLegBytes,
     LegInputs,
@@ -110,13 +111,16 @@ def test_wrap_bytes_path_equals_dict_path(
     client = {"model": "m", "top_logprobs": top}
     raw = _loose(response)
     by_dict = wrap_chat_completion(
-        json.loads(raw), requested=OutputMode(mode), client_body=client, clock=lambda: 7.0
+        json.loads(raw),
+        requested=OutputMode(mode),
+        client_body=client,
+        options=EnvelopeOptions(clock=lambda: 7.0),
     )
     by_bytes = wrap_chat_completion_bytes(
         raw,
         requested=OutputMode(mode),
         client_body=json.dumps(client).encode() if as_bytes else client,
-        clock=lambda: 7.0,
+        options=EnvelopeOptions(clock=lambda: 7.0),
     )
     assert json.loads(by_bytes) == json.loads(json.dumps(by_dict))
 
@@ -147,7 +151,9 @@ def test_wrap_bytes_writes_text_with_its_input_bytes() -> None:
 
 
 def _leg(body: bytes, **kwargs: Any) -> Any:
-    return build_decode_request_bytes(body, client_path=GENERATE, params=TEXT, **kwargs)
+    return build_decode_request_bytes(
+        body, client_path=GENERATE, params=TEXT, inputs=LegInputs(**kwargs)
+    )
 
 
 def _generate(token_ids: str) -> bytes:
@@ -321,9 +327,13 @@ def test_invalid_utf8_in_what_the_wrap_drops_is_not_read() -> None:
     dropped = {"kv_transfer_params": {"note": "MARK"}}
     clean = json.dumps(_text_response("hi", **dropped)).encode()
     broken = clean.replace(b"MARK", b"\xffMARK")
-    out = wrap_chat_completion_bytes(broken, requested=OutputMode.TEXT, clock=lambda: 7.0)
+    out = wrap_chat_completion_bytes(
+        broken, requested=OutputMode.TEXT, options=EnvelopeOptions(clock=lambda: 7.0)
+    )
     out.decode("utf-8")
-    assert out == wrap_chat_completion_bytes(clean, requested=OutputMode.TEXT, clock=lambda: 7.0)
+    assert out == wrap_chat_completion_bytes(
+        clean, requested=OutputMode.TEXT, options=EnvelopeOptions(clock=lambda: 7.0)
+    )
 
 
 @given(response=generate_responses("text"), bad=st.sampled_from([b"\xff", b"\xc3", b"\x80"]))

@@ -296,7 +296,7 @@ def test_direct_construction_is_checked_and_coerced() -> None:
         DecodeParams(output_mode=OutputMode.TOKENS)
 
 
-# Exact messages: each names the step, the key, what is accepted and the bad value (SPEC §7).
+# Exact messages: each names the step, the key, what is accepted and the bad value.
 
 
 def test_placement_message_lists_the_accepted_values() -> None:

@@ -159,14 +159,18 @@ def test_responses_golden_stream_through_the_openai_client() -> None:
     with client.responses.stream(model="m", input="hi") as stream:
         final = stream.get_final_response()
     assert final.output_text == "Hello!"
-    expected = wrap_responses_response(GOLDEN_ANSWER, requested=OutputMode.TEXT, model="m")
+    expected = wrap_responses_response(
+        GOLDEN_ANSWER, requested=OutputMode.TEXT, options=EnvelopeOptions(model="m")
+    )
     assert same(final, expected)
 
 
 def test_responses_golden_events_accumulate_to_the_wrap() -> None:
     events = named_events(convert(responses_converter, load_stream("stream-text.sse")))
     final = accumulate_responses(events)
-    expected = wrap_responses_response(GOLDEN_ANSWER, requested=OutputMode.TEXT, model="m")
+    expected = wrap_responses_response(
+        GOLDEN_ANSWER, requested=OutputMode.TEXT, options=EnvelopeOptions(model="m")
+    )
     assert events[-1]["response"] == expected
     assert final.output_text == "Hello!"
     assert events[0]["response"]["status"] == "in_progress"
@@ -224,7 +228,9 @@ def test_anthropic_golden_stream_through_the_anthropic_client() -> None:
     )
     with client.messages.stream(model="m", max_tokens=8, messages=[]) as stream:
         final = stream.get_final_message()
-    expected = wrap_anthropic_message(GOLDEN_ANSWER, requested=OutputMode.TEXT, model="m")
+    expected = wrap_anthropic_message(
+        GOLDEN_ANSWER, requested=OutputMode.TEXT, options=EnvelopeOptions(model="m")
+    )
     assert same(final, expected)
 
 
@@ -248,7 +254,12 @@ def test_anthropic_golden_events() -> None:
         "usage": {"input_tokens": 12, "output_tokens": 4},
     }
     final = accumulate_anthropic(events)
-    assert same(final, wrap_anthropic_message(GOLDEN_ANSWER, requested=OutputMode.TEXT, model="m"))
+    assert same(
+        final,
+        wrap_anthropic_message(
+            GOLDEN_ANSWER, requested=OutputMode.TEXT, options=EnvelopeOptions(model="m")
+        ),
+    )
 
 
 def test_anthropic_error_event_reaches_the_client_as_an_error() -> None:

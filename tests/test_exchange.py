@@ -30,6 +30,7 @@ from disagg_transforms.exchange import (
     ClientReply,
     ClientStream,
     Exchange,
+    ExchangeSettings,
     ExchangeStateError,
     WorkerCall,
     pipeline_warnings,
@@ -57,7 +58,7 @@ def _body(name: str, **changes: Any) -> bytes:
 
 
 def _worker(decode_body: Any = DECODE, **answers: Any) -> Any:
-    base = {
+    base: dict[str, Any] = {
         "render": (200, {}, RENDER),
         "prefill": (200, {}, PREFILL),
         "decode": (200, {}, decode_body),
@@ -82,7 +83,8 @@ def _events(stream: bytes) -> list[Any]:
 
 
 def _run(path: str, body: bytes, worker: Any, config: Any = GENERATE_PD, **kw: Any) -> Outcome:
-    return drive(Exchange(config, path, kw.pop("headers", {}), body, **kw), worker)
+    headers = kw.pop("headers", {})
+    return drive(Exchange(config, path, headers, body, settings=ExchangeSettings(**kw)), worker)
 
 
 # ---- the sequence of calls --------------------------------------------------------------

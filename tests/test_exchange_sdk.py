@@ -26,7 +26,7 @@ STREAM = load_stream("generate-stream-usage.sse")
 
 
 def _worker(render: str = "render-chat-response.json", **answers: Any) -> Worker:
-    base = {
+    base: dict[str, Any] = {
         "render": (200, {}, fixture_bytes(render)),
         "prefill": (200, {}, fixture_bytes("generate-prefill-response.json")),
     }
@@ -55,7 +55,8 @@ def _decode(stream_or_whole: str) -> Any:
 
 
 def _openai(router: Router, retries: int = 0) -> openai.OpenAI:
-    http = httpx.Client(transport=httpx.MockTransport(router))
+    # The openai SDK speaks HTTP through httpx2, as the anthropic SDK does.
+    http = httpx2.Client(transport=httpx2.MockTransport(router))
     return openai.OpenAI(
         base_url="http://router/v1", api_key="k", http_client=http, max_retries=retries
     )

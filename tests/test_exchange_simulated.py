@@ -20,7 +20,7 @@ import pytest
 from simulated_router import SimulatedRouter
 
 from disagg_transforms import parse_pipeline_params
-from disagg_transforms.testing import SimulatedWorker, toy_encode
+from disagg_transforms.testing import SimulatedWorker, WorkerSettings, toy_encode
 
 GENERATE = "/inference/v1/generate"
 CREATED = 1796000000
@@ -34,7 +34,8 @@ def _config(decode: dict[str, Any] | None = None, **steps: Any) -> Any:
 
 
 def _openai(router: SimulatedRouter, retries: int = 0) -> openai.OpenAI:
-    http = httpx.Client(transport=httpx.MockTransport(router))
+    # The openai SDK speaks HTTP through httpx2, as the anthropic SDK does.
+    http = httpx2.Client(transport=httpx2.MockTransport(router))
     return openai.OpenAI(
         base_url="http://router/v1", api_key="k", http_client=http, max_retries=retries
     )
@@ -53,7 +54,7 @@ def _bodies(router: SimulatedRouter, path: str = GENERATE) -> list[Any]:
 
 def _replay(path: str, body: Any, request_id: str) -> bytes:
     """What a fresh worker answers to ``body``: the bytes the exchange was given."""
-    worker = SimulatedWorker(created=CREATED)
+    worker = SimulatedWorker(WorkerSettings(created=CREATED))
 
     async def run() -> bytes:
         transport = httpx.ASGITransport(app=worker)

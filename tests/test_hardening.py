@@ -1,4 +1,4 @@
-"""Properties over the whole public API under hostile input (issue 8, SPEC §4.5, §4.6, §7).
+"""Properties over the whole public API under hostile input (``docs/security.md``).
 
 Every public callable that takes a body is listed once in a table below; each property runs
 over every entry. The properties: no input is mutated; nothing but our own errors escapes
@@ -134,13 +134,22 @@ def _legs(path: str) -> dict[str, Callable[[Any], object]]:
             b, client_path=path, params=DERENDER, token_ids=tokens
         ),
         f"prefill-openai {path}": lambda b: build_prefill_request(
-            b, client_path=path, params=PrefillParams(), ec_transfer_params=ROUTER_EC
+            b,
+            client_path=path,
+            params=PrefillParams(),
+            inputs=LegInputs(ec_transfer_params=ROUTER_EC),
         ),
         f"prefill-generate {path}": lambda b: build_prefill_request(
-            b, client_path=path, params=PREFILL, token_ids=tokens, kv_transfer_params=ROUTER_KV
+            b,
+            client_path=path,
+            params=PREFILL,
+            inputs=LegInputs(token_ids=tokens, kv_transfer_params=ROUTER_KV),
         ),
         f"encode {path}": lambda b: build_encode_request(
-            b, client_path=path, params=EncodeParams(use_openai_format=False), token_ids=tokens
+            b,
+            client_path=path,
+            params=EncodeParams(use_openai_format=False),
+            inputs=LegInputs(token_ids=tokens),
         ),
         f"caps {path}": lambda b: apply_sampling_caps(b, Route(path)),
         f"single-token {path}": lambda b: apply_single_token_cap(b, Route(path)),
@@ -180,22 +189,22 @@ def _responses(mode: OutputMode) -> dict[str, Callable[[Any, Any], object]]:
     return {
         "echo": lambda r, _c: check_output_mode_echo(r, mode),
         "wrap_chat_completion": lambda r, c: wrap_chat_completion(
-            r, requested=mode, client_body=c, clock=CLOCK
+            r, requested=mode, client_body=c, options=EnvelopeOptions(clock=CLOCK)
         ),
         "single_frame_chat_chunks": lambda r, c: single_frame_chat_chunks(
-            r, requested=mode, client_body=c, clock=CLOCK
+            r, requested=mode, client_body=c, options=EnvelopeOptions(clock=CLOCK)
         ),
         "single_frame_chat_stream": lambda r, c: single_frame_chat_stream(
-            r, requested=mode, client_body=c, clock=CLOCK
+            r, requested=mode, client_body=c, options=EnvelopeOptions(clock=CLOCK)
         ),
         "wrap_responses_response": lambda r, c: wrap_responses_response(
-            r, requested=mode, client_body=c, clock=CLOCK
+            r, requested=mode, client_body=c, options=EnvelopeOptions(clock=CLOCK)
         ),
         "single_frame_responses_events": lambda r, c: single_frame_responses_events(
-            r, requested=mode, client_body=c, clock=CLOCK
+            r, requested=mode, client_body=c, options=EnvelopeOptions(clock=CLOCK)
         ),
         "single_frame_responses_stream": lambda r, c: single_frame_responses_stream(
-            r, requested=mode, client_body=c, clock=CLOCK
+            r, requested=mode, client_body=c, options=EnvelopeOptions(clock=CLOCK)
         ),
         "wrap_anthropic_message": lambda r, c: wrap_anthropic_message(
             r, requested=mode, client_body=c
@@ -444,9 +453,9 @@ def test_client_transfer_params_never_reach_an_untrusted_leg(
             body,
             client_path=path,
             params=params,
-            token_ids=tokens,
-            kv_transfer_params=ROUTER_KV,
-            ec_transfer_params=ROUTER_EC,
+            inputs=LegInputs(
+                token_ids=tokens, kv_transfer_params=ROUTER_KV, ec_transfer_params=ROUTER_EC
+            ),
         )
         allowed = {
             "kv_transfer_params": {
@@ -458,7 +467,9 @@ def test_client_transfer_params_never_reach_an_untrusted_leg(
         }
     else:
         params = EncodeParams(use_openai_format=openai)
-        call = lambda: build_encode_request(body, client_path=path, params=params, token_ids=tokens)  # noqa: E731
+        call = lambda: build_encode_request(  # noqa: E731
+            body, client_path=path, params=params, inputs=LegInputs(token_ids=tokens)
+        )
         allowed = {}
     outcome = _ours(call)
     if outcome[0] == "error":

@@ -52,9 +52,10 @@ def _outcome(call: Any) -> tuple[str, Any]:
 
 def _decode(body: dict[str, Any], path: str, params: DecodeParams, **kwargs: Any) -> DecodeLeg:
     """The decode leg, after checking the bytes path builds the same one."""
-    leg = build_decode_request(body, client_path=path, params=params, **kwargs)
+    inputs = LegInputs(**kwargs)
+    leg = build_decode_request(body, client_path=path, params=params, inputs=inputs)
     raw = build_decode_request_bytes(
-        json.dumps(body).encode(), client_path=path, params=params, **kwargs
+        json.dumps(body).encode(), client_path=path, params=params, inputs=inputs
     )
     assert json.loads(raw.body) == json.loads(json.dumps(leg.body))
     assert (raw.stream, raw.single_frame, raw.dropped) == (
@@ -191,9 +192,9 @@ def test_trusted_prefill_keeps_the_clients_params_under_the_flags_and_routers(
             trust_client_transfer_params=True,
             kv_transfer_placement=KvTransferPlacement.TOP_LEVEL,
         ),
-        token_ids=TOKENS,
-        kv_transfer_params=ROUTER_KV,
-        ec_transfer_params=ROUTER_EC,
+        inputs=LegInputs(
+            token_ids=TOKENS, kv_transfer_params=ROUTER_KV, ec_transfer_params=ROUTER_EC
+        ),
     )
     flags = {"do_remote_decode": True, "do_remote_prefill": False}
     assert leg.body["kv_transfer_params"] == {**TRUSTED_KV, **flags}
@@ -226,7 +227,7 @@ def test_trusted_encode_keeps_the_clients_params(openai: bool) -> None:
         _chat(kv_transfer_params=CLIENT_KV),
         client_path=CHAT,
         params=EncodeParams(use_openai_format=openai, trust_client_transfer_params=True),
-        token_ids=TOKENS,
+        inputs=LegInputs(token_ids=TOKENS),
     )
     assert leg.body["kv_transfer_params"] == CLIENT_KV
 
@@ -267,7 +268,10 @@ def test_untrusted_client_params_never_reach_a_leg(step: str) -> None:
     )
     if step == "prefill":
         built = build_prefill_request(
-            body, client_path=CHAT, params=PrefillParams(), kv_transfer_params=ROUTER_KV
+            body,
+            client_path=CHAT,
+            params=PrefillParams(),
+            inputs=LegInputs(kv_transfer_params=ROUTER_KV),
         ).body
         assert built["kv_transfer_params"] == {
             **ROUTER_KV,
@@ -355,7 +359,10 @@ def test_inputs_and_keywords_together_are_refused() -> None:
     assert caught.value.param == "inputs"
     with pytest.raises(RequestError):
         build_prefill_request(
-            {}, client_path=CHAT, params=PrefillParams(), inputs={"token_ids": TOKENS}
+            {},
+            client_path=CHAT,
+            params=PrefillParams(),
+            inputs={"token_ids": TOKENS},  # type: ignore[arg-type]  # a wrong type on purpose
         )
 
 

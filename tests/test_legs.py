@@ -20,6 +20,7 @@ from disagg_transforms import (
     EncodeParams,
     KvTransferPlacement,
     Leg,
+    LegInputs,
     OutputMode,
     PrefillParams,
     RequestError,
@@ -527,8 +528,7 @@ def test_prefill_openai_format_single_token(path: str, cap_key: str) -> None:
         body,
         client_path=path,
         params=PrefillParams(),
-        token_ids=TOKENS,
-        kv_transfer_params={"remote_engine_id": None},
+        inputs=LegInputs(token_ids=TOKENS, kv_transfer_params={"remote_engine_id": None}),
     )
     assert leg.path == path
     assert leg.body[cap_key] == 1
@@ -565,9 +565,7 @@ def test_prefill_generate_single_token(path: str) -> None:
         body,
         client_path=path,
         params=PrefillParams(use_openai_format=False),
-        token_ids=TOKENS,
-        ec_transfer_params={"h": {"d": 1}},
-        request_id="rid",
+        inputs=LegInputs(token_ids=TOKENS, ec_transfer_params={"h": {"d": 1}}, request_id="rid"),
     )
     assert leg.path == GENERATE
     assert isinstance(leg, Leg)
@@ -595,7 +593,10 @@ def test_encode_has_no_transfer_params(path: str, use_openai: bool) -> None:
         "kv_transfer_params": {"remote_host": "evil"},
     }
     leg = build_encode_request(
-        body, client_path=path, params=EncodeParams(use_openai_format=use_openai), token_ids=TOKENS
+        body,
+        client_path=path,
+        params=EncodeParams(use_openai_format=use_openai),
+        inputs=LegInputs(token_ids=TOKENS),
     )
     assert "transfer_params" not in json.dumps(leg.body)
     if leg.route is Route.GENERATE:
@@ -617,8 +618,7 @@ def test_encode_with_features() -> None:
         {"model": "m"},
         client_path=GENERATE,
         params=EncodeParams(),
-        token_ids=TOKENS,
-        features=feats,
+        inputs=LegInputs(token_ids=TOKENS, features=feats),
     )
     assert leg.body["features"] == feats
     assert_generate_request(leg.body)
@@ -706,7 +706,7 @@ def test_prefill_and_encode_return_a_leg_or_a_request_error(
         params_cls = PrefillParams if build is build_prefill_request else EncodeParams
         params = params_cls(use_openai_format=use_openai, trust_client_transfer_params=trusted)
         try:
-            leg = build(body, client_path=path, params=params, token_ids=TOKENS)  # type: ignore[arg-type]
+            leg = build(body, client_path=path, params=params, inputs=LegInputs(token_ids=TOKENS))  # type: ignore[arg-type]
         except RequestError:
             continue
         assert body == before
@@ -812,7 +812,7 @@ def test_responses_and_messages_refusals_through_every_builder(
         (build_encode_request, EncodeParams(use_openai_format=False)),
     ):
         with pytest.raises(RequestError) as caught:
-            build(body, client_path=path, params=params, token_ids=TOKENS)  # type: ignore[arg-type]
+            build(body, client_path=path, params=params, inputs=LegInputs(token_ids=TOKENS))  # type: ignore[arg-type]
         assert caught.value.param == param
         assert param in caught.value.message
 
@@ -824,7 +824,10 @@ def test_responses_prefill_caps_max_output_tokens_on_both_routes() -> None:
     assert "max_tokens" not in openai.body
     assert openai.body["text"] == body["text"]
     generate = build_prefill_request(
-        body, client_path=RESPONSES, params=PrefillParams(use_openai_format=False), token_ids=TOKENS
+        body,
+        client_path=RESPONSES,
+        params=PrefillParams(use_openai_format=False),
+        inputs=LegInputs(token_ids=TOKENS),
     )
     sampling = generate.body["sampling_params"]
     assert sampling["max_tokens"] == 1
@@ -840,7 +843,12 @@ def test_messages_prefill_and_encode_over_generate() -> None:
         (build_prefill_request, PrefillParams(use_openai_format=False)),
         (build_encode_request, EncodeParams(use_openai_format=False)),
     ):
-        leg = build(messages_client(), client_path=MESSAGES, params=params, token_ids=TOKENS)  # type: ignore[arg-type]
+        leg = build(
+            messages_client(),
+            client_path=MESSAGES,
+            params=params,  # type: ignore[arg-type]
+            inputs=LegInputs(token_ids=TOKENS),
+        )
         assert leg.body["sampling_params"]["max_tokens"] == 1
         assert leg.body["sampling_params"]["stop"] == ["\n\nHuman:"]
         assert_generate_request(leg.body)
@@ -882,7 +890,7 @@ def test_every_client_route_body_gives_single_token_legs_or_a_request_error(
     ):
         params = params_cls(use_openai_format=use_openai, trust_client_transfer_params=trusted)
         try:
-            leg = build(body, client_path=path, params=params, token_ids=TOKENS)  # type: ignore[arg-type]
+            leg = build(body, client_path=path, params=params, inputs=LegInputs(token_ids=TOKENS))  # type: ignore[arg-type]
         except RequestError as error:
             assert error.param is not None
             continue

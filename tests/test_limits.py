@@ -1,4 +1,4 @@
-"""Every limit at the limit and one past it (issue 8): depth, body size, token count, n,
+"""Every limit at the limit and one past it: depth, body size, token count, n,
 cache_salt, placeholder spans, caps."""
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ from disagg_transforms import (
     ConfigError,
     DecodeParams,
     EncodeParams,
+    EnvelopeOptions,
+    LegInputs,
     Limits,
     OutputMode,
     PrefillParams,
@@ -121,7 +123,7 @@ def test_depth_limit_on_short_bytes_bodies(member: str, ok: bool) -> None:
         body,
         client_path="/inference/v1/generate",
         params=GENERATE_LEG,
-        limits=Limits(max_depth=3),
+        inputs=LegInputs(limits=Limits(max_depth=3)),
     )
     if ok:
         build()
@@ -137,7 +139,7 @@ def test_depth_limit_counts_token_ids_the_scan_did_not_prove() -> None:
             b'{"token_ids": [[[1]]]}',
             client_path="/inference/v1/generate",
             params=GENERATE_LEG,
-            limits=Limits(max_depth=3),
+            inputs=LegInputs(limits=Limits(max_depth=3)),
         )
     assert error.value.param == "$.token_ids[0][0]"
 
@@ -147,13 +149,14 @@ def _prefill(body: dict[str, Any], **kwargs: Any) -> Any:
         body,
         client_path=CHAT,
         params=PrefillParams(use_openai_format=False),
-        token_ids=[1],
-        **kwargs,
+        inputs=LegInputs(token_ids=[1], **kwargs),
     )
 
 
 def _encode(body: dict[str, Any], **kwargs: Any) -> Any:
-    return build_encode_request(body, client_path=CHAT, params=EncodeParams(), **kwargs)
+    return build_encode_request(
+        body, client_path=CHAT, params=EncodeParams(), inputs=LegInputs(**kwargs)
+    )
 
 
 def test_depth_limit_on_a_response() -> None:
@@ -287,7 +290,7 @@ def test_echo_messages_name_what_came_back() -> None:
         check_output_mode_echo({}, "bogus")  # type: ignore[arg-type]
 
 
-# Exact messages: each names the limit, the JSON path and the value (SPEC §7).
+# Exact messages: each names the limit, the JSON path and the value.
 
 
 def test_body_size_message_names_the_limit() -> None:
@@ -335,7 +338,7 @@ def test_bytes_entry_points_hold_the_body_size_limit_at_and_past() -> None:
     params = DecodeParams(use_openai_format=False)
     at_limit = Limits(max_body_bytes=len(body))
     leg = build_decode_request_bytes(
-        body, client_path="/inference/v1/generate", params=params, limits=at_limit
+        body, client_path="/inference/v1/generate", params=params, inputs=LegInputs(limits=at_limit)
     )
     assert b'"max_tokens":5' in leg.body
     with pytest.raises(RequestError) as caught:
@@ -343,7 +346,7 @@ def test_bytes_entry_points_hold_the_body_size_limit_at_and_past() -> None:
             body,
             client_path="/inference/v1/generate",
             params=params,
-            limits=Limits(max_body_bytes=len(body) - 1),
+            inputs=LegInputs(limits=Limits(max_body_bytes=len(body) - 1)),
         )
     assert caught.value.param == "$"
     assert "Limits.max_body_bytes" in str(caught.value)
@@ -353,12 +356,16 @@ def test_bytes_entry_points_hold_the_body_size_limit_at_and_past() -> None:
         b'"choices":[{"index":0,"finish_reason":"stop","text":"hi"}]}'
     )
     wrapped = wrap_chat_completion_bytes(
-        answer, requested=OutputMode.TEXT, limits=Limits(max_body_bytes=len(answer))
+        answer,
+        requested=OutputMode.TEXT,
+        options=EnvelopeOptions(limits=Limits(max_body_bytes=len(answer))),
     )
     assert b'"content":"hi"' in wrapped
     with pytest.raises(UpstreamContractError) as caught_upstream:
         wrap_chat_completion_bytes(
-            answer, requested=OutputMode.TEXT, limits=Limits(max_body_bytes=len(answer) - 1)
+            answer,
+            requested=OutputMode.TEXT,
+            options=EnvelopeOptions(limits=Limits(max_body_bytes=len(answer) - 1)),
         )
     assert caught_upstream.value.param == "$"
 
@@ -369,7 +376,10 @@ def test_bytes_decode_leg_holds_the_token_count_at_and_past(spaces: bytes) -> No
     body = b'{"token_ids":[1,' + spaces + b'22,333],"sampling_params":{}}'
     params = DecodeParams(use_openai_format=False)
     leg = build_decode_request_bytes(
-        body, client_path="/inference/v1/generate", params=params, limits=Limits(max_token_ids=3)
+        body,
+        client_path="/inference/v1/generate",
+        params=params,
+        inputs=LegInputs(limits=Limits(max_token_ids=3)),
     )
     assert b"[1," + spaces + b"22,333]" in leg.body
     with pytest.raises(RequestError) as caught:
@@ -377,7 +387,7 @@ def test_bytes_decode_leg_holds_the_token_count_at_and_past(spaces: bytes) -> No
             body,
             client_path="/inference/v1/generate",
             params=params,
-            limits=Limits(max_token_ids=2),
+            inputs=LegInputs(limits=Limits(max_token_ids=2)),
         )
     assert (
         str(caught.value) == "$.token_ids: 3 token IDs, over the limit of 2 (Limits.max_token_ids)"
@@ -393,5 +403,5 @@ def test_bytes_token_count_shortcut_is_exact_at_its_bound() -> None:
             body,
             client_path="/inference/v1/generate",
             params=DecodeParams(use_openai_format=False),
-            limits=Limits(max_token_ids=2),
+            inputs=LegInputs(limits=Limits(max_token_ids=2)),
         )

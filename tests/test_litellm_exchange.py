@@ -27,7 +27,7 @@ yaml = pytest.importorskip("yaml")
 from disagg_transforms import DecodeParams, OutputMode  # noqa: E402
 from disagg_transforms.integrations import litellm as integration  # noqa: E402
 from disagg_transforms.integrations.litellm import VllmGenerateLLM  # noqa: E402
-from disagg_transforms.testing import SimulatedWorker  # noqa: E402
+from disagg_transforms.testing import SimulatedWorker, WorkerSettings  # noqa: E402
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore::UserWarning:pydantic.*"),
@@ -68,8 +68,8 @@ class Workers:
     """A decode and a prefill worker, reachable as ``DECODE`` and ``PREFILL``."""
 
     def __init__(self) -> None:
-        self.decode = SimulatedWorker(model="qwen")
-        self.prefill = SimulatedWorker(model="qwen", engine_id="prefill-engine")
+        self.decode = SimulatedWorker(WorkerSettings(model="qwen"))
+        self.prefill = SimulatedWorker(WorkerSettings(model="qwen", engine_id="prefill-engine"))
         self._apps = {"decode.test": self.decode, "prefill.test": self.prefill}
 
     def async_transport(self) -> httpx.AsyncBaseTransport:

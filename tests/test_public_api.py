@@ -29,7 +29,7 @@ def test_all_is_sorted_and_complete() -> None:
 
 
 def test_spec_names_are_exported() -> None:
-    # SPEC §2 names promised so far; later modules add the rest.
+    # The names the contract promises (docs/index.md names their pages); later modules add more.
     for name in (
         "Route",
         "detect_route",

@@ -16,6 +16,7 @@ from golden import load_fixture
 from disagg_transforms import (
     DecodeParams,
     KvTransferPlacement,
+    LegInputs,
     OutputMode,
     PrefillParams,
     apply_sampling_caps,
@@ -70,7 +71,8 @@ def _client_cap(client: dict[str, Any], path: str) -> dict[str, Any]:
     caps = apply_sampling_caps(
         {k: v for k, v in client.items() if k.startswith(("max_", "min_"))}, detect_route(path)
     )
-    return caps["sampling_params"]
+    sampling: dict[str, Any] = caps["sampling_params"]
+    return sampling
 
 
 @pytest.mark.parametrize("mode", [OutputMode.TEXT, OutputMode.DERENDER])
@@ -88,7 +90,10 @@ def test_decode_leg_keeps_renders_sampling_params_under_the_clients_cap(
     assert set(leg.dropped) <= set(client)
     assert "ec_transfer_params" not in leg.dropped
     raw = build_decode_request_bytes(
-        json.dumps(client).encode(), client_path=path, params=params, rendered=render
+        json.dumps(client).encode(),
+        client_path=path,
+        params=params,
+        inputs=LegInputs(rendered=render),
     )
     assert json.loads(raw.body) == json.loads(json.dumps(leg.body))
     assert raw.dropped == leg.dropped
@@ -102,7 +107,10 @@ def test_prefill_leg_is_capped_at_one_token_over_the_clients_cap(
     render: dict[str, Any],
 ) -> None:
     leg = build_prefill_request(
-        client, client_path=path, params=PrefillParams(use_openai_format=False), rendered=render
+        client,
+        client_path=path,
+        params=PrefillParams(use_openai_format=False),
+        inputs=LegInputs(rendered=render),
     )
     assert leg.body["sampling_params"]["max_tokens"] == 1
     assert "stream_options" not in leg.body
@@ -157,8 +165,7 @@ def test_prefill_leg_matches_vllms_prefill_body() -> None:
         params=PrefillParams(
             use_openai_format=False, kv_transfer_placement=KvTransferPlacement.TOP_LEVEL
         ),
-        rendered=render,
-        kv_transfer_params=golden["kv_transfer_params"],
+        inputs=LegInputs(rendered=render, kv_transfer_params=golden["kv_transfer_params"]),
     )
     assert _comparable(leg.body) == _comparable(golden)
     assert leg.body["kv_transfer_params"] == golden["kv_transfer_params"]

@@ -18,7 +18,11 @@ import pydantic
 import pytest
 from golden import load_fixture, load_stream
 from hypothesis import given
-from openai.types.responses import ResponseStreamEvent
+from openai.types.responses import (
+    ParsedResponseOutputMessage,
+    ParsedResponseOutputText,
+    ResponseStreamEvent,
+)
 from pydantic import TypeAdapter
 from strategies import envelope_options, generate_envelope_responses, rebuilt_routes, request_ids
 
@@ -90,7 +94,7 @@ def text_stream(*, usage: dict[str, Any] | None, logprobs: Any = None) -> bytes:
         "output_mode": "text",
         "choices": [{"index": 0, "text": "Hi", "finish_reason": "stop", "logprobs": logprobs}],
     }
-    events = [chunk]
+    events: list[dict[str, Any]] = [chunk]
     if usage is not None:
         events.append(
             {
@@ -124,7 +128,9 @@ def test_single_frame_chat_closes_tool_calls_for_the_openai_stream_helper() -> N
     done = [e for e in events if e.type == "tool_calls.function.arguments.done"]
     assert len(done) == 1
     assert done[0].parsed_arguments == GetWeather(city="Paris")
-    call = final.choices[0].message.tool_calls[0]
+    calls = final.choices[0].message.tool_calls
+    assert calls is not None
+    call = calls[0]
     assert call.function.parsed_arguments == GetWeather(city="Paris")
     assert final.choices[0].finish_reason == "tool_calls"
     assert final.usage is not None
@@ -234,7 +240,12 @@ def test_top_logprobs_reads_the_same_on_every_envelope(top: int | None, kept: in
     sse = converter.feed(text_stream(usage=CACHED_USAGE, logprobs=_logprobs(3))) + converter.close()
     with openai_client(sse).responses.stream(model="m", input="hi") as stream:
         final = stream.get_final_response()
-    assert len(final.output[0].content[0].logprobs[0].top_logprobs) == kept
+    message = final.output[0]
+    assert isinstance(message, ParsedResponseOutputMessage)
+    text = message.content[0]
+    assert isinstance(text, ParsedResponseOutputText)
+    assert text.logprobs is not None
+    assert len(text.logprobs[0].top_logprobs) == kept
 
 
 # ------------------------------------------------------------------ usage
@@ -371,10 +382,14 @@ def test_dispatchers_are_the_per_api_functions(
 
 
 @given(envelope_options)
-def test_keyword_fronts_are_the_options(fields: dict[str, Any]) -> None:
+def test_deprecated_keywords_are_the_options(fields: dict[str, Any]) -> None:
+    # model= and reasoning_content= stay on the chat wrap while the LiteLLM integration uses them.
     response = load_fixture("response-derender-tool-call.json")
-    by_keywords = wrap_chat_completion(response, requested=OutputMode.DERENDER, **fields)
-    options = EnvelopeOptions(**fields)
+    kept = {key: fields.pop(key) for key in ("model", "reasoning_content") if key in fields}
+    by_keywords = wrap_chat_completion(
+        response, requested=OutputMode.DERENDER, options=EnvelopeOptions(**fields), **kept
+    )
+    options = EnvelopeOptions(**fields, **kept)
     assert wrap_chat_completion(response, requested=OutputMode.DERENDER, options=options) == (
         by_keywords
     )
@@ -389,7 +404,8 @@ def test_model_precedence_is_one_rule() -> None:
     client = {"model": "client"}
     for wrap in (wrap_chat_completion, wrap_responses_response, wrap_anthropic_message):
         assert wrap(answer, requested=OutputMode.TEXT, client_body=client)["model"] == "m"
-        chosen = wrap(answer, requested=OutputMode.TEXT, client_body=client, model="alias")
+        alias = EnvelopeOptions(model="alias")
+        chosen = wrap(answer, requested=OutputMode.TEXT, client_body=client, options=alias)
         assert chosen["model"] == "alias"
         nameless = {key: value for key, value in answer.items() if key != "model"}
         assert wrap(nameless, requested=OutputMode.TEXT, client_body=client)["model"] == "client"

@@ -9,7 +9,12 @@ from hypothesis import given
 from openai.types.responses import Response
 from strategies import generate_envelope_responses
 
-from disagg_transforms import OutputMode, UpstreamContractError, wrap_responses_response
+from disagg_transforms import (
+    EnvelopeOptions,
+    OutputMode,
+    UpstreamContractError,
+    wrap_responses_response,
+)
 
 
 @pytest.mark.parametrize(("name", "mode"), RESPONSE_FIXTURES)
@@ -117,10 +122,15 @@ def test_client_request_settings_are_echoed() -> None:
 def test_model_and_created_fallbacks() -> None:
     response = {**load_fixture("response-text.json"), "model": None, "created": None}
     result = wrap_responses_response(
-        response, requested=OutputMode.TEXT, client_body={"model": "m"}, clock=lambda: 7.9
+        response,
+        requested=OutputMode.TEXT,
+        client_body={"model": "m"},
+        options=EnvelopeOptions(clock=lambda: 7.9),
     )
     assert (result["model"], result["created_at"]) == ("m", 7)
-    named = wrap_responses_response(response, requested=OutputMode.TEXT, model="router-name")
+    named = wrap_responses_response(
+        response, requested=OutputMode.TEXT, options=EnvelopeOptions(model="router-name")
+    )
     assert named["model"] == "router-name"
     with pytest.raises(UpstreamContractError) as info:
         wrap_responses_response(response, requested=OutputMode.TEXT)
@@ -152,7 +162,9 @@ def test_missing_or_other_output_mode_is_a_502(echo: str | None) -> None:
 )
 def test_malformed_responses_are_upstream_errors(response: dict[str, Any]) -> None:
     with pytest.raises(UpstreamContractError):
-        wrap_responses_response(response, requested=OutputMode.TEXT, model="m")
+        wrap_responses_response(
+            response, requested=OutputMode.TEXT, options=EnvelopeOptions(model="m")
+        )
 
 
 @given(generate_envelope_responses)

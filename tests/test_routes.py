@@ -42,7 +42,7 @@ def test_route_values_are_paths() -> None:
 @pytest.mark.parametrize(
     ("use_openai_format", "path", "expected"),
     [
-        # SPEC §4.1: completions is always honoured, whatever the flag.
+        # Completions is always honoured, whatever the flag.
         (True, "/v1/completions", Route.COMPLETIONS),
         (False, "/v1/completions", Route.COMPLETIONS),
         # Flag false: every other client goes to generate.

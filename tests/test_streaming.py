@@ -255,7 +255,11 @@ def test_arbitrary_events_give_output_or_a_typed_error(data: bytes) -> None:
 @given(generate_responses("derender"))
 def test_single_frame_of_any_derender_response(response: dict[str, Any]) -> None:
     before = copy.deepcopy(response)
-    chunks = _chunks(single_frame_chat_stream(response, requested=OutputMode.DERENDER, model="m"))
+    chunks = _chunks(
+        single_frame_chat_stream(
+            response, requested=OutputMode.DERENDER, options=EnvelopeOptions(model="m")
+        )
+    )
     assert response == before
     for chunk in chunks:
         ChatCompletionChunk.model_validate(chunk)

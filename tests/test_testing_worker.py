@@ -26,6 +26,7 @@ from disagg_transforms.testing import (
     FAULT_MODES,
     RecordedCall,
     SimulatedWorker,
+    WorkerSettings,
     toy_decode,
     toy_encode,
 )
@@ -78,7 +79,7 @@ def events(response: httpx.Response) -> list[str]:
 
 
 def generate_body(**changes: Any) -> dict[str, Any]:
-    body = load_fixture("generate-decode-request.json")
+    body: dict[str, Any] = load_fixture("generate-decode-request.json")
     body["kv_transfer_params"] = None
     body.update(changes)
     return body
@@ -86,7 +87,7 @@ def generate_body(**changes: Any) -> dict[str, Any]:
 
 @pytest.fixture
 def worker() -> SimulatedWorker:
-    return SimulatedWorker(created=CREATED)
+    return SimulatedWorker(WorkerSettings(created=CREATED))
 
 
 # ---------------------------------------------------------------- the package's shape
@@ -126,6 +127,15 @@ def test_fault_modes_and_unknown_fault() -> None:
     }
     with pytest.raises(ValueError, match="unknown fault"):
         SimulatedWorker(fault="gpu-on-fire")
+
+
+def test_bad_settings_are_refused_when_built() -> None:
+    with pytest.raises(ValueError, match="max_model_len"):
+        WorkerSettings(max_model_len=0)
+    with pytest.raises(ValueError, match="first_byte_delay"):
+        SimulatedWorker(first_byte_delay=-1)
+    worker = SimulatedWorker(WorkerSettings(model="m"))
+    assert worker.settings == WorkerSettings(model="m")
 
 
 def test_toy_tokenizer_round_trips_and_keeps_special_ids() -> None:
@@ -192,7 +202,7 @@ def test_render_max_tokens_rules(worker: SimulatedWorker) -> None:
     # 16 is the engine's default: vLLM's dump leaves it out.
     sixteen = call(worker, "POST", CHAT_RENDER, {**chat, "max_completion_tokens": 16}).json()
     assert "max_tokens" not in sixteen["sampling_params"]
-    small = SimulatedWorker(max_model_len=64)
+    small = SimulatedWorker(WorkerSettings(max_model_len=64))
     too_big = call(small, "POST", CHAT_RENDER, {**chat, "max_tokens": 60})
     assert too_big.status_code == 400
     assert too_big.json()["error"]["type"] == "BadRequestError"
@@ -443,7 +453,7 @@ def test_cap_n_and_logprobs(worker: SimulatedWorker) -> None:
 
 
 def test_absent_cap_is_the_rest_of_the_context() -> None:
-    worker = SimulatedWorker(answer="A longer answer", max_model_len=25)
+    worker = SimulatedWorker(WorkerSettings(answer="A longer answer", max_model_len=25))
     body = generate_body(sampling_params={})
     choice = call(worker, "POST", GENERATE, body).json()["choices"][0]
     # 21 prompt tokens leave 4 of the 25.
@@ -663,7 +673,7 @@ def test_header_fault_overrides_and_unknown_is_refused() -> None:
 
 
 def test_models_lists_simulated_and_the_configured_model() -> None:
-    worker = SimulatedWorker(model="Qwen/Qwen3-0.6B")
+    worker = SimulatedWorker(WorkerSettings(model="Qwen/Qwen3-0.6B"))
     models = call(worker, "GET", "/v1/models").json()
     assert models["object"] == "list"
     assert [m["id"] for m in models["data"]] == ["simulated", "Qwen/Qwen3-0.6B"]

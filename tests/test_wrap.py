@@ -18,6 +18,7 @@ from strategies import (
 
 from disagg_transforms import (
     ConfigError,
+    EnvelopeOptions,
     OutputMode,
     RequestError,
     UpstreamContractError,
@@ -72,7 +73,9 @@ def test_reasoning_content_option() -> None:
     response = load_fixture("response-derender-text.json")
     plain = wrap_chat_completion(response, requested=OutputMode.DERENDER)
     assert "reasoning_content" not in plain["choices"][0]["message"]
-    exposed = wrap_chat_completion(response, requested=OutputMode.DERENDER, reasoning_content=True)
+    exposed = wrap_chat_completion(
+        response, requested=OutputMode.DERENDER, options=EnvelopeOptions(reasoning_content=True)
+    )
     message = exposed["choices"][0]["message"]
     assert message["reasoning_content"] == message["reasoning"] == "Checked."
     assert "reasoning_content" not in response["choices"][0]["message"]
@@ -91,7 +94,9 @@ def test_finish_reasons_the_sdk_rejects_are_mapped(name: str, original: str) -> 
     assert choice["finish_reason"] == "stop"
     assert choice["vllm_finish_reason"] == original
     passed = wrap_chat_completion(
-        load_fixture(name), requested=OutputMode.TEXT, vllm_finish_reasons=True
+        load_fixture(name),
+        requested=OutputMode.TEXT,
+        options=EnvelopeOptions(vllm_finish_reasons=True),
     )
     assert passed["choices"][0]["finish_reason"] == original
     assert "vllm_finish_reason" not in passed["choices"][0]
@@ -169,17 +174,25 @@ def test_created_and_model_fallbacks() -> None:
     response = {**load_fixture("response-text.json"), "created": None, "model": None}
     client = {"model": "client-model"}
     wrapped = wrap_chat_completion(
-        response, requested=OutputMode.TEXT, client_body=client, clock=lambda: 1234.9
+        response,
+        requested=OutputMode.TEXT,
+        client_body=client,
+        options=EnvelopeOptions(clock=lambda: 1234.9),
     )
     assert wrapped["created"] == 1234
     assert wrapped["model"] == "client-model"
     wrapped = wrap_chat_completion(
-        response, requested=OutputMode.TEXT, client_body=client, model="arg", clock=lambda: 1.0
+        response,
+        requested=OutputMode.TEXT,
+        client_body=client,
+        options=EnvelopeOptions(model="arg", clock=lambda: 1.0),
     )
     assert wrapped["model"] == "arg"
     del response["model"]
     with pytest.raises(UpstreamContractError) as caught:
-        wrap_chat_completion(response, requested=OutputMode.TEXT, clock=lambda: 1.0)
+        wrap_chat_completion(
+            response, requested=OutputMode.TEXT, options=EnvelopeOptions(clock=lambda: 1.0)
+        )
     assert caught.value.param == "$.model"
 
 
@@ -236,6 +249,20 @@ def test_malformed_response_names_the_path(mutate: Any, param: str) -> None:
     assert caught.value.param == param
 
 
+def test_contract_error_names_the_path_once() -> None:
+    # A member read on its own (usage) is reported at its path under the response, and the
+    # message names it once, in front, as every other contract error does.
+    response = load_fixture("response-text.json")
+    response["usage"] = {**response["usage"], "prompt_tokens": "many"}
+    with pytest.raises(UpstreamContractError) as caught:
+        wrap_chat_completion(response, requested=OutputMode.TEXT)
+    assert caught.value.param == "$.usage.prompt_tokens"
+    assert caught.value.message == (
+        "$.usage.prompt_tokens: the generate response breaks the contract: "
+        "Expected `int`, got `str`"
+    )
+
+
 def test_derender_choice_without_message() -> None:
     response = load_fixture("response-derender-text.json")
     del response["choices"][0]["message"]
@@ -253,7 +280,9 @@ def test_any_valid_response_wraps_under_the_sdk(case: tuple[str, dict[str, Any]]
     mode, response = case
     before = copy.deepcopy(response)
     wrapped = wrap_chat_completion(
-        response, requested=OutputMode(mode), model="fallback", clock=lambda: 7.0
+        response,
+        requested=OutputMode(mode),
+        options=EnvelopeOptions(model="fallback", clock=lambda: 7.0),
     )
     assert response == before
     _assert_no_generate_only_key(wrapped)
@@ -276,7 +305,9 @@ def test_any_valid_response_wraps_under_the_sdk(case: tuple[str, dict[str, Any]]
 def test_any_json_gives_a_result_or_a_typed_error(value: Any) -> None:
     before = copy.deepcopy(value)
     with contextlib.suppress(UpstreamContractError):
-        wrap_chat_completion(value, requested=OutputMode.TEXT, model="m", clock=lambda: 0.0)
+        wrap_chat_completion(
+            value, requested=OutputMode.TEXT, options=EnvelopeOptions(model="m", clock=lambda: 0.0)
+        )
     assert value == before
 
 

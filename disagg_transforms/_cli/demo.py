@@ -21,9 +21,14 @@ from disagg_transforms._config import (
     StepParams,
     parse_step_params,
 )
-from disagg_transforms._request.legs import build_decode_request, build_prefill_request
+from disagg_transforms._request.legs import (
+    LegInputs,
+    build_decode_request,
+    build_prefill_request,
+)
 from disagg_transforms._response.chat_stream import ChatStreamConverter, single_frame_chat_chunks
 from disagg_transforms._response.chat_wrap import wrap_chat_completion
+from disagg_transforms._response.options import EnvelopeOptions
 from disagg_transforms._routes import Route, resolve_format
 from disagg_transforms._wire.sse import SseParser
 
@@ -158,6 +163,9 @@ def _fixed_clock() -> float:
     return float(CREATED)
 
 
+_DEMO_OPTIONS: Final = EnvelopeOptions(clock=_fixed_clock)
+
+
 def heading(text: str) -> str:
     """A section heading, underlined."""
     return f"\n{text}\n{'=' * len(text)}"
@@ -205,8 +213,7 @@ def _requests() -> list[str]:
         CHAT_REQUEST,
         client_path=CHAT_PATH,
         params=PrefillParams(use_openai_format=False),
-        token_ids=TOKEN_IDS,
-        kv_transfer_params=PREFILL_KV,
+        inputs=LegInputs(token_ids=TOKEN_IDS, kv_transfer_params=PREFILL_KV),
     )
     lines += [
         heading(f"2. Prefill leg: POST {prefill.path} (one token, the client's kv params gone)"),
@@ -236,7 +243,7 @@ def _responses() -> list[str]:
     for number, response in ((5, TEXT_RESPONSE), (6, DERENDER_RESPONSE)):
         mode = OutputMode(response["output_mode"])
         wrapped = wrap_chat_completion(
-            response, requested=mode, client_body=CHAT_REQUEST, clock=_fixed_clock
+            response, requested=mode, client_body=CHAT_REQUEST, options=_DEMO_OPTIONS
         )
         lines += [
             heading(f"{number}. The worker's {mode.value} answer"),
@@ -248,7 +255,7 @@ def _responses() -> list[str]:
         DERENDER_RESPONSE,
         requested=OutputMode.DERENDER,
         client_body=CHAT_REQUEST,
-        clock=_fixed_clock,
+        options=_DEMO_OPTIONS,
     )
     lines.append(heading("7. The derender answer as a single-frame stream (chat.completion.chunk)"))
     lines.extend(pretty(chunk) for chunk in chunks)

@@ -31,6 +31,7 @@ from disagg_transforms._exchange.check import pipeline_warnings
 from disagg_transforms._request.legs import (
     DecodeLeg,
     Leg,
+    LegInputs,
     build_decode_request,
     build_encode_request,
     build_prefill_request,
@@ -227,7 +228,11 @@ def _build_leg(args: argparse.Namespace) -> Leg:
     body: object = _read_json(args.file)
     step = Step(args.step)
     params = parse_step_params(step.value, _params_option(args.params))
-    common: dict[str, object] = {"client_path": args.path, "token_ids": _token_ids(args.token_ids)}
+    common: dict[str, object] = {
+        "client_path": args.path,
+        # The builder checks what was read (a RequestError at $.token_ids), as for the body.
+        "inputs": LegInputs(token_ids=_token_ids(args.token_ids)),  # type: ignore[arg-type]
+    }
     # parse_step_params returns the step's own params class; the isinstance checks tell mypy.
     if isinstance(params, DecodeParams):
         return build_decode_request(body, params=params, **common)  # type: ignore[arg-type]

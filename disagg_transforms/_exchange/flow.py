@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, ClassVar, TypeAlias
+from typing import Any, ClassVar, Final, TypeAlias
 
 import msgspec
 from msgspec import UNSET
@@ -54,6 +54,7 @@ __all__ = (
     "ClientStream",
     "Event",
     "Exchange",
+    "ExchangeSettings",
     "ExchangeStateError",
     "NeedData",
     "WorkerCall",
@@ -188,6 +189,22 @@ def _quote(message: str) -> str:
     return message if len(message) <= _MAX_QUOTED else message[:_MAX_QUOTED] + "…"
 
 
+class ExchangeSettings(msgspec.Struct, frozen=True, kw_only=True):
+    """How a router runs every exchange; frozen, build one at startup and share it."""
+
+    hooks: Pipeline | None = None
+    """The host's :class:`~disagg_transforms.Pipeline`: its request transforms run on each
+    encode, prefill and decode leg, its response transforms on a JSON reply."""
+    new_request_id: Callable[[], str] | None = None
+    """Makes a request id when the client sent no usable ``x-request-id`` (default: a uuid4 in
+    hex)."""
+    limits: Limits = DEFAULT_LIMITS
+    """The bounds on the client's body (``docs/security.md``)."""
+
+
+_DEFAULT_SETTINGS: Final = ExchangeSettings()
+
+
 class Exchange:
     """One client request through render, encode, prefill and decode and back, without I/O.
 
@@ -197,27 +214,24 @@ class Exchange:
         client_path: the path the client called.
         client_headers: the client's headers (a mapping or ``(name, value)`` pairs).
         client_body: the client's body, as bytes.
-        hooks: the host's :class:`~disagg_transforms.Pipeline`: its request transforms run on
-            each encode, prefill and decode leg, its response transforms on a JSON reply.
-        new_request_id: makes a request id when the client sent no usable ``x-request-id``
-            (default: a uuid4 in hex).
-        limits: the bounds on the client's body (``docs/security.md``).
+        settings: the router's :class:`ExchangeSettings` (hooks, request ids, limits); ``None``
+            means the defaults.
 
     Raises:
         ConfigError: the pipeline has no decode step, or has conditional-decode.
     """
 
-    def __init__(  # noqa: PLR0913 - what a router has per request, the rest by keyword
+    def __init__(
         self,
         config: Mapping[Step, StepParams],
         client_path: str,
         client_headers: Mapping[str, str] | Iterable[tuple[str | bytes, str | bytes]],
         client_body: bytes,
         *,
-        hooks: Pipeline | None = None,
-        new_request_id: Callable[[], str] | None = None,
-        limits: Limits = DEFAULT_LIMITS,
+        settings: ExchangeSettings | None = None,
     ) -> None:
+        settings = _DEFAULT_SETTINGS if settings is None else settings
+        new_request_id = settings.new_request_id
         self._params = _checked_config(config)
         untyped_path: object = client_path  # routers hand over whatever their framework has
         if not isinstance(untyped_path, str):
@@ -236,8 +250,8 @@ class Exchange:
             ("content-type", _reply.JSON),
             ("x-request-id", self.request_id),
         )
-        self._hooks = hooks
-        self._limits = limits
+        self._hooks = settings.hooks
+        self._limits = settings.limits
         self._rendered: Mapping[str, Any] | None = None
         self._ec: Mapping[str, Any] | None = None
         self._kv: Mapping[str, Any] | None = None
@@ -457,21 +471,38 @@ class Exchange:
         )
 
     def _build(self, step: str) -> Leg:
-        common: dict[str, Any] = {
-            "client_path": self._path,
-            "rendered": self._rendered,
-            "limits": self._limits,
-        }
         params = self._params[Step(step)]
         if isinstance(params, EncodeParams):
-            return build_encode_request(self._members, params=params, **common)
+            return build_encode_request(
+                self._members, client_path=self._path, params=params, inputs=self._inputs()
+            )
         if isinstance(params, PrefillParams):
             return build_prefill_request(
-                self._members, params=params, ec_transfer_params=self._ec, **common
+                self._members,
+                client_path=self._path,
+                params=params,
+                inputs=self._inputs(ec_transfer_params=self._ec),
             )
         assert isinstance(params, DecodeParams)  # noqa: S101 - the config was checked
         return build_decode_request(
-            self._members, params=params, kv_transfer_params=self._kv, **common
+            self._members,
+            client_path=self._path,
+            params=params,
+            inputs=self._inputs(kv_transfer_params=self._kv),
+        )
+
+    def _inputs(
+        self,
+        *,
+        kv_transfer_params: Mapping[str, Any] | None = None,
+        ec_transfer_params: Mapping[str, Any] | None = None,
+    ) -> LegInputs:
+        # What every leg gets (render's answer, the bounds), and what only its step hands on.
+        return LegInputs(
+            kv_transfer_params=kv_transfer_params,
+            ec_transfer_params=ec_transfer_params,
+            rendered=self._rendered,
+            limits=self._limits,
         )
 
     def _context(self, step: Step) -> TransformContext:
@@ -542,12 +573,7 @@ class Exchange:
                 return hooks.run_response(body, context)
 
         body, content_type = _reply.whole_reply(
-            self._shape(leg),
-            answer,
-            requested=leg.output_mode,
-            client_body=self._members,
-            single_frame=leg.single_frame,
-            hook=hook,
+            self._shape(leg), answer, leg=leg, client_body=self._members, hook=hook
         )
         self._final = ClientReply(status=200, headers=self._reply_headers(content_type), body=body)
 

@@ -16,6 +16,7 @@ import msgspec
 from msgspec import UNSET
 
 from disagg_transforms._config import OutputMode
+from disagg_transforms._request.legs import DecodeLeg
 from disagg_transforms._response.chat_wrap import wrap_chat_completion_bytes
 from disagg_transforms._response.dispatch import (
     single_frame_stream,
@@ -112,23 +113,24 @@ def _frame(body: bytes) -> bytes:
     return b"data: " + body + b"\n\n" + DONE_EVENT
 
 
-def whole_reply(  # noqa: PLR0911, PLR0913 - one branch per envelope, each a call
+def whole_reply(  # noqa: PLR0911 - one branch per envelope, each a call
     shape: Shape,
     answer: bytes,
     *,
-    requested: OutputMode | None,
+    leg: DecodeLeg,
     client_body: Mapping[str, Any],
-    single_frame: bool,
     hook: Callable[[dict[str, Any]], dict[str, Any]] | None,
 ) -> tuple[bytes, str]:
-    """The client's body and content type for a non-streamed decode answer.
+    """The client's body and content type for ``leg``'s non-streamed answer.
 
+    The leg says the mode it asked for and whether the client streams (a single frame).
     ``hook`` runs the host's response transforms on a JSON reply (never on a single frame).
 
     Raises:
         UpstreamContractError: the answer is not JSON, not an object, or breaks the contract.
     """
-    mode = requested or OutputMode.TEXT
+    mode = leg.output_mode or OutputMode.TEXT
+    single_frame = leg.single_frame
     if shape is Shape.PASS and hook is not None:
         whole = _decode(answer, "the decode answer")
         return _raw.encode(hook({k: v for k, v in whole.items() if k not in _TRANSFER})), JSON

@@ -34,7 +34,9 @@ _REFUSED_WHEN_SET: Mapping[str, str] = {
     w.USE_BEAM_SEARCH: "the generate route has no beam search",
     w.LENGTH_PENALTY: "the generate route has no beam search",
 }
-_FORMATS = (w.TEXT, w.JSON_OBJECT, w.JSON_SCHEMA, w.STRUCTURAL_TAG)
+_FORMATS = f.OutputFormats(
+    (w.TEXT, w.JSON_OBJECT, w.JSON_SCHEMA, w.STRUCTURAL_TAG), schema_in=w.JSON_SCHEMA
+)
 
 _CHAT_MAPPED = frozenset(
     {
@@ -59,8 +61,7 @@ def chat_family_sampling(body: Mapping[str, Any]) -> dict[str, Any]:
         given=obj(body, w.STRUCTURED_OUTPUTS),
         fmt=obj(body, w.RESPONSE_FORMAT),
         path=f"$.{w.RESPONSE_FORMAT}",
-        kinds=_FORMATS,
-        schema_in=w.JSON_SCHEMA,
+        formats=_FORMATS,
     )
     return sampling
 

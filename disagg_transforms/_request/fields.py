@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from disagg_transforms._request.mapping import ClientMapping
 from disagg_transforms._wire import keys as w
@@ -105,9 +105,19 @@ def logprobs(
         sampling[w.LOGPROBS] = 0 if top is None else top
 
 
-def _format_outputs(
-    fmt: Mapping[str, Any], path: str, kinds: tuple[str, ...], schema_in: str | None
-) -> dict[str, Any]:
+class OutputFormats(NamedTuple):
+    """The output formats one client API accepts, and where its ``json_schema`` keeps the schema."""
+
+    kinds: tuple[str, ...]
+    """The format types the API accepts, of ``text`` (no constraint), ``json_object``,
+    ``json_schema`` and ``structural_tag``."""
+    schema_in: str | None = None
+    """The key of the object holding ``schema`` in a ``json_schema`` format (chat:
+    ``json_schema``); ``None`` when ``schema`` is in the format itself."""
+
+
+def _format_outputs(fmt: Mapping[str, Any], path: str, formats: OutputFormats) -> dict[str, Any]:
+    kinds, schema_in = formats
     kind = fmt.get(w.TYPE)
     if kind not in kinds:
         expected = ", ".join(f'"{k}"' for k in kinds)
@@ -134,14 +144,13 @@ def _format_outputs(
     return {w.JSON_KEY: schema}
 
 
-def structured_outputs(  # noqa: PLR0913 - each route names its own format key and kinds
+def structured_outputs(
     sampling: dict[str, Any],
     *,
     given: Mapping[str, Any] | None,
     fmt: Mapping[str, Any] | None,
     path: str,
-    kinds: tuple[str, ...],
-    schema_in: str | None = None,
+    formats: OutputFormats,
 ) -> None:
     """``sampling_params.structured_outputs`` from the client's output format or its own.
 
@@ -151,10 +160,7 @@ def structured_outputs(  # noqa: PLR0913 - each route names its own format key a
         fmt: the client's format object (chat ``response_format``, Responses ``text.format``,
             Messages ``output_config.format``), ``None`` when unset.
         path: the JSON path of ``fmt``.
-        kinds: the format types the route accepts, of ``text`` (no constraint), ``json_object``,
-            ``json_schema`` and ``structural_tag``.
-        schema_in: the key of the object holding ``schema`` in a ``json_schema`` format (chat:
-            ``json_schema``); ``None`` when ``schema`` is in the format itself.
+        formats: the formats the client's API accepts (:class:`OutputFormats`).
 
     Raises:
         RequestError: an unknown format type, a ``json_schema`` format without a schema, or
@@ -164,7 +170,7 @@ def structured_outputs(  # noqa: PLR0913 - each route names its own format key a
         raise refuse(fmt, "cannot be set together with `structured_outputs`", at=path)
     outputs = dict(given) if given is not None else None
     if fmt is not None:
-        outputs = _format_outputs(fmt, path, kinds, schema_in)
+        outputs = _format_outputs(fmt, path, formats)
     if outputs:
         sampling[w.STRUCTURED_OUTPUTS] = outputs
 

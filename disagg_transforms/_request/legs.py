@@ -79,9 +79,10 @@ _DETOKENIZE = f"{w.SAMPLING_PARAMS}.{w.DETOKENIZE}"
 class LegInputs(msgspec.Struct, frozen=True, kw_only=True):
     """What the router hands a leg builder for one request, besides the client's body.
 
-    The one shape of the router's inputs: the leg builders' keyword arguments build one, a
-    router can pass one as ``inputs=``, and the built-in transforms read it from the
-    :class:`~disagg_transforms.hooks.TransformContext`. Every field defaults to not given.
+    The one shape of the router's inputs: every leg builder takes one as ``inputs=``
+    (:func:`build_decode_request` also builds one from its keywords), and the built-in
+    transforms read it from the :class:`~disagg_transforms.hooks.TransformContext`. Every field
+    defaults to not given.
     """
 
     token_ids: Sequence[int] | None = None
@@ -320,7 +321,10 @@ class _Core(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def _client_caps(body: Mapping[str, Any], client_route: Route) -> dict[str, Any]:
-    """The client's own cap and ``min_tokens``, as ``sampling_params`` fields (§4.3 rules)."""
+    """The client's own cap and ``min_tokens``, as ``sampling_params`` fields.
+
+    The rules are those of ``docs/request-legs.md``, "Caps and errors".
+    """
     caps = {k: body[k] for k in (*TOP_LEVEL_CAPS, w.MIN_TOKENS) if k in body}
     sampling: dict[str, Any] = apply_sampling_caps(caps, client_route)[w.SAMPLING_PARAMS]
     return sampling
@@ -439,7 +443,7 @@ def _decode_generate(
     return leg, streams, client_streams, tuple(dict.fromkeys(dropped))
 
 
-def build_decode_request(  # noqa: PLR0913 - SPEC's keyword front; `inputs=` is the one shape
+def build_decode_request(  # noqa: PLR0913 - the documented keyword front; `inputs=` is the one shape
     client_body: Mapping[str, Any],
     *,
     client_path: str,
@@ -453,7 +457,7 @@ def build_decode_request(  # noqa: PLR0913 - SPEC's keyword front; `inputs=` is 
     limits: Limits = DEFAULT_LIMITS,
     inputs: LegInputs | None = None,
 ) -> DecodeLeg:
-    """Build the decode leg for a client request (SPEC §4.2).
+    """Build the decode leg for a client request (``docs/request-legs.md``).
 
     Args:
         client_body: the client's JSON body (never mutated).
@@ -562,61 +566,38 @@ class GenerateDecodeLegBytes(DecodeLegBytes, frozen=True, kw_only=True):
     """As :attr:`GenerateDecodeLeg.output_mode`."""
 
 
-def build_decode_request_bytes(  # noqa: PLR0913 - keyword front as build_decode_request's
+def build_decode_request_bytes(
     client_body: bytes,
     *,
     client_path: str,
     params: DecodeParams,
-    token_ids: Sequence[int] | None = None,
-    kv_transfer_params: Mapping[str, Any] | None = None,
-    features: Mapping[str, Any] | None = None,
-    rendered: Mapping[str, Any] | None = None,
-    request_id: str | None = None,
-    parse_context: Mapping[str, Any] | None = None,
-    limits: Limits = DEFAULT_LIMITS,
     inputs: LegInputs | None = None,
 ) -> DecodeLegBytes:
     """Build the decode leg from the client's JSON bytes, never decoding ``token_ids``.
 
-    The same leg as :func:`build_decode_request` (same rules, same errors, same arguments),
-    written as JSON bytes: the body is split into raw top-level members, ``token_ids`` is proved
-    clean by a byte scan instead of a decode (the other members are decoded for the rules), and
-    every member the leg keeps unchanged is written with its input bytes, in the input's key
-    order. See ``docs/bytes.md``.
+    The same leg as :func:`build_decode_request` (same rules, same errors; the router's inputs
+    come as one :class:`LegInputs`, ``inputs=``), written as JSON bytes: the body is split into
+    raw top-level members, ``token_ids`` is proved clean by a byte scan instead of a decode (the
+    other members are decoded for the rules), and every member the leg keeps unchanged is
+    written with its input bytes, in the input's key order. See ``docs/bytes.md``.
 
     Raises:
         RequestError: as :func:`build_decode_request`; also ``param`` ``$`` when the body is not
             bytes, not valid JSON, not a JSON object, not UTF-8, or over
-            ``limits.max_body_bytes``.
+            ``inputs.limits.max_body_bytes``.
     """
-    given = _inputs(
-        inputs,
-        token_ids=token_ids,
-        kv_transfer_params=kv_transfer_params,
-        features=features,
-        rendered=rendered,
-        request_id=request_id,
-        parse_context=parse_context,
-        limits=limits,
-    )
+    given = _inputs(inputs)
     if isinstance(client_body, bytes):
         _limits.check_body_size(client_body, given.limits, error=RequestError)
     members = _raw.RawMembers(
         client_body, RequestError, "the client body", token_ids_key=w.TOKEN_IDS
     )
     leg = _decode(members, client_path, params, given)
-    fields: dict[str, Any] = {
-        "path": leg.path,
-        "route": leg.route,
-        "body": members.encode(leg.body),
-        "stream": leg.stream,
-        "single_frame": leg.single_frame,
-        "wrap_chat_completion": leg.wrap_chat_completion,
-        "dropped": leg.dropped,
-    }
+    # The bytes leg has the dict leg's fields, its body written as JSON bytes.
+    fields = {**msgspec.structs.asdict(leg), "body": members.encode(leg.body)}
     if isinstance(leg, GenerateDecodeLeg):
-        return GenerateDecodeLegBytes(output_mode=leg.output_mode, **fields)
-    return DecodeLegBytes(output_mode=None, **fields)
+        return GenerateDecodeLegBytes(**fields)
+    return DecodeLegBytes(**fields)
 
 
 def _routes(
@@ -673,65 +654,39 @@ def _single_token_leg(
     return Leg(path=route.value, route=route, body=leg)
 
 
-def build_prefill_request(  # noqa: PLR0913 - keyword front; `inputs=` is the one shape
+def build_prefill_request(
     client_body: Mapping[str, Any],
     *,
     client_path: str,
     params: PrefillParams,
-    token_ids: Sequence[int] | None = None,
-    kv_transfer_params: Mapping[str, Any] | None = None,
-    ec_transfer_params: Mapping[str, Any] | None = None,
-    features: Mapping[str, Any] | None = None,
-    rendered: Mapping[str, Any] | None = None,
-    request_id: str | None = None,
-    limits: Limits = DEFAULT_LIMITS,
     inputs: LegInputs | None = None,
 ) -> Leg:
-    """Build the prefill leg (SPEC §4.4): the client's request capped at one output token.
+    """Build the prefill leg: the client's request capped at one output token.
 
     ``kv_transfer_params`` is ``{"do_remote_decode": true, "do_remote_prefill": false}`` over
     what the router's connector supplies, over the client's own when the step trusts them;
     ``ec_transfer_params`` likewise without the flags. Client sampling fields stay, so the
-    prefill's cache key matches decode's. Other arguments as for :func:`build_decode_request`
-    (a ``parse_context`` in ``inputs`` is not read: prefill answers carry no text).
+    prefill's cache key matches decode's. The router's inputs come as one :class:`LegInputs`
+    (``inputs=``), read as :func:`build_decode_request` reads them (its ``parse_context`` is
+    not read: prefill answers carry no text).
     """
-    given = _inputs(
-        inputs,
-        token_ids=token_ids,
-        kv_transfer_params=kv_transfer_params,
-        ec_transfer_params=ec_transfer_params,
-        features=features,
-        rendered=rendered,
-        request_id=request_id,
-        limits=limits,
-    )
+    given = _inputs(inputs)
     return _single_token_leg(client_body, client_path, params, given)
 
 
-def build_encode_request(  # noqa: PLR0913 - keyword front; `inputs=` is the one shape
+def build_encode_request(
     client_body: Mapping[str, Any],
     *,
     client_path: str,
     params: EncodeParams,
-    token_ids: Sequence[int] | None = None,
-    features: Mapping[str, Any] | None = None,
-    rendered: Mapping[str, Any] | None = None,
-    request_id: str | None = None,
-    limits: Limits = DEFAULT_LIMITS,
     inputs: LegInputs | None = None,
 ) -> Leg:
-    """Build an encode leg (SPEC §4.4): capped at one token.
+    """Build an encode leg: capped at one token.
 
     It carries the transfer params ``inputs`` hands in and, when the step trusts them, the
-    client's own (the router's win); untrusted client copies are stripped. Arguments as for
-    :func:`build_decode_request`.
+    client's own (the router's win); untrusted client copies are stripped. The router's inputs
+    come as one :class:`LegInputs` (``inputs=``), read as :func:`build_decode_request` reads
+    them.
     """
-    given = _inputs(
-        inputs,
-        token_ids=token_ids,
-        features=features,
-        rendered=rendered,
-        request_id=request_id,
-        limits=limits,
-    )
+    given = _inputs(inputs)
     return _single_token_leg(client_body, client_path, params, given)

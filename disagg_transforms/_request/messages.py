@@ -20,6 +20,8 @@ from disagg_transforms._wire.validate import client_object, obj, refuse, typed
 _SAMPLING = (w.TEMPERATURE, w.TOP_P, w.TOP_K)
 _CONTEXT_KEYS = (w.TOOLS, w.TOOL_CHOICE, w.CHAT_TEMPLATE_KWARGS)
 _MAPPED = frozenset({*_SAMPLING, *_CONTEXT_KEYS, w.MAX_TOKENS, w.STOP_SEQUENCES, w.OUTPUT_CONFIG})
+# vLLM turns output_config.format into a json_schema response_format: that is all it takes.
+_FORMATS = f.OutputFormats((w.JSON_SCHEMA,))
 # Anthropic tool_choice type -> chat tool_choice (vLLM's `_convert_tool_choice`).
 _TOOL_CHOICES = {
     w.TOOL_CHOICE_AUTO: w.TOOL_CHOICE_AUTO,
@@ -51,7 +53,7 @@ def map_messages_request(body: Mapping[str, Any]) -> ClientMapping:
         path = f"$.{w.OUTPUT_CONFIG}"
         fmt = obj(config, w.FORMAT, path)
         f.structured_outputs(
-            sampling, given=None, fmt=fmt, path=f"{path}.{w.FORMAT}", kinds=(w.JSON_SCHEMA,)
+            sampling, given=None, fmt=fmt, path=f"{path}.{w.FORMAT}", formats=_FORMATS
         )
         effort = typed(config, w.EFFORT, str, path)
         if effort is not None:

@@ -51,7 +51,7 @@ _MAPPED = frozenset(
         w.STRUCTURED_OUTPUTS,
     }
 )
-_FORMATS = (w.TEXT, w.JSON_OBJECT, w.JSON_SCHEMA)
+_FORMATS = f.OutputFormats((w.TEXT, w.JSON_OBJECT, w.JSON_SCHEMA))
 _TOOL_CHOICE_OPTIONS = frozenset({w.TOOL_CHOICE_AUTO, w.TOOL_CHOICE_NONE, w.TOOL_CHOICE_REQUIRED})
 
 
@@ -80,7 +80,7 @@ def map_responses_request(body: Mapping[str, Any]) -> ClientMapping:
         given=obj(body, w.STRUCTURED_OUTPUTS),
         fmt=None if text is None else obj(text, w.FORMAT, f"$.{w.TEXT}"),
         path=f"$.{w.TEXT}.{w.FORMAT}",
-        kinds=_FORMATS,
+        formats=_FORMATS,
     )
     reasoning = obj(body, w.REASONING)
     effort = None if reasoning is None else typed(reasoning, w.EFFORT, str, f"$.{w.REASONING}")

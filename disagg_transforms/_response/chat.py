@@ -7,7 +7,6 @@ modes can give a chat client its text.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from typing import Any, Final, Generic, TypeVar
 
@@ -18,7 +17,7 @@ from disagg_transforms._config import OutputMode
 from disagg_transforms._wire import keys as w
 from disagg_transforms._wire import raw as _raw
 from disagg_transforms._wire.describe import describe
-from disagg_transforms._wire.validate import CONVERT_ERRORS, MAPPINGS
+from disagg_transforms._wire.validate import CONVERT_ERRORS, MAPPINGS, msgspec_failure
 from disagg_transforms.errors import ConfigError, RequestError, UpstreamContractError
 
 SDK_FINISH_REASONS: Final = frozenset(
@@ -30,7 +29,6 @@ _MAPPED_FINISH_REASON: Final = "stop"
 _CHAT_MODES: Final = (OutputMode.TEXT, OutputMode.DERENDER)
 _STREAMED_MODES: Final = (OutputMode.TEXT,)
 _ALL_TOP_LOGPROBS: Final = -1
-_AT_PATH = re.compile(r"at `(\$[^`]*)`")
 _P = TypeVar("_P")
 _T = TypeVar("_T")
 
@@ -43,15 +41,18 @@ def chat_id(request_id: str) -> str:
     return w.CHAT_COMPLETION_ID_PREFIX + bare
 
 
-def contract_error(error: Exception, what: str) -> UpstreamContractError:
+def contract_error(error: BaseException, what: str, root: str = "$") -> UpstreamContractError:
     """Turn a view's validation error into an :class:`UpstreamContractError` with its path.
 
-    ``error`` is one of :data:`~disagg_transforms._wire.validate.CONVERT_ERRORS`; one without a
-    path (nesting too deep, a lone surrogate in a key) is reported at ``$``.
+    ``error`` is one of :data:`~disagg_transforms._wire.validate.CONVERT_ERRORS` for the value
+    found at ``root``; one without a path (nesting too deep, a lone surrogate in a key) is
+    reported at ``root``.
     """
-    found = _AT_PATH.search(str(error))
-    param = found.group(1) if found else "$"
-    return UpstreamContractError(f"{param}: {what} breaks the contract: {error}", param=param)
+    failure = msgspec_failure(error, root)
+    param = failure.path
+    return UpstreamContractError(
+        f"{param}: {what} breaks the contract: {failure.reason}", param=param
+    )
 
 
 def require_text_mode(requested: OutputMode, *, streaming: bool) -> None:
@@ -218,16 +219,6 @@ def finish_fields(value: object, *, streaming: bool, passthrough: bool) -> dict[
     return {w.FINISH_REASON: _MAPPED_FINISH_REASON, w.VLLM_FINISH_REASON: value}
 
 
-def _rooted(error: Exception, path: str) -> UpstreamContractError:
-    # msgspec reports "... - at `$.x`" relative to the member; put the member's path in front.
-    text = str(error)
-    if " - at `$" in text:
-        text = text.replace(" - at `$", f" - at `{path}", 1)
-    else:
-        text = f"{text} - at `{path}`"
-    return contract_error(msgspec.ValidationError(text), "the generate response")
-
-
 class Codec(Generic[_P]):
     """How one path reads and writes the members moved across whole; the rules are shared."""
 
@@ -264,8 +255,8 @@ class _DictCodec(Codec[Any]):
     def read(self, value: Any, view: type[_T], path: str) -> _T:  # noqa: ANN401 - JSON value
         try:
             return msgspec.convert(value, view)
-        except CONVERT_ERRORS as error:  # a lone surrogate in a str member included
-            raise _rooted(error, path) from None
+        except CONVERT_ERRORS as error:  # a lone surrogate in a key included
+            raise contract_error(error, "the generate response", path) from None
 
     def is_object(self, value: Any) -> bool:  # noqa: ANN401 - JSON value
         return isinstance(value, Mapping)
@@ -294,7 +285,7 @@ class _RawCodec(Codec[Any]):
         try:
             return msgspec.json.decode(value, type=view)
         except msgspec.ValidationError as error:
-            raise _rooted(error, path) from None
+            raise contract_error(error, "the generate response", path) from None
 
     def is_object(self, value: Any) -> bool:  # noqa: ANN401 - Raw, or a precut struct
         if isinstance(value, msgspec.Struct):

@@ -1,4 +1,4 @@
-"""Streaming chat clients over the generate route (SPEC §5.3).
+"""Streaming chat clients over the generate route (``docs/responses.md``).
 
 Two shapes, both ending in ``data: [DONE]``:
 
@@ -12,7 +12,7 @@ Two shapes, both ending in ``data: [DONE]``:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from msgspec import UNSET
@@ -78,15 +78,13 @@ def _delta(message: Mapping[str, Any]) -> dict[str, Any]:
     return delta
 
 
-def single_frame_chat_chunks(  # noqa: PLR0913 - the keyword front of wrap_chat_completion
+def single_frame_chat_chunks(  # noqa: PLR0913 - model=, reasoning_content=: as the wrap's
     response: Mapping[str, Any],
     *,
     requested: OutputMode,
     client_body: Mapping[str, Any] | None = None,
     options: EnvelopeOptions | None = None,
     model: str | None = None,
-    clock: Callable[[], float] | None = None,
-    vllm_finish_reasons: bool | None = None,
     reasoning_content: bool | None = None,
 ) -> list[dict[str, Any]]:
     """The ``chat.completion.chunk`` objects of a single-frame stream, ``[DONE]`` excluded.
@@ -105,8 +103,6 @@ def single_frame_chat_chunks(  # noqa: PLR0913 - the keyword front of wrap_chat_
         client_body=client_body,
         options=options,
         model=model,
-        clock=clock,
-        vllm_finish_reasons=vllm_finish_reasons,
         reasoning_content=reasoning_content,
     )
     head = _chunk_head(completion[w.ID], completion[w.CREATED], completion[w.MODEL])
@@ -133,27 +129,16 @@ def _ordered(choice: dict[str, Any]) -> dict[str, Any]:
     return {w.INDEX: choice.pop(w.INDEX), w.DELTA: choice.pop(w.DELTA), **choice}
 
 
-def single_frame_chat_stream(  # noqa: PLR0913 - the keyword front of wrap_chat_completion
+def single_frame_chat_stream(
     response: Mapping[str, Any],
     *,
     requested: OutputMode,
     client_body: Mapping[str, Any] | None = None,
     options: EnvelopeOptions | None = None,
-    model: str | None = None,
-    clock: Callable[[], float] | None = None,
-    vllm_finish_reasons: bool | None = None,
-    reasoning_content: bool | None = None,
 ) -> bytes:
     """The SSE body of a single-frame stream: :func:`single_frame_chat_chunks`, then ``[DONE]``."""
     chunks = single_frame_chat_chunks(
-        response,
-        requested=requested,
-        client_body=client_body,
-        options=options,
-        model=model,
-        clock=clock,
-        vllm_finish_reasons=vllm_finish_reasons,
-        reasoning_content=reasoning_content,
+        response, requested=requested, client_body=client_body, options=options
     )
     return b"".join(format_sse_event(chunk) for chunk in chunks) + DONE_EVENT
 

@@ -1,4 +1,4 @@
-"""Rebuild a ``chat.completion`` from a generate response (SPEC §5.2).
+"""Rebuild a ``chat.completion`` from a generate response (``docs/responses.md``).
 
 A chat client on the generate route must not be able to tell: the answer is rebuilt from an
 allow-list (so a field vLLM adds to the generate response later cannot leak), the derendered
@@ -10,8 +10,8 @@ The per-choice rules live in :mod:`disagg_transforms._response.chat`, shared wit
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import Any, Generic, TypeVar
+from collections.abc import Mapping
+from typing import Any, Generic, NamedTuple, TypeVar
 
 import msgspec
 from msgspec import UNSET, UnsetType
@@ -36,6 +36,7 @@ from disagg_transforms._response.echo import (
     check_output_mode_echo,
 )
 from disagg_transforms._response.options import (
+    DEFAULT_OPTIONS,
     EnvelopeOptions,
     envelope_created,
     envelope_model,
@@ -45,7 +46,6 @@ from disagg_transforms._wire import keys as w
 from disagg_transforms._wire import limits as _limits
 from disagg_transforms._wire import raw as _raw
 from disagg_transforms._wire.describe import describe
-from disagg_transforms._wire.limits import Limits
 from disagg_transforms._wire.validate import CONVERT_ERRORS, MAPPINGS
 from disagg_transforms.envelopes import ChatMessage, Usage
 from disagg_transforms.errors import DisaggTransformError, UpstreamContractError
@@ -138,9 +138,18 @@ def _client_fields(client_body: object) -> Mapping[str, Any] | None:
     raise UpstreamContractError(msg, param="client_body")
 
 
-def _cut_to(client: Mapping[str, Any] | None, requested: OutputMode) -> int | None:
+class _Asked(NamedTuple):
+    """What the client asked for, as the wrap reads it."""
+
+    client: Mapping[str, Any] | None
+    """The client body's ``model`` and ``top_logprobs``."""
+    top: int | None
     """How many alternatives per token a text answer keeps (``None``: all; derender: as sent)."""
-    return client_top_logprobs(client) if requested is OutputMode.TEXT else None
+
+
+def _asked(client_body: object, requested: OutputMode) -> _Asked:
+    client = _client_fields(client_body)
+    return _Asked(client, client_top_logprobs(client) if requested is OutputMode.TEXT else None)
 
 
 _PromptLogprobs = list[dict[str, Any] | None]
@@ -148,13 +157,12 @@ _USAGE_PATH = f"$.{w.USAGE}"
 _PROMPT_LOGPROBS_PATH = f"$.{w.PROMPT_LOGPROBS}"
 
 
-def _wrap(  # noqa: PLR0913 - the view, the mode, and what the client asked for
+def _wrap(
     codec: Codec[_P],
     view: _Response[_P, Any],
     *,
     requested: OutputMode,
-    client: Mapping[str, Any] | None,
-    top: int | None,
+    asked: _Asked,
     options: EnvelopeOptions,
 ) -> dict[str, Any]:
     """The rules of the chat envelope, on either path's view of the response."""
@@ -166,7 +174,7 @@ def _wrap(  # noqa: PLR0913 - the view, the mode, and what the client asked for
         built: dict[str, Any] = {
             w.INDEX: choice.index,
             w.MESSAGE: _message(codec, choice, requested, position, options.reasoning_content),
-            w.LOGPROBS: logprobs_out(codec, choice.logprobs, top, position),
+            w.LOGPROBS: logprobs_out(codec, choice.logprobs, asked.top, position),
             **finish,
             w.STOP_REASON: None if choice.stop_reason is UNSET else choice.stop_reason,
         }
@@ -177,7 +185,7 @@ def _wrap(  # noqa: PLR0913 - the view, the mode, and what the client asked for
         w.ID: chat_id(view.request_id),
         w.OBJECT: w.CHAT_COMPLETION_OBJECT,
         w.CREATED: envelope_created(options, view.created),
-        w.MODEL: envelope_model(options, view.model, client),
+        w.MODEL: envelope_model(options, view.model, asked.client),
         w.CHOICES: choices,
     }
     if view.usage is not UNSET:
@@ -190,15 +198,13 @@ def _wrap(  # noqa: PLR0913 - the view, the mode, and what the client asked for
     return result
 
 
-def wrap_chat_completion(  # noqa: PLR0913 - SPEC's keyword front over EnvelopeOptions
+def wrap_chat_completion(  # noqa: PLR0913 - model=, reasoning_content=: see their Args
     response: Mapping[str, Any],
     *,
     requested: OutputMode,
     client_body: Mapping[str, Any] | None = None,
     options: EnvelopeOptions | None = None,
     model: str | None = None,
-    clock: Callable[[], float] | None = None,
-    vllm_finish_reasons: bool | None = None,
     reasoning_content: bool | None = None,
 ) -> dict[str, Any]:
     """Build the ``chat.completion`` a chat client expects from a text or derender response.
@@ -210,16 +216,14 @@ def wrap_chat_completion(  # noqa: PLR0913 - SPEC's keyword front over EnvelopeO
         client_body: The client's chat request: its ``top_logprobs`` cuts text-mode logprobs
             and its ``model`` is the last fallback.
         options: How the envelope is built (:class:`EnvelopeOptions`).
-        model: Front for ``EnvelopeOptions.model`` (given, not ``None``, it replaces the
-            field of ``options``; so do the three below): the envelope's model, over the
-            worker's and the client's.
-        clock: Front for ``EnvelopeOptions.clock``: "now" when the response has no ``created``.
-        vllm_finish_reasons: Front for ``EnvelopeOptions.vllm_finish_reasons``.
-        reasoning_content: Front for ``EnvelopeOptions.reasoning_content``.
+        model: Deprecated, kept for the LiteLLM integration until it passes ``options``:
+            given (not ``None``), it replaces ``options.model``.
+        reasoning_content: Deprecated likewise: given, it replaces
+            ``options.reasoning_content``.
 
     Raises:
-        UpstreamContractError: the echo check fails (§5.1), or the response is malformed; the
-            ``param`` is the JSON path.
+        UpstreamContractError: the echo check fails (``docs/responses.md``), or the response is
+            malformed; the ``param`` is the JSON path.
         ConfigError: ``requested`` is ``tokens`` (token IDs carry no text).
         RequestError: the client's ``top_logprobs`` is not an integer >= -1.
     """
@@ -230,34 +234,21 @@ def wrap_chat_completion(  # noqa: PLR0913 - SPEC's keyword front over EnvelopeO
         view = msgspec.convert(dict(response), _DICT_VIEW)
     except CONVERT_ERRORS as error:
         raise contract_error(error, "the generate response") from None
-    client = _client_fields(client_body)
     return _wrap(
         DICT_CODEC,
         view,
         requested=requested,
-        client=client,
-        top=_cut_to(client, requested),
-        options=front_options(
-            options,
-            model=model,
-            clock=clock,
-            vllm_finish_reasons=vllm_finish_reasons,
-            reasoning_content=reasoning_content,
-        ),
+        asked=_asked(client_body, requested),
+        options=front_options(options, model=model, reasoning_content=reasoning_content),
     )
 
 
-def wrap_chat_completion_bytes(  # noqa: PLR0913 - the keyword front of wrap_chat_completion
+def wrap_chat_completion_bytes(
     response: bytes,
     *,
     requested: OutputMode,
     client_body: Mapping[str, Any] | bytes | None = None,
     options: EnvelopeOptions | None = None,
-    model: str | None = None,
-    clock: Callable[[], float] | None = None,
-    vllm_finish_reasons: bool | None = None,
-    reasoning_content: bool | None = None,
-    limits: Limits | None = None,
 ) -> bytes:
     """:func:`wrap_chat_completion` from the worker's JSON bytes to the client's JSON bytes.
 
@@ -271,19 +262,12 @@ def wrap_chat_completion_bytes(  # noqa: PLR0913 - the keyword front of wrap_cha
     Raises:
         UpstreamContractError: as :func:`wrap_chat_completion`; also ``param`` ``$`` when the
             response is not bytes, not valid JSON, not an object, not UTF-8, or over
-            ``limits.max_body_bytes``.
+            ``options.limits.max_body_bytes``.
         ConfigError: ``requested`` is ``tokens``.
         RequestError: the client's ``top_logprobs`` is not an integer >= -1.
     """
     requested = as_output_mode(requested)
-    built = front_options(
-        options,
-        model=model,
-        clock=clock,
-        vllm_finish_reasons=vllm_finish_reasons,
-        reasoning_content=reasoning_content,
-        limits=limits,
-    )
+    built = DEFAULT_OPTIONS if options is None else options
     untyped: object = response  # the caller's value may be anything
     if not isinstance(untyped, (bytes, bytearray, memoryview)):
         msg = f"$: the generate response must be JSON bytes, got {describe(untyped)}"
@@ -291,29 +275,20 @@ def wrap_chat_completion_bytes(  # noqa: PLR0913 - the keyword front of wrap_cha
     # A Raw is a view of its input: a private immutable copy keeps a caller's buffer out of it.
     data = bytes(untyped)
     _limits.check_body_size(data, built.limits, error=UpstreamContractError)
-    client: Mapping[str, Any] | None = None
-    top: int | None = None
+    asked = _Asked(None, None)
     client_error: DisaggTransformError | None = None
     try:
-        client = _client_fields(client_body)
-        top = _cut_to(client, requested)
+        asked = _asked(client_body, requested)
     except DisaggTransformError as error:
         client_error = error  # raised below, after the checks the dict path makes first
-    view = _precut(data, top)
+    view = _precut(data, asked.top)
     if view is None:
         view = _decode_response(data, requested)
     check_echoed_mode(view.output_mode, requested, generate=view.object is UNSET)
     require_text_mode(requested, streaming=False)
     if client_error is not None:
         raise client_error
-    wrapped = _wrap(
-        RAW_CODEC,
-        view,
-        requested=requested,
-        client=client,
-        top=top,
-        options=built,
-    )
+    wrapped = _wrap(RAW_CODEC, view, requested=requested, asked=asked, options=built)
     out = _raw.encode(wrapped)
     _raw.check_passed_on_utf8(out, data, UpstreamContractError)
     return out

@@ -8,7 +8,7 @@ functions it dispatches to (see ``docs/envelopes.md``).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from disagg_transforms._config import OutputMode
 from disagg_transforms._response.chat_stream import ChatStreamConverter, single_frame_chat_stream
@@ -45,6 +45,37 @@ def _no_envelope(client_route: object) -> ConfigError:
     return ConfigError(msg, param="client_route")
 
 
+class _Wrap(Protocol):
+    def __call__(
+        self,
+        response: Mapping[str, Any],
+        *,
+        requested: OutputMode,
+        client_body: Mapping[str, Any] | None = None,
+        options: EnvelopeOptions | None = None,
+    ) -> Any: ...  # noqa: ANN401 - a dict for a wrap, bytes for a single frame
+
+
+# Every wrap and single frame takes the same arguments: a table per shape is the whole dispatch.
+_WRAPS: Mapping[Route, _Wrap] = {
+    Route.CHAT_COMPLETIONS: wrap_chat_completion,
+    Route.RESPONSES: wrap_responses_response,
+    Route.MESSAGES: wrap_anthropic_message,
+}
+_SINGLE_FRAMES: Mapping[Route, _Wrap] = {
+    Route.CHAT_COMPLETIONS: single_frame_chat_stream,
+    Route.RESPONSES: single_frame_responses_stream,
+    Route.MESSAGES: single_frame_anthropic_stream,
+}
+
+
+def _pick(table: Mapping[Route, _Wrap], client_route: object) -> _Wrap:
+    shape = table.get(client_route) if isinstance(client_route, Route) else None
+    if shape is None:
+        raise _no_envelope(client_route)
+    return shape
+
+
 def wrap_envelope(
     client_route: Route,
     response: Mapping[str, Any],
@@ -62,19 +93,10 @@ def wrap_envelope(
     Raises:
         ConfigError: ``client_route`` is not one of the three (or ``requested`` is tokens).
     """
-    if client_route is Route.CHAT_COMPLETIONS:
-        return wrap_chat_completion(
-            response, requested=requested, client_body=client_body, options=options
-        )
-    if client_route is Route.RESPONSES:
-        return wrap_responses_response(
-            response, requested=requested, client_body=client_body, options=options
-        )
-    if client_route is Route.MESSAGES:
-        return wrap_anthropic_message(
-            response, requested=requested, client_body=client_body, options=options
-        )
-    raise _no_envelope(client_route)
+    wrapped: dict[str, Any] = _pick(_WRAPS, client_route)(
+        response, requested=requested, client_body=client_body, options=options
+    )
+    return wrapped
 
 
 def single_frame_stream(
@@ -94,19 +116,10 @@ def single_frame_stream(
     Raises:
         ConfigError: ``client_route`` is not one of the three (or ``requested`` is tokens).
     """
-    if client_route is Route.CHAT_COMPLETIONS:
-        return single_frame_chat_stream(
-            response, requested=requested, client_body=client_body, options=options
-        )
-    if client_route is Route.RESPONSES:
-        return single_frame_responses_stream(
-            response, requested=requested, client_body=client_body, options=options
-        )
-    if client_route is Route.MESSAGES:
-        return single_frame_anthropic_stream(
-            response, requested=requested, client_body=client_body, options=options
-        )
-    raise _no_envelope(client_route)
+    body: bytes = _pick(_SINGLE_FRAMES, client_route)(
+        response, requested=requested, client_body=client_body, options=options
+    )
+    return body
 
 
 def stream_converter(

@@ -1,4 +1,4 @@
-"""The ``output_mode`` echo check (SPEC §5.1).
+"""The ``output_mode`` echo check (``docs/responses.md``).
 
 Every vLLM generate response and stream chunk echoes the ``output_mode`` it was asked for. A
 worker older than the field ignores it and answers token IDs only, which leaves a chat client

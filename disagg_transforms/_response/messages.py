@@ -16,7 +16,7 @@ import orjson
 
 from disagg_transforms._config import OutputMode
 from disagg_transforms._response.generate_stream import NamedEventConverter
-from disagg_transforms._response.options import EnvelopeOptions, envelope_model, front_options
+from disagg_transforms._response.options import DEFAULT_OPTIONS, EnvelopeOptions, envelope_model
 from disagg_transforms._response.turn import AssistantTurn, ToolCallOut, read_turn
 from disagg_transforms._routes import Route
 from disagg_transforms._wire import keys as w
@@ -53,7 +53,6 @@ def wrap_anthropic_message(
     requested: OutputMode,
     client_body: Mapping[str, Any] | None = None,
     options: EnvelopeOptions | None = None,
-    model: str | None = None,
 ) -> dict[str, Any]:
     """Build an Anthropic ``message`` from a non-streaming generate response.
 
@@ -63,7 +62,6 @@ def wrap_anthropic_message(
         client_body: The client's Messages request: its ``stop_sequences`` tell a stop
             sequence from an end of turn.
         options: How the envelope is built (:class:`EnvelopeOptions`: ``model``).
-        model: Keyword front for ``EnvelopeOptions.model``.
 
     Raises:
         UpstreamContractError: the echo is missing or wrong, the usage is missing, or a tool
@@ -74,7 +72,7 @@ def wrap_anthropic_message(
     if turn.usage is None:
         msg = "$.usage: the Messages API needs prompt_tokens and completion_tokens"
         raise UpstreamContractError(msg, param="$.usage")
-    return _message_object(turn, client_body, front_options(options, model=model))
+    return _message_object(turn, client_body, DEFAULT_OPTIONS if options is None else options)
 
 
 def _message_object(
@@ -195,7 +193,6 @@ def single_frame_anthropic_events(
     requested: OutputMode,
     client_body: Mapping[str, Any] | None = None,
     options: EnvelopeOptions | None = None,
-    model: str | None = None,
 ) -> list[dict[str, Any]]:
     """The Messages streaming events of a whole (unstreamed) generate answer.
 
@@ -207,7 +204,7 @@ def single_frame_anthropic_events(
     ``message_delta`` (stop reason, stop sequence, the whole usage) and ``message_stop``.
     """
     message = wrap_anthropic_message(
-        response, requested=requested, client_body=client_body, options=options, model=model
+        response, requested=requested, client_body=client_body, options=options
     )
     events = [_message_start(message)]
     for index, block in enumerate(message[w.CONTENT]):
@@ -224,14 +221,13 @@ def single_frame_anthropic_stream(
     requested: OutputMode,
     client_body: Mapping[str, Any] | None = None,
     options: EnvelopeOptions | None = None,
-    model: str | None = None,
 ) -> bytes:
     r"""The SSE body of :func:`single_frame_anthropic_events`: ``event: <type>\ndata: ...``.
 
     As Anthropic's, the stream has no ``data: [DONE]``: ``message_stop`` ends it.
     """
     events = single_frame_anthropic_events(
-        response, requested=requested, client_body=client_body, options=options, model=model
+        response, requested=requested, client_body=client_body, options=options
     )
     return b"".join(format_sse_typed_event(event[w.TYPE], event) for event in events)
 

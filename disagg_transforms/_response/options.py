@@ -1,9 +1,8 @@
 """How the router wants every envelope built: one frozen parameter object, and the rules it feeds.
 
-:class:`EnvelopeOptions` is taken by every wrap, single frame and stream converter; the keyword
-fronts of the wraps build one. :func:`envelope_model` and :func:`envelope_created` are the one
-``model`` precedence and the one ``created`` rule of every envelope (see
-``docs/envelopes.md``).
+:class:`EnvelopeOptions` is taken by every wrap, single frame and stream converter.
+:func:`envelope_model` and :func:`envelope_created` are the one ``model`` precedence and the one
+``created`` rule of every envelope (see ``docs/envelopes.md``).
 """
 
 from __future__ import annotations
@@ -85,26 +84,17 @@ def client_mapping(client_body: object) -> Mapping[str, Any]:
     return client_body if isinstance(client_body, Mapping) else {}
 
 
-def front_options(  # noqa: PLR0913 - the keyword front's own keywords, each optional
+def front_options(
     options: EnvelopeOptions | None,
     *,
     model: str | None = None,
-    clock: Callable[[], float] | None = None,
-    vllm_finish_reasons: bool | None = None,
     reasoning_content: bool | None = None,
-    limits: Limits | None = None,
 ) -> EnvelopeOptions:
-    """``options`` with the keywords a keyword front was given (not ``None``) put over it."""
+    """``options`` with the deprecated keywords of :func:`wrap_chat_completion` put over it."""
     base = DEFAULT_OPTIONS if options is None else options
     given = {
         key: value
-        for key, value in (
-            ("model", model),
-            ("clock", clock),
-            ("vllm_finish_reasons", vllm_finish_reasons),
-            ("reasoning_content", reasoning_content),
-            ("limits", limits),
-        )
+        for key, value in (("model", model), ("reasoning_content", reasoning_content))
         if value is not None
     }
     return msgspec.structs.replace(base, **given) if given else base

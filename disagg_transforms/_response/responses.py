@@ -10,7 +10,7 @@ streaming events: :class:`ResponsesStreamConverter` for a streamed text-mode leg
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any, Final
 
 import msgspec
@@ -24,7 +24,6 @@ from disagg_transforms._response.options import (
     client_mapping,
     envelope_created,
     envelope_model,
-    front_options,
 )
 from disagg_transforms._response.turn import AssistantTurn, ToolCallOut, read_turn
 from disagg_transforms._wire import keys as w
@@ -59,14 +58,12 @@ _ECHOED = (
 )
 
 
-def wrap_responses_response(  # noqa: PLR0913 - the keyword front over EnvelopeOptions
+def wrap_responses_response(
     response: Mapping[str, Any],
     *,
     requested: OutputMode,
     client_body: Mapping[str, Any] | None = None,
     options: EnvelopeOptions | None = None,
-    model: str | None = None,
-    clock: Callable[[], float] | None = None,
 ) -> dict[str, Any]:
     """Build a Responses API ``response`` object from a non-streaming generate response.
 
@@ -76,9 +73,8 @@ def wrap_responses_response(  # noqa: PLR0913 - the keyword front over EnvelopeO
         client_body: The client's Responses request: its tools, tool choice and settings are
             echoed as OpenAI echoes them, and its ``top_logprobs`` cuts the alternatives
             (absent: 0, ``-1``: all; no client body: no cut).
-        options: How the envelope is built (:class:`EnvelopeOptions`: ``model``, ``clock``).
-        model: Front for ``EnvelopeOptions.model`` (given, it replaces the field of ``options``).
-        clock: Front for ``EnvelopeOptions.clock`` (given, it replaces the field of ``options``).
+        options: How the envelope is built (:class:`EnvelopeOptions`: ``model``, ``clock``,
+            ``limits``).
 
     Raises:
         UpstreamContractError: the echo is missing or wrong, or the body breaks the contract.
@@ -88,7 +84,7 @@ def wrap_responses_response(  # noqa: PLR0913 - the keyword front over EnvelopeO
             not an integer >= -1.
     """
     turn = read_turn(response, requested)
-    built = front_options(options, model=model, clock=clock)
+    built = DEFAULT_OPTIONS if options is None else options
     client = client_mapping(client_body)
     check_depth(client, built.limits.max_depth)
     return _response_object(turn, client, built, client_top_logprobs(client_body))
@@ -245,14 +241,12 @@ _TEXT_EVENTS = {
 }
 
 
-def single_frame_responses_events(  # noqa: PLR0913 - the keyword front of the wrap
+def single_frame_responses_events(
     response: Mapping[str, Any],
     *,
     requested: OutputMode,
     client_body: Mapping[str, Any] | None = None,
     options: EnvelopeOptions | None = None,
-    model: str | None = None,
-    clock: Callable[[], float] | None = None,
 ) -> list[dict[str, Any]]:
     """The Responses streaming events of a whole (unstreamed) generate answer.
 
@@ -269,8 +263,6 @@ def single_frame_responses_events(  # noqa: PLR0913 - the keyword front of the w
         requested=requested,
         client_body=client_body,
         options=options,
-        model=model,
-        clock=clock,
     )
     events = _preamble(final)
     for index, item in enumerate(final[w.OUTPUT]):
@@ -281,14 +273,12 @@ def single_frame_responses_events(  # noqa: PLR0913 - the keyword front of the w
     return [{**event, w.SEQUENCE_NUMBER: number} for number, event in enumerate(events)]
 
 
-def single_frame_responses_stream(  # noqa: PLR0913 - the keyword front of the wrap
+def single_frame_responses_stream(
     response: Mapping[str, Any],
     *,
     requested: OutputMode,
     client_body: Mapping[str, Any] | None = None,
     options: EnvelopeOptions | None = None,
-    model: str | None = None,
-    clock: Callable[[], float] | None = None,
 ) -> bytes:
     r"""The SSE body of :func:`single_frame_responses_events`: ``event: <type>\ndata: ...``.
 
@@ -299,8 +289,6 @@ def single_frame_responses_stream(  # noqa: PLR0913 - the keyword front of the w
         requested=requested,
         client_body=client_body,
         options=options,
-        model=model,
-        clock=clock,
     )
     return b"".join(format_sse_typed_event(event[w.TYPE], event) for event in events)
 

@@ -32,7 +32,7 @@ from disagg_transforms.envelopes import (
 )
 from disagg_transforms.errors import UpstreamContractError
 
-# vLLM prefixes the generate response's request_id with this (SPEC reference §8).
+# vLLM prefixes the generate response's request_id with this (vLLM 0.33's serving code).
 _GENERATE_ID_PREFIX = "generate-tokens-"
 # Prefixes of the ids /render and the coupled routes give requests; stripped so that the
 # envelope's own prefix (resp_, msg_) is not stacked on another API's.

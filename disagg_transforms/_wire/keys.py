@@ -175,7 +175,7 @@ FINISH_STOP: Final = "stop"
 FINISH_LENGTH: Final = "length"
 FINISH_TOOL_CALLS: Final = "tool_calls"
 FINISH_REPETITION: Final = "repetition"
-# Request-leg keys (request side, issue 3).
+# Request-leg keys (request side).
 MM_METADATA: Final = "mm_metadata"
 RESPONSE_FORMAT: Final = "response_format"
 STRUCTURAL_TAG: Final = "structural_tag"

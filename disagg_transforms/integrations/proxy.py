@@ -30,7 +30,14 @@ from disagg_transforms import (
     resolve_format,
 )
 from disagg_transforms.errors import ConfigError, error_body
-from disagg_transforms.exchange import NEED_DATA, ClientReply, ClientStream, Exchange, WorkerCall
+from disagg_transforms.exchange import (
+    NEED_DATA,
+    ClientReply,
+    ClientStream,
+    Exchange,
+    ExchangeSettings,
+    WorkerCall,
+)
 from disagg_transforms.hooks import Pipeline
 
 __all__ = ("Timeouts", "create_app", "url_errors")
@@ -181,7 +188,8 @@ class _Proxy:
         self.config = config
         self.urls = urls
         self.timeouts = timeouts
-        self.hooks = hooks
+        # One settings object for every exchange this proxy runs.
+        self.settings = ExchangeSettings(hooks=hooks)
         self.http: httpx.AsyncClient | None = None
 
     @contextlib.asynccontextmanager
@@ -223,7 +231,7 @@ class _Proxy:
             request.url.path,
             request.headers.raw,
             await request.body(),
-            hooks=self.hooks,
+            settings=self.settings,
         )
         stream: _Worker | None = None
         held = b""

@@ -28,9 +28,9 @@ equal vLLM 0.33's own, byte for byte, for the plain, tools and ``kv_transfer_par
 renders, the Messages render and the completions render; the Responses render differs only in
 the random part of its ``resp_`` id. What differs from a real vLLM server:
 
-- The generated text is scripted (see :class:`SimulatedWorker`); ``stop`` strings,
-  ``min_tokens``, ``ignore_eos`` and seeds do not change it; logprobs are made up (the sampled
-  token at -0.1 first, then alternatives).
+- The generated text is scripted (see :class:`SimulatedWorker` and :class:`WorkerSettings`);
+  ``stop`` strings, ``min_tokens``, ``ignore_eos`` and seeds do not change it; logprobs are
+  made up (the sampled token at -0.1 first, then alternatives).
 - ``usage.prompt_tokens_details`` is always null (vLLM without
   ``--enable-prompt-tokens-details``), also on a decode leg that pulled its KV blocks.
 - A prefill's ``remote_request_id`` ends in a hash instead of a random suffix; its blocks are
@@ -48,6 +48,7 @@ the random part of its ``resp_`` id. What differs from a real vLLM server:
 
 from __future__ import annotations
 
+from disagg_transforms.testing._common import DEFAULT_ENGINE_ID, WorkerSettings
 from disagg_transforms.testing._tokenizer import decode as toy_decode
 from disagg_transforms.testing._tokenizer import encode as toy_encode
 from disagg_transforms.testing._worker import (
@@ -58,10 +59,12 @@ from disagg_transforms.testing._worker import (
 )
 
 __all__ = [
+    "DEFAULT_ENGINE_ID",
     "FAULT_HEADER",
     "FAULT_MODES",
     "RecordedCall",
     "SimulatedWorker",
+    "WorkerSettings",
     "toy_decode",
     "toy_encode",
 ]

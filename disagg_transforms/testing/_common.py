@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Final
 
 
 def error_body(message: str, error_type: str, param: str | None, code: int) -> dict[str, Any]:
@@ -90,13 +90,33 @@ class BadRequestError(Exception):
         return error_body(self.message, error_type, self.param, self.status)
 
 
-@dataclasses.dataclass(frozen=True)
-class Settings:
-    """What the simulated server was started with."""
+DEFAULT_ENGINE_ID: Final = "4f8a0c3e-7d2b-4c1a-9e5f-2b6d8a1c3e70"
+"""The ``remote_engine_id`` a prefill's ``kv_transfer_params`` names unless told otherwise."""
 
-    model: str
-    max_model_len: int
-    created: int | None
-    answer: str
-    reasoning: str
-    engine_id: str
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class WorkerSettings:
+    """What the simulated worker is started with (its "model"); build one and share it.
+
+    Raises:
+        ValueError: ``max_model_len`` is not positive.
+    """
+
+    model: str = "simulated"
+    """The model listed by ``/v1/models`` (besides ``simulated``) and answered when a body names
+    none; a body's own ``model`` is echoed, whatever it is."""
+    max_model_len: int = 4096
+    """The context length."""
+    created: int | None = None
+    """The ``created`` timestamp of generate answers; ``None``: the clock."""
+    answer: str = "Hello!"
+    """The text the model generates."""
+    reasoning: str = "The user greets me."
+    """The reasoning the model writes in ``derender`` mode."""
+    engine_id: str = DEFAULT_ENGINE_ID
+    """``remote_engine_id`` of a prefill's ``kv_transfer_params``."""
+
+    def __post_init__(self) -> None:
+        if self.max_model_len < 1:
+            msg = "max_model_len must be positive"
+            raise ValueError(msg)

@@ -13,7 +13,12 @@ from typing import Any, Final
 import orjson
 
 from disagg_transforms.testing import _tokenizer as tok
-from disagg_transforms.testing._common import BadRequestError, Issue, RequestInvalidError, Settings
+from disagg_transforms.testing._common import (
+    BadRequestError,
+    Issue,
+    RequestInvalidError,
+    WorkerSettings,
+)
 
 OUTPUT_MODES: Final = ("tokens", "text", "derender")
 TOOL_CHOICES: Final = ("none", "auto", "required")
@@ -362,7 +367,7 @@ _RANGES: Final[tuple[tuple[str, Callable[[Any], bool], str], ...]] = (
 )
 
 
-def check_request(body: Mapping[str, Any], settings: Settings) -> None:
+def check_request(body: Mapping[str, Any], settings: WorkerSettings) -> None:
     """The refusals after validation, in the order vLLM 0.33 runs them.
 
     Args:
@@ -454,7 +459,7 @@ def _tool_arguments(function: Mapping[str, Any]) -> dict[str, object]:
     return arguments
 
 
-def _script(body: Mapping[str, Any], settings: Settings, mode: str) -> list[int]:
+def _script(body: Mapping[str, Any], settings: WorkerSettings, mode: str) -> list[int]:
     """The tokens this deterministic model generates when nothing stops it."""
     if mode != "derender":
         return [*tok.encode(settings.answer), tok.IM_END]
@@ -575,7 +580,9 @@ def _logprobs(tokens: list[int], sampling: Mapping[str, Any], mode: str) -> dict
     return {"content": content}
 
 
-def _kv_answer(body: Mapping[str, Any], request_id: str, sequence: int, settings: Settings) -> Any:  # noqa: ANN401 - JSON
+def _kv_answer(
+    body: Mapping[str, Any], request_id: str, sequence: int, settings: WorkerSettings
+) -> Any:  # noqa: ANN401 - JSON
     params = body.get("kv_transfer_params")
     if not (isinstance(params, dict) and params.get("do_remote_decode") is True):
         return None
@@ -601,7 +608,7 @@ def _kv_answer(body: Mapping[str, Any], request_id: str, sequence: int, settings
     }
 
 
-def _ec_answer(body: Mapping[str, Any], settings: Settings) -> Any:  # noqa: ANN401 - JSON
+def _ec_answer(body: Mapping[str, Any], settings: WorkerSettings) -> Any:  # noqa: ANN401 - JSON
     """Where the encoder cache of the items this call encoded can be pulled from.
 
     A call that ran the encoder (features with data, no ``ec_transfer_params``) answers the
@@ -643,7 +650,7 @@ def response_request_id(body: Mapping[str, Any], header_id: str | None) -> str:
 
 def generate(
     body: Mapping[str, Any],
-    settings: Settings,
+    settings: WorkerSettings,
     *,
     header_id: str | None,
     legacy: bool,

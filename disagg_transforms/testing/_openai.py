@@ -16,14 +16,14 @@ from typing import Any
 import orjson
 
 from disagg_transforms.testing import _generate, _render
-from disagg_transforms.testing._common import Settings
+from disagg_transforms.testing._common import WorkerSettings
 
 CHAT_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"
 
 
 def _generated(
-    request: dict[str, Any], settings: Settings, header_id: str | None, sequence: int
+    request: dict[str, Any], settings: WorkerSettings, header_id: str | None, sequence: int
 ) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
     """A rendered request run in text mode: the whole answer, or the stream's chunks."""
     request = {**request, "output_mode": "text"}
@@ -38,16 +38,16 @@ def _generated(
     return None, chunks
 
 
-def _created(settings: Settings) -> int:
+def _created(settings: WorkerSettings) -> int:
     return settings.created if settings.created is not None else int(time.time())
 
 
-def _head(request_id: str, kind: str, model: object, settings: Settings) -> dict[str, Any]:
+def _head(request_id: str, kind: str, model: object, settings: WorkerSettings) -> dict[str, Any]:
     return {"id": request_id, "object": kind, "created": _created(settings), "model": model}
 
 
 def chat(
-    body: object, header_id: str | None, settings: Settings, sequence: int
+    body: object, header_id: str | None, settings: WorkerSettings, sequence: int
 ) -> dict[str, Any] | list[dict[str, Any]]:
     """``POST /v1/chat/completions``: a ``chat.completion``, or the chunks of its stream.
 
@@ -130,7 +130,7 @@ def _stream_chunk(
 
 
 def completions(
-    body: object, header_id: str | None, settings: Settings, sequence: int
+    body: object, header_id: str | None, settings: WorkerSettings, sequence: int
 ) -> dict[str, Any] | list[dict[str, Any]]:
     """``POST /v1/completions``: a ``text_completion``, or the chunks of its stream.
 

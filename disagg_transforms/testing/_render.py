@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import dataclasses
 import hashlib
 import json
 import uuid
@@ -15,7 +16,12 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from disagg_transforms.testing import _tokenizer as tok
-from disagg_transforms.testing._common import BadRequestError, Issue, RequestInvalidError, Settings
+from disagg_transforms.testing._common import (
+    BadRequestError,
+    Issue,
+    RequestInvalidError,
+    WorkerSettings,
+)
 
 ENGINE_DEFAULT_MAX_TOKENS: Final = 16
 """``SamplingParams.max_tokens``'s default: a dump leaves this value out."""
@@ -150,7 +156,7 @@ def _number(value: object, default: float) -> float:
     )
 
 
-def _room(prompt_len: int, settings: Settings) -> int:
+def _room(prompt_len: int, settings: WorkerSettings) -> int:
     room = settings.max_model_len - prompt_len
     if room <= 0:
         msg = (
@@ -162,7 +168,7 @@ def _room(prompt_len: int, settings: Settings) -> int:
     return room
 
 
-def _max_tokens(cap: object, prompt_len: int, settings: Settings) -> int:
+def _max_tokens(cap: object, prompt_len: int, settings: WorkerSettings) -> int:
     room = _room(prompt_len, settings)
     if not isinstance(cap, int) or isinstance(cap, bool):
         return room
@@ -176,26 +182,30 @@ def _max_tokens(cap: object, prompt_len: int, settings: Settings) -> int:
     return cap
 
 
-def sampling_params(  # noqa: C901, PLR0912, PLR0913 - a branch per optional field, vLLM's order
-    request: Mapping[str, Any],
-    *,
-    max_tokens: int,
-    stream: bool,
-    skip_special_tokens: bool,
-    logprobs: int | None,
-    stop: object,
-    extra_args: dict[str, Any] | None,
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Sampling:
+    """What a render route decided for ``sampling_params``, besides the client's own fields."""
+
+    max_tokens: int
+    """The resolved cap."""
+    skip_special_tokens: bool = False
+    """The value after the parsers adjusted the request."""
+    logprobs: int | None = None
+    """Top logprobs per token, or ``None``."""
+    stop: object = None
+    """The client's stop string(s)."""
+    extra_args: dict[str, Any] | None = None
+    """``extra_args`` to write, or ``None``."""
+
+
+def sampling_params(  # noqa: C901, PLR0912 - a branch per optional field, vLLM's order
+    request: Mapping[str, Any], decided: Sampling
 ) -> dict[str, Any]:
     """``sampling_params`` as a render route dumps them (defaults left out, vLLM's order).
 
     Args:
-        request: The client's body (penalties, temperature, seed, ...).
-        max_tokens: The resolved cap.
-        stream: Whether the client streams.
-        skip_special_tokens: The value after the parsers adjusted the request.
-        logprobs: Top logprobs per token, or ``None``.
-        stop: The client's stop string(s).
-        extra_args: ``extra_args`` to write, or ``None``.
+        request: The client's body (penalties, temperature, seed, ``stream``, ...).
+        decided: What the route decided (:class:`Sampling`).
 
     Returns:
         The dict.
@@ -220,76 +230,84 @@ def sampling_params(  # noqa: C901, PLR0912, PLR0913 - a branch per optional fie
         params["min_p"] = _number(request.get("min_p"), 0.0)
     if isinstance(request.get("seed"), int) and request["seed"] != -1:
         params["seed"] = request["seed"]
-    stops = [stop] if isinstance(stop, str) else []
-    if isinstance(stop, list):
-        stops = [item for item in stop if isinstance(item, str)]
+    stops = [decided.stop] if isinstance(decided.stop, str) else []
+    if isinstance(decided.stop, list):
+        stops = [item for item in decided.stop if isinstance(item, str)]
     params["stop"] = stops
     stop_ids = request.get("stop_token_ids")
     params["stop_token_ids"] = list(dict.fromkeys(stop_ids)) if isinstance(stop_ids, list) else []
     if request.get("ignore_eos") is True:
         params["ignore_eos"] = True
-    if max_tokens != ENGINE_DEFAULT_MAX_TOKENS:
-        params["max_tokens"] = max_tokens
+    if decided.max_tokens != ENGINE_DEFAULT_MAX_TOKENS:
+        params["max_tokens"] = decided.max_tokens
     min_tokens = request.get("min_tokens")
     if isinstance(min_tokens, int) and min_tokens > 0:
         params["min_tokens"] = min_tokens
-    if logprobs is not None:
-        params["logprobs"] = logprobs
-    if not skip_special_tokens:
+    if decided.logprobs is not None:
+        params["logprobs"] = decided.logprobs
+    if not decided.skip_special_tokens:
         params["skip_special_tokens"] = False
     if request.get("include_stop_str_in_output") is True:
         params["include_stop_str_in_output"] = True
-    params["output_kind"] = 1 if stream else 2
+    params["output_kind"] = 1 if request.get("stream") is True else 2
     params["skip_clone"] = True
     if stops and not request.get("include_stop_str_in_output"):
         # Text that could start a stop string is held back this many characters.
         params["output_text_buffer_length"] = max(len(s) for s in stops) - 1
     if isinstance(request.get("logit_bias"), dict):
         params["logit_bias"] = {int(k): float(v) for k, v in request["logit_bias"].items()}
-    if extra_args is not None:
-        params["extra_args"] = extra_args
+    if decided.extra_args is not None:
+        params["extra_args"] = decided.extra_args
     params["bad_words"] = []
     params["skip_reading_prefix_cache"] = False
     return params
 
 
-def _generate_request(  # noqa: PLR0913 - every field of the dump, by keyword
-    *,
-    request_id: str,
-    token_ids: list[int],
-    sampling: dict[str, Any],
-    model: object,
-    reasoning_ended: bool | None,
-    template_kwargs: dict[str, Any] | None,
-    parse_context: dict[str, Any] | None,
-    stream: bool,
-    stream_options: dict[str, Any] | None,
-    body: Mapping[str, Any],
-    kv: object,
-    ec: object,
-    features: dict[str, Any] | None = None,
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Dump:
+    """The fields of a ``GenerateRequest`` dump a render route decided.
+
+    The client's body and the worker's settings give the rest (``model``, ``stream``,
+    ``cache_salt``, ``priority``).
+    """
+
+    request_id: str
+    token_ids: list[int]
+    sampling: dict[str, Any]
+    reasoning_ended: bool | None = None
+    template_kwargs: dict[str, Any] | None = None
+    parse_context: dict[str, Any] | None = None
+    stream_options: dict[str, Any] | None = None
+    kv: object = None
+    ec: object = None
+    features: dict[str, Any] | None = None
+
+
+def _generate_request(
+    body: Mapping[str, Any], settings: WorkerSettings, dump: _Dump
 ) -> dict[str, Any]:
+    template_kwargs = dump.template_kwargs
     return {
-        "request_id": request_id,
-        "token_ids": token_ids,
+        "request_id": dump.request_id,
+        "token_ids": dump.token_ids,
         "token_offsets": None,
-        "features": features,
+        "features": dump.features,
         "content_parts": None,
-        "sampling_params": sampling,
-        "model": model,
-        "reasoning_ended": reasoning_ended,
+        "sampling_params": dump.sampling,
+        "model": body.get("model") or settings.model,
+        "reasoning_ended": dump.reasoning_ended,
         "reasoning_parser_kwargs": (
             None if template_kwargs is None else {"chat_template_kwargs": template_kwargs}
         ),
         "return_token_ids": None,
         "output_mode": "tokens",
-        "parse_context": parse_context,
-        "stream": stream,
-        "stream_options": stream_options,
+        "parse_context": dump.parse_context,
+        "stream": body.get("stream") is True,
+        "stream_options": dump.stream_options,
         "cache_salt": body.get("cache_salt") if isinstance(body.get("cache_salt"), str) else None,
         "priority": body.get("priority") if isinstance(body.get("priority"), int) else 0,
-        "kv_transfer_params": kv if isinstance(kv, dict) else None,
-        "ec_transfer_params": ec if isinstance(ec, dict) else None,
+        "kv_transfer_params": dump.kv if isinstance(dump.kv, dict) else None,
+        "ec_transfer_params": dump.ec if isinstance(dump.ec, dict) else None,
     }
 
 
@@ -308,16 +326,23 @@ def _template_kwargs(body: Mapping[str, Any]) -> dict[str, Any]:
     return kwargs
 
 
-def _require_object(body: object) -> Mapping[str, Any]:
+def _require_object(body: object, *required: str) -> Mapping[str, Any]:
+    """The body as an object holding every ``required`` key (pydantic's errors otherwise)."""
     if not isinstance(body, dict):
         msg = "Input should be a valid dictionary"
         raise RequestInvalidError([Issue("model_attributes_type", "body", msg, body)])
+    for key in required:
+        _require_key(body, key)
     return body
 
 
-def _require_list(body: Mapping[str, Any], key: str) -> list[Any]:
+def _require_key(body: Mapping[str, Any], key: str) -> None:
     if key not in body:
         raise RequestInvalidError([Issue("missing", f"body.{key}", "Field required", dict(body))])
+
+
+def _require_list(body: Mapping[str, Any], key: str) -> list[Any]:
+    _require_key(body, key)
     value = body[key]
     if not isinstance(value, list) or not all(isinstance(item, dict) for item in value):
         msg = "Input should be a valid list"
@@ -341,33 +366,35 @@ def _history_tool_calls(messages: list[dict[str, Any]]) -> int:
     )
 
 
-def _chat_render(  # noqa: PLR0913 - the chat, after each API's conversion
-    body: Mapping[str, Any],
-    messages: list[dict[str, Any]],
-    tools: list[dict[str, Any]] | None,
-    *,
-    request_id: str,
-    cap: object,
-    stream_options: dict[str, Any] | None,
-    settings: Settings,
-    kv: object = None,
-    ec: object = None,
-    extra_args: dict[str, Any] | None = None,
-    logprobs: int | None = None,
-    tool_choice: object = None,
-    stop: object = None,
-) -> dict[str, Any]:
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Chat:
+    """A request as chat messages, after each API's conversion, and what its route decided."""
+
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None
+    request_id: str
+    cap: object
+    stream_options: dict[str, Any] | None = None
+    kv: object = None
+    ec: object = None
+    extra_args: dict[str, Any] | None = None
+    logprobs: int | None = None
+    tool_choice: object = None
+    stop: object = None
+
+
+def _chat_render(body: Mapping[str, Any], chat: _Chat, settings: WorkerSettings) -> dict[str, Any]:
+    messages, tools, tool_choice = chat.messages, chat.tools, chat.tool_choice
     kwargs = _template_kwargs(body)
     token_ids = tok.encode(chat_prompt(messages, tools, kwargs))
-    stream = body.get("stream") is True
     sampling = sampling_params(
         body,
-        max_tokens=_max_tokens(cap, len(token_ids), settings),
-        stream=stream,
-        skip_special_tokens=False,
-        logprobs=logprobs,
-        stop=stop,
-        extra_args=extra_args,
+        Sampling(
+            max_tokens=_max_tokens(chat.cap, len(token_ids), settings),
+            logprobs=chat.logprobs,
+            stop=chat.stop,
+            extra_args=chat.extra_args,
+        ),
     )
     if tool_choice is None:
         tool_choice = "auto" if tools else "none"
@@ -380,24 +407,22 @@ def _chat_render(  # noqa: PLR0913 - the chat, after each API's conversion
         "chat_template_kwargs": kwargs,
         "history_tool_call_cnt": _history_tool_calls(messages),
     }
-    return _generate_request(
-        request_id=request_id,
+    dump = _Dump(
+        request_id=chat.request_id,
         token_ids=token_ids,
         sampling=sampling,
-        model=body.get("model") or settings.model,
         reasoning_ended=False,
         template_kwargs=kwargs,
         parse_context=parse_context,
-        stream=stream,
-        stream_options=stream_options,
-        body=body,
-        kv=kv,
-        ec=ec,
+        stream_options=chat.stream_options,
+        kv=chat.kv,
+        ec=chat.ec,
         features=_features(messages, token_ids),
     )
+    return _generate_request(body, settings, dump)
 
 
-def render_chat(body: object, header_id: str | None, settings: Settings) -> dict[str, Any]:
+def render_chat(body: object, header_id: str | None, settings: WorkerSettings) -> dict[str, Any]:
     """``POST /v1/chat/completions/render``.
 
     Args:
@@ -436,14 +461,12 @@ def render_chat(body: object, header_id: str | None, settings: Settings) -> dict
     top = request.get("top_logprobs")
     logprobs = (top if isinstance(top, int) else 0) if request.get("logprobs") is True else None
     xargs = request.get("vllm_xargs")
-    return _chat_render(
-        request,
-        messages,
-        tools if isinstance(tools, list) else None,
+    chat = _Chat(
+        messages=messages,
+        tools=tools if isinstance(tools, list) else None,
         request_id=f"chatcmpl-{_base_id(header_id, request)}",
         cap=cap,
         stream_options=stream_options,
-        settings=settings,
         kv=request.get("kv_transfer_params"),
         ec=request.get("ec_transfer_params"),
         extra_args=dict(xargs) if isinstance(xargs, dict) else None,
@@ -451,6 +474,7 @@ def render_chat(body: object, header_id: str | None, settings: Settings) -> dict
         tool_choice=request.get("tool_choice"),
         stop=request.get("stop"),
     )
+    return _chat_render(request, chat, settings)
 
 
 def _anthropic_messages(request: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -511,7 +535,9 @@ def _anthropic_tool_choice(choice: object) -> object:
     return {"auto": "auto", "any": "required", "none": "none"}.get(str(kind))
 
 
-def render_messages(body: object, header_id: str | None, settings: Settings) -> dict[str, Any]:
+def render_messages(
+    body: object, header_id: str | None, settings: WorkerSettings
+) -> dict[str, Any]:
     """``POST /v1/messages/render``: an Anthropic Messages body, converted to chat first.
 
     Args:
@@ -522,26 +548,22 @@ def render_messages(body: object, header_id: str | None, settings: Settings) -> 
     Returns:
         One ``GenerateRequest`` body.
     """
-    request = _require_object(body)
-    if "max_tokens" not in request:
-        issue = Issue("missing", "body.max_tokens", "Field required", dict(request))
-        raise RequestInvalidError([issue])
+    request = _require_object(body, "max_tokens")
     messages = _anthropic_messages(request)
     raw_tools = request.get("tools")
     tools = [_anthropic_tool(t) for t in raw_tools if isinstance(t, dict)] if raw_tools else None
     stream = request.get("stream") is True
     usage = {"include_usage": True, "continuous_usage_stats": True} if stream else None
-    return _chat_render(
-        request,
-        messages,
-        tools,
+    chat = _Chat(
+        messages=messages,
+        tools=tools,
         request_id=f"chatcmpl-{_base_id(header_id, request)}",
         cap=request.get("max_tokens"),
         stream_options=usage,
-        settings=settings,
         tool_choice=_anthropic_tool_choice(request.get("tool_choice")),
         stop=request.get("stop_sequences"),
     )
+    return _chat_render(request, chat, settings)
 
 
 def _responses_messages(request: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -580,7 +602,7 @@ def _responses_tool(tool: Mapping[str, Any]) -> dict[str, Any]:
     return {"type": "function", "function": function}
 
 
-def render_responses(body: object, settings: Settings) -> dict[str, Any]:
+def render_responses(body: object, settings: WorkerSettings) -> dict[str, Any]:
     """``POST /v1/responses/render``: no ``parse_context``, and ``X-Request-Id`` is ignored.
 
     Args:
@@ -590,10 +612,7 @@ def render_responses(body: object, settings: Settings) -> dict[str, Any]:
     Returns:
         One ``GenerateRequest`` body.
     """
-    request = _require_object(body)
-    if "input" not in request:
-        issue = Issue("missing", "body.input", "Field required", dict(request))
-        raise RequestInvalidError([issue])
+    request = _require_object(body, "input")
     messages = _responses_messages(request)
     raw_tools = request.get("tools") or []
     tools = [
@@ -603,33 +622,21 @@ def render_responses(body: object, settings: Settings) -> dict[str, Any]:
     ]
     kwargs = _template_kwargs(request)
     token_ids = tok.encode(chat_prompt(messages, tools or None, kwargs))
-    stream = request.get("stream") is True
     given = request.get("request_id")
     request_id = given if isinstance(given, str) else f"resp_{uuid.uuid4().hex[:16]}"
     top = request.get("top_logprobs")
     sampling = sampling_params(
         request,
-        max_tokens=_max_tokens(request.get("max_output_tokens"), len(token_ids), settings),
-        stream=stream,
-        skip_special_tokens=False,
-        logprobs=top if isinstance(top, int) and top > 0 else None,
-        stop=None,
-        extra_args={},
+        Sampling(
+            max_tokens=_max_tokens(request.get("max_output_tokens"), len(token_ids), settings),
+            logprobs=top if isinstance(top, int) and top > 0 else None,
+            extra_args={},
+        ),
     )
-    return _generate_request(
-        request_id=request_id,
-        token_ids=token_ids,
-        sampling=sampling,
-        model=request.get("model") or settings.model,
-        reasoning_ended=None,
-        template_kwargs=kwargs,
-        parse_context=None,
-        stream=stream,
-        stream_options=None,
-        body=request,
-        kv=None,
-        ec=None,
+    dump = _Dump(
+        request_id=request_id, token_ids=token_ids, sampling=sampling, template_kwargs=kwargs
     )
+    return _generate_request(request, settings, dump)
 
 
 def _prompts(request: Mapping[str, Any]) -> list[list[int]]:
@@ -643,14 +650,13 @@ def _prompts(request: Mapping[str, Any]) -> list[list[int]]:
             return [list(prompt)]
         if all(isinstance(item, list) and all(isinstance(t, int) for t in item) for item in prompt):
             return [list(item) for item in prompt]
-    if "prompt" not in request:
-        raise RequestInvalidError([Issue("missing", "body.prompt", "Field required", request)])
+    _require_key(request, "prompt")
     msg = "Input should be a valid string or a list of strings or token IDs"
     raise RequestInvalidError([Issue("string_type", "body.prompt", msg, prompt)])
 
 
 def render_completions(
-    body: object, header_id: str | None, settings: Settings
+    body: object, header_id: str | None, settings: WorkerSettings
 ) -> list[dict[str, Any]]:
     """``POST /v1/completions/render``: one ``GenerateRequest`` per prompt, no template.
 
@@ -664,7 +670,6 @@ def render_completions(
     """
     request = _require_object(body)
     base = _base_id(header_id, request)
-    stream = request.get("stream") is True
     options = request.get("stream_options")
     stream_options = None
     if isinstance(options, dict):
@@ -680,27 +685,21 @@ def render_completions(
     for index, token_ids in enumerate(_prompts(request)):
         sampling = sampling_params(
             request,
-            max_tokens=_max_tokens(cap, len(token_ids), settings),
-            stream=stream,
-            skip_special_tokens=request.get("skip_special_tokens", True) is not False,
-            logprobs=logprobs if isinstance(logprobs, int) else None,
-            stop=request.get("stop"),
-            extra_args=dict(xargs) if isinstance(xargs, dict) else None,
+            Sampling(
+                max_tokens=_max_tokens(cap, len(token_ids), settings),
+                skip_special_tokens=request.get("skip_special_tokens", True) is not False,
+                logprobs=logprobs if isinstance(logprobs, int) else None,
+                stop=request.get("stop"),
+                extra_args=dict(xargs) if isinstance(xargs, dict) else None,
+            ),
         )
-        answers.append(
-            _generate_request(
-                request_id=f"cmpl-{base}-{index}",
-                token_ids=token_ids,
-                sampling=sampling,
-                model=request.get("model") or settings.model,
-                reasoning_ended=None,
-                template_kwargs=None,
-                parse_context=None,
-                stream=stream,
-                stream_options=stream_options,
-                body=request,
-                kv=request.get("kv_transfer_params"),
-                ec=request.get("ec_transfer_params"),
-            )
+        dump = _Dump(
+            request_id=f"cmpl-{base}-{index}",
+            token_ids=token_ids,
+            sampling=sampling,
+            stream_options=stream_options,
+            kv=request.get("kv_transfer_params"),
+            ec=request.get("ec_transfer_params"),
         )
+        answers.append(_generate_request(request, settings, dump))
     return answers

@@ -16,7 +16,7 @@ from disagg_transforms.testing._common import (
     BadRequestError,
     Issue,
     RequestInvalidError,
-    Settings,
+    WorkerSettings,
     error_body,
 )
 
@@ -46,7 +46,6 @@ _RENDER_PATHS: Final = (
 )
 _COUPLED_PATHS: Final = (_openai.CHAT_PATH, _openai.COMPLETIONS_PATH)
 MAX_BODY: Final = 64 * 1024 * 1024
-DEFAULT_ENGINE_ID: Final = "4f8a0c3e-7d2b-4c1a-9e5f-2b6d8a1c3e70"
 _HTML_ERROR: Final = (
     b"<html>\r\n<head><title>502 Bad Gateway</title></head>\r\n<body>\r\n"
     b"<center><h1>502 Bad Gateway</h1></center>\r\n<hr><center>nginx</center>\r\n"
@@ -115,44 +114,33 @@ class SimulatedWorker:
       ``[DONE]`` (status 200); a non-streaming generate answers 500.
 
     Args:
+        settings: What the model answers (:class:`WorkerSettings`); ``None``: the defaults.
         fault: A fault for every request, or ``None``.
-        model: The model listed by ``/v1/models`` (besides ``simulated``) and answered when a
-            body names none; a body's own ``model`` is echoed, whatever it is.
-        max_model_len: The context length.
         first_byte_delay: Seconds ``slow-first-byte`` waits.
         stream_delay: Seconds between the events of a stream (a slow model; ``0``: none).
-        created: The ``created`` timestamp of generate answers; ``None``: the clock.
-        answer: The text the model generates.
-        reasoning: The reasoning the model writes in ``derender`` mode.
-        engine_id: ``remote_engine_id`` of a prefill's ``kv_transfer_params``.
 
     Raises:
-        ValueError: An unknown fault or a bad setting.
+        ValueError: An unknown fault or a negative delay.
     """
 
-    def __init__(  # noqa: PLR0913 - every setting is keyword-only and documented
+    def __init__(
         self,
+        settings: WorkerSettings | None = None,
         *,
         fault: str | None = None,
-        model: str = "simulated",
-        max_model_len: int = 4096,
         first_byte_delay: float = 0.5,
         stream_delay: float = 0.0,
-        created: int | None = None,
-        answer: str = "Hello!",
-        reasoning: str = "The user greets me.",
-        engine_id: str = DEFAULT_ENGINE_ID,
     ) -> None:
         if fault is not None and fault not in FAULT_MODES:
             msg = f"unknown fault {fault!r}; expected one of {', '.join(FAULT_MODES)}"
             raise ValueError(msg)
-        if max_model_len < 1 or first_byte_delay < 0 or stream_delay < 0:
-            msg = "max_model_len must be positive and the delays non-negative"
+        if first_byte_delay < 0 or stream_delay < 0:
+            msg = "first_byte_delay and stream_delay must be non-negative"
             raise ValueError(msg)
         self.fault = fault
         self.first_byte_delay = first_byte_delay
         self.stream_delay = stream_delay
-        self.settings = Settings(model, max_model_len, created, answer, reasoning, engine_id)
+        self.settings = WorkerSettings() if settings is None else settings
         self.calls: list[RecordedCall] = []
         """Every request received, in order."""
 
@@ -185,7 +173,8 @@ class SimulatedWorker:
         method = str(scope.get("method", "GET")).upper()
         path = str(scope.get("path", "/"))
         body = _parse(raw)
-        self.calls.append(RecordedCall(method, path, headers, body))
+        call = RecordedCall(method, path, headers, body)
+        self.calls.append(call)
         request_id = headers.get("x-request-id") or uuid.uuid4().hex
         fault = headers.get(FAULT_HEADER)
         if fault is None and path != "/health":
@@ -200,20 +189,15 @@ class SimulatedWorker:
         elif raw is None:
             reply = _json(413, error_body("Request body too large", "BadRequestError", None, 413))
         else:
-            reply = self._route(method, path, headers, raw, body, fault)
+            reply = self._route(call, raw, fault)
         if fault == "slow-first-byte":
             await asyncio.sleep(self.first_byte_delay)
         await _send(send, reply, request_id, fault, self.stream_delay)
 
-    def _route(  # noqa: PLR0911, PLR0913, PLR0917 - one answer per route
-        self,
-        method: str,
-        path: str,
-        headers: Mapping[str, str],
-        raw: bytes,
-        body: object,
-        fault: str | None,
+    def _route(  # noqa: PLR0911 - one answer per route
+        self, call: RecordedCall, raw: bytes, fault: str | None
     ) -> _Reply:
+        method, path, headers, body = call.method, call.path, call.headers, call.body
         known = {GENERATE_PATH: "POST", "/health": "GET", "/v1/models": "GET"}
         known.update(dict.fromkeys((*_RENDER_PATHS, *_COUPLED_PATHS), "POST"))
         if path not in known:

@@ -31,7 +31,10 @@ from disagg_transforms import (
 
 def prefill(client: Mapping[str, Any], path: str, token_ids: list[int]) -> Leg:
     return build_prefill_request(
-        client, client_path=path, params=PrefillParams(use_openai_format=False), token_ids=token_ids
+        client,
+        client_path=path,
+        params=PrefillParams(use_openai_format=False),
+        inputs=LegInputs(token_ids=token_ids),
     )
 
 
