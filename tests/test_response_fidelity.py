@@ -382,21 +382,14 @@ def test_dispatchers_are_the_per_api_functions(
 
 
 @given(envelope_options)
-def test_deprecated_keywords_are_the_options(fields: dict[str, Any]) -> None:
-    # model= and reasoning_content= stay on the chat wrap while the LiteLLM integration uses them.
+def test_the_bytes_wrap_equals_the_dict_wrap_for_any_options(fields: dict[str, Any]) -> None:
     response = load_fixture("response-derender-tool-call.json")
-    kept = {key: fields.pop(key) for key in ("model", "reasoning_content") if key in fields}
-    by_keywords = wrap_chat_completion(
-        response, requested=OutputMode.DERENDER, options=EnvelopeOptions(**fields), **kept
-    )
-    options = EnvelopeOptions(**fields, **kept)
-    assert wrap_chat_completion(response, requested=OutputMode.DERENDER, options=options) == (
-        by_keywords
-    )
+    options = EnvelopeOptions(**fields)
+    by_dict = wrap_chat_completion(response, requested=OutputMode.DERENDER, options=options)
     as_bytes = wrap_chat_completion_bytes(
         json.dumps(response).encode(), requested=OutputMode.DERENDER, options=options
     )
-    assert json.loads(as_bytes) == by_keywords
+    assert json.loads(as_bytes) == by_dict
 
 
 def test_model_precedence_is_one_rule() -> None:

@@ -78,14 +78,12 @@ def _delta(message: Mapping[str, Any]) -> dict[str, Any]:
     return delta
 
 
-def single_frame_chat_chunks(  # noqa: PLR0913 - model=, reasoning_content=: as the wrap's
+def single_frame_chat_chunks(
     response: Mapping[str, Any],
     *,
     requested: OutputMode,
     client_body: Mapping[str, Any] | None = None,
     options: EnvelopeOptions | None = None,
-    model: str | None = None,
-    reasoning_content: bool | None = None,
 ) -> list[dict[str, Any]]:
     """The ``chat.completion.chunk`` objects of a single-frame stream, ``[DONE]`` excluded.
 
@@ -102,8 +100,6 @@ def single_frame_chat_chunks(  # noqa: PLR0913 - model=, reasoning_content=: as 
         requested=requested,
         client_body=client_body,
         options=options,
-        model=model,
-        reasoning_content=reasoning_content,
     )
     head = _chunk_head(completion[w.ID], completion[w.CREATED], completion[w.MODEL])
     chunks = []

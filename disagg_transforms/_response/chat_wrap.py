@@ -40,7 +40,6 @@ from disagg_transforms._response.options import (
     EnvelopeOptions,
     envelope_created,
     envelope_model,
-    front_options,
 )
 from disagg_transforms._wire import keys as w
 from disagg_transforms._wire import limits as _limits
@@ -198,14 +197,12 @@ def _wrap(
     return result
 
 
-def wrap_chat_completion(  # noqa: PLR0913 - model=, reasoning_content=: see their Args
+def wrap_chat_completion(
     response: Mapping[str, Any],
     *,
     requested: OutputMode,
     client_body: Mapping[str, Any] | None = None,
     options: EnvelopeOptions | None = None,
-    model: str | None = None,
-    reasoning_content: bool | None = None,
 ) -> dict[str, Any]:
     """Build the ``chat.completion`` a chat client expects from a text or derender response.
 
@@ -216,10 +213,6 @@ def wrap_chat_completion(  # noqa: PLR0913 - model=, reasoning_content=: see the
         client_body: The client's chat request: its ``top_logprobs`` cuts text-mode logprobs
             and its ``model`` is the last fallback.
         options: How the envelope is built (:class:`EnvelopeOptions`).
-        model: Deprecated, kept for the LiteLLM integration until it passes ``options``:
-            given (not ``None``), it replaces ``options.model``.
-        reasoning_content: Deprecated likewise: given, it replaces
-            ``options.reasoning_content``.
 
     Raises:
         UpstreamContractError: the echo check fails (``docs/responses.md``), or the response is
@@ -239,7 +232,7 @@ def wrap_chat_completion(  # noqa: PLR0913 - model=, reasoning_content=: see the
         view,
         requested=requested,
         asked=_asked(client_body, requested),
-        options=front_options(options, model=model, reasoning_content=reasoning_content),
+        options=DEFAULT_OPTIONS if options is None else options,
     )
 
 

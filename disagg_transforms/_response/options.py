@@ -82,19 +82,3 @@ def envelope_created(options: EnvelopeOptions, given: object) -> int:
 def client_mapping(client_body: object) -> Mapping[str, Any]:
     """The client's body as a mapping; anything else reads as an empty body."""
     return client_body if isinstance(client_body, Mapping) else {}
-
-
-def front_options(
-    options: EnvelopeOptions | None,
-    *,
-    model: str | None = None,
-    reasoning_content: bool | None = None,
-) -> EnvelopeOptions:
-    """``options`` with the deprecated keywords of :func:`wrap_chat_completion` put over it."""
-    base = DEFAULT_OPTIONS if options is None else options
-    given = {
-        key: value
-        for key, value in (("model", model), ("reasoning_content", reasoning_content))
-        if value is not None
-    }
-    return msgspec.structs.replace(base, **given) if given else base
