@@ -25,7 +25,6 @@ litellm = pytest.importorskip("litellm")
 yaml = pytest.importorskip("yaml")
 
 from disagg_transforms import DecodeParams, OutputMode  # noqa: E402
-from disagg_transforms.integrations import litellm as integration  # noqa: E402
 from disagg_transforms.integrations.litellm import VllmGenerateLLM  # noqa: E402
 from disagg_transforms.testing import SimulatedWorker, WorkerSettings  # noqa: E402
 
@@ -337,18 +336,19 @@ def opened(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     pool = Workers()
     made: list[Any] = []
 
-    class Sync(REAL_CLIENT):
+    class Sync(httpx.Client):
         def __init__(self, **kwargs: Any) -> None:
             super().__init__(transport=pool.sync_transport(), **kwargs)
             made.append(self)
 
-    class Async(REAL_ASYNC_CLIENT):
+    class Async(httpx.AsyncClient):
         def __init__(self, **kwargs: Any) -> None:
             super().__init__(transport=pool.async_transport(), **kwargs)
             made.append(self)
 
-    monkeypatch.setattr(integration.httpx, "Client", Sync)
-    monkeypatch.setattr(integration.httpx, "AsyncClient", Async)
+    # The provider opens its clients through the httpx module: replace its classes there.
+    monkeypatch.setattr(httpx, "Client", Sync)
+    monkeypatch.setattr(httpx, "AsyncClient", Async)
     return made
 
 

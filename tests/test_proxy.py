@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import anthropic
 import httpx
@@ -27,8 +28,9 @@ from proxy_helpers import Server, command, environment, running, start, wait_rea
 pytest.importorskip("uvicorn")
 pytest.importorskip("starlette")
 
-CHAT = [{"role": "user", "content": "Hi"}]
-WEATHER_TOOL = {
+# Sent through both SDKs, whose TypedDicts for a message or a tool differ: typed as JSON.
+CHAT: Any = [{"role": "user", "content": "Hi"}]
+WEATHER_TOOL: Any = {
     "type": "function",
     "function": {
         "name": "get_weather",
@@ -186,10 +188,10 @@ def test_tool_calls_on_a_derender_pipeline_served_with_simulate(fleet: Fleet) ->
         final = stream.get_final_completion()
     assert final.choices[0].message.tool_calls is not None
     assert final.choices[0].message.tool_calls[0].function.name == "get_weather"
-    tool = {
+    tool: anthropic.types.ToolParam = {
         "name": "get_weather",
         "description": "The weather in a city",
-        "input_schema": WEATHER_TOOL["function"]["parameters"],  # type: ignore[index]
+        "input_schema": WEATHER_TOOL["function"]["parameters"],
     }
     message2 = anthropic_client(fleet.simulated).messages.create(
         model="m", max_tokens=200, messages=CHAT, tools=[tool]

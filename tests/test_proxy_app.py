@@ -38,13 +38,22 @@ def test_every_mismatch_of_steps_and_urls_is_one_error(
     if urls["decode_url"] is None:
         return
     decode_url: str = urls["decode_url"]
-    others = {k: v for k, v in urls.items() if k != "decode_url"}
+
+    def build() -> Any:
+        return create_app(
+            config,
+            decode_url=decode_url,
+            prefill_url=urls["prefill_url"],
+            encode_url=urls["encode_url"],
+            render_url=urls["render_url"],
+        )
+
     if errors:
         with pytest.raises(ConfigError) as caught:
-            create_app(config, decode_url=decode_url, **others)
+            build()
         assert caught.value.message == errors[0].message
     else:
-        assert create_app(config, decode_url=decode_url, **others).routes
+        assert build().routes
 
 
 def test_a_decode_only_pipeline_needs_only_the_decode_url() -> None:
@@ -56,7 +65,9 @@ def test_a_decode_only_pipeline_needs_only_the_decode_url() -> None:
     assert error.message.startswith("--render-url: no leg speaks the generate route")
 
 
-def test_serve_without_the_proxy_extra_is_one_line(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+def test_serve_without_the_proxy_extra_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     from disagg_transforms._cli.main import main  # noqa: PLC0415
 
     monkeypatch.setitem(__import__("sys").modules, "uvicorn", None)  # as if not installed

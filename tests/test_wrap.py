@@ -318,4 +318,4 @@ def test_a_lone_surrogate_in_a_derender_message_is_a_contract_error() -> None:
     answer["choices"][0]["message"]["\ud800"] = 1
     with pytest.raises(UpstreamContractError) as caught:
         wrap_chat_completion(answer, requested=OutputMode.DERENDER)
-    assert caught.value.param.startswith("$.choices[0].message")
+    assert (caught.value.param or "").startswith("$.choices[0].message")
