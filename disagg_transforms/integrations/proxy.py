@@ -284,6 +284,11 @@ class _Proxy:
             while (chunk := await stream.chunk()) is not None:
                 if out := ex.feed(chunk):
                     yield out
+                if ex.reply_over:
+                    # The worker broke the contract mid-stream: the client's stream has ended
+                    # with the error event, and the worker's is closed below, unread.
+                    end = " stream=contract-broken"
+                    return
             yield ex.end_of_stream()
         except _FAILURES as error:
             end = f" stream=worker-failed ({_reason(error, self.timeouts)})"
