@@ -289,7 +289,8 @@ class _Proxy:
                     # with the error event, and the worker's is closed below, unread.
                     end = " stream=contract-broken"
                     return
-            yield ex.end_of_stream()
+            if tail := ex.end_of_stream():  # an empty chunk would still cost the server a send
+                yield tail
         except _FAILURES as error:
             end = f" stream=worker-failed ({_reason(error, self.timeouts)})"
             yield ex.worker_failed("decode", _reason(error, self.timeouts))
