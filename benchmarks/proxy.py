@@ -56,6 +56,8 @@ class Result:
     rps: float
     p50_ms: float
     p99_ms: float
+    cpu_ms: float | None = None
+    """CPU time the target's own process spent per request (``None``: not measurable here)."""
 
 
 def verdict(proxy_rps: float, passthrough_rps: float) -> tuple[float, bool]:
@@ -127,8 +129,18 @@ def _spawn(args: list[str]) -> tuple[subprocess.Popen[bytes], str]:
     return process, line.removeprefix("listening on ").strip()
 
 
+def cpu_seconds(pid: int) -> float | None:
+    """User plus system CPU time of a process so far (Linux ``/proc``; ``None`` elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 @contextmanager
-def servers(config_dir: Path) -> Iterator[dict[str, str]]:
+def servers(config_dir: Path) -> Iterator[dict[str, tuple[str, int]]]:
+    """Each target's URL and process id."""
     processes = []
     config = config_dir / "one-call.json"
     config.write_bytes(orjson.dumps(_ONE_CALL_CONFIG))
@@ -136,13 +148,14 @@ def servers(config_dir: Path) -> Iterator[dict[str, str]]:
     try:
         worker, worker_url = _spawn(["-m", "disagg_transforms", "simulate", "--port", "0"])
         processes.append(worker)
-        urls = {"worker": worker_url}
+        urls = {"worker": (worker_url, worker.pid)}
         for name, args in (
             ("pass-through", [__file__, "--passthrough", worker_url]),
             (ONE_CALL, [*serve, "--config", str(config), "--decode-url", worker_url]),
             (GENERATE, [*serve, "--decode-url", worker_url]),  # the default pipeline
         ):
-            process, urls[name] = _spawn(args)
+            process, url = _spawn(args)
+            urls[name] = (url, process.pid)
             processes.append(process)
         yield urls
     finally:
@@ -156,16 +169,21 @@ def servers(config_dir: Path) -> Iterator[dict[str, str]]:
 def measure(*, quick: bool) -> list[Result]:
     count, rounds = (200, 1) if quick else (1000, 3)
     results = []
-    with tempfile.TemporaryDirectory() as config_dir, servers(Path(config_dir)) as urls:
+    with tempfile.TemporaryDirectory() as config_dir, servers(Path(config_dir)) as targets:
         for mode in ("whole", "stream"):
             stream = mode == "stream"
             payload = body(stream=stream)
-            runs: dict[str, list[tuple[float, list[float]]]] = {name: [] for name in urls}
-            for url in urls.values():  # warm up: connections, imports, caches
+            runs: dict[str, list[tuple[float, list[float]]]] = {name: [] for name in targets}
+            cpu: dict[str, list[float]] = {name: [] for name in targets}
+            for url, _ in targets.values():  # warm up: connections, imports, caches
                 asyncio.run(load(url + PATH, payload, 50, stream=stream))
             for _ in range(rounds):
-                for name, url in urls.items():
+                for name, (url, pid) in targets.items():
+                    before = cpu_seconds(pid)
                     runs[name].append(asyncio.run(load(url + PATH, payload, count, stream=stream)))
+                    after = cpu_seconds(pid)
+                    if before is not None and after is not None:
+                        cpu[name].append((after - before) / count * 1000)
             for name, measured in runs.items():
                 seconds = statistics.median(run[0] for run in measured)
                 latencies = [value for run in measured for value in run[1]]
@@ -176,6 +194,7 @@ def measure(*, quick: bool) -> list[Result]:
                         count / seconds,
                         percentile(latencies, 0.5) * 1000,
                         percentile(latencies, 0.99) * 1000,
+                        statistics.median(cpu[name]) if cpu[name] else None,
                     )
                 )
     return results
@@ -184,8 +203,11 @@ def measure(*, quick: bool) -> list[Result]:
 def table(results: Sequence[Result]) -> str:
     direct = {(r.mode): r for r in results if r.target == "worker"}
     lines = [
-        "| request | target | requests/s | p50 ms | p99 ms | added p50 ms | added p99 ms |",
-        "|---|---|---|---|---|---|---|",
+        (
+            "| request | target | requests/s | p50 ms | p99 ms | added p50 ms | added p99 ms"
+            " | CPU ms/request |"
+        ),
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         base = direct[r.mode]
@@ -194,9 +216,10 @@ def table(results: Sequence[Result]) -> str:
             if r.target == "worker"
             else (f"{r.p50_ms - base.p50_ms:.2f}", f"{r.p99_ms - base.p99_ms:.2f}")
         )
+        cpu = "-" if r.cpu_ms is None else f"{r.cpu_ms:.2f}"
         lines.append(
             f"| {r.mode} | {r.target} | {r.rps:.0f} | {r.p50_ms:.2f} | {r.p99_ms:.2f} | "
-            f"{added[0]} | {added[1]} |"
+            f"{added[0]} | {added[1]} | {cpu} |"
         )
     lines += [
         "",
@@ -226,7 +249,9 @@ on the same Starlette + httpx + uvicorn stack, each its own process. `{ONE_CALL}
 {CONCURRENCY}. The request: `POST {PATH}`, one user message rendering to
 {PROMPT_TOKENS} prompt tokens, `max_tokens` {MAX_TOKENS} (the simulated answer, `Hello!`, is 7
 tokens; "whole": one JSON answer; "stream": the worker's chunks, one a token). "Added" is the
-latency over calling the worker directly.
+latency over calling the worker directly. "CPU ms/request" is the CPU time of the target's own
+process per request (the median of the rounds): it moves far less than requests per second
+when the machine is shared.
 
 On this shared machine the ratios move between runs (from about 0.6 to 1.4 for the same code);
 a profile of the one-call proxy (py-spy) puts the library's own work (the exchange: parsing

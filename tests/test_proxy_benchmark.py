@@ -40,7 +40,7 @@ def test_the_table_adds_latency_over_the_worker_and_judges_each_mode() -> None:
         )
     ]
     table = bench.table(results)
-    assert "| whole | proxy | 300 | 3.00 | 7.00 | 2.00 | 5.00 |" in table
+    assert "| whole | proxy | 300 | 3.00 | 7.00 | 2.00 | 5.00 | - |" in table
     assert "| stream | 0.60 | >= 0.8 | **no** |" in table
     # The two-call pipeline is reported, never judged.
     assert "| stream, generate pipeline (two calls) | 0.40 | - | - |" in table
