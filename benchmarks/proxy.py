@@ -253,11 +253,12 @@ latency over calling the worker directly. "CPU ms/request" is the CPU time of th
 process per request (the median of the rounds): it moves far less than requests per second
 when the machine is shared.
 
-On this shared machine the ratios move between runs (from about 0.6 to 1.4 for the same code);
-a profile of the one-call proxy (py-spy) puts the library's own work (the exchange: parsing
+On this shared machine the ratios move between runs (from about 0.6 to 1.4 for the same code).
+A profile of the one-call proxy (py-spy) puts the library's own work (the exchange: parsing
 the client's body, building the leg, checking and relaying the answer) at about 5% of its CPU
-and the access line at 2%; the rest is the HTTP stack both proxies share, plus the proxy's
-per-chunk timeouts on a stream.
+and the access line at 2%; the rest is the HTTP stack both proxies share. On a stream the
+proxy also bounds the wait for each worker chunk (the idle timeout, `anyio.fail_after`, about
+25 µs a chunk), which the pass-through does not.
 
 {table(results)}
 """
