@@ -454,6 +454,46 @@ def test_a_contract_break_after_the_stream_started_is_the_apis_error_event(
         assert _events(out.body)[-1]["error"]["type"] == "api_error"
 
 
+def _over(ex: Exchange) -> bool:
+    # A call, not the property: mypy would keep a property's value narrowed between asserts.
+    return ex.reply_over
+
+
+def test_reply_over_says_when_the_rest_of_the_worker_stream_can_be_closed() -> None:
+    ex = Exchange(GENERATE_D, CHAT, {}, _body("render-chat-request.json", stream=True))
+    assert not _over(ex)
+    ex.receive(200, {}, RENDER)
+    ex.receive_stream_head(200, {})
+    assert not _over(ex)
+    ex.feed(STREAM.split(b"\n\n")[0] + b"\n\n")
+    assert isinstance(ex.next_event(), ClientStream)
+    assert not _over(ex)  # the client's stream is running
+    tail = ex.feed(b"data: not json\n\n" + STREAM)
+    assert tail.endswith(b"data: [DONE]\n\n")  # the error event ends the client's stream
+    assert _over(ex)  # so the router closes the worker's stream now
+    assert ex.feed(STREAM) == b""
+    assert ex.end_of_stream() == b""
+
+
+def test_reply_over_once_a_whole_reply_or_an_ended_stream_is_known() -> None:
+    whole = Exchange(GENERATE_D, CHAT, {}, _body("render-chat-request.json"))
+    whole.receive(200, {}, RENDER)
+    assert not _over(whole)
+    whole.receive(200, {}, DECODE)
+    assert isinstance(whole.next_event(), ClientReply)
+    assert _over(whole)
+    refused = Exchange(GENERATE_D, CHAT, {}, b"[]")
+    assert isinstance(refused.next_event(), ClientReply)
+    assert _over(refused)
+    streamed = Exchange(GENERATE_D, CHAT, {}, _body("render-chat-request.json", stream=True))
+    streamed.receive(200, {}, RENDER)
+    streamed.receive_stream_head(200, {})
+    streamed.feed(STREAM)
+    assert not _over(streamed)  # [DONE] came, but the worker's stream has not ended
+    streamed.end_of_stream()
+    assert _over(streamed)
+
+
 def test_a_transport_failure_mid_stream_ends_the_stream_with_an_error_event() -> None:
     ex = Exchange(GENERATE_D, CHAT, {}, _body("render-chat-request.json", stream=True))
     ex.receive(200, {}, RENDER)

@@ -103,7 +103,9 @@ def test_any_request_and_any_answers_end_in_a_reply_or_a_library_error(  # noqa:
                 continue
             ex.receive_stream_head(status, {})
             for chunk in data.draw(split(answer)):
-                ex.feed(chunk)
+                over = ex.reply_over
+                sent = ex.feed(chunk)
+                assert not (over and sent), "bytes after the reply was over"
             ex.end_of_stream()
             break
         final = ex.next_event()
@@ -112,6 +114,7 @@ def test_any_request_and_any_answers_end_in_a_reply_or_a_library_error(  # noqa:
     if isinstance(final, WorkerCall):
         return  # more calls than answers drawn
     assert isinstance(final, (ClientReply, ClientStream))
+    assert ex.reply_over
     assert 200 <= final.status < 600
     # Every client here is on another route than generate: no transfer params ever, and
     # nothing generate-only when the decode leg spoke the generate route.

@@ -9,9 +9,11 @@ that they retried would show in the time it took.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import pathlib
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -23,6 +25,7 @@ import anthropic
 import httpx
 import openai
 import pytest
+from golden import load_stream
 from proxy_helpers import Server, command, environment, running, start, wait_ready
 
 pytest.importorskip("uvicorn")
@@ -315,6 +318,98 @@ def test_a_client_disconnect_closes_the_worker_stream(fleet: Fleet) -> None:
     assert time.monotonic() - closed < 2.0  # the worker's stream would have lasted ~3 s more
     line = next(line for line in log.splitlines() if "gone-1 POST" in line)
     assert line.endswith("stream=client-disconnected")
+
+
+class _BreakingWorker:
+    """A generate worker whose stream breaks the contract after its first event, then goes on.
+
+    It would stream ``MORE`` more events, ``SLOW`` seconds apart; ``closed`` is set when the
+    proxy closes the connection before that.
+    """
+
+    MORE = 8
+
+    def __init__(self) -> None:
+        self.closed = threading.Event()
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        while (await receive()).get("more_body"):
+            pass
+        gone = asyncio.Event()
+
+        async def watch() -> None:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            gone.set()
+
+        watcher = asyncio.ensure_future(watch())
+        good = load_stream("generate-stream-usage.sse").split(b"\n\n")[0] + b"\n\n"
+        events = [good, b"data: not json\n\n", *[good] * self.MORE]
+        headers = [(b"content-type", b"text/event-stream")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        for event in events:
+            await send({"type": "http.response.body", "body": event, "more_body": True})
+            with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
+                await asyncio.wait_for(gone.wait(), float(SLOW))
+            if gone.is_set():
+                self.closed.set()
+                return
+        watcher.cancel()
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+@contextlib.contextmanager
+def _served(app: Any) -> Iterator[str]:
+    """``app`` on a uvicorn server in a thread of this process; its URL."""
+    import uvicorn  # noqa: PLC0415 - the module skips without it
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="off")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]})
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not server.started:
+            assert time.monotonic() < deadline, "the in-process worker did not start"
+            time.sleep(0.02)
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()
+
+
+def test_a_contract_break_mid_stream_closes_the_worker_stream_at_once(
+    tmp_path: pathlib.Path,
+) -> None:
+    worker = _BreakingWorker()
+    with _served(worker) as worker_url:
+        config = tmp_path / "generate.json"
+        config.write_text(json.dumps({"use_openai_format": False, "steps": {"decode": {}}}))
+        args = ["serve", "--port", "0", "--config", str(config), "--decode-url", worker_url]
+        server = wait_ready(start(args, tmp_path / "broken.log"))
+        try:
+            body = {"token_ids": [1072], "stream": True, "output_mode": "text"}
+            url = server.url + "/inference/v1/generate"
+            started = time.monotonic()
+            headers = {"x-request-id": "broken-1"}
+            with httpx.stream("POST", url, json=body, headers=headers, timeout=10) as stream:
+                events = [line for line in stream.iter_lines() if line.startswith("data: ")]
+            took = time.monotonic() - started
+            # The worker's stream would have gone on for MORE * SLOW seconds.
+            assert took < _BreakingWorker.MORE * float(SLOW) / 2
+            assert worker.closed.wait(5)
+            log = server.wait_for_log("broken-1 POST")
+        finally:
+            server.stop()
+    assert "broke the contract" in json.loads(events[-2][6:])["error"]["message"]
+    assert events[-1] == "data: [DONE]"
+    line = next(line for line in log.splitlines() if "broken-1 POST" in line)
+    assert line.endswith("stream=contract-broken")
 
 
 def test_sigterm_drains_a_stream_in_flight_then_exits_0(

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import sys
 from pathlib import Path
 
+import httpx
 import orjson
+
+from disagg_transforms.testing import SimulatedWorker
 
 _PATH = Path(__file__).resolve().parent.parent / "benchmarks" / "proxy.py"
 _SPEC = importlib.util.spec_from_file_location("proxy_benchmark", _PATH)
@@ -32,12 +36,27 @@ def test_the_table_adds_latency_over_the_worker_and_judges_each_mode() -> None:
             ("worker", 1000.0, 1.0, 2.0),
             ("pass-through", 500.0, 2.0, 4.0),
             ("proxy", 300.0, 3.0, 7.0),
+            ("proxy (generate)", 200.0, 4.0, 9.0),
         )
     ]
     table = bench.table(results)
-    assert "| whole | proxy | 300 | 3.00 | 7.00 | 2.00 | 5.00 |" in table
+    assert "| whole | proxy | 300 | 3.00 | 7.00 | 2.00 | 5.00 | - |" in table
     assert "| stream | 0.60 | >= 0.8 | **no** |" in table
+    # The two-call pipeline is reported, never judged.
+    assert "| stream, generate pipeline (two calls) | 0.40 | - | - |" in table
 
 
-def test_the_request_has_a_1k_token_prompt() -> None:
-    assert len(orjson.loads(bench.body(stream=True))["token_ids"]) == 1024
+def test_the_request_is_a_chat_request_rendering_to_1k_tokens() -> None:
+    chat = orjson.loads(bench.body(stream=True))
+    assert chat["stream"] is True
+    assert bench.PATH == "/v1/chat/completions"
+
+    async def render() -> list[int]:
+        worker = SimulatedWorker()
+        transport = httpx.ASGITransport(app=worker)
+        async with httpx.AsyncClient(transport=transport, base_url="http://worker") as client:
+            answer = await client.post("/v1/chat/completions/render", json=chat)
+        token_ids: list[int] = answer.json()["token_ids"]
+        return token_ids
+
+    assert len(asyncio.run(render())) == 1024

@@ -1,36 +1,24 @@
-"""The ``demo`` command: one chat request and vLLM 0.33 answers run through every leg and back.
+"""The ``demo`` command: five client requests through the exchange against a simulated worker.
 
-The bodies are embedded (shaped like the golden fixtures in ``tests/fixtures``) so the demo
-needs no worker, no network and no files. The text is built here; the command line prints it.
+Each request (chat, streaming chat, Responses, Messages, a derender tool call) runs through
+:class:`~disagg_transforms.Exchange` on a render, prefill, decode pipeline; every worker call is
+answered in process by :class:`~disagg_transforms.testing.SimulatedWorker`, called as an ASGI
+app with asyncio alone (the demo runs on the core install: no httpx, no network, no files).
+The text is built here; the command line prints it. See ``docs/cli.md``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, MutableMapping
+from dataclasses import dataclass
 from typing import Any, Final
 
 import msgspec
-import orjson
 
-from disagg_transforms._config import (
-    DecodeParams,
-    OutputMode,
-    PrefillParams,
-    Step,
-    StepParams,
-    parse_step_params,
-)
-from disagg_transforms._request.legs import (
-    LegInputs,
-    build_decode_request,
-    build_prefill_request,
-)
-from disagg_transforms._response.chat_stream import ChatStreamConverter, single_frame_chat_chunks
-from disagg_transforms._response.chat_wrap import wrap_chat_completion
-from disagg_transforms._response.options import EnvelopeOptions
-from disagg_transforms._routes import Route, resolve_format
-from disagg_transforms._wire.sse import SseParser
+from disagg_transforms._config import StepParams, parse_pipeline_params
+from disagg_transforms._exchange.flow import ClientReply, ClientStream, Exchange, WorkerCall
 
 # Each number ends at a comma or the bracket: with an optional comma a run of digits could be
 # split many ways, and a long number in a non-matching array took exponential time.
@@ -39,136 +27,79 @@ _NUMBER_ARRAY: Final = re.compile(rf"\[{_NUMBER}(?:,{_NUMBER})*\s*\]")
 
 CREATED: Final = 1796000000
 MODEL: Final = "Qwen/Qwen3-0.6B"
-CHAT_PATH: Final = Route.CHAT_COMPLETIONS.value
+_PIPELINE: Final[Mapping[str, Any]] = {"prefill": {}, "decode": {"wrap_chat_completion": True}}
+_DERENDER: Final[Mapping[str, Any]] = {
+    "prefill": {},
+    "decode": {"output_mode": "derender", "wrap_chat_completion": True},
+}
+_HI: Final = [{"role": "user", "content": "Hi"}]
+_WEATHER: Final[Mapping[str, Any]] = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+}
 
-CHAT_REQUEST: Final[Mapping[str, Any]] = {
-    "model": MODEL,
-    "messages": [{"role": "user", "content": "What is the weather in Paris?"}],
-    "tools": [
+
+@dataclass(frozen=True)
+class _Request:
+    title: str
+    path: str
+    body: Mapping[str, Any]
+    steps: Mapping[str, Any]
+
+
+REQUESTS: Final = (
+    _Request(
+        "chat",
+        "/v1/chat/completions",
+        # A transfer param the client must not be allowed to set: no leg carries it.
         {
-            "type": "function",
-            "function": {
-                "name": "get_weather",
-                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
-            },
-        }
-    ],
-    "max_completion_tokens": 256,
-    "temperature": 0.7,
-    "seed": 7,
-    "stream": True,
-    "stream_options": {"include_usage": True},
-    "kv_transfer_params": {"remote_host": "10.0.0.66", "remote_port": 9999},
-}
-"""A streaming chat client, with a transfer param it must not be allowed to set."""
-
-TOKEN_IDS: Final = [151644, 872, 198, 3838, 374, 279, 9104, 304, 12095, 30, 151645, 198]
-"""The rendered prompt (what the router got from ``/render`` or its own tokenizer)."""
-
-PREFILL_KV: Final[Mapping[str, Any]] = {"remote_engine_id": "prefill-0", "remote_block_ids": [7]}
-DECODE_KV: Final[Mapping[str, Any]] = {
-    "do_remote_prefill": True,
-    "remote_engine_id": "prefill-0",
-    "remote_host": "10.0.0.5",
-    "remote_port": 5600,
-}
-
-_GENERATE_ONLY: Final[Mapping[str, Any]] = {
-    "request_id": "generate-tokens-chatcmpl-demo",
-    "model": MODEL,
-    "created": CREATED,
-    "usage": {"prompt_tokens": 12, "total_tokens": 28, "completion_tokens": 16},
-    "prompt_logprobs": None,
-    "prompt_token_ids": None,
-    "kv_transfer_params": None,
-    "metrics": None,
-}
-_CHOICE_BASE: Final[Mapping[str, Any]] = {
-    "index": 0,
-    "stop_reason": None,
-    "token_ids": [785, 9104, 304, 12095, 374, 39698, 13, 151645],
-    "routed_experts": None,
-    "weight_versions": [{"version": "v1", "start": 0, "end": 8}],
-    "logprobs": None,
-}
-
-TEXT_RESPONSE: Final[Mapping[str, Any]] = {
-    **_GENERATE_ONLY,
-    "output_mode": "text",
-    "choices": [{**_CHOICE_BASE, "finish_reason": "stop", "text": "It is sunny in Paris."}],
-}
-"""A non-streamed text-mode answer."""
-
-DERENDER_RESPONSE: Final[Mapping[str, Any]] = {
-    **_GENERATE_ONLY,
-    "output_mode": "derender",
-    "choices": [
+            "model": MODEL,
+            "messages": _HI,
+            "max_tokens": 64,
+            "kv_transfer_params": {"remote_host": "10.0.0.66"},
+        },
+        _PIPELINE,
+    ),
+    _Request(
+        "streaming chat",
+        "/v1/chat/completions",
         {
-            **_CHOICE_BASE,
-            "finish_reason": "tool_calls",
-            "message": {
-                "role": "assistant",
-                "content": None,
-                "reasoning": "The user wants the weather: call get_weather.",
-                "tool_calls": [
-                    {
-                        "id": "chatcmpl-tool-1",
-                        "type": "function",
-                        "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
-                    }
-                ],
-            },
-        }
-    ],
-}
-"""A derender-mode answer: reasoning and a tool call, parsed by the worker."""
-
-_STREAM_EVENTS: Final = (
-    {"text": "It is ", "finish_reason": None, "token_ids": [785, 374]},
-    {"text": "sunny in ", "finish_reason": None, "token_ids": [39698, 304]},
-    {"text": "Paris.", "finish_reason": "stop", "token_ids": [12095, 13]},
+            "model": MODEL,
+            "messages": _HI,
+            "max_completion_tokens": 64,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        },
+        _PIPELINE,
+    ),
+    _Request(
+        "Responses",
+        "/v1/responses",
+        {"model": MODEL, "input": "Hi", "max_output_tokens": 64},
+        _PIPELINE,
+    ),
+    _Request(
+        "Anthropic Messages",
+        "/v1/messages",
+        {"model": MODEL, "messages": _HI, "max_tokens": 64},
+        _PIPELINE,
+    ),
+    _Request(
+        "derender tool call",
+        "/v1/chat/completions",
+        {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": "What is the weather in Paris?"}],
+            "tools": [_WEATHER],
+            "max_tokens": 256,
+        },
+        _DERENDER,
+    ),
 )
-
-
-def _stream_event(payload: Mapping[str, Any]) -> bytes:
-    return b"data: " + orjson.dumps(payload) + b"\n\n"
-
-
-TEXT_STREAM: Final = (
-    b"".join(
-        _stream_event(
-            {
-                "request_id": "generate-tokens-chatcmpl-demo",
-                "usage": None,
-                "output_mode": "text",
-                "choices": [{"index": 0, "stop_reason": None, "logprobs": None, **event}],
-            }
-        )
-        for event in _STREAM_EVENTS
-    )
-    + _stream_event(
-        {
-            "request_id": "generate-tokens-chatcmpl-demo",
-            "usage": {"prompt_tokens": 12, "total_tokens": 18, "completion_tokens": 6},
-            "output_mode": "text",
-            "choices": [],
-        }
-    )
-    + b"data: [DONE]\n\n"
-)
-"""A text-mode generate SSE stream, as a streamed decode leg answers."""
-
-
-def _fixed_clock() -> float:
-    return float(CREATED)
-
-
-_DEMO_OPTIONS: Final = EnvelopeOptions(clock=_fixed_clock)
-
-
-def heading(text: str) -> str:
-    """A section heading, underlined."""
-    return f"\n{text}\n{'=' * len(text)}"
+"""What the demo sends, each with the pipeline's steps (generate route throughout)."""
 
 
 def _one_line_numbers(match: re.Match[str]) -> str:
@@ -182,101 +113,255 @@ def indented_json(value: object) -> str:
     return _NUMBER_ARRAY.sub(_one_line_numbers, text)
 
 
-def pretty(value: object) -> str:
-    """:func:`indented_json`, each line indented two more spaces."""
-    return "\n".join(f"  {line}" for line in indented_json(value).splitlines())
-
-
 def params_json(params: StepParams) -> str:
     """A step's params as one line of JSON."""
     return msgspec.json.encode(msgspec.structs.asdict(params)).decode()
 
 
-def _routes() -> list[str]:
-    lines = [heading("Where each leg goes (resolve_format)")]
-    lines.append(f"{'client route':<24} {'use_openai_format=true':<26} use_openai_format=false")
-    lines.extend(
-        f"{route.value:<24} {resolve_format(True, route.value).value:<26} "  # noqa: FBT003
-        f"{resolve_format(False, route.value).value}"  # noqa: FBT003
-        for route in Route
-    )
-    lines.append(heading("Step defaults (parse_step_params with no keys)"))
-    lines.extend(
-        f"{step.value:<20} {params_json(parse_step_params(step.value, {}))}" for step in Step
-    )
-    return lines
+# -- calling the simulated worker, ASGI over asyncio ----------------------------------------
 
 
-def _requests() -> list[str]:
-    lines = [heading("1. The client's request (POST /v1/chat/completions)"), pretty(CHAT_REQUEST)]
-    prefill = build_prefill_request(
-        CHAT_REQUEST,
-        client_path=CHAT_PATH,
-        params=PrefillParams(use_openai_format=False),
-        inputs=LegInputs(token_ids=TOKEN_IDS, kv_transfer_params=PREFILL_KV),
-    )
-    lines += [
-        heading(f"2. Prefill leg: POST {prefill.path} (one token, the client's kv params gone)"),
-        pretty(prefill.body),
+@dataclass(frozen=True)
+class _Answer:
+    status: int
+    headers: list[tuple[str, str]]
+    chunks: list[bytes]
+    """The body as the worker sent it: one chunk per ASGI message (a stream's events)."""
+
+
+AsgiApp = Callable[..., Any]
+
+
+async def _call(app: AsgiApp, call: WorkerCall) -> _Answer:
+    """One worker call, answered by ``app`` in process."""
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": call.method,
+        "scheme": "http",
+        "path": call.path,
+        "raw_path": call.path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(k.encode("latin-1"), v.encode("latin-1")) for k, v in call.headers],
+        "client": ("127.0.0.1", 0),
+        "server": ("worker", 80),
+    }
+    request = [{"type": "http.request", "body": call.body, "more_body": False}]
+    status = 0
+    headers: list[tuple[str, str]] = []
+    chunks: list[bytes] = []
+
+    async def receive() -> Mapping[str, Any]:
+        return request.pop() if request else {"type": "http.disconnect"}
+
+    async def send(message: MutableMapping[str, Any]) -> None:
+        nonlocal status
+        if message["type"] == "http.response.start":
+            status = message["status"]
+            headers.extend((bytes(k).decode(), bytes(v).decode()) for k, v in message["headers"])
+        elif message.get("body"):
+            chunks.append(bytes(message["body"]))
+
+    await app(scope, receive, send)
+    return _Answer(status, headers, chunks)
+
+
+@dataclass(frozen=True)
+class _Leg:
+    call: WorkerCall
+    answer: _Answer
+
+
+@dataclass(frozen=True)
+class _Run:
+    request: _Request
+    legs: list[_Leg]
+    status: int
+    headers: tuple[tuple[str, str], ...]
+    body: bytes
+
+
+async def _exchange(app: AsgiApp, request: _Request, request_id: str) -> _Run:
+    """One client request through the exchange, every worker call answered by ``app``."""
+    config = parse_pipeline_params(request.steps, use_openai_format=False)
+    body = msgspec.json.encode(request.body)
+    ex = Exchange(config, request.path, {"x-request-id": request_id}, body)
+    legs: list[_Leg] = []
+    sent = b""
+    while isinstance(call := ex.next_event(), WorkerCall):
+        answer = await _call(app, call)
+        legs.append(_Leg(call, answer))
+        if not call.stream:
+            ex.receive(answer.status, answer.headers, b"".join(answer.chunks))
+            continue
+        ex.receive_stream_head(answer.status, answer.headers)
+        sent = b"".join(ex.feed(chunk) for chunk in answer.chunks) + ex.end_of_stream()
+    reply = ex.next_event()
+    if isinstance(reply, ClientStream):
+        return _Run(request, legs, reply.status, reply.headers, reply.first + sent)
+    assert isinstance(reply, ClientReply)  # noqa: S101 - the calls are over
+    return _Run(request, legs, reply.status, reply.headers, reply.body)
+
+
+async def _run_all() -> list[_Run]:
+    # Imported here: the CLI's other commands never load the simulated worker.
+    from disagg_transforms.testing import SimulatedWorker, WorkerSettings  # noqa: PLC0415
+
+    worker = SimulatedWorker(WorkerSettings(model=MODEL, created=CREATED))
+    return [
+        await _exchange(worker, request, f"demo-{number}")
+        for number, request in enumerate(REQUESTS, start=1)
     ]
-    for number, mode in ((3, OutputMode.TEXT), (4, OutputMode.DERENDER)):
-        leg = build_decode_request(
-            CHAT_REQUEST,
-            client_path=CHAT_PATH,
-            params=DecodeParams(use_openai_format=False, output_mode=mode),
-            token_ids=TOKEN_IDS,
-            kv_transfer_params=DECODE_KV,
+
+
+# -- the trace ------------------------------------------------------------------------------
+
+
+def _json(data: bytes) -> Any:  # noqa: ANN401 - any JSON value
+    try:
+        return msgspec.json.decode(data)
+    except msgspec.DecodeError:
+        return None
+
+
+def _sse_payloads(data: bytes) -> list[Any]:
+    """The JSON payloads of an SSE stream's ``data:`` lines (``[DONE]`` left out)."""
+    lines = data.decode().splitlines()
+    return [
+        _json(line[6:].encode())
+        for line in lines
+        if line.startswith("data: ") and line != "data: [DONE]"
+    ]
+
+
+def _kv(params: object) -> str:
+    if not isinstance(params, dict):
+        return "no kv"
+    flags = [key for key, value in params.items() if value is True]
+    return "kv " + (", ".join(flags) if flags else ", ".join(params))
+
+
+def _leg_summary(leg: _Leg, prefill_kv: object) -> str:
+    body = _json(leg.call.body) or {}
+    answer = _json(b"".join(leg.answer.chunks))
+    if leg.call.step == "render":
+        tokens = answer.get("token_ids", []) if isinstance(answer, dict) else []
+        return f"{len(tokens)} prompt tokens"
+    sampling = body.get("sampling_params", {})
+    cap = sampling.get("max_tokens")
+    if leg.call.step == "prefill":
+        return f"max_tokens {cap}, {_kv(body.get('kv_transfer_params'))}"
+    kv = body.get("kv_transfer_params")
+    source = "kv from prefill" if kv == prefill_kv and kv is not None else _kv(kv)
+    stream = ", streamed" if leg.call.stream else ""
+    tokens = len(body.get("token_ids", []))
+    return f"{tokens} prompt tokens, cap {cap}, {source}, {body.get('output_mode')} mode{stream}"
+
+
+_OPENAI: Final = ("prompt_tokens", "completion_tokens")  # the usage keys of OpenAI's envelopes
+
+
+def _usage(usage: object, prompt: str, completion: str) -> str:
+    if not isinstance(usage, dict):
+        return "no usage"
+    return f"usage {usage.get(prompt)} in / {usage.get(completion)} out"
+
+
+def _chat_reply(body: dict[str, Any]) -> str:
+    message = body["choices"][0]["message"]
+    finish = body["choices"][0]["finish_reason"]
+    calls = message.get("tool_calls") or []
+    said = (
+        ", ".join(f"tool call {c['function']['name']}({c['function']['arguments']})" for c in calls)
+        if calls
+        else f"text {message.get('content')!r}"
+    )
+    return f"chat.completion: {said}, {finish}, {_usage(body.get('usage'), *_OPENAI)}"
+
+
+def _chat_stream_reply(body: bytes) -> str:
+    chunks = _sse_payloads(body)
+    text = "".join(
+        choice["delta"].get("content") or "" for chunk in chunks for choice in chunk["choices"]
+    )
+    usage = next((c["usage"] for c in chunks if c.get("usage")), None)
+    return f"{len(chunks)} chat.completion.chunk events + [DONE]: text {text!r}, " + _usage(
+        usage, *_OPENAI
+    )
+
+
+def _responses_reply(body: dict[str, Any]) -> str:
+    text = "".join(
+        part.get("text", "")
+        for item in body.get("output", [])
+        if item.get("type") == "message"
+        for part in item.get("content", [])
+    )
+    usage = _usage(body.get("usage"), "input_tokens", "output_tokens")
+    return f"response {body.get('status')}: text {text!r}, {usage}"
+
+
+def _messages_reply(body: dict[str, Any]) -> str:
+    text = "".join(block.get("text", "") for block in body.get("content", []))
+    usage = _usage(body.get("usage"), "input_tokens", "output_tokens")
+    return f"message: text {text!r}, {body.get('stop_reason')}, {usage}"
+
+
+def _reply_summary(run: _Run) -> str:
+    kind = dict(run.headers).get("content-type", "")
+    if kind == "text/event-stream":
+        return _chat_stream_reply(run.body)
+    body = _json(run.body)
+    if run.status != 200 or not isinstance(body, dict):
+        return f"error: {run.body.decode(errors='replace')}"
+    if run.request.path == "/v1/responses":
+        return _responses_reply(body)
+    if run.request.path == "/v1/messages":
+        return _messages_reply(body)
+    return _chat_reply(body)
+
+
+def _full_body(data: bytes, indent: str) -> list[str]:
+    value = _json(data)
+    text = data.decode(errors="replace").rstrip() if value is None else indented_json(value)
+    return [f"{indent}{line}" for line in text.splitlines()]
+
+
+def _trace(run: _Run, number: int, *, full: bool) -> list[str]:
+    request = run.request
+    lines = [f"{number}. {request.title}: POST {request.path}"]
+    if full:
+        lines += _full_body(msgspec.json.encode(request.body), "     ")
+    prefill_kv = None
+    for leg in run.legs:
+        call = leg.call
+        lines.append(
+            f"   {call.step:<8} {call.method} {call.path:<28} {leg.answer.status}  "
+            f"{_leg_summary(leg, prefill_kv)}"
         )
-        lines += [
-            heading(f"{number}. Decode leg, output_mode {mode.value}: POST {leg.path}"),
-            (
-                f"  stream: {leg.stream}, single_frame: {leg.single_frame}, "
-                f"dropped: {', '.join(leg.dropped) or 'nothing'}"
-            ),
-            pretty(leg.body),
-        ]
+        if call.step == "prefill":
+            answer = _json(b"".join(leg.answer.chunks))
+            prefill_kv = answer.get("kv_transfer_params") if isinstance(answer, dict) else None
+        if full:
+            lines += ["     sent:", *_full_body(call.body, "       ")]
+            lines += ["     answered:", *_full_body(b"".join(leg.answer.chunks), "       ")]
+    lines.append(f"   {'reply':<8} {run.status} {_reply_summary(run)}")
+    if full:
+        lines += _full_body(run.body, "     ")
     return lines
 
 
-def _responses() -> list[str]:
-    lines: list[str] = []
-    for number, response in ((5, TEXT_RESPONSE), (6, DERENDER_RESPONSE)):
-        mode = OutputMode(response["output_mode"])
-        wrapped = wrap_chat_completion(
-            response, requested=mode, client_body=CHAT_REQUEST, options=_DEMO_OPTIONS
-        )
-        lines += [
-            heading(f"{number}. The worker's {mode.value} answer"),
-            pretty(response),
-            heading(f"{number}b. ... wrapped for a non-streaming chat client (chat.completion)"),
-            pretty(wrapped),
-        ]
-    chunks = single_frame_chat_chunks(
-        DERENDER_RESPONSE,
-        requested=OutputMode.DERENDER,
-        client_body=CHAT_REQUEST,
-        options=_DEMO_OPTIONS,
-    )
-    lines.append(heading("7. The derender answer as a single-frame stream (chat.completion.chunk)"))
-    lines.extend(pretty(chunk) for chunk in chunks)
-    lines.append("  [DONE]")
-    lines += [heading("8. A streamed text-mode leg (generate SSE)"), _indent(TEXT_STREAM)]
-    converter = ChatStreamConverter(
-        requested=OutputMode.TEXT, client_body=CHAT_REQUEST, created=CREATED
-    )
-    converted = converter.feed(TEXT_STREAM) + converter.close()
-    lines.append(heading("8b. ... converted for the streaming chat client (ChatStreamConverter)"))
-    parser = SseParser()
-    for payload in [*parser.feed(converted), *parser.close()]:
-        is_done = payload == b"[DONE]"
-        lines.append("  [DONE]" if is_done else pretty(orjson.loads(payload)))
-    return lines
-
-
-def _indent(stream: bytes) -> str:
-    return "\n".join(f"  {line}" for line in stream.decode().splitlines() if line)
-
-
-def demo_text() -> str:
-    """Everything the ``demo`` command prints."""
-    return "\n".join([*_routes(), *_requests(), *_responses()]) + "\n"
+def demo_text(*, full: bool = False) -> str:
+    """Everything the ``demo`` command prints; ``full`` adds every body."""
+    runs = asyncio.run(_run_all())
+    lines = [
+        "Five client requests through the Exchange; a simulated vLLM 0.33 worker answers each",
+        "call: render, then prefill and decode on the generate route. The pipeline (steps):",
+        f"  use_openai_format false, {msgspec.json.encode(_PIPELINE).decode()}",
+        "  (the tool call: decode output_mode derender). demo --full prints every body.",
+    ]
+    for number, run in enumerate(runs, start=1):
+        lines += ["", *_trace(run, number, full=full)]
+    return "\n".join(lines) + "\n"

@@ -200,8 +200,8 @@ def _print_steps(parsed: Mapping[Step, StepParams]) -> None:
     sys.stdout.write("\n".join(["valid", *lines]) + "\n")
 
 
-def _run_demo(_args: argparse.Namespace) -> int:
-    sys.stdout.write(demo_text())
+def _run_demo(args: argparse.Namespace) -> int:
+    sys.stdout.write(demo_text(full=args.full))
     return 0
 
 
@@ -286,8 +286,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", required=True)
     demo = commands.add_parser(
-        "demo", help="run an embedded chat request and vLLM answers through every leg"
+        "demo",
+        help="run one request per client API through the exchange and a simulated worker",
+        description="Trace chat, streaming chat, Responses, Messages and a tool call through "
+        "the exchange (render, prefill, decode) against a simulated vLLM worker, in process.",
     )
+    demo.add_argument("--full", action="store_true", help="also print every body")
     demo.set_defaults(handler=_run_demo)
     request = commands.add_parser(
         "request",

@@ -291,6 +291,17 @@ class Exchange:
             return self._call
         return NEED_DATA
 
+    @property
+    def reply_over(self) -> bool:
+        """Whether the client's reply is complete: nothing fed from now on adds a byte to it.
+
+        True once :meth:`next_event` is a :class:`ClientReply`, or once a client stream has
+        ended (the worker's stream ended, broke the contract, or failed). A router still
+        sends the bytes the last call returned, then closes the worker's stream at once: the
+        rest of it would only be dropped.
+        """
+        return self._done or isinstance(self._final, ClientReply)
+
     def receive(self, status: int, headers: object, body: bytes) -> None:
         """Feed the whole answer to the current (non-streamed) worker call."""
         del headers  # nothing in a worker's headers changes the flow

@@ -292,7 +292,13 @@ class _Proxy:
             while (chunk := await stream.chunk()) is not None:
                 if out := ex.feed(chunk):
                     yield out
-            yield ex.end_of_stream()
+                if ex.reply_over:
+                    # The worker broke the contract mid-stream: the client's stream has ended
+                    # with the error event, and the worker's is closed below, unread.
+                    end = " stream=contract-broken"
+                    return
+            if tail := ex.end_of_stream():  # an empty chunk would still cost the server a send
+                yield tail
         except _FAILURES as error:
             end = f" stream=worker-failed ({_reason(error, self.timeouts)})"
             yield ex.worker_failed("decode", _reason(error, self.timeouts))
