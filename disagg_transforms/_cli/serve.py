@@ -180,15 +180,13 @@ def _pipeline(settings: Mapping[str, Any]) -> tuple[Any, list[str], list[str]]:
         )
     except ConfigError as error:  # a rule spanning keys would surface only here
         return None, [], [error.message]
-    urls = settings["urls"]
-    errors = url_errors(
-        config,
-        decode_url=urls["decode"],
-        prefill_url=urls["prefill"],
-        encode_url=urls["encode"],
-        render_url=urls["render"],
-    )
+    errors = url_errors(config, **_url_arguments(settings))
     return config, pipeline_warnings(config), [error.message for error in errors]
+
+
+def _url_arguments(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """The settings' worker URLs as ``url_errors`` and ``create_app`` take them (``decode_url``)."""
+    return {f"{step}_url": settings["urls"][step] for step in _STEP_URLS}
 
 
 def app_from_settings() -> ASGIApp:
@@ -198,15 +196,8 @@ def app_from_settings() -> ASGIApp:
     _configure_logging()
     settings = orjson.loads(os.environ[_SETTINGS])
     config, _, _ = _pipeline(settings)  # the parent checked it before starting the server
-    urls = settings["urls"]
-    app = create_app(
-        config,
-        decode_url=urls["decode"],
-        prefill_url=urls["prefill"],
-        encode_url=urls["encode"],
-        render_url=urls["render"],
-        timeouts=Timeouts(**settings["timeouts"]),
-    )
+    timeouts = Timeouts(**settings["timeouts"])
+    app = create_app(config, **_url_arguments(settings), timeouts=timeouts)
     if not settings["simulate"]:
         return app
     from disagg_transforms.testing import SimulatedWorker  # noqa: PLC0415

@@ -96,10 +96,7 @@ def single_frame_chat_chunks(
     ``stream_options.include_usage``.
     """
     completion = wrap_chat_completion(
-        response,
-        requested=requested,
-        client_body=client_body,
-        options=options,
+        response, requested=requested, client_body=client_body, options=options
     )
     head = _chunk_head(completion[w.ID], completion[w.CREATED], completion[w.MODEL])
     chunks = []

@@ -56,12 +56,9 @@ def wrap_anthropic_message(
 ) -> dict[str, Any]:
     """Build an Anthropic ``message`` from a non-streaming generate response.
 
-    Args:
-        response: The worker's generate response (text or derender mode).
-        requested: The output mode the leg asked for; the response must echo it.
-        client_body: The client's Messages request: its ``stop_sequences`` tell a stop
-            sequence from an end of turn.
-        options: How the envelope is built (:class:`EnvelopeOptions`: ``model``).
+    Arguments as :func:`wrap_chat_completion`; ``client_body`` is the client's Messages request
+    (its ``stop_sequences`` tell a stop sequence from an end of turn) and ``options`` gives the
+    ``model``.
 
     Raises:
         UpstreamContractError: the echo is missing or wrong, the usage is missing, or a tool

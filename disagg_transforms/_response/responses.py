@@ -67,14 +67,10 @@ def wrap_responses_response(
 ) -> dict[str, Any]:
     """Build a Responses API ``response`` object from a non-streaming generate response.
 
-    Args:
-        response: The worker's generate response (text or derender mode).
-        requested: The output mode the leg asked for; the response must echo it.
-        client_body: The client's Responses request: its tools, tool choice and settings are
-            echoed as OpenAI echoes them, and its ``top_logprobs`` cuts the alternatives
-            (absent: 0, ``-1``: all; no client body: no cut).
-        options: How the envelope is built (:class:`EnvelopeOptions`: ``model``, ``clock``,
-            ``limits``).
+    Arguments as :func:`wrap_chat_completion`; ``client_body`` is the client's Responses
+    request (its tools, tool choice and settings are echoed as OpenAI echoes them, and its
+    ``top_logprobs`` cuts the alternatives: absent 0, ``-1`` all, no client body no cut) and
+    ``options`` gives the ``model``, ``clock`` and ``limits``.
 
     Raises:
         UpstreamContractError: the echo is missing or wrong, or the body breaks the contract.
@@ -259,10 +255,7 @@ def single_frame_responses_events(
     the status is incomplete) with the whole response. ``sequence_number`` counts from 0.
     """
     final = wrap_responses_response(
-        response,
-        requested=requested,
-        client_body=client_body,
-        options=options,
+        response, requested=requested, client_body=client_body, options=options
     )
     events = _preamble(final)
     for index, item in enumerate(final[w.OUTPUT]):
@@ -285,10 +278,7 @@ def single_frame_responses_stream(
     As OpenAI's, the stream has no ``data: [DONE]``: ``response.completed`` ends it.
     """
     events = single_frame_responses_events(
-        response,
-        requested=requested,
-        client_body=client_body,
-        options=options,
+        response, requested=requested, client_body=client_body, options=options
     )
     return b"".join(format_sse_typed_event(event[w.TYPE], event) for event in events)
 

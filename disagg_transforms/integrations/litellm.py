@@ -28,7 +28,7 @@ import asyncio
 import threading
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
-from typing import Any, Final, NoReturn, TypeAlias, final
+from typing import Any, Final, NamedTuple, NoReturn, TypeAlias, final
 
 import httpx
 import msgspec
@@ -248,6 +248,19 @@ class _ChatChunks:
                 raise _llm_error(status, str(error.get(w.MESSAGE)))
             out.extend(_generic_chunks(chunk))
         return out
+
+
+class _Call(NamedTuple):
+    """What LiteLLM hands every entry point that the exchange uses (the rest it ignores)."""
+
+    model: str
+    messages: list[Any]
+    optional_params: Mapping[str, Any]
+    api_base: object
+    api_key: object
+    litellm_params: object
+    headers: Mapping[str, str] | None
+    timeout: float | httpx.Timeout | None
 
 
 @final
@@ -485,32 +498,20 @@ class VllmGenerateLLM(CustomLLM):
             self._aloop = weakref.ref(loop)
         return self._ahttp
 
-    def _plan(  # noqa: PLR0913 - what LiteLLM hands every entry point
-        self,
-        model: str,
-        messages: list[Any],
-        optional_params: Mapping[str, Any],
-        *,
-        api_base: object,
-        api_key: object,
-        litellm_params: object,
-        headers: Mapping[str, str] | None,
-        timeout: float | httpx.Timeout | None,
-        stream: bool,
-    ) -> _Plan:
-        base = _base_url(api_base, "api_base")
-        prefill = _prefill_base(litellm_params, self._prefill_base)
-        body = _chat_body(model, messages, optional_params, stream=stream)
+    def _plan(self, call: _Call, *, stream: bool) -> _Plan:
+        base = _base_url(call.api_base, "api_base")
+        prefill = _prefill_base(call.litellm_params, self._prefill_base)
+        body = _chat_body(call.model, call.messages, call.optional_params, stream=stream)
         urls = {"render": base, "decode": base}
         if prefill is not None:
             urls["prefill"] = prefill
         exchange = Exchange(
             self._pipelines[prefill is not None],
             Route.CHAT_COMPLETIONS.value,
-            _client_headers(headers, api_key),
+            _client_headers(call.headers, call.api_key),
             body,
         )
-        return _Plan(exchange, urls, self._timeout if timeout is None else timeout)
+        return _Plan(exchange, urls, self._timeout if call.timeout is None else call.timeout)
 
     # -- LiteLLM's entry points ----------------------------------------------------------------
 
@@ -535,17 +536,10 @@ class VllmGenerateLLM(CustomLLM):
         client: Any = None,
     ) -> ModelResponse:
         """Serve one non-streaming chat completion (synchronous)."""
-        plan = self._plan(
-            model,
-            messages,
-            optional_params,
-            api_base=api_base,
-            api_key=api_key,
-            litellm_params=litellm_params,
-            headers=headers,
-            timeout=timeout,
-            stream=False,
+        call = _Call(
+            model, messages, optional_params, api_base, api_key, litellm_params, headers, timeout
         )
+        plan = self._plan(call, stream=False)
         return _model_response(b"".join(_exchange_bytes(self._client(), plan)))
 
     @override
@@ -569,17 +563,10 @@ class VllmGenerateLLM(CustomLLM):
         client: Any = None,
     ) -> ModelResponse:
         """Serve one non-streaming chat completion."""
-        plan = self._plan(
-            model,
-            messages,
-            optional_params,
-            api_base=api_base,
-            api_key=api_key,
-            litellm_params=litellm_params,
-            headers=headers,
-            timeout=timeout,
-            stream=False,
+        call = _Call(
+            model, messages, optional_params, api_base, api_key, litellm_params, headers, timeout
         )
+        plan = self._plan(call, stream=False)
         parts = [part async for part in _aexchange_bytes(self._async_client(), plan)]
         return _model_response(b"".join(parts))
 
@@ -604,17 +591,10 @@ class VllmGenerateLLM(CustomLLM):
         client: Any = None,
     ) -> Iterator[GenericStreamingChunk]:
         """Serve one streaming chat completion (synchronous)."""
-        plan = self._plan(
-            model,
-            messages,
-            optional_params,
-            api_base=api_base,
-            api_key=api_key,
-            litellm_params=litellm_params,
-            headers=headers,
-            timeout=timeout,
-            stream=True,
+        call = _Call(
+            model, messages, optional_params, api_base, api_key, litellm_params, headers, timeout
         )
+        plan = self._plan(call, stream=True)
         chunks = _ChatChunks()
         for data in _exchange_bytes(self._client(), plan):
             yield from chunks.feed(data)
@@ -641,17 +621,10 @@ class VllmGenerateLLM(CustomLLM):
         client: Any = None,
     ) -> AsyncIterator[GenericStreamingChunk]:
         """Serve one streaming chat completion."""
-        plan = self._plan(
-            model,
-            messages,
-            optional_params,
-            api_base=api_base,
-            api_key=api_key,
-            litellm_params=litellm_params,
-            headers=headers,
-            timeout=timeout,
-            stream=True,
+        call = _Call(
+            model, messages, optional_params, api_base, api_key, litellm_params, headers, timeout
         )
+        plan = self._plan(call, stream=True)
         chunks = _ChatChunks()
         async for data in _aexchange_bytes(self._async_client(), plan):
             for item in chunks.feed(data):

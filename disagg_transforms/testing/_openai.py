@@ -135,15 +135,7 @@ def completions(
     """``POST /v1/completions``: a ``text_completion``, or the chunks of its stream.
 
     Every prompt is generated in turn; prompt ``i``'s choices are numbered from ``i * n``.
-
-    Args:
-        body: The client's completions body.
-        header_id: The ``x-request-id`` header, if sent.
-        settings: The worker's settings.
-        sequence: The call's position in the worker's log.
-
-    Returns:
-        The answer body, or the stream's chunk bodies (``[DONE]`` left to the caller).
+    Arguments (``body``: the client's completions body) and result as :func:`chat`.
     """
     requests = _render.render_completions(body, header_id, settings)
     base = requests[0]["request_id"].rsplit("-", 1)[0]

@@ -540,13 +540,7 @@ def render_messages(
 ) -> dict[str, Any]:
     """``POST /v1/messages/render``: an Anthropic Messages body, converted to chat first.
 
-    Args:
-        body: The client's Messages body.
-        header_id: The ``x-request-id`` header, if sent.
-        settings: The worker's settings.
-
-    Returns:
-        One ``GenerateRequest`` body.
+    Arguments (``body``: the client's Messages body) and result as :func:`render_chat`.
     """
     request = _require_object(body, "max_tokens")
     messages = _anthropic_messages(request)
