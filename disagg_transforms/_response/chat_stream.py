@@ -13,9 +13,10 @@ Two shapes, both ending in ``data: [DONE]``:
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Final
 
-from msgspec import UNSET
+import msgspec
+from msgspec import UNSET, UnsetType
 
 from disagg_transforms._config import OutputMode
 from disagg_transforms._response.chat import (
@@ -40,7 +41,7 @@ from disagg_transforms._response.options import (
 )
 from disagg_transforms._routes import Route
 from disagg_transforms._wire import keys as w
-from disagg_transforms._wire.sse import DONE_EVENT, format_sse_event
+from disagg_transforms._wire.sse import DONE_EVENT, encode_event_json, format_sse_event
 from disagg_transforms.errors import UpstreamContractError, error_body
 
 __all__ = (
@@ -50,6 +51,34 @@ __all__ = (
 )
 
 # vLLM's error ``type`` per HTTP status (its ``ErrorResponse``); other 4xx: a bad request.
+
+
+class _ChunkDelta(msgspec.Struct, kw_only=True):
+    """A streamed choice's delta: ``role`` on a choice's first chunk only."""
+
+    role: str | UnsetType = UNSET
+    content: str | UnsetType
+
+
+class _ChunkChoice(msgspec.Struct, kw_only=True):
+    """A ``chat.completion.chunk`` choice, its members in vLLM's order (``UNSET``: left out).
+
+    Encoded by msgspec straight from the struct: faster than a dict per chunk.
+    """
+
+    index: int
+    delta: _ChunkDelta
+    logprobs: Any = None
+    finish_reason: str | None = None
+    vllm_finish_reason: Any = UNSET
+    stop_reason: Any = UNSET
+
+
+_CHOICES_MEMBER: Final = b',"' + w.CHOICES.encode() + b'":'
+_USAGE_MEMBER: Final = b',"' + w.USAGE.encode() + b'":'
+_NO_CHOICES: Final = b"[]"
+_CHUNK_END: Final = b"}\n\n"
+_NOT_FINISHED: Final[dict[str, Any]] = {w.FINISH_REASON: None}
 
 
 def _include_usage(client_body: Mapping[str, Any] | None) -> bool:
@@ -219,7 +248,7 @@ class ChatStreamConverter:
         self._top = client_top_logprobs(client_body)
         self._model = envelope_model(built, None, client_body)
         self._created = envelope_created(built, created)
-        self._head: dict[str, Any] | None = None  # once the first chunk names the request
+        self._head: bytes | None = None  # once the first chunk names the request
         self._passthrough = built.vllm_finish_reasons
         self._reader = GenerateStreamReader(max_event_bytes=built.max_event_bytes)
         self._max_choices = built.max_choices
@@ -260,12 +289,15 @@ class ChatStreamConverter:
         )
         return format_sse_event(body) + DONE_EVENT
 
-    def _chunk_head(self, event: StreamEvent) -> dict[str, Any]:
+    def _chunk_head(self, event: StreamEvent) -> bytes:
         if self._head is None:
             if not isinstance(event.request_id, str):
                 msg = f"$.{w.REQUEST_ID}: the first stream chunk has no request_id"
                 raise UpstreamContractError(msg, param=f"$.{w.REQUEST_ID}")
-            self._head = _chunk_head(chat_id(event.request_id), self._created, self._model)
+            head = _chunk_head(chat_id(event.request_id), self._created, self._model)
+            # The same four members open every chunk: encoded once, "}" cut to splice in
+            # the choices (see docs/performance.md).
+            self._head = b"data: " + encode_event_json(head)[:-1] + _CHOICES_MEMBER
         return self._head
 
     def _event(self, payload: bytes, event: StreamEvent | None) -> bytes:
@@ -278,49 +310,46 @@ class ChatStreamConverter:
         if not event.choices:
             if usage is None:
                 return b""
-            return format_sse_event({**head, w.CHOICES: [], w.USAGE: usage})
-        chunk = {**head, w.CHOICES: self._choices(event.choices)}
-        if usage is not None:
-            chunk[w.USAGE] = usage  # continuous usage stats, as the chat route sends them
-        return format_sse_event(chunk)
+            return head + _NO_CHOICES + _USAGE_MEMBER + encode_event_json(usage) + _CHUNK_END
+        choices = encode_event_json(self._choices(event.choices))
+        if usage is None:
+            return head + choices + _CHUNK_END
+        # Continuous usage stats, as the chat route sends them.
+        return head + choices + _USAGE_MEMBER + encode_event_json(usage) + _CHUNK_END
 
-    def _start(self, index: int, path: str) -> list[dict[str, Any]]:
+    def _start(self, index: int, path: str) -> list[_ChunkChoice]:
         # Clients (the openai SDK's accumulator among them) expect choice k to appear only
         # after choices 0..k-1, as vLLM's chat route sends them: open the skipped ones first.
         if index >= self._max_choices:
             msg = f"{path}.index: {index} is past the bound of {self._max_choices} choices"
             raise UpstreamContractError(msg, param=f"{path}.index")
         opened = [
-            {
-                w.INDEX: skipped,
-                w.DELTA: {w.ROLE: w.ASSISTANT, w.CONTENT: ""},
-                w.LOGPROBS: None,
-                w.FINISH_REASON: None,
-            }
+            _ChunkChoice(index=skipped, delta=_ChunkDelta(role=w.ASSISTANT, content=""))
             for skipped in range(self._next, index)
         ]
         self._next = index + 1
         return opened
 
-    def _choices(self, choices: list[StreamChoice]) -> list[dict[str, Any]]:
+    def _choices(self, choices: list[StreamChoice]) -> list[_ChunkChoice]:
         built = []
         for position, choice in enumerate(choices):
-            delta: dict[str, Any] = {}
+            delta = _ChunkDelta(content=choice.text)
             if choice.index >= self._next:
                 built.extend(self._start(choice.index, f"$.{w.CHOICES}[{position}]"))
-                delta[w.ROLE] = w.ASSISTANT
-            delta[w.CONTENT] = choice.text
+                delta.role = w.ASSISTANT
+            finish = choice.finish_reason
             built.append(
-                {
-                    w.INDEX: choice.index,
-                    w.DELTA: delta,
-                    w.LOGPROBS: cut_logprobs(
-                        None if choice.logprobs is UNSET else choice.logprobs, self._top
-                    ),
-                    **finish_fields(
-                        choice.finish_reason, streaming=True, passthrough=self._passthrough
-                    ),
-                    w.STOP_REASON: None if choice.stop_reason is UNSET else choice.stop_reason,
-                }
+                _ChunkChoice(
+                    index=choice.index,
+                    delta=delta,
+                    logprobs=None
+                    if choice.logprobs is None or choice.logprobs is UNSET
+                    else cut_logprobs(choice.logprobs, self._top),
+                    # null (not finished yet) stays in a stream: no mapping to look up.
+                    **_NOT_FINISHED
+                    if finish is None or finish is UNSET
+                    else finish_fields(finish, streaming=True, passthrough=self._passthrough),
+                    stop_reason=None if choice.stop_reason is UNSET else choice.stop_reason,
+                )
             )
         return built

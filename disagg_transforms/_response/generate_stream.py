@@ -53,6 +53,7 @@ class StreamEvent(msgspec.Struct, kw_only=True):
 
 
 _EVENT_DECODER = msgspec.json.Decoder(StreamEvent)
+_TEXT: Final = OutputMode.TEXT.value
 
 ReadEvent = tuple[bytes, StreamEvent | None]
 """An event's raw ``data`` payload and its view; ``None`` is ``[DONE]``."""
@@ -106,20 +107,25 @@ class GenerateStreamReader:
         except (msgspec.DecodeError, RecursionError) as error:
             msg = f"$: a generate stream event is not a JSON object: {error}"
             raise UpstreamContractError(msg, param="$") from None
-        if event.error is not UNSET:
-            return payload, event  # the worker's own error: no echo to check
+        if event.error is UNSET:  # an error event is the worker's own: no echo to check
+            _check_chunk(event)
+        return payload, event
+
+
+def _check_chunk(event: StreamEvent) -> None:
+    if event.output_mode != _TEXT:  # the one comparison a conforming chunk costs
         generate = event.choices is not UNSET and event.object is UNSET
         check_echoed_mode(
             event.output_mode, OutputMode.TEXT, where="stream chunk", generate=generate
         )
-        if isinstance(event.choices, UnsetType):
-            msg = f"$.{w.CHOICES}: a generate stream chunk must carry choices; it has none"
-            raise UpstreamContractError(msg, param=f"$.{w.CHOICES}")
-        if event.usage is not UNSET and event.usage is not None:
-            _check(event.usage, Usage, f"$.{w.USAGE} of a stream chunk")
-        for position, choice in enumerate(event.choices):
+    if isinstance(event.choices, UnsetType):
+        msg = f"$.{w.CHOICES}: a generate stream chunk must carry choices; it has none"
+        raise UpstreamContractError(msg, param=f"$.{w.CHOICES}")
+    if event.usage is not None and event.usage is not UNSET:
+        _check(event.usage, Usage, f"$.{w.USAGE} of a stream chunk")
+    for position, choice in enumerate(event.choices):
+        if choice.text is UNSET or choice.index < 0 or choice.logprobs is not None:
             _check_choice(choice, choice_path(position))
-        return payload, event
 
 
 def _check(value: object, view: type[msgspec.Struct], what: str) -> None:
