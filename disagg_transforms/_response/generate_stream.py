@@ -276,7 +276,7 @@ class NamedEventConverter(abc.ABC):
         )
 
     def _write(self, read: Iterable[ReadEvent]) -> bytes:
-        events: list[dict[str, Any]] = []
+        written: list[bytes] = []
         for _, event in read:
             if self._failed:
                 continue
@@ -284,21 +284,20 @@ class NamedEventConverter(abc.ABC):
                 if self._request_id is None:
                     msg = "$: the generate stream ended before its first chunk"
                     raise UpstreamContractError(msg, param="$")
-                events.extend(self._end())
+                events = self._end()
             elif event.error is not UNSET:
                 self._failed = True
                 error = event.error
-                events.extend(
-                    self._error(
-                        error_message(error),
-                        error_status(error),
-                        error_field(error, w.TYPE),
-                        error_field(error, w.PARAM),
-                    )
+                events = self._error(
+                    error_message(error),
+                    error_status(error),
+                    error_field(error, w.TYPE),
+                    error_field(error, w.PARAM),
                 )
             else:
-                events.extend(self._chunk(event))
-        return b"".join(self._format(event) for event in events)
+                events = self._chunk(event)
+            written.extend(map(self._format, events))
+        return b"".join(written)
 
     def _chunk(self, event: StreamEvent) -> list[dict[str, Any]]:
         if event.usage is not UNSET and event.usage is not None:
@@ -309,10 +308,10 @@ class NamedEventConverter(abc.ABC):
                 msg = f"$.{w.REQUEST_ID}: the first stream chunk has no request_id"
                 raise UpstreamContractError(msg, param=f"$.{w.REQUEST_ID}")
             self._request_id = event.request_id
-            events.extend(self._start())
+            events = self._start()
         for position, choice in enumerate(event.choices or ()):
-            path = choice_path(position)
             if choice.index != 0:
+                path = choice_path(position)
                 msg = (
                     f"{path}.index: this client's stream carries one choice (index 0), got "
                     f"{choice.index}; neither the Responses nor the Messages API has n"
@@ -320,26 +319,31 @@ class NamedEventConverter(abc.ABC):
                 raise UpstreamContractError(msg, param=f"{path}.index")
             text = choice.text if isinstance(choice.text, str) else ""
             self._text.append(text)
-            logprobs = choice.logprobs if isinstance(choice.logprobs, dict) else None
-            entries = None if logprobs is None else logprobs.get(w.CONTENT)
-            if not isinstance(entries, list):
-                entries = None
-            elif self._logprobs is None:
-                self._logprobs = list(entries)
-            else:
-                self._logprobs.extend(entries)
-            if isinstance(choice.finish_reason, str):
+            entries = None
+            if choice.logprobs is not None and choice.logprobs is not UNSET:
+                entries = choice.logprobs.get(w.CONTENT)
+                if not isinstance(entries, list):
+                    entries = None
+                elif self._logprobs is None:
+                    self._logprobs = list(entries)
+                else:
+                    self._logprobs.extend(entries)
+            if choice.finish_reason is not None and choice.finish_reason is not UNSET:
                 self._finish_reason = choice.finish_reason
                 self._stop_reason = None if choice.stop_reason is UNSET else choice.stop_reason
-            events.extend(self._delta(text, entries, path))
+            events += self._delta(text, entries, position)
         return events
 
     @abc.abstractmethod
     def _start(self) -> list[dict[str, Any]]: ...
 
     @abc.abstractmethod
-    def _delta(self, text: str, logprobs: list[Any] | None, path: str) -> list[dict[str, Any]]:
-        """The events of one text delta; ``logprobs``: its entries as sent, checked."""
+    def _delta(self, text: str, logprobs: list[Any] | None, position: int) -> list[dict[str, Any]]:
+        """The events of one text delta; ``logprobs``: its entries as sent, checked.
+
+        ``position`` is the choice's place in the chunk (its path, :func:`choice_path`, is
+        built only for an error).
+        """
 
     @abc.abstractmethod
     def _end(self) -> list[dict[str, Any]]: ...

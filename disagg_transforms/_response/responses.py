@@ -16,7 +16,7 @@ from typing import Any, Final
 import msgspec
 
 from disagg_transforms._config import OutputMode
-from disagg_transforms._response.chat import client_top_logprobs
+from disagg_transforms._response.chat import choice_path, client_top_logprobs
 from disagg_transforms._response.generate_stream import NamedEventConverter
 from disagg_transforms._response.options import (
     DEFAULT_OPTIONS,
@@ -377,7 +377,7 @@ class ResponsesStreamConverter(NamedEventConverter):
     def _start(self) -> list[dict[str, Any]]:
         return _preamble(self._response())
 
-    def _delta(self, text: str, logprobs: list[Any] | None, path: str) -> list[dict[str, Any]]:
+    def _delta(self, text: str, logprobs: list[Any] | None, position: int) -> list[dict[str, Any]]:
         item, events = self._open()
         entries = (
             None
@@ -385,7 +385,7 @@ class ResponsesStreamConverter(NamedEventConverter):
             else _logprobs(
                 msgspec.convert(logprobs, list[ChatLogprob]),
                 self._top,
-                f"{path}.logprobs.content",
+                f"{choice_path(position)}.logprobs.content",
             )
         )
         if text or entries:
@@ -406,9 +406,10 @@ class ResponsesStreamConverter(NamedEventConverter):
         return [{w.TYPE: w.ERROR, w.CODE: code, w.MESSAGE: message, w.PARAM: param}]
 
     def _format(self, event: dict[str, Any]) -> bytes:
-        numbered = {**event, w.SEQUENCE_NUMBER: self._sequence}
+        # Numbered in place: every event is a dict built for this one write.
+        event[w.SEQUENCE_NUMBER] = self._sequence
         self._sequence += 1
-        return format_sse_typed_event(event[w.TYPE], numbered)
+        return format_sse_typed_event(event[w.TYPE], event)
 
 
 # OpenAI's error codes for a server fault and a refused request (the Responses ``error`` event).
