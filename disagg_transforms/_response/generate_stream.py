@@ -79,7 +79,7 @@ class GenerateStreamReader:
                 ``output_mode``, is malformed (the ``param`` is its JSON path), comes after
                 ``[DONE]``, or grew past ``max_event_bytes``.
         """
-        return list(map(self._read, self._parser.feed(data)))
+        return [self._read(payload) for payload in self._parser.feed(data)]
 
     def close(self) -> list[ReadEvent]:
         r"""End of the stream: the event a held final ``\r`` completes, if any.
@@ -87,7 +87,7 @@ class GenerateStreamReader:
         Raises:
             UpstreamContractError: the stream stopped mid-event or before ``data: [DONE]``.
         """
-        tail = list(map(self._read, self._parser.close()))
+        tail = [self._read(payload) for payload in self._parser.close()]
         if not self._done:
             msg = "$: the generate stream ended without data: [DONE]"
             raise UpstreamContractError(msg, param="$")

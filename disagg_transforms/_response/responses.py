@@ -512,6 +512,8 @@ def _text_delta(
 
 def _stream_logprobs(logprobs: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
     # The events' logprobs are the object's without the bytes (the SDK's streaming Logprob).
+    if not logprobs:
+        return []  # every delta of a stream without logprobs: no comprehension to run
     return [
         {
             w.TOKEN: entry[w.TOKEN],
@@ -520,7 +522,7 @@ def _stream_logprobs(logprobs: list[dict[str, Any]] | None) -> list[dict[str, An
                 {w.TOKEN: top[w.TOKEN], w.LOGPROB: top[w.LOGPROB]} for top in entry[w.TOP_LOGPROBS]
             ],
         }
-        for entry in logprobs or ()
+        for entry in logprobs
     ]
 
 
