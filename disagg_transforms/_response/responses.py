@@ -341,7 +341,7 @@ class ResponsesStreamConverter(NamedEventConverter):
         UpstreamContractError: neither the options nor the client body names a model.
     """
 
-    __slots__ = ("_item", "_sequence", "_top")
+    __slots__ = ("_item", "_place", "_sequence", "_top")
 
     def __init__(
         self,
@@ -368,17 +368,17 @@ class ResponsesStreamConverter(NamedEventConverter):
             self._turn(), client_mapping(self._client), self._options, self._top
         )
 
-    def _open(self) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-        if self._item is not None:
-            return self._item, []
+    def _open(self) -> list[dict[str, Any]]:
         self._item = self._response()[w.OUTPUT][0]  # text mode: always one message item
-        return self._item, _opening_events(self._item, 0)
+        # Where every text delta goes, built once (set with the item, read only after it).
+        self._place = _at(self._item[w.ID], 0, 0)
+        return _opening_events(self._item, 0)
 
     def _start(self) -> list[dict[str, Any]]:
         return _preamble(self._response())
 
     def _delta(self, text: str, logprobs: list[Any] | None, position: int) -> list[dict[str, Any]]:
-        item, events = self._open()
+        events = [] if self._item is not None else self._open()
         entries = (
             None
             if logprobs is None
@@ -389,11 +389,12 @@ class ResponsesStreamConverter(NamedEventConverter):
             )
         )
         if text or entries:
-            events.append(_text_delta(_at(item[w.ID], 0, 0), w.OUTPUT_TEXT, text, entries))
+            events.append(_text_delta(self._place, w.OUTPUT_TEXT, text, entries))
         return events
 
     def _end(self) -> list[dict[str, Any]]:
-        _, events = self._open()  # an empty answer still has its message item, as the wrap gives
+        # An empty answer still has its message item, as the wrap gives.
+        events = [] if self._item is not None else self._open()
         final = self._response()
         events.extend(_closing_events(final[w.OUTPUT][0], 0))
         events.append(_terminal_event(final))
@@ -506,14 +507,12 @@ def _text_delta(
 ) -> dict[str, Any]:
     event = {w.TYPE: _TEXT_EVENTS[part_type][0], **at, w.DELTA: text}
     if part_type == w.OUTPUT_TEXT:
-        event[w.LOGPROBS] = _stream_logprobs(logprobs)
+        event[w.LOGPROBS] = _stream_logprobs(logprobs) if logprobs else []
     return event
 
 
 def _stream_logprobs(logprobs: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
     # The events' logprobs are the object's without the bytes (the SDK's streaming Logprob).
-    if not logprobs:
-        return []  # every delta of a stream without logprobs: no comprehension to run
     return [
         {
             w.TOKEN: entry[w.TOKEN],
@@ -522,7 +521,7 @@ def _stream_logprobs(logprobs: list[dict[str, Any]] | None) -> list[dict[str, An
                 {w.TOKEN: top[w.TOKEN], w.LOGPROB: top[w.LOGPROB]} for top in entry[w.TOP_LOGPROBS]
             ],
         }
-        for entry in logprobs
+        for entry in logprobs or ()
     ]
 
 
