@@ -54,7 +54,7 @@ __all__ = (
 # vLLM's error ``type`` per HTTP status (its ``ErrorResponse``); other 4xx: a bad request.
 
 
-class _ChunkChoice(msgspec.Struct, kw_only=True):
+class _ChunkChoice(msgspec.Struct, kw_only=True, gc=False):
     """A ``chat.completion.chunk`` choice, its members in vLLM's order (``UNSET``: left out).
 
     Encoded by msgspec straight from the struct: faster than a dict per chunk.

@@ -30,8 +30,12 @@ from disagg_transforms.envelopes import ChatLogprobs, Usage
 from disagg_transforms.errors import UpstreamContractError
 
 
-class StreamChoice(msgspec.Struct, kw_only=True):
-    """Narrow view of a stream choice: the token_ids delta and the other keys stay undecoded."""
+class StreamChoice(msgspec.Struct, kw_only=True, gc=False):
+    """Narrow view of a stream choice: the token_ids delta and the other keys stay undecoded.
+
+    ``gc=False`` (as :class:`StreamEvent`): decoded JSON holds no cycle, and untracked structs
+    are cheaper to make and free, once per chunk (see ``docs/performance.md``).
+    """
 
     index: int
     text: str | UnsetType = UNSET
@@ -40,7 +44,7 @@ class StreamChoice(msgspec.Struct, kw_only=True):
     logprobs: dict[str, Any] | UnsetType | None = UNSET
 
 
-class StreamEvent(msgspec.Struct, kw_only=True):
+class StreamEvent(msgspec.Struct, kw_only=True, gc=False):
     """Narrow view of a generate stream chunk (or of an in-stream error event)."""
 
     request_id: Any = UNSET
