@@ -72,9 +72,6 @@ _CHOICES_MEMBER: Final = b',"' + w.CHOICES.encode() + b'":'
 _USAGE_MEMBER: Final = b',"' + w.USAGE.encode() + b'":'
 _NO_CHOICES: Final = b"[]"
 _CHUNK_END: Final = b"}\n\n"
-_NOT_FINISHED: Final = (None, UNSET)
-
-
 def _finish_pair(value: str, *, passthrough: bool) -> tuple[str | None, Any]:
     # A chunk choice's finish_reason and vllm_finish_reason (UNSET: not mapped, left out).
     fields = finish_fields(value, streaming=True, passthrough=passthrough)
@@ -338,24 +335,17 @@ class ChatStreamConverter:
             else:
                 built.extend(self._start(index, f"$.{w.CHOICES}[{position}]"))
                 delta = {w.ROLE: w.ASSISTANT, w.CONTENT: choice.text}
-            logprobs = choice.logprobs
+            built_choice = _ChunkChoice(
+                index=index,
+                delta=delta,
+                stop_reason=None if choice.stop_reason is UNSET else choice.stop_reason,
+            )
+            if choice.logprobs is not None and choice.logprobs is not UNSET:
+                built_choice.logprobs = cut_logprobs(choice.logprobs, self._top)
             finish = choice.finish_reason
-            # null (not finished yet) stays in a stream: no mapping to look up.
-            reason, vllm_reason = (
-                _NOT_FINISHED
-                if finish is None or finish is UNSET
-                else _finish_pair(finish, passthrough=self._passthrough)
-            )
-            built.append(
-                _ChunkChoice(
-                    index=index,
-                    delta=delta,
-                    logprobs=None
-                    if logprobs is None or logprobs is UNSET
-                    else cut_logprobs(logprobs, self._top),
-                    finish_reason=reason,
-                    vllm_finish_reason=vllm_reason,
-                    stop_reason=None if choice.stop_reason is UNSET else choice.stop_reason,
+            if finish is not None and finish is not UNSET:  # null (not finished yet) stays
+                built_choice.finish_reason, built_choice.vllm_finish_reason = _finish_pair(
+                    finish, passthrough=self._passthrough
                 )
-            )
+            built.append(built_choice)
         return built

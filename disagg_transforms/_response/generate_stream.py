@@ -127,9 +127,13 @@ def _check_chunk(event: StreamEvent) -> None:
         raise UpstreamContractError(msg, param=f"$.{w.CHOICES}")
     if event.usage is not None and event.usage is not UNSET:
         _check(event.usage, Usage, f"$.{w.USAGE} of a stream chunk")
-    for position, choice in enumerate(event.choices):
+    for choice in event.choices:
         if choice.text is UNSET or choice.index < 0 or choice.logprobs is not None:
-            _check_choice(choice, choice_path(position))
+            break
+    else:
+        return  # the common chunk: nothing to look at closer, no path to build
+    for position, choice in enumerate(event.choices):
+        _check_choice(choice, choice_path(position))
 
 
 def _check(value: object, view: type[msgspec.Struct], what: str) -> None:

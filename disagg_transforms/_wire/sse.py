@@ -70,7 +70,7 @@ class SseParser:
             size = len(data)
             while start < size and data.startswith(_DATA_PREFIX, start):
                 end = data.find(_LF, start)  # one-byte search: memchr, unlike a two-byte one
-                if end < 0 or not data.startswith(_LF, end + 1):
+                if end < 0 or data[end + 1 : end + 2] != _LF:  # a one-byte slice is cached
                     break
                 payloads.append(data[start + _DATA_PREFIX_SIZE : end])
                 start = end + 2
