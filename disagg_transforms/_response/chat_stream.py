@@ -72,6 +72,8 @@ _CHOICES_MEMBER: Final = b',"' + w.CHOICES.encode() + b'":'
 _USAGE_MEMBER: Final = b',"' + w.USAGE.encode() + b'":'
 _NO_CHOICES: Final = b"[]"
 _CHUNK_END: Final = b"}\n\n"
+
+
 def _finish_pair(value: str, *, passthrough: bool) -> tuple[str | None, Any]:
     # A chunk choice's finish_reason and vllm_finish_reason (UNSET: not mapped, left out).
     fields = finish_fields(value, streaming=True, passthrough=passthrough)
