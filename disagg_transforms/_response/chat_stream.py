@@ -261,7 +261,10 @@ class ChatStreamConverter:
                 ``output_mode``, is malformed (the ``param`` is its JSON path), comes after
                 ``[DONE]``, or the stream exceeds a bound.
         """
-        return b"".join(starmap(self._event, self._reader.feed(data)))
+        read = self._reader.feed(data)
+        if len(read) == 1:  # a worker's socket reads usually hold one event: no join to make
+            return self._event(*read[0])
+        return b"".join(starmap(self._event, read))
 
     def close(self) -> bytes:
         r"""End the stream; returns what a held final ``\r`` completes (usually ``b""``).
