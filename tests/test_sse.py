@@ -113,3 +113,12 @@ def test_fast_path_and_general_reader_agree_for_any_split(stream: bytes, cuts: l
     one_by_one = _fed([stream[i : i + 1] for i in range(len(stream))])
     assert _fed(pieces) == one_by_one
     assert _fed([stream]) == one_by_one
+
+
+def test_bytes_like_feeds_give_bytes_payloads() -> None:
+    # A router may hand on its HTTP client's buffers as they are.
+    stream = b'data: {"a":1}\n\ndata: [DONE]\n\n'
+    for piece in (bytearray(stream), memoryview(stream)):
+        payloads = SseParser().feed(piece)
+        assert payloads == [b'{"a":1}', b"[DONE]"]
+        assert all(type(payload) is bytes for payload in payloads)

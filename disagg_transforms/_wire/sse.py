@@ -61,7 +61,8 @@ class SseParser:
         """
         payloads: list[bytes] = []
         start = 0
-        if not self._buf and not self._data and data.find(_CR) < 0:
+        if type(data) is bytes and not self._buf and not self._data and data.find(_CR) < 0:
+            # (Other bytes-like values, a memoryview among them, go to the line reader.)
             # Between events, vLLM's framing (one "data: <payload>\n\n" line per event) is cut
             # out with C-speed bytes searches; the first event in any other form (a comment,
             # another field, multi-line data, an event cut by the end of data; a "\r" anywhere)
