@@ -297,6 +297,18 @@ it per chunk against the **orjson converter**: per chunk, the data line parsed w
 `chat.completion.chunk` built as a dict, dumped with orjson and framed (`data: ...`), with no
 checks (the chat converter's output is checked to equal it).
 
+How the converters keep close to parsing each chunk once: `SseParser.feed` cuts out events
+framed as vLLM writes them (one `data: <payload>` line, then a blank line, no `\\r` in the
+fed bytes) with C-speed bytes searches, and hands the first event in any other form (a comment,
+an `event:` or other field, multi-line data, `\\r\\n` or `\\r` line ends, an event split
+across feeds) and all after it to the general line reader, which gives the same payloads (a
+property test feeds any stream split anywhere both ways). Each event's JSON is decoded once
+through a narrow msgspec view, untracked by the garbage collector (`gc=False`: decoded JSON
+holds no cycle); a conforming chunk costs one comparison for its echo. The chat converter
+encodes `id`, `object`, `created` and `model` once per stream and splices each chunk's encoded
+choices (msgspec structs, not dicts) after them. Every check stays: the echo on every chunk,
+the shapes, the event and choice bounds, the error paths and their messages.
+
 The decode-leg cases send a generate leg in `text` mode (`use_openai_format: false`); the chat
 cases get 1024 token IDs from the router. The wrap cases use a client asking
 `top_logprobs: 2` (the generated responses carry 5 alternatives per token, so text mode cuts

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import operator
 from operator import itemgetter
 from typing import Any
 
@@ -750,6 +751,33 @@ def hostile_json_bytes(draw: st.DrawFn, base: st.SearchStrategy[Any] = hostile_v
 
 def _sse(events: list[bytes], separator: bytes) -> bytes:
     return b"".join(b"data: " + event + separator for event in events)
+
+
+# One event of an SSE stream: mostly as vLLM frames it (``data: <payload>\n\n``), else in one
+# of the forms only the general reader takes: other line ends, comments, other fields,
+# multi-line data, no space after the colon, a field-less or data-less event, a line end in
+# what a regular event carries.
+_sse_payloads = st.sampled_from([b'{"a":1}', b"[DONE]", b""]) | st.lists(
+    st.sampled_from([b"a", b" ", b":", b"\r", b"\n", "é😀".encode()]), max_size=6
+).map(b"".join)
+_sse_line_ends = st.sampled_from([b"\n", b"\r\n", b"\r"])
+
+
+@st.composite
+def _sse_event(draw: st.DrawFn) -> bytes:
+    payload = draw(_sse_payloads)
+    if draw(st.integers(0, 2)):  # two in three as vLLM writes them
+        return b"data: " + payload + b"\n\n"
+    end = draw(_sse_line_ends)
+    fields = [b"data: " + payload, b"data:" + payload, b": a comment", b"event: x", b"id: 1"]
+    lines = draw(st.lists(st.sampled_from(fields), max_size=4))
+    return b"".join(line + end for line in lines) + draw(_sse_line_ends)
+
+
+sse_streams = st.lists(_sse_event(), max_size=6).map(b"".join) | st.builds(
+    operator.add, st.lists(_sse_event(), max_size=4).map(b"".join), st.binary(max_size=12)
+)
+"""An SSE stream of regular and unusual events, possibly ending mid-event or in garbage."""
 
 
 @st.composite

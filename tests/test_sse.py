@@ -4,6 +4,7 @@ import pytest
 from golden import load_stream
 from hypothesis import given
 from hypothesis import strategies as st
+from strategies import sse_streams
 
 from disagg_transforms import UpstreamContractError
 from disagg_transforms._wire.sse import SseParser, format_sse_event
@@ -91,3 +92,33 @@ def test_random_splits_match_whole_feed(stream: bytes, cuts: list[int]) -> None:
     points = sorted({min(c, len(stream)) for c in cuts})
     pieces = [stream[a:b] for a, b in zip([0, *points], [*points, len(stream)], strict=True)]
     assert _feed_all(SseParser(), pieces) == SseParser().feed(stream)
+
+
+def _fed(pieces: list[bytes]) -> tuple[list[bytes], list[bytes] | str]:
+    # The payloads, then what close() gives or the error it raises.
+    parser = SseParser()
+    payloads = _feed_all(parser, pieces)
+    try:
+        return payloads, parser.close()
+    except UpstreamContractError as error:
+        return payloads, str(error)
+
+
+@given(sse_streams, st.lists(st.integers(0, 200), max_size=6))
+def test_fast_path_and_general_reader_agree_for_any_split(stream: bytes, cuts: list[int]) -> None:
+    # Fed one byte at a time, no feed holds a whole event: only the general reader runs. Fed in
+    # pieces, the regular events are cut out by the fast path: the same payloads must come out.
+    points = sorted({min(c, len(stream)) for c in cuts})
+    pieces = [stream[a:b] for a, b in zip([0, *points], [*points, len(stream)], strict=True)]
+    one_by_one = _fed([stream[i : i + 1] for i in range(len(stream))])
+    assert _fed(pieces) == one_by_one
+    assert _fed([stream]) == one_by_one
+
+
+def test_bytes_like_feeds_give_bytes_payloads() -> None:
+    # A router may hand on its HTTP client's buffers as they are.
+    stream = b'data: {"a":1}\n\ndata: [DONE]\n\n'
+    for piece in (bytearray(stream), memoryview(stream)):
+        payloads = SseParser().feed(piece)
+        assert payloads == [b'{"a":1}', b"[DONE]"]
+        assert all(type(payload) is bytes for payload in payloads)

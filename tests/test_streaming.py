@@ -267,3 +267,12 @@ def test_single_frame_of_any_derender_response(response: dict[str, Any]) -> None
     assert [c.message.content for c in final.choices] == [
         c["message"]["content"] for c in sorted(response["choices"], key=lambda c: c["index"])
     ]
+
+
+@pytest.mark.parametrize("kind", [bytearray, memoryview])
+def test_bytes_like_feeds_convert_as_bytes(kind: Any) -> None:
+    # A router may hand on its HTTP client's buffers as they are.
+    stream = load_stream("stream-text.sse")
+    expected = _converter().feed(stream)
+    converter = _converter()
+    assert converter.feed(kind(stream)) + converter.close() == expected

@@ -13,8 +13,10 @@ Two shapes, both ending in ``data: [DONE]``:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from itertools import starmap
+from typing import Any, Final
 
+import msgspec
 from msgspec import UNSET
 
 from disagg_transforms._config import OutputMode
@@ -40,7 +42,7 @@ from disagg_transforms._response.options import (
 )
 from disagg_transforms._routes import Route
 from disagg_transforms._wire import keys as w
-from disagg_transforms._wire.sse import DONE_EVENT, format_sse_event
+from disagg_transforms._wire.sse import DONE_EVENT, encode_event_json, format_sse_event
 from disagg_transforms.errors import UpstreamContractError, error_body
 
 __all__ = (
@@ -50,6 +52,32 @@ __all__ = (
 )
 
 # vLLM's error ``type`` per HTTP status (its ``ErrorResponse``); other 4xx: a bad request.
+
+
+class _ChunkChoice(msgspec.Struct, kw_only=True, gc=False):
+    """A ``chat.completion.chunk`` choice, its members in vLLM's order (``UNSET``: left out).
+
+    Encoded by msgspec straight from the struct: faster than a dict per chunk.
+    """
+
+    index: int
+    delta: dict[str, Any]
+    logprobs: Any = None
+    finish_reason: str | None = None
+    vllm_finish_reason: Any = UNSET
+    stop_reason: Any = UNSET
+
+
+_CHOICES_MEMBER: Final = b',"' + w.CHOICES.encode() + b'":'
+_USAGE_MEMBER: Final = b',"' + w.USAGE.encode() + b'":'
+_NO_CHOICES: Final = b"[]"
+_CHUNK_END: Final = b"}\n\n"
+
+
+def _finish_pair(value: str, *, passthrough: bool) -> tuple[str | None, Any]:
+    # A chunk choice's finish_reason and vllm_finish_reason (UNSET: not mapped, left out).
+    fields = finish_fields(value, streaming=True, passthrough=passthrough)
+    return fields[w.FINISH_REASON], fields.get(w.VLLM_FINISH_REASON, UNSET)
 
 
 def _include_usage(client_body: Mapping[str, Any] | None) -> bool:
@@ -197,7 +225,7 @@ class ChatStreamConverter:
         self._top = client_top_logprobs(client_body)
         self._model = envelope_model(built, None, client_body)
         self._created = envelope_created(built, created)
-        self._head: dict[str, Any] | None = None  # once the first chunk names the request
+        self._head: bytes | None = None  # once the first chunk names the request
         self._passthrough = built.vllm_finish_reasons
         self._reader = GenerateStreamReader(max_event_bytes=built.max_event_bytes)
         self._max_choices = built.max_choices
@@ -211,7 +239,10 @@ class ChatStreamConverter:
                 ``output_mode``, is malformed (the ``param`` is its JSON path), comes after
                 ``[DONE]``, or the stream exceeds a bound.
         """
-        return b"".join(self._event(payload, event) for payload, event in self._reader.feed(data))
+        read = self._reader.feed(data)
+        if len(read) == 1:  # a worker's socket reads usually hold one event: no join to make
+            return self._event(*read[0])
+        return b"".join(starmap(self._event, read))
 
     def close(self) -> bytes:
         r"""End the stream; returns what a held final ``\r`` completes (usually ``b""``).
@@ -221,7 +252,7 @@ class ChatStreamConverter:
                 (the worker or the connection died); the router should end the client's
                 stream with :meth:`error_event`.
         """
-        return b"".join(self._event(payload, event) for payload, event in self._reader.close())
+        return b"".join(starmap(self._event, self._reader.close()))
 
     def error_event(
         self, message: str, *, status: int = 500, error_type: str | None = None
@@ -238,12 +269,14 @@ class ChatStreamConverter:
         )
         return format_sse_event(body) + DONE_EVENT
 
-    def _chunk_head(self, event: StreamEvent) -> dict[str, Any]:
-        if self._head is None:
-            if not isinstance(event.request_id, str):
-                msg = f"$.{w.REQUEST_ID}: the first stream chunk has no request_id"
-                raise UpstreamContractError(msg, param=f"$.{w.REQUEST_ID}")
-            self._head = _chunk_head(chat_id(event.request_id), self._created, self._model)
+    def _first_head(self, event: StreamEvent) -> bytes:
+        if not isinstance(event.request_id, str):
+            msg = f"$.{w.REQUEST_ID}: the first stream chunk has no request_id"
+            raise UpstreamContractError(msg, param=f"$.{w.REQUEST_ID}")
+        head = _chunk_head(chat_id(event.request_id), self._created, self._model)
+        # The same four members open every chunk: encoded once, "}" cut to splice in the
+        # choices (see docs/performance.md).
+        self._head = b"data: " + encode_event_json(head)[:-1] + _CHOICES_MEMBER
         return self._head
 
     def _event(self, payload: bytes, event: StreamEvent | None) -> bytes:
@@ -251,54 +284,51 @@ class ChatStreamConverter:
             return DONE_EVENT
         if event.error is not UNSET:
             return b"data: " + payload + b"\n\n"  # the worker's own error, sent on as is
-        head = self._chunk_head(event)
+        head = self._head if self._head is not None else self._first_head(event)
         usage = None if event.usage is UNSET else event.usage
         if not event.choices:
             if usage is None:
                 return b""
-            return format_sse_event({**head, w.CHOICES: [], w.USAGE: usage})
-        chunk = {**head, w.CHOICES: self._choices(event.choices)}
-        if usage is not None:
-            chunk[w.USAGE] = usage  # continuous usage stats, as the chat route sends them
-        return format_sse_event(chunk)
+            return head + _NO_CHOICES + _USAGE_MEMBER + encode_event_json(usage) + _CHUNK_END
+        choices = encode_event_json(self._choices(event.choices))
+        if usage is None:
+            return head + choices + _CHUNK_END
+        # Continuous usage stats, as the chat route sends them.
+        return head + choices + _USAGE_MEMBER + encode_event_json(usage) + _CHUNK_END
 
-    def _start(self, index: int, path: str) -> list[dict[str, Any]]:
+    def _start(self, index: int, path: str) -> list[_ChunkChoice]:
         # Clients (the openai SDK's accumulator among them) expect choice k to appear only
         # after choices 0..k-1, as vLLM's chat route sends them: open the skipped ones first.
         if index >= self._max_choices:
             msg = f"{path}.index: {index} is past the bound of {self._max_choices} choices"
             raise UpstreamContractError(msg, param=f"{path}.index")
         opened = [
-            {
-                w.INDEX: skipped,
-                w.DELTA: {w.ROLE: w.ASSISTANT, w.CONTENT: ""},
-                w.LOGPROBS: None,
-                w.FINISH_REASON: None,
-            }
+            _ChunkChoice(index=skipped, delta={w.ROLE: w.ASSISTANT, w.CONTENT: ""})
             for skipped in range(self._next, index)
         ]
         self._next = index + 1
         return opened
 
-    def _choices(self, choices: list[StreamChoice]) -> list[dict[str, Any]]:
+    def _choices(self, choices: list[StreamChoice]) -> list[_ChunkChoice]:
         built = []
         for position, choice in enumerate(choices):
-            delta: dict[str, Any] = {}
-            if choice.index >= self._next:
-                built.extend(self._start(choice.index, f"$.{w.CHOICES}[{position}]"))
-                delta[w.ROLE] = w.ASSISTANT
-            delta[w.CONTENT] = choice.text
-            built.append(
-                {
-                    w.INDEX: choice.index,
-                    w.DELTA: delta,
-                    w.LOGPROBS: cut_logprobs(
-                        None if choice.logprobs is UNSET else choice.logprobs, self._top
-                    ),
-                    **finish_fields(
-                        choice.finish_reason, streaming=True, passthrough=self._passthrough
-                    ),
-                    w.STOP_REASON: None if choice.stop_reason is UNSET else choice.stop_reason,
-                }
+            index = choice.index
+            if index < self._next:
+                delta = {w.CONTENT: choice.text}
+            else:
+                built.extend(self._start(index, f"$.{w.CHOICES}[{position}]"))
+                delta = {w.ROLE: w.ASSISTANT, w.CONTENT: choice.text}
+            built_choice = _ChunkChoice(
+                index=index,
+                delta=delta,
+                stop_reason=None if choice.stop_reason is UNSET else choice.stop_reason,
             )
+            if choice.logprobs is not None and choice.logprobs is not UNSET:
+                built_choice.logprobs = cut_logprobs(choice.logprobs, self._top)
+            finish = choice.finish_reason
+            if finish is not None and finish is not UNSET:  # null (not finished yet) stays
+                built_choice.finish_reason, built_choice.vllm_finish_reason = _finish_pair(
+                    finish, passthrough=self._passthrough
+                )
+            built.append(built_choice)
         return built

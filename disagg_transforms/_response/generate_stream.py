@@ -30,8 +30,12 @@ from disagg_transforms.envelopes import ChatLogprobs, Usage
 from disagg_transforms.errors import UpstreamContractError
 
 
-class StreamChoice(msgspec.Struct, kw_only=True):
-    """Narrow view of a stream choice: the token_ids delta and the other keys stay undecoded."""
+class StreamChoice(msgspec.Struct, kw_only=True, gc=False):
+    """Narrow view of a stream choice: the token_ids delta and the other keys stay undecoded.
+
+    ``gc=False`` (as :class:`StreamEvent`): decoded JSON holds no cycle, and untracked structs
+    are cheaper to make and free, once per chunk (see ``docs/performance.md``).
+    """
 
     index: int
     text: str | UnsetType = UNSET
@@ -40,7 +44,7 @@ class StreamChoice(msgspec.Struct, kw_only=True):
     logprobs: dict[str, Any] | UnsetType | None = UNSET
 
 
-class StreamEvent(msgspec.Struct, kw_only=True):
+class StreamEvent(msgspec.Struct, kw_only=True, gc=False):
     """Narrow view of a generate stream chunk (or of an in-stream error event)."""
 
     request_id: Any = UNSET
@@ -53,6 +57,7 @@ class StreamEvent(msgspec.Struct, kw_only=True):
 
 
 _EVENT_DECODER = msgspec.json.Decoder(StreamEvent)
+_TEXT: Final = OutputMode.TEXT.value
 
 ReadEvent = tuple[bytes, StreamEvent | None]
 """An event's raw ``data`` payload and its view; ``None`` is ``[DONE]``."""
@@ -106,20 +111,29 @@ class GenerateStreamReader:
         except (msgspec.DecodeError, RecursionError) as error:
             msg = f"$: a generate stream event is not a JSON object: {error}"
             raise UpstreamContractError(msg, param="$") from None
-        if event.error is not UNSET:
-            return payload, event  # the worker's own error: no echo to check
+        if event.error is UNSET:  # an error event is the worker's own: no echo to check
+            _check_chunk(event)
+        return payload, event
+
+
+def _check_chunk(event: StreamEvent) -> None:
+    if event.output_mode != _TEXT:  # the one comparison a conforming chunk costs
         generate = event.choices is not UNSET and event.object is UNSET
         check_echoed_mode(
             event.output_mode, OutputMode.TEXT, where="stream chunk", generate=generate
         )
-        if isinstance(event.choices, UnsetType):
-            msg = f"$.{w.CHOICES}: a generate stream chunk must carry choices; it has none"
-            raise UpstreamContractError(msg, param=f"$.{w.CHOICES}")
-        if event.usage is not UNSET and event.usage is not None:
-            _check(event.usage, Usage, f"$.{w.USAGE} of a stream chunk")
-        for position, choice in enumerate(event.choices):
-            _check_choice(choice, choice_path(position))
-        return payload, event
+    if isinstance(event.choices, UnsetType):
+        msg = f"$.{w.CHOICES}: a generate stream chunk must carry choices; it has none"
+        raise UpstreamContractError(msg, param=f"$.{w.CHOICES}")
+    if event.usage is not None and event.usage is not UNSET:
+        _check(event.usage, Usage, f"$.{w.USAGE} of a stream chunk")
+    for choice in event.choices:
+        if choice.text is UNSET or choice.index < 0 or choice.logprobs is not None:
+            break
+    else:
+        return  # the common chunk: nothing to look at closer, no path to build
+    for position, choice in enumerate(event.choices):
+        _check_choice(choice, choice_path(position))
 
 
 def _check(value: object, view: type[msgspec.Struct], what: str) -> None:
@@ -270,7 +284,7 @@ class NamedEventConverter(abc.ABC):
         )
 
     def _write(self, read: Iterable[ReadEvent]) -> bytes:
-        events: list[dict[str, Any]] = []
+        written: list[bytes] = []
         for _, event in read:
             if self._failed:
                 continue
@@ -278,21 +292,20 @@ class NamedEventConverter(abc.ABC):
                 if self._request_id is None:
                     msg = "$: the generate stream ended before its first chunk"
                     raise UpstreamContractError(msg, param="$")
-                events.extend(self._end())
+                events = self._end()
             elif event.error is not UNSET:
                 self._failed = True
                 error = event.error
-                events.extend(
-                    self._error(
-                        error_message(error),
-                        error_status(error),
-                        error_field(error, w.TYPE),
-                        error_field(error, w.PARAM),
-                    )
+                events = self._error(
+                    error_message(error),
+                    error_status(error),
+                    error_field(error, w.TYPE),
+                    error_field(error, w.PARAM),
                 )
             else:
-                events.extend(self._chunk(event))
-        return b"".join(self._format(event) for event in events)
+                events = self._chunk(event)
+            written.extend(map(self._format, events))
+        return b"".join(written)
 
     def _chunk(self, event: StreamEvent) -> list[dict[str, Any]]:
         if event.usage is not UNSET and event.usage is not None:
@@ -303,10 +316,10 @@ class NamedEventConverter(abc.ABC):
                 msg = f"$.{w.REQUEST_ID}: the first stream chunk has no request_id"
                 raise UpstreamContractError(msg, param=f"$.{w.REQUEST_ID}")
             self._request_id = event.request_id
-            events.extend(self._start())
+            events = self._start()
         for position, choice in enumerate(event.choices or ()):
-            path = choice_path(position)
             if choice.index != 0:
+                path = choice_path(position)
                 msg = (
                     f"{path}.index: this client's stream carries one choice (index 0), got "
                     f"{choice.index}; neither the Responses nor the Messages API has n"
@@ -314,26 +327,31 @@ class NamedEventConverter(abc.ABC):
                 raise UpstreamContractError(msg, param=f"{path}.index")
             text = choice.text if isinstance(choice.text, str) else ""
             self._text.append(text)
-            logprobs = choice.logprobs if isinstance(choice.logprobs, dict) else None
-            entries = None if logprobs is None else logprobs.get(w.CONTENT)
-            if not isinstance(entries, list):
-                entries = None
-            elif self._logprobs is None:
-                self._logprobs = list(entries)
-            else:
-                self._logprobs.extend(entries)
-            if isinstance(choice.finish_reason, str):
+            entries = None
+            if choice.logprobs is not None and choice.logprobs is not UNSET:
+                entries = choice.logprobs.get(w.CONTENT)
+                if not isinstance(entries, list):
+                    entries = None
+                elif self._logprobs is None:
+                    self._logprobs = list(entries)
+                else:
+                    self._logprobs.extend(entries)
+            if choice.finish_reason is not None and choice.finish_reason is not UNSET:
                 self._finish_reason = choice.finish_reason
                 self._stop_reason = None if choice.stop_reason is UNSET else choice.stop_reason
-            events.extend(self._delta(text, entries, path))
+            events += self._delta(text, entries, position)
         return events
 
     @abc.abstractmethod
     def _start(self) -> list[dict[str, Any]]: ...
 
     @abc.abstractmethod
-    def _delta(self, text: str, logprobs: list[Any] | None, path: str) -> list[dict[str, Any]]:
-        """The events of one text delta; ``logprobs``: its entries as sent, checked."""
+    def _delta(self, text: str, logprobs: list[Any] | None, position: int) -> list[dict[str, Any]]:
+        """The events of one text delta; ``logprobs``: its entries as sent, checked.
+
+        ``position`` is the choice's place in the chunk (its path, :func:`choice_path`, is
+        built only for an error).
+        """
 
     @abc.abstractmethod
     def _end(self) -> list[dict[str, Any]]: ...

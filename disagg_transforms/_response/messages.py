@@ -282,8 +282,8 @@ class AnthropicStreamConverter(NamedEventConverter):
     def _start(self) -> list[dict[str, Any]]:
         return [_message_start(self._message())]
 
-    def _delta(self, text: str, logprobs: list[Any] | None, path: str) -> list[dict[str, Any]]:
-        del logprobs, path  # the Messages API has no logprobs
+    def _delta(self, text: str, logprobs: list[Any] | None, position: int) -> list[dict[str, Any]]:
+        del logprobs, position  # the Messages API has no logprobs
         if not text:
             return []
         events = []

@@ -16,7 +16,7 @@ from typing import Any, Final
 import msgspec
 
 from disagg_transforms._config import OutputMode
-from disagg_transforms._response.chat import client_top_logprobs
+from disagg_transforms._response.chat import choice_path, client_top_logprobs
 from disagg_transforms._response.generate_stream import NamedEventConverter
 from disagg_transforms._response.options import (
     DEFAULT_OPTIONS,
@@ -319,7 +319,7 @@ class ResponsesStreamConverter(NamedEventConverter):
         UpstreamContractError: neither the options nor the client body names a model.
     """
 
-    __slots__ = ("_item", "_sequence", "_top")
+    __slots__ = ("_item", "_place", "_sequence", "_top")
 
     def __init__(
         self,
@@ -346,32 +346,33 @@ class ResponsesStreamConverter(NamedEventConverter):
             self._turn(), client_mapping(self._client), self._options, self._top
         )
 
-    def _open(self) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-        if self._item is not None:
-            return self._item, []
+    def _open(self) -> list[dict[str, Any]]:
         self._item = self._response()[w.OUTPUT][0]  # text mode: always one message item
-        return self._item, _opening_events(self._item, 0)
+        # Where every text delta goes, built once (set with the item, read only after it).
+        self._place = _at(self._item[w.ID], 0, 0)
+        return _opening_events(self._item, 0)
 
     def _start(self) -> list[dict[str, Any]]:
         return _preamble(self._response())
 
-    def _delta(self, text: str, logprobs: list[Any] | None, path: str) -> list[dict[str, Any]]:
-        item, events = self._open()
+    def _delta(self, text: str, logprobs: list[Any] | None, position: int) -> list[dict[str, Any]]:
+        events = [] if self._item is not None else self._open()
         entries = (
             None
             if logprobs is None
             else _logprobs(
                 msgspec.convert(logprobs, list[ChatLogprob]),
                 self._top,
-                f"{path}.logprobs.content",
+                f"{choice_path(position)}.logprobs.content",
             )
         )
         if text or entries:
-            events.append(_text_delta(_at(item[w.ID], 0, 0), w.OUTPUT_TEXT, text, entries))
+            events.append(_text_delta(self._place, w.OUTPUT_TEXT, text, entries))
         return events
 
     def _end(self) -> list[dict[str, Any]]:
-        _, events = self._open()  # an empty answer still has its message item, as the wrap gives
+        # An empty answer still has its message item, as the wrap gives.
+        events = [] if self._item is not None else self._open()
         final = self._response()
         events.extend(_closing_events(final[w.OUTPUT][0], 0))
         events.append(_terminal_event(final))
@@ -384,9 +385,10 @@ class ResponsesStreamConverter(NamedEventConverter):
         return [{w.TYPE: w.ERROR, w.CODE: code, w.MESSAGE: message, w.PARAM: param}]
 
     def _format(self, event: dict[str, Any]) -> bytes:
-        numbered = {**event, w.SEQUENCE_NUMBER: self._sequence}
+        # Numbered in place: every event is a dict built for this one write.
+        event[w.SEQUENCE_NUMBER] = self._sequence
         self._sequence += 1
-        return format_sse_typed_event(event[w.TYPE], numbered)
+        return format_sse_typed_event(event[w.TYPE], event)
 
 
 # OpenAI's error codes for a server fault and a refused request (the Responses ``error`` event).
@@ -483,7 +485,7 @@ def _text_delta(
 ) -> dict[str, Any]:
     event = {w.TYPE: _TEXT_EVENTS[part_type][0], **at, w.DELTA: text}
     if part_type == w.OUTPUT_TEXT:
-        event[w.LOGPROBS] = _stream_logprobs(logprobs)
+        event[w.LOGPROBS] = _stream_logprobs(logprobs) if logprobs else []
     return event
 
 

@@ -24,6 +24,10 @@ DONE_EVENT: Final = b"data: " + w.SSE_DONE + b"\n\n"
 
 _LINE_END = re.compile(rb"\r\n|\r|\n")
 _DATA: Final = b"data"
+_DATA_PREFIX: Final = b"data: "
+_DATA_PREFIX_SIZE: Final = len(_DATA_PREFIX)
+_CR: Final = b"\r"
+_LF: Final = b"\n"
 _ENCODER = msgspec.json.Encoder()
 
 
@@ -49,14 +53,36 @@ class SseParser:
         self._data: list[bytes] = []
         self._data_size = 0
 
-    def feed(self, data: bytes) -> list[bytes]:
+    def feed(self, data: bytes | bytearray | memoryview) -> list[bytes]:
         """Consume ``data`` and return the payloads of the events it completed, in order.
 
         Raises:
             UpstreamContractError: the event being read grew past ``max_event_bytes``.
         """
-        self._buf += data
         payloads: list[bytes] = []
+        start = 0
+        if type(data) is bytes and not self._buf and not self._data and data.find(_CR) < 0:
+            # (Other bytes-like values, a memoryview among them, go to the line reader.)
+            # Between events, vLLM's framing (one "data: <payload>\n\n" line per event) is cut
+            # out with C-speed bytes searches; the first event in any other form (a comment,
+            # another field, multi-line data, an event cut by the end of data; a "\r" anywhere)
+            # and all after it go to the line reader, which gives the same payloads (see
+            # docs/performance.md). find, not "in": measured twice as fast on a chunk.
+            size = len(data)
+            while start < size and data.startswith(_DATA_PREFIX, start):
+                end = data.find(_LF, start)  # one-byte search: memchr, unlike a two-byte one
+                if end < 0 or data[end + 1 : end + 2] != _LF:  # a one-byte slice is cached
+                    break
+                payloads.append(data[start + _DATA_PREFIX_SIZE : end])
+                start = end + 2
+            if start == size:
+                return payloads
+        self._read_lines(data[start:] if start else data, payloads)
+        return payloads
+
+    def _read_lines(self, data: bytes | bytearray | memoryview, payloads: list[bytes]) -> None:
+        # The general reader: WHATWG line splitting, any line ends, fields and comments.
+        self._buf += data
         start = 0
         while (match := _LINE_END.search(self._buf, max(start, self._scan))) is not None:
             if match.group() == b"\r" and match.end() == len(self._buf):
@@ -72,7 +98,6 @@ class SseParser:
                 "raise max_event_bytes if the worker's events are legitimately that large"
             )
             raise UpstreamContractError(msg, param="$")
-        return payloads
 
     def close(self) -> list[bytes]:
         r"""End of the stream: return the payload a held final ``\r`` completes, if any.
@@ -113,7 +138,7 @@ def format_sse_event(payload: object) -> bytes:
         UpstreamContractError: the payload holds a value JSON cannot carry (it came from the
             worker, e.g. an integer too large for any JSON parser).
     """
-    return b"data: " + _encode(payload) + b"\n\n"
+    return b"data: " + encode_event_json(payload) + b"\n\n"
 
 
 def format_sse_typed_event(event_type: str, payload: object) -> bytes:
@@ -125,10 +150,17 @@ def format_sse_typed_event(event_type: str, payload: object) -> bytes:
     Raises:
         UpstreamContractError: as :func:`format_sse_event`.
     """
-    return b"event: " + event_type.encode() + b"\n" + format_sse_event(payload)
+    return b"".join(
+        (b"event: ", event_type.encode(), b"\ndata: ", encode_event_json(payload), b"\n\n")
+    )
 
 
-def _encode(payload: object) -> bytes:
+def encode_event_json(payload: object) -> bytes:
+    """An event's payload as compact JSON (a converter splices it into pre-encoded bytes).
+
+    Raises:
+        UpstreamContractError: as :func:`format_sse_event`.
+    """
     try:
         return _ENCODER.encode(payload)
     except (TypeError, ValueError, OverflowError, msgspec.EncodeError) as error:
