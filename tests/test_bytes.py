@@ -449,3 +449,16 @@ def test_request_bytes_are_refused_exactly_when_not_utf8(text: bytes, key: str) 
         return
     outcome = _outcome(lambda: _leg(body))
     assert outcome[1] != "$"
+
+
+def test_a_number_no_parser_reads_is_named_as_such() -> None:
+    # 1e400 is valid JSON syntax but no float: the error says so, at the element's path (it
+    # used to say "nesting too deep" for any member that failed to decode).
+    with pytest.raises(RequestError) as caught:
+        build_decode_request_bytes(
+            b'{"token_ids": [1e400]}',
+            client_path="/inference/v1/generate",
+            params=DecodeParams(use_openai_format=False, output_mode=OutputMode.TEXT),
+        )
+    assert caught.value.param == "$.token_ids[0]"
+    assert "out of range" in str(caught.value)

@@ -19,6 +19,7 @@ from typing import Any, Final, TypeAlias
 import msgspec
 
 from disagg_transforms._wire.describe import describe
+from disagg_transforms._wire.validate import msgspec_failure
 from disagg_transforms.errors import DisaggTransformError
 
 ErrorFactory: TypeAlias = type[DisaggTransformError]
@@ -119,12 +120,17 @@ def _first_token(body: bytes) -> str:
 
 
 def decode_member(raw: msgspec.Raw, path: str, error: ErrorFactory) -> Any:  # noqa: ANN401 - JSON
-    """Decode one member already known to be valid JSON; only nesting depth can fail."""
+    """Decode one member already known to be valid JSON syntax.
+
+    What can still fail: nesting past the interpreter's stack, or a number no parser reads
+    (``1e400``); the error names the member's path and msgspec's reason.
+    """
     try:
         return _DECODER.decode(raw)
-    except (msgspec.DecodeError, RecursionError):
-        msg = f"{path}: nesting too deep"
-        raise error(msg, param=path) from None
+    except (msgspec.DecodeError, RecursionError) as exc:
+        failure = msgspec_failure(exc, path)
+        msg = f"{failure.path}: {failure.reason}"
+        raise error(msg, param=failure.path) from None
 
 
 class RawTokenIds:
