@@ -606,3 +606,40 @@ def test_encode_runs_when_the_rendered_prompt_has_features_and_hands_ec_params_t
 def test_encode_is_skipped_for_a_prompt_without_features() -> None:
     out = _run(CHAT, _body("render-chat-request.json"), _worker(), config=WITH_ENCODE)
     assert [c.step for c in out.calls] == ["render", "prefill", "decode"]
+
+
+@pytest.mark.parametrize(
+    ("config", "path", "body", "first_event"),
+    [
+        # A generate client: its own stream, each event checked and sent on.
+        (
+            GENERATE_D,
+            "/inference/v1/generate",
+            json.dumps({"token_ids": [1, 2, 3], "stream": True}).encode(),
+            STREAM.split(b"\n\n")[0] + b"\n\n",
+        ),
+        # An OpenAI-format leg: the worker's own chat stream, passed through.
+        (
+            OPENAI_D,
+            CHAT,
+            _body("render-chat-request.json", stream=True),
+            b"data: " + fixture_bytes("chat-completion-chunk-coupled.json") + b"\n\n",
+        ),
+    ],
+)
+def test_a_relayed_stream_ends_with_vllms_error_event_after_a_failure(
+    config: Any, path: str, body: bytes, first_event: bytes
+) -> None:
+    # Streams the exchange relays without a converter end as vLLM ends its own: the OpenAI
+    # error body with a 502 code, then [DONE].
+    ex = Exchange(config, path, {}, body)
+    assert isinstance(ex.next_event(), WorkerCall)
+    ex.receive_stream_head(200, {})
+    ex.feed(first_event)
+    assert isinstance(ex.next_event(), ClientStream)
+    tail = ex.worker_failed("decode", "connection reset")
+    assert tail.endswith(b"data: [DONE]\n\n")
+    error = _events(tail)[0]["error"]
+    assert (error["code"], error["type"]) == (502, "BadGatewayError")
+    assert error["message"] == "decode failed: connection reset"
+    assert ex.reply_over
