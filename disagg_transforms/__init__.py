@@ -23,18 +23,6 @@ from disagg_transforms._config import (
     parse_step_params,
     validate_output_mode,
 )
-from disagg_transforms._exchange.check import pipeline_warnings
-from disagg_transforms._exchange.flow import (
-    NEED_DATA,
-    ClientReply,
-    ClientStream,
-    Event,
-    Exchange,
-    ExchangeSettings,
-    ExchangeStateError,
-    NeedData,
-    WorkerCall,
-)
 from disagg_transforms._request.caps import (
     TOP_LEVEL_CAPS,
     apply_sampling_caps,
@@ -91,6 +79,18 @@ from disagg_transforms.errors import (
     anthropic_error_body,
     error_body,
     openai_error_body,
+)
+from disagg_transforms.exchange import (
+    NEED_DATA,
+    ClientReply,
+    ClientStream,
+    Event,
+    Exchange,
+    ExchangeSettings,
+    ExchangeStateError,
+    NeedData,
+    WorkerCall,
+    pipeline_warnings,
 )
 from disagg_transforms.hooks import (
     ENTRY_POINT_GROUP,

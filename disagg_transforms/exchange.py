@@ -8,17 +8,15 @@ back. See ``docs/exchange.md`` and ``docs/router.md``.
 from __future__ import annotations
 
 from disagg_transforms._exchange.check import pipeline_warnings
-from disagg_transforms._exchange.flow import (
+from disagg_transforms._exchange.events import (
     NEED_DATA,
     ClientReply,
     ClientStream,
     Event,
-    Exchange,
-    ExchangeSettings,
-    ExchangeStateError,
     NeedData,
     WorkerCall,
 )
+from disagg_transforms._exchange.flow import Exchange, ExchangeSettings, ExchangeStateError
 
 __all__ = (
     "ClientReply",

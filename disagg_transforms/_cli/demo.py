@@ -18,7 +18,7 @@ from typing import Any, Final
 import msgspec
 
 from disagg_transforms._config import StepParams, parse_pipeline_params
-from disagg_transforms._exchange.flow import ClientReply, ClientStream, Exchange, WorkerCall
+from disagg_transforms.exchange import ClientReply, ClientStream, Exchange, WorkerCall
 
 # Each number ends at a comma or the bracket: with an optional comma a run of digits could be
 # split many ways, and a long number in a non-matching array took exponential time.

@@ -23,6 +23,14 @@ from disagg_transforms._config import (
     StepParams,
 )
 from disagg_transforms._exchange import reply as _reply
+from disagg_transforms._exchange.events import (
+    NEED_DATA,
+    ClientReply,
+    ClientStream,
+    Event,
+    Headers,
+    WorkerCall,
+)
 from disagg_transforms._request.caps import TOP_LEVEL_CAPS, apply_sampling_caps
 from disagg_transforms._request.legs import (
     CLIENT_MAPPERS,
@@ -48,19 +56,7 @@ from disagg_transforms.errors import (
 )
 from disagg_transforms.hooks import LegInputs, Pipeline, TransformContext
 
-__all__ = (
-    "NEED_DATA",
-    "ClientReply",
-    "ClientStream",
-    "Event",
-    "Exchange",
-    "ExchangeSettings",
-    "ExchangeStateError",
-    "NeedData",
-    "WorkerCall",
-)
-
-Headers: TypeAlias = tuple[tuple[str, str], ...]
+__all__ = ("Exchange", "ExchangeSettings", "ExchangeStateError")
 
 _LegParams: TypeAlias = EncodeParams | PrefillParams | DecodeParams
 _LEG_PARAMS = (EncodeParams, PrefillParams, DecodeParams)
@@ -87,47 +83,6 @@ _NOT_FORWARDED = frozenset(
 )
 _MAX_ERROR_BYTES = 64 * 1024  # of a worker's error body kept to quote its message
 _MAX_QUOTED = 1000  # characters of a worker's message quoted to the client
-
-
-class WorkerCall(msgspec.Struct, frozen=True, kw_only=True):
-    """Send this request to the worker of ``step``; feed its answer back."""
-
-    step: str
-    """``"render"``, ``"encode"``, ``"prefill"`` or ``"decode"``: which worker to call."""
-    method: str
-    path: str
-    headers: Headers
-    body: bytes
-    stream: bool
-    """Read the answer as a stream (``receive_stream_head``, ``feed``, ``end_of_stream``)."""
-
-
-class ClientReply(msgspec.Struct, frozen=True, kw_only=True):
-    """Answer the client with this status, headers and whole body; the exchange is over."""
-
-    status: int
-    headers: Headers
-    body: bytes
-
-
-class ClientStream(msgspec.Struct, frozen=True, kw_only=True):
-    """Start the client's streamed reply: this status and headers, then ``first``.
-
-    Then send what each later ``feed`` and ``end_of_stream`` returns.
-    """
-
-    status: int
-    headers: Headers
-    first: bytes
-
-
-class NeedData(msgspec.Struct, frozen=True):
-    """Keep feeding the worker's stream: the client's reply is not known yet."""
-
-
-NEED_DATA = NeedData()
-
-Event: TypeAlias = WorkerCall | ClientReply | ClientStream | NeedData
 
 
 class ExchangeStateError(DisaggTransformError):

@@ -39,13 +39,6 @@ from litellm.types.utils import GenericStreamingChunk, ModelResponse
 from typing_extensions import override
 
 from disagg_transforms._config import DecodeParams, OutputMode, PrefillParams, Step, StepParams
-from disagg_transforms._exchange.flow import (
-    NEED_DATA,
-    ClientReply,
-    ClientStream,
-    Exchange,
-    WorkerCall,
-)
 from disagg_transforms._request.caps import apply_sampling_caps
 from disagg_transforms._request.legs import strip_transfer_params
 from disagg_transforms._routes import Route
@@ -53,6 +46,13 @@ from disagg_transforms._wire import keys as w
 from disagg_transforms._wire.describe import describe
 from disagg_transforms._wire.sse import SseParser
 from disagg_transforms.errors import ConfigError, DisaggTransformError
+from disagg_transforms.exchange import (
+    NEED_DATA,
+    ClientReply,
+    ClientStream,
+    Exchange,
+    WorkerCall,
+)
 
 __all__ = (
     "PREFILL_API_BASE",
