@@ -16,29 +16,29 @@ from typing import NoReturn
 
 import msgspec
 
-from disagg_transforms._cli.demo import demo_text, indented_json, params_json
-from disagg_transforms._config import (
+# The command line is a client of the public API (docs/cli.md): it imports what a router would.
+from disagg_transforms import (
+    DecodeLeg,
     DecodeParams,
     EncodeParams,
+    Leg,
+    LegInputs,
     OutputMode,
     PrefillParams,
     Step,
     StepParams,
-    parse_pipeline_params,
-    parse_step_params,
-)
-from disagg_transforms._exchange.check import pipeline_warnings
-from disagg_transforms._request.legs import (
-    DecodeLeg,
-    Leg,
-    LegInputs,
     build_decode_request,
     build_encode_request,
     build_prefill_request,
+    parse_pipeline_params,
+    parse_step_params,
+    pipeline_warnings,
+    wrap_anthropic_message,
+    wrap_chat_completion,
+    wrap_responses_response,
 )
-from disagg_transforms._response.chat_wrap import wrap_chat_completion
-from disagg_transforms._response.messages import wrap_anthropic_message
-from disagg_transforms._response.responses import wrap_responses_response
+from disagg_transforms._cli.commands import Handler, add_command
+from disagg_transforms._cli.demo import demo_text, indented_json, params_json
 from disagg_transforms._wire.describe import describe
 from disagg_transforms.errors import ConfigError, DisaggTransformError
 
@@ -173,6 +173,11 @@ def _config_errors(document: object) -> list[ConfigError]:
 
 
 def _check_config(args: argparse.Namespace) -> int:
+    """Validate a pipeline's step params (JSON, or YAML with PyYAML).
+
+    Validate {"use_openai_format": <bool, optional>, "steps": {"<step>": {...}}} and print every
+    error with its key. Exit code 0 when valid, 2 when not.
+    """
     source: str = args.file
     document = _read_config(source, args.format)
     errors = _config_errors(document)
@@ -201,6 +206,11 @@ def _print_steps(parsed: Mapping[Step, StepParams]) -> None:
 
 
 def _run_demo(args: argparse.Namespace) -> int:
+    """Run one request per client API through the exchange and a simulated worker.
+
+    Trace chat, streaming chat, Responses, Messages and a tool call through the exchange
+    (render, prefill, decode) against a simulated vLLM worker, in process.
+    """
     sys.stdout.write(demo_text(full=args.full))
     return 0
 
@@ -255,6 +265,10 @@ def _params_option(text: str | None) -> dict[str, object]:
 
 
 def _request(args: argparse.Namespace) -> int:
+    """Print the leg a router would send for a client body.
+
+    Read a client's JSON body; print the leg's path, then its body.
+    """
     leg = _build_leg(args)
     # On stderr, so stdout stays the leg alone: a key the leg cannot carry must not vanish quietly.
     if isinstance(leg, DecodeLeg) and leg.dropped:
@@ -271,6 +285,10 @@ _ENVELOPES: Mapping[str, Callable[..., dict[str, object]]] = {
 
 
 def _response(args: argparse.Namespace) -> int:
+    """Print the envelope a client gets for a generate response.
+
+    Read a generate response (JSON); print the envelope rebuilt from it.
+    """
     response = _read_json(args.file)
     client_body = None if args.client_body is None else _read_json(args.client_body)
     wrap = _ENVELOPES[args.envelope]
@@ -285,19 +303,9 @@ def _parser() -> argparse.ArgumentParser:
         description="Build disaggregated-serving leg bodies for vLLM, and read them back.",
     )
     commands = parser.add_subparsers(dest="command", required=True)
-    demo = commands.add_parser(
-        "demo",
-        help="run one request per client API through the exchange and a simulated worker",
-        description="Trace chat, streaming chat, Responses, Messages and a tool call through "
-        "the exchange (render, prefill, decode) against a simulated vLLM worker, in process.",
-    )
+    demo = add_command(commands, "demo", _run_demo)
     demo.add_argument("--full", action="store_true", help="also print every body")
-    demo.set_defaults(handler=_run_demo)
-    request = commands.add_parser(
-        "request",
-        help="print the leg a router would send for a client body",
-        description="Read a client's JSON body; print the leg's path, then its body.",
-    )
+    request = add_command(commands, "request", _request)
     request.add_argument("file", help="the client's JSON body, or - for stdin")
     request.add_argument(
         "--path", default="/v1/chat/completions", help="the path the client called"
@@ -312,12 +320,7 @@ def _parser() -> argparse.ArgumentParser:
         "--token-ids",
         help="the rendered prompt: 1,2,3 or a JSON list, or a file holding a JSON list",
     )
-    request.set_defaults(handler=_request)
-    response = commands.add_parser(
-        "response",
-        help="print the envelope a client gets for a generate response",
-        description="Read a generate response (JSON); print the envelope rebuilt from it.",
-    )
+    response = add_command(commands, "response", _response)
     response.add_argument("file", help="the worker's JSON answer, or - for stdin")
     response.add_argument(
         "--mode", choices=("text", "derender"), default="text", help="the requested output_mode"
@@ -326,15 +329,7 @@ def _parser() -> argparse.ArgumentParser:
     response.add_argument(
         "--envelope", choices=tuple(_ENVELOPES), default="chat", help="the client's API"
     )
-    response.set_defaults(handler=_response)
-    check = commands.add_parser(
-        "check-config",
-        help="validate a pipeline's step params (JSON, or YAML with PyYAML)",
-        description=(
-            'Validate {"use_openai_format": <bool, optional>, "steps": {"<step>": {...}}} and '
-            "print every error with its key. Exit code 0 when valid, 2 when not."
-        ),
-    )
+    check = add_command(commands, "check-config", _check_config)
     check.add_argument("file", help="the config file, or - for stdin")
     check.add_argument(
         "--format",
@@ -342,7 +337,6 @@ def _parser() -> argparse.ArgumentParser:
         default="auto",
         help="auto (the default): YAML for .yaml/.yml files, JSON otherwise",
     )
-    check.set_defaults(handler=_check_config)
     # serve and simulate (the proxy extra) live in their own module.
     from disagg_transforms._cli.serve import add_commands  # noqa: PLC0415 - it imports this one
 
@@ -354,7 +348,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the process exit code."""
     try:
         args = _parser().parse_args(argv)
-        handler: Callable[[argparse.Namespace], int] = args.handler
+        handler: Handler = args.handler
         return handler(args)
     except (_CliError, DisaggTransformError) as error:
         sys.stderr.write(f"{_PROG}: error: {_one_line(error)}\n")

@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import orjson
 
+from disagg_transforms._cli.commands import add_command
+
 if TYPE_CHECKING:
     import uvicorn
     from starlette.types import ASGIApp, Receive, Scope, Send
@@ -35,11 +37,7 @@ _PROG = "disagg-transforms"
 
 def add_commands(commands: argparse._SubParsersAction[_ParserT]) -> None:
     """Add ``serve`` and ``simulate`` to the command line's subcommands."""
-    serve = commands.add_parser(
-        "serve",
-        help="run the reference proxy (needs the proxy extra)",
-        description="Serve the five client routes, calling vLLM workers through the exchange.",
-    )
+    serve = add_command(commands, "serve", _serve)
     serve.add_argument("--config", help="the pipeline document check-config reads")
     for step in _STEP_URLS:
         serve.add_argument(f"--{step}-url", help=f"the {step} worker's base URL")
@@ -70,19 +68,13 @@ def add_commands(commands: argparse._SubParsersAction[_ParserT]) -> None:
         default=60.0,
         help="seconds SIGTERM waits for replies in flight (default 60)",
     )
-    serve.set_defaults(handler=_serve)
-    simulate = commands.add_parser(
-        "simulate",
-        help="run one simulated vLLM 0.33 worker (needs the proxy extra)",
-        description="Serve disagg_transforms.testing.SimulatedWorker (docs/testing.md).",
-    )
+    simulate = add_command(commands, "simulate", _simulate)
     simulate.add_argument("--host", default="127.0.0.1")
     simulate.add_argument("--port", type=int, default=8100, help="0 picks a free port")
     simulate.add_argument("--fault", help="a fault for every request (x-simulate-fault modes)")
     simulate.add_argument(
         "--stream-delay", type=_seconds, default=0.0, help="seconds between stream events"
     )
-    simulate.set_defaults(handler=_simulate)
 
 
 def _positive_int(text: str) -> int:
@@ -119,6 +111,10 @@ def _default_document(*, prefill: bool) -> dict[str, Any]:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    """Run the reference proxy (needs the proxy extra).
+
+    Serve the five client routes, calling vLLM workers through the exchange.
+    """
     from disagg_transforms._cli.main import (  # noqa: PLC0415 - main imports this module
         _CliError,
         _config_errors,
@@ -222,6 +218,10 @@ class _WithSimulated:
 
 
 def _simulate(args: argparse.Namespace) -> int:
+    """Run one simulated vLLM 0.33 worker (needs the proxy extra).
+
+    Serve disagg_transforms.testing.SimulatedWorker (docs/testing.md).
+    """
     from disagg_transforms._cli.main import _CliError  # noqa: PLC0415 - main imports this module
     from disagg_transforms.testing import FAULT_MODES  # noqa: PLC0415
 
