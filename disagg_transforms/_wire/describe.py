@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 _MAX_STRING = 60
+_MAX_REASON = 200
 
 
 def describe(value: object) -> str:  # noqa: PLR0911 - one return per JSON type reads best
@@ -32,3 +33,14 @@ def describe(value: object) -> str:  # noqa: PLR0911 - one return per JSON type 
     if isinstance(value, dict):
         return f"an object with {len(value)} keys"
     return f"a {type(value).__name__}"
+
+
+def describe_error(exc: BaseException) -> str:
+    """``Type: message`` of an exception, on one line and bounded, for an error that wraps it."""
+    try:
+        text = " ".join(str(exc).split())
+    except Exception:  # noqa: BLE001 - a broken __str__ must not hide the original error
+        text = ""
+    if len(text) > _MAX_REASON:
+        text = text[:_MAX_REASON] + "…"
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
