@@ -39,12 +39,13 @@ from disagg_transforms._request.legs import (
     build_encode_request,
     build_prefill_request,
 )
-from disagg_transforms._response.chat_stream import (
+from disagg_transforms._response.chat import (
     ChatStreamConverter,
     single_frame_chat_chunks,
     single_frame_chat_stream,
+    wrap_chat_completion,
+    wrap_chat_completion_bytes,
 )
-from disagg_transforms._response.chat_wrap import wrap_chat_completion, wrap_chat_completion_bytes
 from disagg_transforms._response.dispatch import (
     StreamConverter,
     single_frame_stream,

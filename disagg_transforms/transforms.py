@@ -17,7 +17,7 @@ from typing import Any, final
 from disagg_transforms._config import DecodeParams
 from disagg_transforms._request.caps import apply_sampling_caps
 from disagg_transforms._request.legs import build_decode_request, strip_transfer_params
-from disagg_transforms._response.chat_wrap import wrap_chat_completion
+from disagg_transforms._response.chat import wrap_chat_completion
 from disagg_transforms._response.echo import check_output_mode_echo
 from disagg_transforms._response.messages import wrap_anthropic_message
 from disagg_transforms._response.responses import wrap_responses_response

@@ -17,7 +17,7 @@ from msgspec import UNSET
 
 from disagg_transforms._config import OutputMode
 from disagg_transforms._request.legs import DecodeLeg
-from disagg_transforms._response.chat_wrap import wrap_chat_completion_bytes
+from disagg_transforms._response.chat import wrap_chat_completion_bytes
 from disagg_transforms._response.dispatch import (
     single_frame_stream,
     stream_converter,

@@ -1,331 +1,624 @@
-"""Per-choice rules of the chat envelope, shared by the non-streaming wrap and the streams.
+"""The chat envelope over the generate route (``docs/responses.md``): wrap, single frame, stream.
 
-One home for what makes a generate answer look like vLLM's own chat route: the completion id,
-finish reasons the openai SDK accepts, ``top_logprobs`` cut the chat way, and which requested
-modes can give a chat client its text.
+A chat client on the generate route must not be able to tell: the answer is rebuilt from an
+allow-list (so a field vLLM adds to the generate response later cannot leak), the derendered
+message moves across whole, text becomes an assistant message, and finish reasons the openai SDK
+would reject are mapped with the original kept readable. Three shapes:
+
+- :func:`wrap_chat_completion` (and its bytes twin): one ``chat.completion``.
+- :func:`single_frame_chat_stream` (and :func:`single_frame_chat_chunks`): a derender leg cannot
+  stream on vLLM 0.33, so its whole answer becomes a short ``chat.completion.chunk`` stream:
+  per choice one chunk with the full delta, then one with its finish reason; a usage-only
+  chunk when the client asked; then ``data: [DONE]``.
+- :class:`ChatStreamConverter`: a text-mode leg streams; generate SSE bytes go in, split
+  anywhere, and ``chat.completion.chunk`` SSE bytes come out, the echo checked on every chunk.
+
+The per-choice rules every envelope shares live in :mod:`disagg_transforms._response.choices`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Final, Generic, TypeVar
+from itertools import starmap
+from typing import Any, Final, Generic, NamedTuple, TypeVar
 
 import msgspec
 from msgspec import UNSET, UnsetType
 
 from disagg_transforms._config import OutputMode
+from disagg_transforms._response.choices import (
+    DICT_CODEC,
+    PRECUT_LOGPROBS,
+    RAW_CODEC,
+    Codec,
+    chat_id,
+    choice_path,
+    client_top_logprobs,
+    contract_error,
+    cut_logprobs,
+    finish_fields,
+    logprobs_out,
+    require_text_mode,
+)
+from disagg_transforms._response.echo import (
+    as_output_mode,
+    check_echoed_mode,
+    check_output_mode_echo,
+)
+from disagg_transforms._response.generate_stream import (
+    GenerateStreamReader,
+    StreamChoice,
+    StreamEvent,
+)
+from disagg_transforms._response.options import (
+    DEFAULT_OPTIONS,
+    EnvelopeOptions,
+    envelope_created,
+    envelope_model,
+)
+from disagg_transforms._routes import Route
 from disagg_transforms._wire import keys as w
+from disagg_transforms._wire import limits as _limits
 from disagg_transforms._wire import raw as _raw
 from disagg_transforms._wire.describe import describe
-from disagg_transforms._wire.validate import CONVERT_ERRORS, MAPPINGS, msgspec_failure
-from disagg_transforms.errors import ConfigError, RequestError, UpstreamContractError
+from disagg_transforms._wire.sse import DONE_EVENT, encode_event_json, format_sse_event
+from disagg_transforms._wire.validate import CONVERT_ERRORS, MAPPINGS
+from disagg_transforms.envelopes import ChatMessage, Usage
+from disagg_transforms.errors import DisaggTransformError, UpstreamContractError, error_body
 
-SDK_FINISH_REASONS: Final = frozenset(
-    {"stop", "length", "tool_calls", "content_filter", "function_call"}
+__all__ = (
+    "ChatStreamConverter",
+    "single_frame_chat_chunks",
+    "single_frame_chat_stream",
+    "wrap_chat_completion",
+    "wrap_chat_completion_bytes",
 )
-"""The ``finish_reason`` values the openai SDK's ``ChatCompletion`` accepts (openai 3.x)."""
 
-_MAPPED_FINISH_REASON: Final = "stop"
-_CHAT_MODES: Final = (OutputMode.TEXT, OutputMode.DERENDER)
-_STREAMED_MODES: Final = (OutputMode.TEXT,)
-_ALL_TOP_LOGPROBS: Final = -1
 _P = TypeVar("_P")
-_T = TypeVar("_T")
+_L = TypeVar("_L")
 
 
-def chat_id(request_id: str) -> str:
-    """The chat id of a generate ``request_id``: ``generate-tokens-`` cut, ``chatcmpl-`` ensured."""
-    bare = request_id.removeprefix(w.GENERATE_ID_PREFIX)
-    if bare.startswith(w.CHAT_COMPLETION_ID_PREFIX):
-        return bare
-    return w.CHAT_COMPLETION_ID_PREFIX + bare
+class _Choice(msgspec.Struct, Generic[_P, _L], kw_only=True):
+    # Narrow view: token_ids, routed_experts, sampling_mask... are never read nor decoded. The
+    # members moved across whole (text included) are _P: the caller's own objects (dict path)
+    # or Raw (bytes); logprobs are _L: the same, or a view cut while decoding (bytes, text mode).
+    index: int
+    finish_reason: str | UnsetType | None = UNSET
+    stop_reason: int | str | UnsetType | None = UNSET
+    text: _P | UnsetType = UNSET
+    message: _P | UnsetType = UNSET
+    logprobs: _L | UnsetType = UNSET  # absent reads as null
 
 
-def contract_error(error: BaseException, what: str, root: str = "$") -> UpstreamContractError:
-    """Turn a view's validation error into an :class:`UpstreamContractError` with its path.
-
-    ``error`` is one of :data:`~disagg_transforms._wire.validate.CONVERT_ERRORS` for the value
-    found at ``root``; one without a path (nesting too deep, a lone surrogate in a key) is
-    reported at ``root``.
-    """
-    failure = msgspec_failure(error, root)
-    param = failure.path
-    return UpstreamContractError(
-        f"{param}: {what} breaks the contract: {failure.reason}", param=param
-    )
+class _Response(msgspec.Struct, Generic[_P, _L], kw_only=True):
+    request_id: str
+    output_mode: Any = UNSET
+    object: Any = UNSET  # a client API's envelope: not a generate answer at all
+    model: str | UnsetType | None = UNSET
+    created: int | UnsetType | None = UNSET
+    # msgspec cannot put Raw in a union with None: a null member is Raw(b"null") (codec.is_null).
+    usage: _P | UnsetType = UNSET
+    prompt_logprobs: _P | UnsetType = UNSET
+    choices: list[_Choice[_P, _L]]
 
 
-def require_text_mode(requested: OutputMode, *, streaming: bool) -> None:
-    """Refuse a requested mode that cannot give a client its text: the one such refusal.
-
-    Every envelope (chat, Responses, Anthropic), wrap, single frame and stream converter calls
-    it. ``tokens`` carries token IDs only, and vLLM 0.33 cannot stream ``derender``; both are
-    the router's configuration, not the worker's answer, hence :class:`ConfigError`.
-    """
-    allowed = _STREAMED_MODES if streaming else _CHAT_MODES
-    if requested in allowed:
-        return
-    names = " or ".join(f'"{mode.value}"' for mode in allowed)
-    what = "a streamed answer" if streaming else "a client's envelope"
-    msg = (
-        f'{w.OUTPUT_MODE}: {what} needs {names}, got "{requested.value}": '
-        "a tokens answer carries token IDs and no text"
-        if requested is OutputMode.TOKENS
-        else f'{w.OUTPUT_MODE}: {what} needs {names}, got "{requested.value}"'
-    )
-    raise ConfigError(msg, param=w.OUTPUT_MODE)
+_DICT_VIEW = _Response[Any, Any]
+_RAW_DECODER = msgspec.json.Decoder(_Response[msgspec.Raw, msgspec.Raw])
+# One per client top_logprobs: each choice's logprobs cut to it while the response is decoded.
+_PRECUT_DECODERS = tuple(
+    msgspec.json.Decoder(_Response[msgspec.Raw, view | None])  # type: ignore[valid-type]
+    for view in PRECUT_LOGPROBS
+)
 
 
-def client_top_logprobs(client_body: Mapping[str, Any] | None) -> int | None:
-    """How many alternatives per token the client gets; ``None``: do not cut.
+def _message(
+    codec: Codec[_P], view: _Choice[_P, Any], requested: OutputMode, position: int, reasoning: bool
+) -> object:
+    if requested is OutputMode.DERENDER:
+        path = choice_path(position)
+        if view.message is UNSET:
+            msg = f"{path}.message: a derender choice must carry the parsed message; it is missing"
+            raise UpstreamContractError(msg, param=f"{path}.message")
+        # Read for its reasoning and to check it; written whole: tool_calls, unknown keys.
+        parsed = codec.read(view.message, ChatMessage, f"{path}.message")
+        if reasoning and parsed.reasoning is not UNSET:
+            return codec.extend(view.message, w.REASONING_CONTENT, parsed.reasoning)
+        return view.message
+    if view.text is UNSET:
+        path = choice_path(position)
+        msg = f"{path}.text: a text choice must carry its text; it is missing"
+        raise UpstreamContractError(msg, param=f"{path}.text")
+    if not codec.is_string(view.text):
+        path = choice_path(position)
+        got = describe(codec.load(view.text, f"{path}.text"))
+        msg = f"{path}.text: expected a string, got {got}"
+        raise UpstreamContractError(msg, param=f"{path}.text")
+    return {w.ROLE: w.ASSISTANT, w.CONTENT: view.text}
 
-    The one reader of every envelope (chat, Responses). As vLLM's chat and Responses routes:
-    absent or ``null`` means 0 (``logprobs: true`` alone gives empty ``top_logprobs`` lists),
-    ``-1`` means all. Without a client body (or with one that is not a JSON object) nothing is
-    cut.
+
+class _ClientView(msgspec.Struct, kw_only=True):
+    # What the wrap reads of the client's request; the rest of its bytes is skipped.
+    model: Any = None
+    top_logprobs: Any = None
+
+
+_CLIENT_DECODER = msgspec.json.Decoder(_ClientView)
+
+
+def _client_fields(client_body: object) -> Mapping[str, Any] | None:
+    """The client body's ``model`` and ``top_logprobs`` (a bytes body is read narrowly)."""
+    if client_body is None or isinstance(client_body, MAPPINGS):
+        return client_body
+    if isinstance(client_body, (bytes, bytearray, memoryview)):
+        try:
+            view = _CLIENT_DECODER.decode(client_body)
+        except (msgspec.DecodeError, RecursionError):
+            pass
+        else:
+            return {w.MODEL: view.model, w.TOP_LOGPROBS: view.top_logprobs}
+    msg = f"client_body: expected the client's JSON object, got {describe(client_body)}"
+    raise UpstreamContractError(msg, param="client_body")
+
+
+class _Asked(NamedTuple):
+    """What the client asked for, as the wrap reads it."""
+
+    client: Mapping[str, Any] | None
+    """The client body's ``model`` and ``top_logprobs``."""
+    top: int | None
+    """How many alternatives per token a text answer keeps (``None``: all; derender: as sent)."""
+
+
+def _asked(client_body: object, requested: OutputMode) -> _Asked:
+    client = _client_fields(client_body)
+    return _Asked(client, client_top_logprobs(client) if requested is OutputMode.TEXT else None)
+
+
+_PromptLogprobs = list[dict[str, Any] | None]
+_USAGE_PATH = f"$.{w.USAGE}"
+_PROMPT_LOGPROBS_PATH = f"$.{w.PROMPT_LOGPROBS}"
+
+
+def _wrap(
+    codec: Codec[_P],
+    view: _Response[_P, Any],
+    *,
+    requested: OutputMode,
+    asked: _Asked,
+    options: EnvelopeOptions,
+) -> dict[str, Any]:
+    """The rules of the chat envelope, on either path's view of the response."""
+    choices = []
+    for position, choice in enumerate(view.choices):
+        finish = finish_fields(
+            choice.finish_reason, streaming=False, passthrough=options.vllm_finish_reasons
+        )
+        built: dict[str, Any] = {
+            w.INDEX: choice.index,
+            w.MESSAGE: _message(codec, choice, requested, position, options.reasoning_content),
+            w.LOGPROBS: logprobs_out(codec, choice.logprobs, asked.top, position),
+            **finish,
+            w.STOP_REASON: None if choice.stop_reason is UNSET else choice.stop_reason,
+        }
+        choices.append(built)
+    if len(choices) > 1:
+        choices.sort(key=lambda built: built[w.INDEX])
+    result: dict[str, Any] = {
+        w.ID: chat_id(view.request_id),
+        w.OBJECT: w.CHAT_COMPLETION_OBJECT,
+        w.CREATED: envelope_created(options, view.created),
+        w.MODEL: envelope_model(options, view.model, asked.client),
+        w.CHOICES: choices,
+    }
+    if view.usage is not UNSET:
+        if not codec.is_null(view.usage):
+            codec.read(view.usage, Usage, _USAGE_PATH)
+        result[w.USAGE] = view.usage
+    if view.prompt_logprobs is not UNSET and not codec.is_null(view.prompt_logprobs):
+        codec.read(view.prompt_logprobs, _PromptLogprobs, _PROMPT_LOGPROBS_PATH)
+        result[w.PROMPT_LOGPROBS] = view.prompt_logprobs
+    return result
+
+
+def wrap_chat_completion(
+    response: Mapping[str, Any],
+    *,
+    requested: OutputMode,
+    client_body: Mapping[str, Any] | None = None,
+    options: EnvelopeOptions | None = None,
+) -> dict[str, Any]:
+    """Build the ``chat.completion`` a chat client expects from a text or derender response.
+
+    Args:
+        response: The decoded generate response (never mutated; nested values the result keeps,
+            such as ``usage`` or a message's ``tool_calls``, are shared with it, not copied).
+        requested: The ``output_mode`` the leg asked for (checked against the echo first).
+        client_body: The client's chat request: its ``top_logprobs`` cuts text-mode logprobs
+            and its ``model`` is the last fallback.
+        options: How the envelope is built (:class:`EnvelopeOptions`).
 
     Raises:
-        RequestError: ``top_logprobs`` is not an integer >= -1.
+        UpstreamContractError: the echo check fails (``docs/responses.md``), or the response is
+            malformed; the ``param`` is the JSON path.
+        ConfigError: ``requested`` is ``tokens`` (token IDs carry no text).
+        RequestError: the client's ``top_logprobs`` is not an integer >= -1.
     """
-    untyped: object = client_body  # the client's JSON may be any value
-    if not isinstance(untyped, MAPPINGS):
-        return None
-    value = untyped.get(w.TOP_LOGPROBS)
-    if value is None:
-        return 0
-    if type(value) is int and value >= 0:
-        return value  # the common case, without the checks below
-    if isinstance(value, bool) or not isinstance(value, int) or value < _ALL_TOP_LOGPROBS:
-        param = f"$.{w.TOP_LOGPROBS}"
-        msg = f"{param}: expected an integer >= 0 (or -1 for all), got {describe(value)}"
-        raise RequestError(msg, param=param)
-    return None if value == _ALL_TOP_LOGPROBS else value
-
-
-def cut_logprobs(logprobs: object, top: int | None) -> object:
-    """``logprobs`` with each ``top_logprobs`` list cut to its first ``top`` entries.
-
-    Only the ``top_logprobs`` lists are read: anything else (or a shape the cut does not
-    recognise) passes through as the worker sent it. Copied where cut, never mutated.
-    """
-    if top is None or not isinstance(logprobs, Mapping):
-        return logprobs
-    content = logprobs.get(w.CONTENT)
-    if not isinstance(content, list):
-        return dict(logprobs)
-    cut = [
-        {**entry, w.TOP_LOGPROBS: entry[w.TOP_LOGPROBS][:top]}
-        if isinstance(entry, Mapping) and isinstance(entry.get(w.TOP_LOGPROBS), list)
-        else entry
-        for entry in content
-    ]
-    return {**logprobs, w.CONTENT: cut}
-
-
-_RAW_NULL: Final = msgspec.Raw(b"null")
-_OPEN_BRACE: Final = ord("{")
-_QUOTE: Final = ord('"')
-_RAW_OBJECT: Final = msgspec.json.Decoder(dict[str, msgspec.Raw])
-_RAW_ENTRIES: Final = msgspec.json.Decoder(list[dict[str, msgspec.Raw]])
-_RAW_ITEMS: Final = msgspec.json.Decoder(list[msgspec.Raw])
-
-
-def cut_logprobs_raw(logprobs: msgspec.Raw, top: int | None) -> object:
-    """:func:`cut_logprobs` on raw JSON: only the ``top_logprobs`` lists are split and cut.
-
-    ``logprobs`` is a member of a document msgspec has parsed (valid JSON). The result is the
-    input itself when nothing is cut, else a structure of ``msgspec.Raw`` parts for the encoder;
-    an unusual shape is decoded and handed to :func:`cut_logprobs`, so both give one answer.
-    """
-    if top is None:
-        return logprobs
+    requested = as_output_mode(requested)
+    check_output_mode_echo(response, requested)
+    require_text_mode(requested, streaming=False)
     try:
-        members: dict[str, Any] = _RAW_OBJECT.decode(logprobs)
-        content = members.get(w.CONTENT)
-        entries: list[dict[str, Any]] | None = (
-            _RAW_ENTRIES.decode(content) if content is not None else None
-        )
-    except msgspec.ValidationError:
-        return cut_logprobs(msgspec.json.decode(logprobs), top)
-    if entries is None:
-        return logprobs
-    for entry in entries:
-        top_list = entry.get(w.TOP_LOGPROBS)
-        if top_list is None:
-            continue
-        try:
-            items = _RAW_ITEMS.decode(top_list)
-        except msgspec.ValidationError:
-            continue  # not a list (null or another value): the dict cut leaves it as well
-        if len(items) > top:
-            entry[w.TOP_LOGPROBS] = items[:top]
-    members[w.CONTENT] = entries
-    return members
+        view = msgspec.convert(dict(response), _DICT_VIEW)
+    except CONVERT_ERRORS as error:
+        raise contract_error(error, "the generate response") from None
+    return _wrap(
+        DICT_CODEC,
+        view,
+        requested=requested,
+        asked=_asked(client_body, requested),
+        options=DEFAULT_OPTIONS if options is None else options,
+    )
 
 
-PRECUT_MAX_TOP: Final = 20
-"""The largest client ``top_logprobs`` the bytes path cuts while decoding (OpenAI's cap)."""
+def wrap_chat_completion_bytes(
+    response: bytes,
+    *,
+    requested: OutputMode,
+    client_body: Mapping[str, Any] | bytes | None = None,
+    options: EnvelopeOptions | None = None,
+) -> bytes:
+    """:func:`wrap_chat_completion` from the worker's JSON bytes to the client's JSON bytes.
 
+    Same rules, same errors; only what the rules read is decoded: per choice its ``index``,
+    finish fields and ``text`` or ``message``; ``usage`` and ``prompt_logprobs`` are checked
+    and written with their input bytes, ``logprobs`` too unless text mode cuts them (then only
+    the ``top_logprobs`` lists are split), and ``token_ids`` and every dropped member are
+    skipped undecoded. ``client_body`` may be the client's JSON bytes (only its ``model`` and
+    ``top_logprobs`` are read). See ``docs/bytes.md``.
 
-def _precut_logprobs(top: int) -> type[msgspec.Struct]:
-    """A view of vLLM's chat logprobs that keeps the first ``top`` alternatives of each token.
-
-    The ``top_logprobs`` list is an array-like struct of ``top`` raw items: msgspec skips the
-    items after them while decoding, so the cut costs no object per dropped alternative. The
-    view takes vLLM's shape only (unknown keys, a shorter or null list fail to decode: the
-    caller then cuts with :func:`cut_logprobs_raw`); every other member is kept as raw bytes.
+    Raises:
+        UpstreamContractError: as :func:`wrap_chat_completion`; also ``param`` ``$`` when the
+            response is not bytes, not valid JSON, not an object, not UTF-8, or over
+            ``options.limits.max_body_bytes``.
+        ConfigError: ``requested`` is ``tokens``.
+        RequestError: the client's ``top_logprobs`` is not an integer >= -1.
     """
-    # Only Raw inside, so no cycle: untracked by the garbage collector (8k tokens, 50k objects).
-    items = msgspec.defstruct(
-        f"TopLogprobs{top}",
-        [(f"item_{i}", msgspec.Raw) for i in range(top)],
-        array_like=True,
-        gc=False,
-    )
-    entry = msgspec.defstruct(
-        f"Logprob{top}",
-        [
-            (w.TOKEN, msgspec.Raw, None),
-            (w.LOGPROB, msgspec.Raw, None),
-            (w.BYTES, msgspec.Raw, None),
-            (w.TOP_LOGPROBS, items, None),
-        ],
-        forbid_unknown_fields=True,
-        omit_defaults=True,  # an absent member (None) stays absent
-        gc=False,
-    )
-    return msgspec.defstruct(
-        f"Logprobs{top}",
-        [(w.CONTENT, list[entry] | None | UnsetType, UNSET)],  # type: ignore[valid-type]
-        forbid_unknown_fields=True,
-    )
+    requested = as_output_mode(requested)
+    built = DEFAULT_OPTIONS if options is None else options
+    untyped: object = response  # the caller's value may be anything
+    if not isinstance(untyped, (bytes, bytearray, memoryview)):
+        msg = f"$: the generate response must be JSON bytes, got {describe(untyped)}"
+        raise UpstreamContractError(msg, param="$")
+    # A Raw is a view of its input: a private immutable copy keeps a caller's buffer out of it.
+    data = bytes(untyped)
+    _limits.check_body_size(data, built.limits, error=UpstreamContractError)
+    asked = _Asked(None, None)
+    client_error: DisaggTransformError | None = None
+    try:
+        asked = _asked(client_body, requested)
+    except DisaggTransformError as error:
+        client_error = error  # raised below, after the checks the dict path makes first
+    view = _precut(data, asked.top)
+    if view is None:
+        view = _decode_response(data, requested)
+    check_echoed_mode(view.output_mode, requested, generate=view.object is UNSET)
+    require_text_mode(requested, streaming=False)
+    if client_error is not None:
+        raise client_error
+    wrapped = _wrap(RAW_CODEC, view, requested=requested, asked=asked, options=built)
+    out = _raw.encode(wrapped)
+    _raw.check_passed_on_utf8(out, data, UpstreamContractError)
+    return out
 
 
-PRECUT_LOGPROBS: Final = tuple(_precut_logprobs(top) for top in range(PRECUT_MAX_TOP + 1))
-"""``PRECUT_LOGPROBS[k]``: the logprobs view cut to ``k`` alternatives while decoding."""
+def _precut(data: bytes, top: int | None) -> _Response[msgspec.Raw, Any] | None:
+    """The response with text-mode logprobs cut to ``top`` while decoding; ``None``: not so.
 
-
-def finish_fields(value: object, *, streaming: bool, passthrough: bool) -> dict[str, Any]:
-    """``finish_reason`` (and ``vllm_finish_reason`` when mapped) for a chat choice.
-
-    A value the openai SDK rejects (``abort``, ``repetition``, any other string, and ``null`` in
-    a non-streaming answer) becomes ``"stop"`` and the original is kept in
-    ``vllm_finish_reason``; ``null`` in a stream chunk means "not finished yet" and stays.
+    ``None`` when there is no cut to make or it is beyond the views, and when the response does
+    not decode through the cutting view (another logprobs shape, or a broken response): the
+    caller then decodes it the general way, which cuts any shape and reports any error.
     """
-    if value is msgspec.UNSET:
-        value = None  # absent reads as null
-    if passthrough or value in SDK_FINISH_REASONS or (streaming and value is None):
-        return {w.FINISH_REASON: value}
-    return {w.FINISH_REASON: _MAPPED_FINISH_REASON, w.VLLM_FINISH_REASON: value}
-
-
-class Codec(Generic[_P]):
-    """How one path reads and writes the members moved across whole; the rules are shared."""
-
-    def read(self, value: _P, view: type[_T], path: str) -> _T:
-        """Read a passed-through member through a typed view (a contract error at ``path``)."""
-        raise NotImplementedError
-
-    def is_object(self, value: _P) -> bool:
-        """The member is a JSON object."""
-        raise NotImplementedError
-
-    def is_string(self, value: _P) -> bool:
-        """The member is a JSON string."""
-        raise NotImplementedError
-
-    def load(self, value: _P, path: str) -> object:
-        """The member as a Python value (to describe it in an error)."""
-        raise NotImplementedError
-
-    def is_null(self, value: _P) -> bool:
-        """The member is JSON null."""
-        raise NotImplementedError
-
-    def extend(self, message: _P, key: str, value: object) -> object:
-        """A message with one more key, the rest as given."""
-        raise NotImplementedError
-
-    def cut(self, logprobs: _P, top: int | None) -> object:
-        """``logprobs`` cut to ``top`` alternatives per token (``None``: as given)."""
-        raise NotImplementedError
-
-
-class _DictCodec(Codec[Any]):
-    def read(self, value: Any, view: type[_T], path: str) -> _T:  # noqa: ANN401 - JSON value
-        try:
-            return msgspec.convert(value, view)
-        except CONVERT_ERRORS as error:  # a lone surrogate in a key included
-            raise contract_error(error, "the generate response", path) from None
-
-    def is_object(self, value: Any) -> bool:  # noqa: ANN401 - JSON value
-        return isinstance(value, Mapping)
-
-    def is_string(self, value: Any) -> bool:  # noqa: ANN401 - JSON value
-        return isinstance(value, str)
-
-    def load(self, value: Any, path: str) -> object:  # noqa: ANN401, ARG002 - JSON value
-        return value
-
-    def is_null(self, value: Any) -> bool:  # noqa: ANN401 - JSON value
-        return value is None
-
-    def extend(self, message: Any, key: str, value: object) -> object:  # noqa: ANN401
-        return {**message, key: value}
-
-    def cut(self, logprobs: Any, top: int | None) -> object:  # noqa: ANN401 - JSON value
-        # Without a cut the worker's object is handed on as is (a copy when cut).
-        return cut_logprobs(logprobs, top)
-
-
-class _RawCodec(Codec[Any]):
-    # Members are Raw, except logprobs decoded through a PRECUT_LOGPROBS view: a struct already
-    # cut, or None for null (hence Any).
-    def read(self, value: msgspec.Raw, view: type[_T], path: str) -> _T:
-        try:
-            return msgspec.json.decode(value, type=view)
-        except msgspec.ValidationError as error:
-            raise contract_error(error, "the generate response", path) from None
-
-    def is_object(self, value: Any) -> bool:  # noqa: ANN401 - Raw, or a precut struct
-        if isinstance(value, msgspec.Struct):
-            return True
-        return memoryview(value)[0] == _OPEN_BRACE  # valid JSON: never empty, no leading blank
-
-    def is_string(self, value: msgspec.Raw) -> bool:
-        return memoryview(value)[0] == _QUOTE
-
-    def load(self, value: msgspec.Raw, path: str) -> object:
-        return _raw.decode_member(value, path, UpstreamContractError)
-
-    def is_null(self, value: Any) -> bool:  # noqa: ANN401 - Raw, or None from a precut view
-        return value is None or value == _RAW_NULL
-
-    def extend(self, message: msgspec.Raw, key: str, value: object) -> object:
-        # A Raw is not bytes: split its buffer (the bytes path's reasoning_content).
-        return {**_raw.split(memoryview(message), UpstreamContractError, "a message"), key: value}
-
-    def cut(self, logprobs: Any, top: int | None) -> object:  # noqa: ANN401 - as is_object
-        if isinstance(logprobs, msgspec.Struct):
-            return logprobs
-        return cut_logprobs_raw(logprobs, top)
-
-
-DICT_CODEC = _DictCodec()
-RAW_CODEC = _RawCodec()
-
-
-def choice_path(position: int) -> str:
-    """The JSON path of the response's choice at ``position`` (built only for an error)."""
-    return f"$.{w.CHOICES}[{position}]"
-
-
-def logprobs_out(codec: Codec[_P], value: _P | UnsetType, top: int | None, position: int) -> object:
-    """A choice's logprobs for the client: null, or the worker's object (cut in text mode)."""
-    if value is UNSET or codec.is_null(value):
+    if top is None or top >= len(_PRECUT_DECODERS):
         return None
-    if not codec.is_object(value):
-        path = choice_path(position)
-        msg = f"{path}.logprobs: expected an object or null"
-        raise UpstreamContractError(msg, param=f"{path}.logprobs")
-    return codec.cut(value, top)
+    try:
+        return _PRECUT_DECODERS[top].decode(data)
+    except (msgspec.DecodeError, RecursionError):
+        return None
+
+
+def _decode_response(data: bytes, requested: OutputMode) -> _Response[msgspec.Raw, msgspec.Raw]:
+    try:
+        return _RAW_DECODER.decode(data)
+    except msgspec.ValidationError as error:
+        if not data.lstrip().startswith(b"{"):
+            msg = "$: a generate response must be a JSON object"
+            raise UpstreamContractError(msg, param="$") from None
+        # The echo is checked before the shape, as on the dict path.
+        members = _raw.split(data, UpstreamContractError, "the generate response")
+        echoed = members.get(w.OUTPUT_MODE)
+        mode = UNSET if echoed is None else _raw.decode_member(echoed, "$", UpstreamContractError)
+        generate = w.CHOICES in members and w.OBJECT not in members
+        check_echoed_mode(mode, requested, generate=generate)
+        raise contract_error(error, "the generate response") from None
+    except (msgspec.DecodeError, RecursionError) as error:
+        msg = f"$: the generate response is not valid JSON: {error}"
+        raise UpstreamContractError(msg, param="$") from None
+
+
+class _ChunkChoice(msgspec.Struct, kw_only=True, gc=False):
+    """A ``chat.completion.chunk`` choice, its members in vLLM's order (``UNSET``: left out).
+
+    Encoded by msgspec straight from the struct: faster than a dict per chunk.
+    """
+
+    index: int
+    delta: dict[str, Any]
+    logprobs: Any = None
+    finish_reason: str | None = None
+    vllm_finish_reason: Any = UNSET
+    stop_reason: Any = UNSET
+
+
+_CHOICES_MEMBER: Final = b',"' + w.CHOICES.encode() + b'":'
+_USAGE_MEMBER: Final = b',"' + w.USAGE.encode() + b'":'
+_NO_CHOICES: Final = b"[]"
+_CHUNK_END: Final = b"}\n\n"
+
+
+def _finish_pair(value: str, *, passthrough: bool) -> tuple[str | None, Any]:
+    # A chunk choice's finish_reason and vllm_finish_reason (UNSET: not mapped, left out).
+    fields = finish_fields(value, streaming=True, passthrough=passthrough)
+    return fields[w.FINISH_REASON], fields.get(w.VLLM_FINISH_REASON, UNSET)
+
+
+def _include_usage(client_body: Mapping[str, Any] | None) -> bool:
+    untyped: object = client_body  # the client's JSON may be any value
+    options = untyped.get(w.STREAM_OPTIONS) if isinstance(untyped, Mapping) else None
+    return isinstance(options, Mapping) and options.get(w.INCLUDE_USAGE) is True
+
+
+def _chunk_head(completion_id: str, created: int, model: str) -> dict[str, Any]:
+    return {
+        w.ID: completion_id,
+        w.OBJECT: w.CHAT_COMPLETION_CHUNK_OBJECT,
+        w.CREATED: created,
+        w.MODEL: model,
+    }
+
+
+def _delta(message: Mapping[str, Any]) -> dict[str, Any]:
+    # A streamed tool call needs its position; the rest of the message moves across whole.
+    delta = dict(message)
+    tool_calls = delta.get(w.TOOL_CALLS)
+    if isinstance(tool_calls, list):
+        delta[w.TOOL_CALLS] = [
+            {**call, w.INDEX: position} for position, call in enumerate(tool_calls)
+        ]
+    return delta
+
+
+def single_frame_chat_chunks(
+    response: Mapping[str, Any],
+    *,
+    requested: OutputMode,
+    client_body: Mapping[str, Any] | None = None,
+    options: EnvelopeOptions | None = None,
+) -> list[dict[str, Any]]:
+    """The ``chat.completion.chunk`` objects of a single-frame stream, ``[DONE]`` excluded.
+
+    The response is wrapped by :func:`wrap_chat_completion` (same arguments, same errors), then
+    laid out as OpenAI and vLLM stream: per choice, one chunk whose ``delta`` is the whole
+    message (``role``, ``content``, ``reasoning``, ``tool_calls`` each with its ``index``)
+    with ``finish_reason: null``, then one with an empty delta and the ``finish_reason``
+    (the openai SDK's stream helpers finish a tool call's arguments only when a later chunk
+    closes it); a usage-only chunk (``choices: []``) follows when the client asked
+    ``stream_options.include_usage``.
+    """
+    completion = wrap_chat_completion(
+        response, requested=requested, client_body=client_body, options=options
+    )
+    head = _chunk_head(completion[w.ID], completion[w.CREATED], completion[w.MODEL])
+    chunks = []
+    for choice in completion[w.CHOICES]:
+        opened = {
+            w.INDEX: choice[w.INDEX],
+            w.DELTA: _delta(choice[w.MESSAGE]),
+            w.LOGPROBS: choice[w.LOGPROBS],
+            w.FINISH_REASON: None,
+        }
+        finished = {key: value for key, value in choice.items() if key != w.MESSAGE}
+        finished[w.DELTA] = {}
+        finished[w.LOGPROBS] = None  # sent with the delta
+        chunks.append({**head, w.CHOICES: [opened]})
+        chunks.append({**head, w.CHOICES: [_ordered(finished)]})
+    if _include_usage(client_body):
+        chunks.append({**head, w.CHOICES: [], w.USAGE: completion.get(w.USAGE)})
+    return chunks
+
+
+def _ordered(choice: dict[str, Any]) -> dict[str, Any]:
+    # A chunk choice's keys in vLLM's order: index, delta, then the rest as the wrap gave them.
+    return {w.INDEX: choice.pop(w.INDEX), w.DELTA: choice.pop(w.DELTA), **choice}
+
+
+def single_frame_chat_stream(
+    response: Mapping[str, Any],
+    *,
+    requested: OutputMode,
+    client_body: Mapping[str, Any] | None = None,
+    options: EnvelopeOptions | None = None,
+) -> bytes:
+    """The SSE body of a single-frame stream: :func:`single_frame_chat_chunks`, then ``[DONE]``."""
+    chunks = single_frame_chat_chunks(
+        response, requested=requested, client_body=client_body, options=options
+    )
+    return b"".join(format_sse_event(chunk) for chunk in chunks) + DONE_EVENT
+
+
+class ChatStreamConverter:
+    """Turns a text-mode generate SSE stream into a ``chat.completion.chunk`` SSE stream.
+
+    Feed it the leg's body bytes as they arrive (split anywhere); each call returns the SSE
+    bytes to send on, possibly empty. Per generate chunk one chat chunk comes out: each choice
+    gets ``role: "assistant"`` on its first delta, ``content`` is the text delta, ``logprobs``
+    are cut to the client's ``top_logprobs``, finish reasons are mapped as in
+    :func:`~disagg_transforms.wrap_chat_completion` (``null`` stays: not finished). A
+    usage-only generate chunk becomes a usage-only chat chunk; an in-stream ``{"error": ...}``
+    event is sent on byte for byte; ``[DONE]`` is sent on. Output bytes depend only on the
+    input bytes, not on how they were split.
+
+    Every chunk's ``id`` comes from the first generate chunk's ``request_id`` by the rules of
+    :func:`~disagg_transforms.wrap_chat_completion` (so both give one answer one id), its
+    ``model`` from ``options.model``, else the client body's ``model``, and its ``created`` is
+    ``created``, else ``options.clock()`` when the converter is made (generate chunks carry
+    neither a model nor a time).
+
+    Memory per stream is bounded by ``options.max_event_bytes`` (one event) and
+    ``options.max_choices`` (choice indices; a choice that appears before a lower index first
+    gets the lower ones opened with a role-only delta, as vLLM's chat route sends them). After
+    an error the converter is spent: discard it.
+
+    Args:
+        requested: The leg's ``output_mode``; only ``text`` streams (vLLM 0.33 refuses derender
+            with ``stream: true``, and tokens carry no text).
+        client_body: The client's chat request (its ``top_logprobs``, and its ``model`` as
+            the fallback).
+        options: How the envelope is built (:class:`EnvelopeOptions`).
+        created: The ``created`` of every chunk (Unix seconds).
+
+    Raises:
+        ConfigError: ``requested`` is not ``text``.
+        RequestError: the client's ``top_logprobs`` is not an integer >= -1.
+        UpstreamContractError: neither the options nor the client body names a model.
+    """
+
+    __slots__ = (
+        "_created",
+        "_head",
+        "_max_choices",
+        "_model",
+        "_next",
+        "_passthrough",
+        "_reader",
+        "_top",
+    )
+
+    def __init__(
+        self,
+        *,
+        requested: OutputMode,
+        client_body: Mapping[str, Any] | None = None,
+        options: EnvelopeOptions | None = None,
+        created: int | None = None,
+    ) -> None:
+        require_text_mode(as_output_mode(requested), streaming=True)
+        built = DEFAULT_OPTIONS if options is None else options
+        self._top = client_top_logprobs(client_body)
+        self._model = envelope_model(built, None, client_body)
+        self._created = envelope_created(built, created)
+        self._head: bytes | None = None  # once the first chunk names the request
+        self._passthrough = built.vllm_finish_reasons
+        self._reader = GenerateStreamReader(max_event_bytes=built.max_event_bytes)
+        self._max_choices = built.max_choices
+        self._next = 0  # choices 0.._next-1 have had their role delta
+
+    def feed(self, data: bytes) -> bytes:
+        """Consume the next bytes of the generate stream; return the chat SSE bytes they complete.
+
+        Raises:
+            UpstreamContractError: an event is not JSON, misses its echo or carries another
+                ``output_mode``, is malformed (the ``param`` is its JSON path), comes after
+                ``[DONE]``, or the stream exceeds a bound.
+        """
+        read = self._reader.feed(data)
+        if len(read) == 1:  # a worker's socket reads usually hold one event: no join to make
+            return self._event(*read[0])
+        return b"".join(starmap(self._event, read))
+
+    def close(self) -> bytes:
+        r"""End the stream; returns what a held final ``\r`` completes (usually ``b""``).
+
+        Raises:
+            UpstreamContractError: the stream stopped mid-event or before ``data: [DONE]``
+                (the worker or the connection died); the router should end the client's
+                stream with :meth:`error_event`.
+        """
+        return b"".join(starmap(self._event, self._reader.close()))
+
+    def error_event(
+        self, message: str, *, status: int = 500, error_type: str | None = None
+    ) -> bytes:
+        """The chat in-stream error, as vLLM sends it: ``data: {"error": ...}``, ``[DONE]``.
+
+        For the router to end a started stream with. The body is vLLM's ``ErrorResponse``
+        (``message``, ``type``, ``param``, ``code``): ``code`` is ``status``, the HTTP status
+        the error would have had before the stream started; ``error_type`` overrides the
+        type vLLM gives that status (``InternalServerError``, ``BadRequestError``, ...).
+        """
+        body = error_body(
+            Route.CHAT_COMPLETIONS, status=status, message=message, error_type=error_type
+        )
+        return format_sse_event(body) + DONE_EVENT
+
+    def _first_head(self, event: StreamEvent) -> bytes:
+        if not isinstance(event.request_id, str):
+            msg = f"$.{w.REQUEST_ID}: the first stream chunk has no request_id"
+            raise UpstreamContractError(msg, param=f"$.{w.REQUEST_ID}")
+        head = _chunk_head(chat_id(event.request_id), self._created, self._model)
+        # The same four members open every chunk: encoded once, "}" cut to splice in the
+        # choices (see docs/performance.md).
+        self._head = b"data: " + encode_event_json(head)[:-1] + _CHOICES_MEMBER
+        return self._head
+
+    def _event(self, payload: bytes, event: StreamEvent | None) -> bytes:
+        if event is None:
+            return DONE_EVENT
+        if event.error is not UNSET:
+            return b"data: " + payload + b"\n\n"  # the worker's own error, sent on as is
+        head = self._head if self._head is not None else self._first_head(event)
+        usage = None if event.usage is UNSET else event.usage
+        if not event.choices:
+            if usage is None:
+                return b""
+            return head + _NO_CHOICES + _USAGE_MEMBER + encode_event_json(usage) + _CHUNK_END
+        choices = encode_event_json(self._choices(event.choices))
+        if usage is None:
+            return head + choices + _CHUNK_END
+        # Continuous usage stats, as the chat route sends them.
+        return head + choices + _USAGE_MEMBER + encode_event_json(usage) + _CHUNK_END
+
+    def _start(self, index: int, path: str) -> list[_ChunkChoice]:
+        # Clients (the openai SDK's accumulator among them) expect choice k to appear only
+        # after choices 0..k-1, as vLLM's chat route sends them: open the skipped ones first.
+        if index >= self._max_choices:
+            msg = f"{path}.index: {index} is past the bound of {self._max_choices} choices"
+            raise UpstreamContractError(msg, param=f"{path}.index")
+        opened = [
+            _ChunkChoice(index=skipped, delta={w.ROLE: w.ASSISTANT, w.CONTENT: ""})
+            for skipped in range(self._next, index)
+        ]
+        self._next = index + 1
+        return opened
+
+    def _choices(self, choices: list[StreamChoice]) -> list[_ChunkChoice]:
+        built = []
+        for position, choice in enumerate(choices):
+            index = choice.index
+            if index < self._next:
+                delta = {w.CONTENT: choice.text}
+            else:
+                built.extend(self._start(index, f"$.{w.CHOICES}[{position}]"))
+                delta = {w.ROLE: w.ASSISTANT, w.CONTENT: choice.text}
+            built_choice = _ChunkChoice(
+                index=index,
+                delta=delta,
+                stop_reason=None if choice.stop_reason is UNSET else choice.stop_reason,
+            )
+            if choice.logprobs is not None and choice.logprobs is not UNSET:
+                built_choice.logprobs = cut_logprobs(choice.logprobs, self._top)
+            finish = choice.finish_reason
+            if finish is not None and finish is not UNSET:  # null (not finished yet) stays
+                built_choice.finish_reason, built_choice.vllm_finish_reason = _finish_pair(
+                    finish, passthrough=self._passthrough
+                )
+            built.append(built_choice)
+        return built

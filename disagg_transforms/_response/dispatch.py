@@ -11,8 +11,11 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 from disagg_transforms._config import OutputMode
-from disagg_transforms._response.chat_stream import ChatStreamConverter, single_frame_chat_stream
-from disagg_transforms._response.chat_wrap import wrap_chat_completion
+from disagg_transforms._response.chat import (
+    ChatStreamConverter,
+    single_frame_chat_stream,
+    wrap_chat_completion,
+)
 from disagg_transforms._response.messages import (
     AnthropicStreamConverter,
     single_frame_anthropic_stream,

@@ -18,7 +18,7 @@ import msgspec
 from msgspec import UNSET, UnsetType
 
 from disagg_transforms._config import OutputMode
-from disagg_transforms._response.chat import choice_path, contract_error, require_text_mode
+from disagg_transforms._response.choices import choice_path, contract_error, require_text_mode
 from disagg_transforms._response.echo import as_output_mode, check_echoed_mode
 from disagg_transforms._response.options import DEFAULT_OPTIONS, EnvelopeOptions, envelope_model
 from disagg_transforms._response.turn import AssistantTurn, base_id

@@ -16,7 +16,7 @@ from typing import Any, Final
 import msgspec
 
 from disagg_transforms._config import OutputMode
-from disagg_transforms._response.chat import choice_path, client_top_logprobs
+from disagg_transforms._response.choices import choice_path, client_top_logprobs
 from disagg_transforms._response.generate_stream import NamedEventConverter
 from disagg_transforms._response.options import (
     DEFAULT_OPTIONS,

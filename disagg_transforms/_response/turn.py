@@ -17,7 +17,7 @@ import msgspec
 from msgspec import UnsetType
 
 from disagg_transforms._config import OutputMode
-from disagg_transforms._response.chat import contract_error, require_text_mode
+from disagg_transforms._response.choices import contract_error, require_text_mode
 from disagg_transforms._response.echo import check_output_mode_echo
 from disagg_transforms._wire.describe import describe
 from disagg_transforms._wire.validate import CONVERT_ERRORS
