@@ -10,7 +10,7 @@ with the client's cap and sampling fields where vLLM reads them (``sampling_para
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, TypeAlias
+from typing import Any, Generic, TypeAlias, TypeVar
 
 import msgspec
 
@@ -117,23 +117,23 @@ def _inputs(given: object, **keywords: Any) -> LegInputs:  # noqa: ANN401 - any 
     return given
 
 
-class Leg(msgspec.Struct, frozen=True, kw_only=True):
-    """An encode or prefill request: where to send it and its body."""
+_BodyT = TypeVar("_BodyT")
+
+
+class _LegFields(msgspec.Struct, Generic[_BodyT], frozen=True, kw_only=True):
+    """Where to send a leg and its body: the fields every leg has, its body a dict or bytes."""
 
     path: str
     """The path to POST to (``route.value``)."""
     route: Route
     """The route the leg speaks (its wire format)."""
-    body: dict[str, Any]
-    """The JSON body (a new dict; the client's body is never mutated)."""
+    body: _BodyT
+    """The JSON body: a new dict (the client's body is never mutated); on the bytes path, JSON
+    bytes in which every client member the leg keeps unchanged has its input bytes."""
 
 
-class DecodeLeg(Leg, frozen=True, kw_only=True):
-    """A decode request and how its answer must be handled.
-
-    A leg on the generate route is a :class:`GenerateDecodeLeg`, whose ``output_mode`` is never
-    ``None``: ``isinstance(leg, GenerateDecodeLeg)`` narrows it for the wraps.
-    """
+class _DecodeLegFields(_LegFields[_BodyT], frozen=True, kw_only=True):
+    """A decode leg's fields, shared by :class:`DecodeLeg` and :class:`DecodeLegBytes`."""
 
     stream: bool
     """The leg streams (SSE)."""
@@ -147,11 +147,40 @@ class DecodeLeg(Leg, frozen=True, kw_only=True):
     """Client keys left out of the leg, on the documented list (``docs/request-legs.md``)."""
 
 
+class Leg(_LegFields[dict[str, Any]], frozen=True, kw_only=True):
+    """An encode or prefill request: where to send it and its body (a dict)."""
+
+
+# msgspec takes one base that adds fields: Leg adds none of its own, so a DecodeLeg is both a
+# Leg and a struct with the decode fields DecodeLegBytes has too.
+class DecodeLeg(_DecodeLegFields[dict[str, Any]], Leg, frozen=True, kw_only=True):
+    """A decode request and how its answer must be handled.
+
+    A leg on the generate route is a :class:`GenerateDecodeLeg`, whose ``output_mode`` is never
+    ``None``: ``isinstance(leg, GenerateDecodeLeg)`` narrows it for the wraps.
+    """
+
+
 class GenerateDecodeLeg(DecodeLeg, frozen=True, kw_only=True):
     """A decode leg on the generate route: its answer is checked and wrapped for ``output_mode``."""
 
     output_mode: OutputMode
     """The requested ``output_mode``: what the wraps and converters take as ``requested``."""
+
+
+class DecodeLegBytes(_DecodeLegFields[bytes], frozen=True, kw_only=True):
+    """A decode request built on the bytes path: as :class:`DecodeLeg`, with a JSON body.
+
+    It is not a :class:`Leg` (its body is bytes). A leg on the generate route is a
+    :class:`GenerateDecodeLegBytes`.
+    """
+
+
+class GenerateDecodeLegBytes(DecodeLegBytes, frozen=True, kw_only=True):
+    """A bytes-path decode leg on the generate route: as :class:`GenerateDecodeLeg`."""
+
+    output_mode: OutputMode
+    """As :attr:`GenerateDecodeLeg.output_mode`."""
 
 
 class _Transfer(msgspec.Struct, frozen=True, kw_only=True):
@@ -161,6 +190,21 @@ class _Transfer(msgspec.Struct, frozen=True, kw_only=True):
     ec: Mapping[str, Any] | None
     stripped: tuple[str, ...]
     """The client's transfer params removed from the leg (its JSON paths, ``$.`` left off)."""
+
+
+class _Request(msgspec.Struct, frozen=True, kw_only=True):
+    """A client's request checked for one step: what every leg builder reads."""
+
+    body: Mapping[str, Any]
+    """The client's body, a JSON object within the limits."""
+    client_route: Route
+    route: Route
+    """The route the leg speaks."""
+    inputs: LegInputs
+    trusted: bool
+    """The step keeps the client's own transfer params (else they are stripped)."""
+    flags: Mapping[str, Any] | None
+    """The prefill step's KV flags, winning over every other value; ``None`` on other steps."""
 
 
 def _client_route(client_path: object) -> Route:
@@ -237,31 +281,24 @@ def _merged(*layers: Mapping[str, Any] | None) -> dict[str, Any] | None:
     return {k: v for layer in given for k, v in layer.items()} if given else None
 
 
-def _transfer(
-    client_body: Mapping[str, Any],
-    *,
-    where: _Places,
-    trusted: bool,
-    inputs: LegInputs,
-    flags: Mapping[str, Any] | None,
-) -> _Transfer:
+def _transfer(request: _Request, where: _Places) -> _Transfer:
     """The transfer params a leg carries: one rule for every leg.
 
     The prefill flags win, then the router's values, then the client's (kept only when the step
     trusts them; else reported as stripped). See ``docs/request-legs.md``, "Transfer params".
     """
-    found, paths = _find_transfer(client_body, where)
+    found, paths = _find_transfer(request.body, where)
     client = (
         {key: _validate.mapping(value, path) for key, (value, path) in found.items()}
-        if trusted
+        if request.trusted
         else {}
     )
-    kv = _router_object(inputs.kv_transfer_params, w.KV_TRANSFER_PARAMS)
-    ec = _router_object(inputs.ec_transfer_params, w.EC_TRANSFER_PARAMS)
+    kv = _router_object(request.inputs.kv_transfer_params, w.KV_TRANSFER_PARAMS)
+    ec = _router_object(request.inputs.ec_transfer_params, w.EC_TRANSFER_PARAMS)
     return _Transfer(
-        kv=_merged(client.get(w.KV_TRANSFER_PARAMS), kv, flags),
+        kv=_merged(client.get(w.KV_TRANSFER_PARAMS), kv, request.flags),
         ec=_merged(client.get(w.EC_TRANSFER_PARAMS), ec),
-        stripped=() if trusted else paths,
+        stripped=() if request.trusted else paths,
     )
 
 
@@ -330,14 +367,8 @@ def _client_caps(body: Mapping[str, Any], client_route: Route) -> dict[str, Any]
     return sampling
 
 
-def _generate_core(
-    body: Mapping[str, Any],
-    client_route: Route,
-    inputs: LegInputs,
-    *,
-    trusted: bool,
-    flags: Mapping[str, Any] | None,
-) -> _Core:
+def _generate_core(request: _Request) -> _Core:
+    body, client_route, inputs = request.body, request.client_route, request.inputs
     features = _router_object(inputs.features, w.FEATURES)
     rendered = _router_object(inputs.rendered, "rendered")
     mapping = None
@@ -368,7 +399,7 @@ def _generate_core(
     given_features = features if features is not None else leg.get(w.FEATURES)
     if given_features is not None:
         leg[w.FEATURES] = _validate.features(given_features, len(ids or ()))
-    transfer = _transfer(body, where=where, trusted=trusted, inputs=inputs, flags=flags)
+    transfer = _transfer(request, where)
     return _Core(body=_strip_transfer(leg), mapping=mapping, transfer=transfer)
 
 
@@ -500,70 +531,36 @@ def build_decode_request(  # noqa: PLR0913 - the documented keyword front; `inpu
 def _decode(
     client_body: Mapping[str, Any], client_path: str, params: DecodeParams, inputs: LegInputs
 ) -> DecodeLeg:
-    body, client_route, route = _routes(client_body, client_path, params.use_openai_format, inputs)
-    trusted = params.trust_client_transfer_params
-    if route is not Route.GENERATE:
-        leg, transfer = _openai_leg(body, route, inputs, trusted=trusted, flags=None)
-        placed = _place_top_level(leg, transfer)
-        _limits.check_token_count(placed, inputs.limits)
-        streams = _validate.typed(body, w.STREAM, bool) is True
-        return DecodeLeg(
-            path=route.value,
-            route=route,
-            body=placed,
-            stream=streams,
-            single_frame=False,
-            wrap_chat_completion=False,
-            output_mode=None,
-            dropped=transfer.stripped,
+    request = _checked_request(client_body, client_path, params, inputs)
+    body, client_route, route = request.body, request.client_route, request.route
+    generate = route is Route.GENERATE
+    if not generate:
+        leg, transfer = _openai_leg(request)
+        leg = _place_top_level(leg, transfer)
+        _limits.check_token_count(leg, inputs.limits)
+        streams = client_streams = _validate.typed(body, w.STREAM, bool) is True
+        dropped = transfer.stripped
+    else:
+        core = _generate_core(request)
+        leg, streams, client_streams, dropped = _decode_generate(
+            body, client_route, params, core, _router_object(inputs.parse_context, w.PARSE_CONTEXT)
         )
-    core = _generate_core(body, client_route, inputs, trusted=trusted, flags=None)
-    leg, streams, client_streams, dropped = _decode_generate(
-        body, client_route, params, core, _router_object(inputs.parse_context, w.PARSE_CONTEXT)
-    )
-    _check_generate(leg)
-    _limits.check_token_count(leg, inputs.limits)
-    return GenerateDecodeLeg(
+        _check_generate(leg)
+        _limits.check_token_count(leg, inputs.limits)
+    # Only a generate leg has an output_mode to check and wrap the answer for.
+    kind: type[DecodeLeg] = GenerateDecodeLeg if generate else DecodeLeg
+    return kind(
         path=route.value,
         route=route,
         body=leg,
         stream=streams,
         single_frame=client_streams and not streams,
-        wrap_chat_completion=params.wrap_chat_completion and client_route is Route.CHAT_COMPLETIONS,
-        output_mode=params.output_mode,
+        wrap_chat_completion=(
+            generate and params.wrap_chat_completion and client_route is Route.CHAT_COMPLETIONS
+        ),
+        output_mode=params.output_mode if generate else None,
         dropped=dropped,
     )
-
-
-class DecodeLegBytes(msgspec.Struct, frozen=True, kw_only=True):
-    """A decode request built on the bytes path: as :class:`DecodeLeg`, with a JSON body.
-
-    A leg on the generate route is a :class:`GenerateDecodeLegBytes`.
-    """
-
-    path: str
-    """The path to POST to (``route.value``)."""
-    route: Route
-    """The route the leg speaks (its wire format)."""
-    body: bytes
-    """The leg's JSON body; every client member the leg keeps unchanged has its input bytes."""
-    stream: bool
-    """As :attr:`DecodeLeg.stream`."""
-    single_frame: bool
-    """As :attr:`DecodeLeg.single_frame`."""
-    wrap_chat_completion: bool
-    """As :attr:`DecodeLeg.wrap_chat_completion`."""
-    output_mode: OutputMode | None
-    """As :attr:`DecodeLeg.output_mode`."""
-    dropped: tuple[str, ...]
-    """As :attr:`DecodeLeg.dropped`."""
-
-
-class GenerateDecodeLegBytes(DecodeLegBytes, frozen=True, kw_only=True):
-    """A bytes-path decode leg on the generate route: as :class:`GenerateDecodeLeg`."""
-
-    output_mode: OutputMode
-    """As :attr:`GenerateDecodeLeg.output_mode`."""
 
 
 def build_decode_request_bytes(
@@ -600,28 +597,32 @@ def build_decode_request_bytes(
     return DecodeLegBytes(**fields)
 
 
-def _routes(
-    client_body: Mapping[str, Any], client_path: str, use_openai_format: bool, inputs: LegInputs
-) -> tuple[Mapping[str, Any], Route, Route]:
-    """The checked client body, the client's route and the leg's route (every builder's start)."""
+def _checked_request(
+    client_body: Mapping[str, Any],
+    client_path: str,
+    params: EncodeParams | PrefillParams | DecodeParams,
+    inputs: LegInputs,
+) -> _Request:
+    """The client's request, checked, and how the step treats it (every builder's start)."""
     body = _validate.mapping(client_body, "$")
     _limits.check_client_body(body, inputs.limits)
     client_route = _client_route(client_path)
-    return body, client_route, resolve_format(use_openai_format, client_path)
+    return _Request(
+        body=body,
+        client_route=client_route,
+        route=resolve_format(params.use_openai_format, client_path),
+        inputs=inputs,
+        trusted=params.trust_client_transfer_params,
+        # The prefill flags win over every other value (docs/request-legs.md, "Transfer params").
+        flags=_PREFILL_KV if isinstance(params, PrefillParams) else None,
+    )
 
 
-def _openai_leg(
-    body: Mapping[str, Any],
-    route: Route,
-    inputs: LegInputs,
-    *,
-    trusted: bool,
-    flags: Mapping[str, Any] | None,
-) -> tuple[dict[str, Any], _Transfer]:
-    transfer = _transfer(body, where=_EVERYWHERE, trusted=trusted, inputs=inputs, flags=flags)
-    leg = _strip_transfer(body)
-    if route is Route.COMPLETIONS:
-        ids = _token_ids(inputs.token_ids, None, required=False)
+def _openai_leg(request: _Request) -> tuple[dict[str, Any], _Transfer]:
+    transfer = _transfer(request, _EVERYWHERE)
+    leg = _strip_transfer(request.body)
+    if request.route is Route.COMPLETIONS:
+        ids = _token_ids(request.inputs.token_ids, None, required=False)
         if ids is not None and ids:
             leg[w.PROMPT] = ids
     return leg, transfer
@@ -633,19 +634,19 @@ def _single_token_leg(
     params: EncodeParams | PrefillParams,
     inputs: LegInputs,
 ) -> Leg:
-    body, client_route, route = _routes(client_body, client_path, params.use_openai_format, inputs)
-    trusted = params.trust_client_transfer_params
-    # The prefill flags win over every other value (docs/request-legs.md, "Transfer params").
-    flags: Mapping[str, Any] | None = None
-    placement = KvTransferPlacement.BOTH
-    if isinstance(params, PrefillParams):
-        flags, placement = _PREFILL_KV, params.kv_transfer_placement
+    request = _checked_request(client_body, client_path, params, inputs)
+    route = request.route
     if route is not Route.GENERATE:
-        leg, transfer = _openai_leg(body, route, inputs, trusted=trusted, flags=flags)
+        leg, transfer = _openai_leg(request)
         leg = apply_single_token_cap(_place_top_level(leg, transfer), route)
         _limits.check_token_count(leg, inputs.limits)
         return Leg(path=route.value, route=route, body=leg)
-    core = _generate_core(body, client_route, inputs, trusted=trusted, flags=flags)
+    core = _generate_core(request)
+    placement = (
+        params.kv_transfer_placement
+        if isinstance(params, PrefillParams)
+        else KvTransferPlacement.BOTH
+    )
     # A prefill or encode answer is never read for text: tokens mode, the route's default.
     leg = {k: v for k, v in core.body.items() if k != w.OUTPUT_MODE}
     leg = apply_single_token_cap(_place_generate(leg, core.transfer, placement), Route.GENERATE)
