@@ -72,18 +72,13 @@ def map_chat_request(body: Mapping[str, Any]) -> ClientMapping:
     sampling = chat_family_sampling(body)
     wanted = typed(body, w.LOGPROBS, bool) is True
     f.logprobs(body, sampling, wanted=wanted, needs="logprobs set to true")
-    tools = f.tool_objects(body)
+    context = f.parse_context(
+        tools=f.chat_tools(body),
+        tool_choice=typed(body, w.TOOL_CHOICE, str | dict[str, JSON]),
+        parallel_tool_calls=typed(body, w.PARALLEL_TOOL_CALLS, bool),
+        chat_template_kwargs=obj(body, w.CHAT_TEMPLATE_KWARGS),
+        include_reasoning=typed(body, w.INCLUDE_REASONING, bool),
+    )
     return f.client_mapping(
-        body,
-        sampling,
-        mapped=_CHAT_MAPPED,
-        context_keys=_CONTEXT_KEYS,
-        parse_context=f.parse_context(
-            # A chat client's tools are already in the chat shape: passed on as sent.
-            tools=None if tools is None else [tool for _, tool in tools],
-            tool_choice=typed(body, w.TOOL_CHOICE, str | dict[str, JSON]),
-            parallel_tool_calls=typed(body, w.PARALLEL_TOOL_CALLS, bool),
-            chat_template_kwargs=obj(body, w.CHAT_TEMPLATE_KWARGS),
-            include_reasoning=typed(body, w.INCLUDE_REASONING, bool),
-        ),
+        body, sampling, mapped=_CHAT_MAPPED, context_keys=_CONTEXT_KEYS, parse_context=context
     )

@@ -12,8 +12,8 @@ the typed readers of :mod:`disagg_transforms._wire.validate`, so every refusal i
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
-from typing import Any, NamedTuple
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, NamedTuple, TypeAlias
 
 from disagg_transforms._request.mapping import ClientMapping
 from disagg_transforms._wire import keys as w
@@ -198,18 +198,27 @@ def named_tool_choice(name: object, path: str) -> dict[str, Any]:
     return {w.TYPE: w.FUNCTION, w.FUNCTION: {w.NAME: name}}
 
 
-def tool_objects(body: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]] | None:
-    """The client's ``tools`` as ``($.tools[i], tool)`` pairs, each checked to be an object."""
+ToolConverter: TypeAlias = Callable[[str, Mapping[str, Any]], dict[str, Any]]
+"""Turns one client tool (its JSON path, the tool object) into a chat tool, or refuses it."""
+
+
+def chat_tools(body: Mapping[str, Any], convert: ToolConverter | None = None) -> list[Any] | None:
+    """The client's ``tools`` in the chat shape ``parse_context`` carries.
+
+    Each tool is checked to be an object, then converted by ``convert(path, tool)`` (``path`` is
+    ``$.tools[i]``); without ``convert`` the tools are passed on as sent (a chat client's are
+    already in the chat shape).
+    """
     tools = typed(body, w.TOOLS, list[Any])
     if tools is None:
         return None
-    pairs = []
+    converted = []
     for index, tool in enumerate(tools):
         path = f"$.tools[{index}]"
         if not isinstance(tool, MAPPINGS):
             raise refuse(tool, "expected a tool object", at=path)
-        pairs.append((path, tool))
-    return pairs
+        converted.append(tool if convert is None else convert(path, tool))
+    return converted
 
 
 def parse_context(

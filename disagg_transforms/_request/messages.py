@@ -59,49 +59,35 @@ def map_messages_request(body: Mapping[str, Any]) -> ClientMapping:
         if effort is not None:
             kwargs.setdefault(w.REASONING_EFFORT, effort)
     tool_choice, parallel = _tool_choice(body)
+    context = f.parse_context(
+        tools=f.chat_tools(body, _chat_tool),
+        tool_choice=tool_choice,
+        parallel_tool_calls=parallel,
+        chat_template_kwargs=kwargs,
+    )
     return f.client_mapping(
-        body,
-        sampling,
-        mapped=_MAPPED,
-        context_keys=_CONTEXT_KEYS,
-        parse_context=f.parse_context(
-            tools=_tools(body),
-            tool_choice=tool_choice,
-            parallel_tool_calls=parallel,
-            chat_template_kwargs=kwargs,
-        ),
+        body, sampling, mapped=_MAPPED, context_keys=_CONTEXT_KEYS, parse_context=context
     )
 
 
-def _tools(body: Mapping[str, Any]) -> list[dict[str, Any]] | None:
-    tools = f.tool_objects(body)
-    if tools is None:
-        return None
-    converted = []
-    for path, tool in tools:
-        kind = tool.get(w.TYPE)
-        if kind not in (None, w.CUSTOM):
-            raise refuse(
-                kind,
-                "expected a custom tool: server tools run on Anthropic's side",
-                at=f"{path}.type",
-            )
-        schema = obj(tool, w.INPUT_SCHEMA, path)
-        if schema is None:
-            raise refuse(None, "expected a JSON schema object", at=f"{path}.input_schema")
-        if w.TYPE not in schema:
-            # vLLM fills in the schema's type the same way.
-            schema = {**schema, w.TYPE: "object"}
-        converted.append(
-            f.chat_function_tool(
-                tool.get(w.NAME),
-                path,
-                description=tool.get(w.DESCRIPTION),
-                parameters=schema,
-                extra={w.DEFER_LOADING: tool.get(w.DEFER_LOADING)},
-            )
-        )
-    return converted
+def _chat_tool(path: str, tool: Mapping[str, Any]) -> dict[str, Any]:
+    kind = tool.get(w.TYPE)
+    if kind not in (None, w.CUSTOM):
+        why = "expected a custom tool: server tools run on Anthropic's side"
+        raise refuse(kind, why, at=f"{path}.type")
+    schema = obj(tool, w.INPUT_SCHEMA, path)
+    if schema is None:
+        raise refuse(None, "expected a JSON schema object", at=f"{path}.input_schema")
+    if w.TYPE not in schema:
+        # vLLM fills in the schema's type the same way.
+        schema = {**schema, w.TYPE: "object"}
+    return f.chat_function_tool(
+        tool.get(w.NAME),
+        path,
+        description=tool.get(w.DESCRIPTION),
+        parameters=schema,
+        extra={w.DEFER_LOADING: tool.get(w.DEFER_LOADING)},
+    )
 
 
 def _tool_choice(body: Mapping[str, Any]) -> tuple[object, bool | None]:

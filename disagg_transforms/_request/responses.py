@@ -84,42 +84,28 @@ def map_responses_request(body: Mapping[str, Any]) -> ClientMapping:
     )
     reasoning = obj(body, w.REASONING)
     effort = None if reasoning is None else typed(reasoning, w.EFFORT, str, f"$.{w.REASONING}")
+    context = f.parse_context(
+        tools=f.chat_tools(body, _chat_tool),
+        tool_choice=_tool_choice(body),
+        parallel_tool_calls=typed(body, w.PARALLEL_TOOL_CALLS, bool),
+        chat_template_kwargs=None if effort is None else {w.REASONING_EFFORT: effort},
+    )
     return f.client_mapping(
-        body,
-        sampling,
-        mapped=_MAPPED,
-        context_keys=_CONTEXT_KEYS,
-        parse_context=f.parse_context(
-            tools=_tools(body),
-            tool_choice=_tool_choice(body),
-            parallel_tool_calls=typed(body, w.PARALLEL_TOOL_CALLS, bool),
-            chat_template_kwargs=None if effort is None else {w.REASONING_EFFORT: effort},
-        ),
+        body, sampling, mapped=_MAPPED, context_keys=_CONTEXT_KEYS, parse_context=context
     )
 
 
-def _tools(body: Mapping[str, Any]) -> list[dict[str, Any]] | None:
-    tools = f.tool_objects(body)
-    if tools is None:
-        return None
-    converted = []
-    for path, tool in tools:
-        if tool.get(w.TYPE) != w.FUNCTION:
-            raise refuse(
-                tool.get(w.TYPE),
-                'expected "function": built-in tools run on the provider, not on a generate leg',
-                at=f"{path}.type",
-            )
-        converted.append(
-            f.chat_function_tool(
-                tool.get(w.NAME),
-                path,
-                description=tool.get(w.DESCRIPTION),
-                parameters=tool.get(w.PARAMETERS),
-                extra={w.STRICT: tool.get(w.STRICT)},
-            )
-        )
-    return converted
+def _chat_tool(path: str, tool: Mapping[str, Any]) -> dict[str, Any]:
+    if tool.get(w.TYPE) != w.FUNCTION:
+        why = 'expected "function": built-in tools run on the provider, not on a generate leg'
+        raise refuse(tool.get(w.TYPE), why, at=f"{path}.type")
+    return f.chat_function_tool(
+        tool.get(w.NAME),
+        path,
+        description=tool.get(w.DESCRIPTION),
+        parameters=tool.get(w.PARAMETERS),
+        extra={w.STRICT: tool.get(w.STRICT)},
+    )
 
 
 def _tool_choice(body: Mapping[str, Any]) -> object:
