@@ -89,7 +89,7 @@ def measure(*, quick: bool, memory: bool, phases: tuple[str, ...] = cases.PHASES
 
 def measure_apart(*, quick: bool, memory: bool) -> list[Row]:
     """Time each phase in a fresh child process, so no phase starts on another's heap."""
-    rows = []
+    rows: list[Row] = []
     for phase in cases.PHASES:
         flags = [*(["--quick"] if quick else []), *([] if memory else ["--no-memory"])]
         done = subprocess.run(  # noqa: S603 - our own interpreter running this script
