@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import inspect
 import os
 import re
-from collections.abc import Awaitable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
@@ -23,6 +24,8 @@ import pytest
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 litellm = pytest.importorskip("litellm")
 yaml = pytest.importorskip("yaml")
+
+from litellm.llms.custom_llm import CustomLLMError  # noqa: E402
 
 from disagg_transforms import DecodeParams, OutputMode  # noqa: E402
 from disagg_transforms.integrations.litellm import VllmGenerateLLM  # noqa: E402
@@ -325,6 +328,199 @@ def test_litellm_anthropic_messages_reach_the_provider_as_chat(workers: Workers)
     assert message["content"][1]["text"] == "Hello!"
     assert message["stop_reason"] == "end_turn"
     assert_prefill_then_decode(workers, cap=50, stream=False)
+
+
+# --- LiteLLM's call signature ---------------------------------------------------------------
+
+ENTRY_POINTS = ["completion", "acompletion", "streaming", "astreaming"]
+
+
+def answer_of(result: Any) -> Any:
+    """An entry point's result, awaited or iterated to its end as LiteLLM does."""
+    if inspect.isawaitable(result):
+        return run(result)
+    if isinstance(result, AsyncIterator):
+        stream = result
+
+        async def drain() -> list[Any]:
+            return [item async for item in stream]
+
+        return run(drain())
+    return list(result) if isinstance(result, Iterator) else result
+
+
+def text_of(answer: Any) -> str:
+    if isinstance(answer, list):  # GenericStreamingChunks
+        return "".join(chunk["text"] for chunk in answer)
+    return str(answer.choices[0].message.content)
+
+
+def call_kwargs(**kwargs: Any) -> dict[str, Any]:
+    """An entry point's arguments, by keyword as LiteLLM passes them."""
+    return {
+        "model": "qwen",
+        "messages": MESSAGES,
+        "api_base": DECODE,
+        "custom_prompt_dict": {},
+        "model_response": litellm.ModelResponse(),
+        "print_verbose": print,
+        "encoding": None,
+        "api_key": None,
+        "logging_obj": None,
+        "optional_params": {},
+        "timeout": TIMEOUT,
+        **kwargs,
+    }
+
+
+@pytest.mark.parametrize("entry", ENTRY_POINTS)
+def test_an_entry_point_called_positionally_binds_customllm_order(entry: str) -> None:
+    pool = Workers()
+    provider = pool.provider()
+    args = [
+        "qwen",  # model
+        MESSAGES,  # messages
+        DECODE,  # api_base
+        {},  # custom_prompt_dict
+        litellm.ModelResponse(),  # model_response
+        print,  # print_verbose
+        None,  # encoding
+        None,  # api_key
+        None,  # logging_obj
+        {"max_tokens": 21},  # optional_params
+        None,  # acompletion
+        {},  # litellm_params
+        None,  # logger_fn
+        {"x-request-id": "req-p"},  # headers
+        TIMEOUT,  # timeout
+        None,  # client
+    ]
+    assert text_of(answer_of(getattr(provider, entry)(*args))) == "Hello!"
+    render, generate = pool.decode.calls
+    assert render.headers["x-request-id"] == "req-p"
+    assert generate.body["sampling_params"]["max_tokens"] == 21
+    assert generate.body["stream"] is entry.endswith("streaming")
+    provider.close()
+
+
+@pytest.mark.parametrize("entry", ENTRY_POINTS)
+@pytest.mark.parametrize(
+    ("missing", "extra", "says"),
+    [
+        ("optional_params", {}, "missing 1 required positional argument: 'optional_params'"),
+        ("model", {}, "missing 1 required positional argument: 'model'"),
+        (None, {"stream": True}, "unexpected keyword argument 'stream'"),
+    ],
+)
+def test_a_missing_or_unknown_argument_is_a_type_error(
+    entry: str, missing: str | None, extra: dict[str, Any], says: str
+) -> None:
+    pool = Workers()
+    provider = pool.provider()
+    kwargs = {k: v for k, v in call_kwargs(**extra).items() if k != missing}
+    with pytest.raises(TypeError, match=re.escape(says)):
+        answer_of(getattr(provider, entry)(**kwargs))
+    assert pool.decode.calls == []
+    provider.close()
+
+
+# --- transport failures -------------------------------------------------------------------
+
+
+def refused(request: httpx.Request) -> httpx.Response:
+    msg = "refused"
+    raise httpx.ConnectError(msg, request=request)
+
+
+class AsyncRefused(httpx.AsyncBaseTransport):
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        return refused(request)
+
+
+@pytest.mark.parametrize("entry", ENTRY_POINTS)
+def test_an_unreachable_worker_is_a_502_naming_the_step(entry: str) -> None:
+    provider = VllmGenerateLLM(
+        http_client=REAL_CLIENT(transport=httpx.MockTransport(refused)),
+        async_http_client=REAL_ASYNC_CLIENT(transport=AsyncRefused()),
+    )
+    with pytest.raises(CustomLLMError) as caught:
+        answer_of(getattr(provider, entry)(**call_kwargs()))
+    assert caught.value.status_code == 502
+    assert str(caught.value) == "render failed: ConnectError: refused"
+
+
+class BrokenStream(httpx.SyncByteStream, httpx.AsyncByteStream):
+    """The first ``keep`` bytes of a worker's stream, then a reset connection."""
+
+    def __init__(self, body: bytes, keep: int) -> None:
+        self._head = body[:keep]
+
+    def __iter__(self) -> Iterator[bytes]:
+        yield self._head
+        msg = "reset"
+        raise httpx.ReadError(msg)
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        yield self._head
+        msg = "reset"
+        raise httpx.ReadError(msg)
+
+
+def breaking_streams(pool: Workers, *, first_event: bool) -> VllmGenerateLLM:
+    """A provider whose workers' streams break at once, or after their first event."""
+    sync, async_ = pool.sync_transport(), pool.async_transport()
+
+    def broken(answer: httpx.Response, body: bytes) -> httpx.Response:
+        if not answer.headers["content-type"].startswith("text/event-stream"):
+            return answer
+        keep = body.index(b"\n\n") + 2 if first_event else 0
+        headers = [(k, v) for k, v in answer.headers.items() if k != "content-length"]
+        return httpx.Response(answer.status_code, headers=headers, stream=BrokenStream(body, keep))
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        answer = sync.handle_request(request)
+        return broken(answer, answer.read())
+
+    class Async(httpx.AsyncBaseTransport):
+        async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+            answer = await async_.handle_async_request(request)
+            return broken(answer, await answer.aread())
+
+    return VllmGenerateLLM(
+        http_client=REAL_CLIENT(transport=httpx.MockTransport(handle)),
+        async_http_client=REAL_ASYNC_CLIENT(transport=Async()),
+    )
+
+
+def chunks_until_error(chunks: Any) -> tuple[list[Any], CustomLLMError]:
+    """A streaming entry point's chunks up to the error that ended them, and that error."""
+    got: list[Any] = []
+
+    async def collect() -> None:
+        async for chunk in chunks:
+            got.append(chunk)  # noqa: PERF401 - the chunks before the error are the point
+
+    try:
+        if isinstance(chunks, AsyncIterator):
+            run(collect())
+        else:
+            for chunk in chunks:
+                got.append(chunk)  # noqa: PERF402 - as above
+    except CustomLLMError as error:
+        return got, error
+    pytest.fail("the stream ended without an error")
+
+
+@pytest.mark.parametrize("entry", ["streaming", "astreaming"])
+@pytest.mark.parametrize(("first_event", "texts"), [(False, []), (True, ["H"])])
+def test_a_decode_stream_broken_midway_is_a_502(
+    entry: str, first_event: bool, texts: list[str]
+) -> None:
+    provider = breaking_streams(Workers(), first_event=first_event)
+    got, error = chunks_until_error(getattr(provider, entry)(**call_kwargs()))
+    assert [chunk["text"] for chunk in got] == texts  # the first event is relayed once it passed
+    assert error.status_code == 502
+    assert str(error) == "decode failed: ReadError: reset"
 
 
 # --- the shared client -----------------------------------------------------------------------

@@ -28,6 +28,7 @@ import asyncio
 import threading
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any, Final, NamedTuple, NoReturn, TypeAlias, final
 
 import httpx
@@ -251,16 +252,29 @@ class _ChatChunks:
 
 
 class _Call(NamedTuple):
-    """What LiteLLM hands every entry point that the exchange uses (the rest it ignores)."""
+    """One call of LiteLLM's, bound to ``CustomLLM``'s signature (the exchange uses a few fields).
+
+    The four entry points take ``*args, **kwargs`` and bind them here, so LiteLLM's sixteen
+    parameters are written once: LiteLLM passes them by keyword, a positional call binds as
+    it would to ``CustomLLM``, and a missing or unknown argument is a ``TypeError``.
+    """
 
     model: str
     messages: list[Any]
-    optional_params: Mapping[str, Any]
-    api_base: object
+    api_base: object  # not trusted to be a str: _base_url checks it
+    custom_prompt_dict: dict[str, Any]
+    model_response: ModelResponse
+    print_verbose: Callable[..., Any]
+    encoding: object
     api_key: object
-    litellm_params: object
-    headers: Mapping[str, str] | None
-    timeout: float | httpx.Timeout | None
+    logging_obj: object
+    optional_params: Mapping[str, Any]
+    acompletion: object = None
+    litellm_params: object = None
+    logger_fn: object = None
+    headers: Mapping[str, str] | None = None
+    timeout: float | httpx.Timeout | None = None
+    client: object = None  # ignored: the provider's own pooled clients serve every call
 
 
 @final
@@ -284,44 +298,92 @@ class _Plan:
         )
 
 
+@final
+class _Drive:
+    """The I/O-free half of driving one exchange to its end (the loop of ``docs/router.md``).
+
+    :func:`_exchange_bytes` and :func:`_aexchange_bytes` make the HTTP calls and hand every
+    answer here, so the exchange's steps are written once and the two loops differ only where
+    one of them awaits.
+    """
+
+    __slots__ = ("_ex", "_pending", "streams")
+
+    def __init__(self, exchange: Exchange) -> None:
+        self._ex = exchange
+        self._pending = b""  # client bytes written before the reply's head (or the stream's end)
+        self.streams = False  # the reply is a stream: after reply(), relay the decode stream
+
+    def next_call(self) -> WorkerCall | None:
+        event = self._ex.next_event()
+        return event if isinstance(event, WorkerCall) else None
+
+    @contextmanager
+    def failover(self, step: str) -> Iterator[None]:
+        """A transport failure inside the block is the step's worker failing."""
+        try:
+            yield
+        except httpx.TransportError as error:
+            self._pending += self._ex.worker_failed(step, _reason(error))
+
+    def answered(self, call: WorkerCall, answer: httpx.Response) -> bool:
+        """Hand the exchange a worker's answer: whether it is a stream, still to be opened."""
+        if not call.stream:  # httpx read the whole body in send()
+            self._ex.receive(answer.status_code, answer.headers.raw, answer.content)
+            return False
+        self._ex.receive_stream_head(answer.status_code, answer.headers.raw)
+        return True
+
+    def opening(self, chunk: bytes) -> bool:
+        """Feed a chunk of the stream being opened: whether its first event passed its checks."""
+        self._pending += self._ex.feed(chunk)
+        return self._ex.next_event() is not NEED_DATA
+
+    def ended(self) -> None:
+        """The worker's stream has ended."""
+        self._pending += self._ex.end_of_stream()
+
+    def reply(self) -> bytes:
+        """The client's reply so far; raises ``CustomLLMError`` when it is an error status."""
+        reply = self._ex.next_event()
+        assert isinstance(reply, (ClientReply, ClientStream))  # noqa: S101 - the loop ran out
+        self.streams = isinstance(reply, ClientStream)
+        return _reply_bytes(reply) + self.pending()
+
+    def relay(self, chunk: bytes) -> bytes:
+        return self._ex.feed(chunk)
+
+    def pending(self) -> bytes:
+        pending, self._pending = self._pending, b""
+        return pending
+
+
 def _exchange_bytes(http: httpx.Client, plan: _Plan) -> Iterator[bytes]:
     """Drive the plan's exchange to its end over ``http``: the client's reply bytes, as they come.
 
-    Raises ``CustomLLMError`` (before any byte) when the reply is an error status. The loop is
-    the one of ``docs/router.md``.
+    Raises ``CustomLLMError`` (before any byte) when the reply is an error status.
     """
-    ex = plan.exchange
+    drive = _Drive(plan.exchange)
     answer: httpx.Response | None = None
     chunks: Iterator[bytes] = iter(())  # the decode stream, once it is open
-    after = b""
     try:
-        while isinstance(call := ex.next_event(), WorkerCall):
-            try:
+        while (call := drive.next_call()) is not None:
+            with drive.failover(call.step):
                 answer = http.send(plan.request(http, call), stream=call.stream)
-                if not call.stream:
-                    ex.receive(answer.status_code, answer.headers.raw, answer.read())
-                    continue
-                ex.receive_stream_head(answer.status_code, answer.headers.raw)
-                chunks = answer.iter_bytes()
-                for chunk in chunks:  # until the first event passed its checks
-                    after += ex.feed(chunk)
-                    if ex.next_event() is not NEED_DATA:
-                        break
-                else:
-                    after += ex.end_of_stream()
-            except httpx.TransportError as error:
-                after += ex.worker_failed(call.step, _reason(error))
-        reply = ex.next_event()
-        assert isinstance(reply, (ClientReply, ClientStream))  # noqa: S101 - the loop ran out
-        yield _reply_bytes(reply) + after
-        if isinstance(reply, ClientReply):
-            return
-        try:
-            for chunk in chunks:
-                yield ex.feed(chunk)
-            yield ex.end_of_stream()
-        except httpx.TransportError as error:
-            yield ex.worker_failed("decode", _reason(error))
+                if drive.answered(call, answer):
+                    chunks = answer.iter_bytes()
+                    for chunk in chunks:  # until the first event passed its checks
+                        if drive.opening(chunk):
+                            break
+                    else:
+                        drive.ended()
+        yield drive.reply()
+        if drive.streams:
+            with drive.failover("decode"):
+                for chunk in chunks:
+                    yield drive.relay(chunk)
+                drive.ended()
+            yield drive.pending()
     finally:
         if answer is not None:
             answer.close()
@@ -329,38 +391,27 @@ def _exchange_bytes(http: httpx.Client, plan: _Plan) -> Iterator[bytes]:
 
 async def _aexchange_bytes(http: httpx.AsyncClient, plan: _Plan) -> AsyncIterator[bytes]:
     """:func:`_exchange_bytes` over an ``httpx.AsyncClient``."""
-    ex = plan.exchange
+    drive = _Drive(plan.exchange)
     answer: httpx.Response | None = None
     chunks: AsyncIterator[bytes] | None = None  # the decode stream, once it is open
-    after = b""
     try:
-        while isinstance(call := ex.next_event(), WorkerCall):
-            try:
+        while (call := drive.next_call()) is not None:
+            with drive.failover(call.step):
                 answer = await http.send(plan.request(http, call), stream=call.stream)
-                if not call.stream:
-                    ex.receive(answer.status_code, answer.headers.raw, await answer.aread())
-                    continue
-                ex.receive_stream_head(answer.status_code, answer.headers.raw)
-                chunks = answer.aiter_bytes()
-                async for chunk in chunks:  # until the first event passed its checks
-                    after += ex.feed(chunk)
-                    if ex.next_event() is not NEED_DATA:
-                        break
-                else:
-                    after += ex.end_of_stream()
-            except httpx.TransportError as error:
-                after += ex.worker_failed(call.step, _reason(error))
-        reply = ex.next_event()
-        assert isinstance(reply, (ClientReply, ClientStream))  # noqa: S101 - the loop ran out
-        yield _reply_bytes(reply) + after
-        if isinstance(reply, ClientReply) or chunks is None:
-            return
-        try:
-            async for chunk in chunks:
-                yield ex.feed(chunk)
-            yield ex.end_of_stream()
-        except httpx.TransportError as error:
-            yield ex.worker_failed("decode", _reason(error))
+                if drive.answered(call, answer):
+                    chunks = answer.aiter_bytes()
+                    async for chunk in chunks:  # until the first event passed its checks
+                        if drive.opening(chunk):
+                            break
+                    else:
+                        drive.ended()
+        yield drive.reply()
+        if drive.streams and chunks is not None:
+            with drive.failover("decode"):
+                async for chunk in chunks:
+                    yield drive.relay(chunk)
+                drive.ended()
+            yield drive.pending()
     finally:
         if answer is not None:
             await answer.aclose()
@@ -514,87 +565,25 @@ class VllmGenerateLLM(CustomLLM):
         return _Plan(exchange, urls, self._timeout if call.timeout is None else call.timeout)
 
     # -- LiteLLM's entry points ----------------------------------------------------------------
+    # Each binds its arguments to _Call, which holds LiteLLM's signature once.
 
     @override
-    def completion(
-        self,
-        model: str,
-        messages: list[Any],
-        api_base: str,
-        custom_prompt_dict: dict[str, Any],
-        model_response: ModelResponse,
-        print_verbose: Callable[..., Any],
-        encoding: Any,
-        api_key: Any,
-        logging_obj: Any,
-        optional_params: dict[str, Any],
-        acompletion: Any = None,
-        litellm_params: Any = None,
-        logger_fn: Any = None,
-        headers: dict[str, str] | None = None,
-        timeout: float | httpx.Timeout | None = None,
-        client: Any = None,
-    ) -> ModelResponse:
+    def completion(self, *args: Any, **kwargs: Any) -> ModelResponse:
         """Serve one non-streaming chat completion (synchronous)."""
-        call = _Call(
-            model, messages, optional_params, api_base, api_key, litellm_params, headers, timeout
-        )
-        plan = self._plan(call, stream=False)
+        plan = self._plan(_Call(*args, **kwargs), stream=False)
         return _model_response(b"".join(_exchange_bytes(self._client(), plan)))
 
     @override
-    async def acompletion(
-        self,
-        model: str,
-        messages: list[Any],
-        api_base: str,
-        custom_prompt_dict: dict[str, Any],
-        model_response: ModelResponse,
-        print_verbose: Callable[..., Any],
-        encoding: Any,
-        api_key: Any,
-        logging_obj: Any,
-        optional_params: dict[str, Any],
-        acompletion: Any = None,
-        litellm_params: Any = None,
-        logger_fn: Any = None,
-        headers: dict[str, str] | None = None,
-        timeout: float | httpx.Timeout | None = None,
-        client: Any = None,
-    ) -> ModelResponse:
+    async def acompletion(self, *args: Any, **kwargs: Any) -> ModelResponse:
         """Serve one non-streaming chat completion."""
-        call = _Call(
-            model, messages, optional_params, api_base, api_key, litellm_params, headers, timeout
-        )
-        plan = self._plan(call, stream=False)
+        plan = self._plan(_Call(*args, **kwargs), stream=False)
         parts = [part async for part in _aexchange_bytes(self._async_client(), plan)]
         return _model_response(b"".join(parts))
 
     @override
-    def streaming(
-        self,
-        model: str,
-        messages: list[Any],
-        api_base: str,
-        custom_prompt_dict: dict[str, Any],
-        model_response: ModelResponse,
-        print_verbose: Callable[..., Any],
-        encoding: Any,
-        api_key: Any,
-        logging_obj: Any,
-        optional_params: dict[str, Any],
-        acompletion: Any = None,
-        litellm_params: Any = None,
-        logger_fn: Any = None,
-        headers: dict[str, str] | None = None,
-        timeout: float | httpx.Timeout | None = None,
-        client: Any = None,
-    ) -> Iterator[GenericStreamingChunk]:
+    def streaming(self, *args: Any, **kwargs: Any) -> Iterator[GenericStreamingChunk]:
         """Serve one streaming chat completion (synchronous)."""
-        call = _Call(
-            model, messages, optional_params, api_base, api_key, litellm_params, headers, timeout
-        )
-        plan = self._plan(call, stream=True)
+        plan = self._plan(_Call(*args, **kwargs), stream=True)
         chunks = _ChatChunks()
         for data in _exchange_bytes(self._client(), plan):
             yield from chunks.feed(data)
@@ -602,29 +591,10 @@ class VllmGenerateLLM(CustomLLM):
 
     @override
     async def astreaming(  # type: ignore[override]  # LiteLLM types it a coroutine, iterates it
-        self,
-        model: str,
-        messages: list[Any],
-        api_base: str,
-        custom_prompt_dict: dict[str, Any],
-        model_response: ModelResponse,
-        print_verbose: Callable[..., Any],
-        encoding: Any,
-        api_key: Any,
-        logging_obj: Any,
-        optional_params: dict[str, Any],
-        acompletion: Any = None,
-        litellm_params: Any = None,
-        logger_fn: Any = None,
-        headers: dict[str, str] | None = None,
-        timeout: float | httpx.Timeout | None = None,
-        client: Any = None,
+        self, *args: Any, **kwargs: Any
     ) -> AsyncIterator[GenericStreamingChunk]:
         """Serve one streaming chat completion."""
-        call = _Call(
-            model, messages, optional_params, api_base, api_key, litellm_params, headers, timeout
-        )
-        plan = self._plan(call, stream=True)
+        plan = self._plan(_Call(*args, **kwargs), stream=True)
         chunks = _ChatChunks()
         async for data in _aexchange_bytes(self._async_client(), plan):
             for item in chunks.feed(data):
@@ -682,20 +652,14 @@ class SamplingCapsCallback(CustomLogger):
 
     @override
     async def async_pre_call_hook(
-        self,
-        user_api_key_dict: Any,
-        cache: Any,
-        data: dict[str, Any],
-        call_type: Any,
+        self, user_api_key_dict: Any, cache: Any, data: dict[str, Any], call_type: Any
     ) -> dict[str, Any] | None:
         """Proxy hook: the request dict with its cap relocated (``None``: not a call it knows)."""
         return self._apply(data, call_type)
 
     @override
     async def async_pre_call_deployment_hook(
-        self,
-        kwargs: dict[str, Any],
-        call_type: Any,
+        self, kwargs: dict[str, Any], call_type: Any
     ) -> dict[str, Any] | None:
         """SDK and proxy hook (async calls): the call's kwargs with the cap relocated."""
         return self._apply(kwargs, call_type)
@@ -715,20 +679,14 @@ class StripTransferParamsCallback(CustomLogger):
 
     @override
     async def async_pre_call_hook(
-        self,
-        user_api_key_dict: Any,
-        cache: Any,
-        data: dict[str, Any],
-        call_type: Any,
+        self, user_api_key_dict: Any, cache: Any, data: dict[str, Any], call_type: Any
     ) -> dict[str, Any]:
         """Proxy hook: the request dict without client transfer params."""
         return strip_transfer_params(data)
 
     @override
     async def async_pre_call_deployment_hook(
-        self,
-        kwargs: dict[str, Any],
-        call_type: Any,
+        self, kwargs: dict[str, Any], call_type: Any
     ) -> dict[str, Any]:
         """SDK and proxy hook (async calls): the call's kwargs without client transfer params."""
         return strip_transfer_params(kwargs)
