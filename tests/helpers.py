@@ -1,13 +1,14 @@
-"""Helpers shared by the test modules of the response envelopes (Responses API, Anthropic)."""
+"""Helpers shared by test modules (the strategies live in ``strategies.py``)."""
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from typing import Any
 
 from strategies import GENERATE_ONLY_CHOICE_KEYS, GENERATE_ONLY_TOP_KEYS
 
-from disagg_transforms import OutputMode
+from disagg_transforms import DisaggTransformError, OutputMode
 
 ENVELOPE_GENERATE_ONLY = frozenset(
     {
@@ -45,3 +46,11 @@ def wrap_checked(wrap: Any, sdk_model: Any, response: Any, mode: OutputMode) -> 
     assert response == before
     assert not keys_of(result) & ENVELOPE_GENERATE_ONLY
     return result, parsed
+
+
+def outcome(call: Callable[[], Any]) -> tuple[str, Any]:
+    """``("ok", result)``, or the name of the library error ``call`` raised and its ``param``."""
+    try:
+        return "ok", call()
+    except DisaggTransformError as error:
+        return type(error).__name__, error.param
