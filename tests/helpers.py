@@ -8,7 +8,14 @@ from typing import Any
 
 from strategies import GENERATE_ONLY_CHOICE_KEYS, GENERATE_ONLY_TOP_KEYS
 
-from disagg_transforms import DisaggTransformError, OutputMode
+from disagg_transforms import (
+    DisaggTransformError,
+    EnvelopeOptions,
+    OutputMode,
+    Route,
+    StreamConverter,
+    stream_converter,
+)
 
 ENVELOPE_GENERATE_ONLY = frozenset(
     {
@@ -54,3 +61,16 @@ def outcome(call: Callable[[], Any]) -> tuple[str, Any]:
         return "ok", call()
     except DisaggTransformError as error:
         return type(error).__name__, error.param
+
+
+def text_stream_converter(
+    route: Route, *, client_body: Any = None, **options: Any
+) -> StreamConverter:
+    """``route``'s converter over a text-mode leg: model ``m``, created 5, ``options`` as given."""
+    return stream_converter(
+        route,
+        requested=OutputMode.TEXT,
+        client_body=client_body,
+        options=EnvelopeOptions(model="m", **options),
+        created=5,
+    )
