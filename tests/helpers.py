@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import copy
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
+import pytest
 from strategies import GENERATE_ONLY_CHOICE_KEYS, GENERATE_ONLY_TOP_KEYS
 
 from disagg_transforms import (
@@ -74,3 +76,36 @@ def text_stream_converter(
         options=EnvelopeOptions(model="m", **options),
         created=5,
     )
+
+
+T = TypeVar("T")
+TIMEOUT = 30.0
+"""Seconds: every call the LiteLLM tests make is bounded by it."""
+
+WEATHER_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
+    }
+]
+"""One chat tool, ``get_weather(city)``, as a client sends it."""
+
+LITELLM_WARNINGS = [
+    pytest.mark.filterwarnings("ignore::UserWarning:pydantic.*"),
+    pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+    pytest.mark.filterwarnings("ignore::pydantic.warnings.PydanticDeprecatedSince20"),
+]
+"""The ``pytestmark`` of a LiteLLM test module: LiteLLM's own import- and call-time warnings
+(pydantic schema notes, deprecations) are not ours."""
+
+
+def run_bounded(awaitable: Awaitable[T]) -> T:
+    """Run ``awaitable`` in a new event loop; fail after ``TIMEOUT`` seconds."""
+
+    async def bounded() -> T:
+        return await asyncio.wait_for(awaitable, TIMEOUT)
+
+    return asyncio.run(bounded())
