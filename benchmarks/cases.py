@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache, partial
-from typing import Protocol
 
 import baselines
 import orjson
@@ -24,6 +23,7 @@ from disagg_transforms import (
     OutputMode,
     ResponsesStreamConverter,
     Route,
+    StreamConverter,
     build_decode_request,
     build_decode_request_bytes,
     wrap_chat_completion,
@@ -141,17 +141,12 @@ _STREAM_ID, _STREAM_MODEL, _STREAM_CREATED = "chatcmpl-bench", "Qwen/Qwen3-0.6B"
 _STREAM_OPTIONS = EnvelopeOptions(model=_STREAM_MODEL)
 
 
-class _Converter(Protocol):
-    def feed(self, data: bytes) -> bytes: ...
-    def close(self) -> bytes: ...
-
-
-def _convert(make: Callable[[], _Converter], raw: bytes) -> bytes:
+def _convert(make: Callable[[], StreamConverter], raw: bytes) -> bytes:
     converter = make()
     return b"".join([*map(converter.feed, _events(raw)), converter.close()])
 
 
-_STREAM_CONVERTERS: dict[str, Callable[[], _Converter]] = {
+_STREAM_CONVERTERS: dict[str, Callable[[], StreamConverter]] = {
     "chat": partial(
         ChatStreamConverter,
         requested=OutputMode.TEXT,

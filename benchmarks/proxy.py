@@ -34,7 +34,8 @@ import orjson
 
 _ROOT = Path(__file__).resolve().parent.parent
 _DOC = _ROOT / "docs" / "performance.md"
-_START = "<!-- proxy benchmark: written by benchmarks/proxy.py -->"
+SECTION_START = "<!-- proxy benchmark: written by benchmarks/proxy.py -->"
+"""Opens this benchmark's section, the last of the page (``run.py`` keeps it on a rerun)."""
 FLOOR = 0.8
 PROMPT_TOKENS = 1024
 # The simulated worker's chat template around one user message: <|im_start|>user\n ...
@@ -236,7 +237,7 @@ def table(results: Sequence[Result]) -> str:
 
 
 def section(results: Sequence[Result]) -> str:
-    return f"""{_START}
+    return f"""{SECTION_START}
 ## The reference proxy against a pass-through
 
 `python benchmarks/proxy.py` ({platform.python_implementation()} {platform.python_version()},
@@ -266,8 +267,8 @@ proxy also bounds the wait for each worker chunk (the idle timeout, `anyio.fail_
 
 def write(results: Sequence[Result]) -> None:
     text = _DOC.read_text(encoding="utf-8")
-    if _START in text:
-        text = text[: text.index(_START)].rstrip("\n") + "\n"
+    if SECTION_START in text:
+        text = text[: text.index(SECTION_START)].rstrip("\n") + "\n"
     _DOC.write_text(text + "\n" + section(results), encoding="utf-8")
 
 

@@ -24,11 +24,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout
 
 import cases
 import harness
+import proxy
 
 _ROOT = Path(__file__).resolve().parent.parent
 _DOC = _ROOT / "docs" / "performance.md"
-# Where benchmarks/proxy.py writes its own section (the last one): a rerun here keeps it.
-_PROXY_SECTION = "<!-- proxy benchmark: written by benchmarks/proxy.py -->"
 _MEMORY_RUNNERS = (cases.LIBRARY, cases.ORJSON_ROUND_TRIP)
 
 
@@ -359,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
 def _proxy_section() -> str:
     """The section benchmarks/proxy.py wrote at the end of the page, kept as it is."""
     old = _DOC.read_text(encoding="utf-8") if _DOC.exists() else ""
-    start = old.find(_PROXY_SECTION)
+    start = old.find(proxy.SECTION_START)
     return "" if start < 0 else "\n\n" + old[start:]
 
 

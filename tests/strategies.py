@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
-import operator
-from operator import itemgetter
+from operator import add, itemgetter
 from typing import Any
 
 from hypothesis import strategies as st
+
+from disagg_transforms import LegInputs
 
 # JSON scalars as a client could send them (no NaN: JSON has none; the hostile strategies
 # below add those literals on purpose).
@@ -411,6 +412,14 @@ token_id_arrays: st.SearchStrategy[bytes] = _token_id_array() | st.sampled_from(
 
 _transfer_values = st.dictionaries(st.sampled_from(["remote_host", "remote_port"]), json_scalars)
 
+router_leg_inputs = st.builds(
+    LegInputs,
+    token_ids=st.none() | token_id_lists,
+    kv_transfer_params=st.none() | st.just({"remote_host": "router", "remote_port": 2}),
+    request_id=st.none() | st.just("r-1"),
+)
+"""What a router hands a leg builder besides the client's body: each input given or not."""
+
 client_request_bodies: st.SearchStrategy[dict[str, Any]] = st.fixed_dictionaries(
     {},
     optional={
@@ -775,7 +784,7 @@ def _sse_event(draw: st.DrawFn) -> bytes:
 
 
 sse_streams = st.lists(_sse_event(), max_size=6).map(b"".join) | st.builds(
-    operator.add, st.lists(_sse_event(), max_size=4).map(b"".join), st.binary(max_size=12)
+    add, st.lists(_sse_event(), max_size=4).map(b"".join), st.binary(max_size=12)
 )
 """An SSE stream of regular and unusual events, possibly ending mid-event or in garbage."""
 

@@ -12,6 +12,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
 import cases
 import harness
+import proxy
 import run
 
 
@@ -92,3 +93,26 @@ def test_each_phase_runs_in_its_own_child() -> None:
     rows = run.measure_apart(quick=True, memory=False)
     assert [row.case for row in rows] == [case.name for case in cases.all_cases(quick=True)]
     assert {case.phase for case in cases.all_cases()} == set(cases.PHASES)
+
+
+def test_a_rerun_keeps_the_proxy_benchmark_s_section(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    doc = tmp_path / "performance.md"
+    doc.write_text("# Performance\n\nthe tables of an older run\n", encoding="utf-8")
+    monkeypatch.setattr(run, "_DOC", doc)
+    monkeypatch.setattr(proxy, "_DOC", doc)
+    proxy.write(
+        [
+            proxy.Result(target, mode, 100.0, 1.0, 2.0)
+            for mode in ("whole", "stream")
+            for target in ("worker", "pass-through", proxy.ONE_CALL, proxy.GENERATE)
+        ]
+    )
+    section = doc.read_text(encoding="utf-8").partition(proxy.SECTION_START)[2]
+    monkeypatch.setattr(run, "measure_apart", lambda **_: [])  # no timing: the page's text only
+    assert run.main(["--quick"]) == 0
+    text = doc.read_text(encoding="utf-8")
+    assert "an older run" not in text
+    assert text.endswith(proxy.SECTION_START + section)
+    assert text.count(proxy.SECTION_START) == 1

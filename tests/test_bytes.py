@@ -7,13 +7,18 @@ from typing import Any
 import msgspec
 import pytest
 from golden import load_fixture
+from helpers import outcome
 from hypothesis import given, reject
 from hypothesis import strategies as st
-from strategies import client_paths, client_request_bodies, generate_responses, token_id_lists
+from strategies import (
+    client_paths,
+    client_request_bodies,
+    generate_responses,
+    router_leg_inputs,
+)
 
 from disagg_transforms import (
     DecodeParams,
-    DisaggTransformError,
     EnvelopeOptions,
     GenerateDecodeLeg,
     GenerateDecodeLegBytes,
@@ -33,13 +38,6 @@ TEXT = DecodeParams(use_openai_format=False, output_mode=OutputMode.TEXT)
 _SPLIT = msgspec.json.Decoder(dict[str, msgspec.Raw])
 
 
-def _outcome(call: Any) -> tuple[str, Any]:
-    try:
-        return "ok", call()
-    except DisaggTransformError as error:
-        return type(error).__name__, error.param
-
-
 def _loose(body: dict[str, Any]) -> bytes:
     # Not msgspec's own spelling (spaces, \u escapes): a re-encoded member would differ.
     # Infinity is not JSON: such a body cannot reach the bytes path as bytes.
@@ -52,11 +50,7 @@ def _loose(body: dict[str, Any]) -> bytes:
 @given(
     body=client_request_bodies,
     path=client_paths,
-    inputs=st.builds(
-        LegInputs,
-        token_ids=st.none() | token_id_lists,
-        kv_transfer_params=st.none() | st.just({"remote_host": "router"}),
-    ),
+    inputs=router_leg_inputs,
     params=st.builds(
         DecodeParams,
         use_openai_format=st.booleans(),
@@ -74,10 +68,10 @@ def test_decode_bytes_path_equals_dict_path(
         type(item) in {int, float} and item > 2**63 - 1 for item in ids
     ):
         reject()  # only the dict path checks the range (the shape property in test_fuzz_harness)
-    kind, by_dict = _outcome(
+    kind, by_dict = outcome(
         lambda: build_decode_request(decoded, client_path=path, params=params, inputs=inputs)
     )
-    kind_b, by_bytes = _outcome(
+    kind_b, by_bytes = outcome(
         lambda: build_decode_request_bytes(raw, client_path=path, params=params, inputs=inputs)
     )
     assert kind == kind_b
@@ -447,8 +441,8 @@ def test_request_bytes_are_refused_exactly_when_not_utf8(text: bytes, key: str) 
         assert caught.value.param == "$"
         assert str(caught.value).endswith(f"({exc.reason} at byte {exc.start})")
         return
-    outcome = _outcome(lambda: _leg(body))
-    assert outcome[1] != "$"
+    result = outcome(lambda: _leg(body))
+    assert result[1] != "$"
 
 
 def test_a_number_no_parser_reads_is_named_as_such() -> None:

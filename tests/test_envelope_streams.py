@@ -14,6 +14,7 @@ import pytest
 from anthropic.lib.streaming._messages import accumulate_event
 from anthropic.types import ErrorResponse, RawMessageStreamEvent
 from golden import RESPONSE_FIXTURES, load_fixture, load_stream
+from helpers import text_stream_converter
 from hypothesis import given
 from hypothesis import strategies as st
 from openai.lib.streaming.responses import ResponseStreamState
@@ -27,6 +28,8 @@ from disagg_transforms import (
     EnvelopeOptions,
     OutputMode,
     ResponsesStreamConverter,
+    Route,
+    StreamConverter,
     UpstreamContractError,
     single_frame_anthropic_events,
     single_frame_anthropic_stream,
@@ -64,21 +67,12 @@ def named_events(sse: bytes) -> list[dict[str, Any]]:
     return events
 
 
-def responses_converter(*, client_body: Any = None, **options: Any) -> ResponsesStreamConverter:
-    return ResponsesStreamConverter(
-        requested=OutputMode.TEXT,
-        client_body=client_body,
-        options=EnvelopeOptions(model="m", **options),
-        created=5,
-    )
+def responses_converter(**kwargs: Any) -> StreamConverter:
+    return text_stream_converter(Route.RESPONSES, **kwargs)
 
 
-def anthropic_converter(*, client_body: Any = None, **options: Any) -> AnthropicStreamConverter:
-    return AnthropicStreamConverter(
-        requested=OutputMode.TEXT,
-        client_body=client_body,
-        options=EnvelopeOptions(model="m", **options),
-    )
+def anthropic_converter(**kwargs: Any) -> StreamConverter:
+    return text_stream_converter(Route.MESSAGES, **kwargs)
 
 
 def convert(make: Callable[[], Any], stream: bytes) -> bytes:

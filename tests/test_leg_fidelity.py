@@ -10,14 +10,14 @@ from typing import Any
 
 import pytest
 from golden import load_fixture
+from helpers import outcome
 from hypothesis import given
 from hypothesis import strategies as st
-from strategies import client_paths, client_request_bodies, token_id_lists
+from strategies import client_paths, client_request_bodies, router_leg_inputs
 
 from disagg_transforms import (
     DecodeLeg,
     DecodeParams,
-    DisaggTransformError,
     EncodeParams,
     GenerateDecodeLeg,
     KvTransferPlacement,
@@ -41,13 +41,6 @@ MESSAGES = "/v1/messages"
 GENERATE = "/inference/v1/generate"
 TOKENS = [11, 12, 13]
 MODES = [OutputMode.TEXT, OutputMode.DERENDER]
-
-
-def _outcome(call: Any) -> tuple[str, Any]:
-    try:
-        return "ok", call()
-    except DisaggTransformError as error:
-        return type(error).__name__, error.param
 
 
 def _decode(body: dict[str, Any], path: str, params: DecodeParams, **kwargs: Any) -> DecodeLeg:
@@ -313,12 +306,7 @@ def test_vllm_xargs_become_extra_args_for_every_client(path: str, body: dict[str
 @given(
     body=client_request_bodies,
     path=client_paths,
-    inputs=st.builds(
-        LegInputs,
-        token_ids=st.none() | token_id_lists,
-        kv_transfer_params=st.none() | st.just(ROUTER_KV),
-        request_id=st.none() | st.just("r-1"),
-    ),
+    inputs=router_leg_inputs,
     mode=st.sampled_from(MODES),
     openai=st.booleans(),
 )
@@ -326,7 +314,7 @@ def test_inputs_object_builds_the_keyword_fronts_leg(
     body: dict[str, Any], path: str, inputs: LegInputs, mode: OutputMode, openai: bool
 ) -> None:
     params = DecodeParams(use_openai_format=openai, output_mode=mode)
-    by_keywords = _outcome(
+    by_keywords = outcome(
         lambda: build_decode_request(
             body,
             client_path=path,
@@ -336,7 +324,7 @@ def test_inputs_object_builds_the_keyword_fronts_leg(
             request_id=inputs.request_id,
         )
     )
-    by_inputs = _outcome(
+    by_inputs = outcome(
         lambda: build_decode_request(body, client_path=path, params=params, inputs=inputs)
     )
     assert by_inputs == by_keywords

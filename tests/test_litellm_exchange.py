@@ -12,13 +12,15 @@ import importlib
 import inspect
 import os
 import re
-from collections.abc import AsyncIterator, Awaitable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import httpx
 import pytest
+from helpers import LITELLM_WARNINGS, TIMEOUT, WEATHER_TOOLS
+from helpers import run_bounded as run
 
 # LiteLLM fetches its model-cost map at import time unless told not to; there is no network.
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
@@ -31,39 +33,17 @@ from disagg_transforms import DecodeParams, OutputMode  # noqa: E402
 from disagg_transforms.integrations.litellm import VllmGenerateLLM  # noqa: E402
 from disagg_transforms.testing import SimulatedWorker, WorkerSettings  # noqa: E402
 
-pytestmark = [
-    pytest.mark.filterwarnings("ignore::UserWarning:pydantic.*"),
-    pytest.mark.filterwarnings("ignore::DeprecationWarning"),
-    pytest.mark.filterwarnings("ignore::pydantic.warnings.PydanticDeprecatedSince20"),
-]
+pytestmark = LITELLM_WARNINGS
 
-T = TypeVar("T")
-TIMEOUT = 30.0
 DECODE = "http://decode.test"
 PREFILL = "http://prefill.test"
 GENERATE = "/inference/v1/generate"
 RENDER = "/v1/chat/completions/render"
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
-        },
-    }
-]
 MESSAGES = [{"role": "user", "content": "Hi"}]
 KV_REQUEST = {"do_remote_decode": True, "do_remote_prefill": False}
 # The real classes: a test below replaces the module's names to count the clients opened.
 REAL_CLIENT, REAL_ASYNC_CLIENT = httpx.Client, httpx.AsyncClient
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "litellm.md"
-
-
-def run(awaitable: Awaitable[T]) -> T:
-    async def bounded() -> T:
-        return await asyncio.wait_for(awaitable, TIMEOUT)
-
-    return asyncio.run(bounded())
 
 
 class Workers:
@@ -185,7 +165,7 @@ def test_prefill_then_decode_in_text_mode() -> None:
 
 
 def test_derender_answers_tool_calls_reasoning_and_usage(workers: Workers) -> None:
-    response = complete("pd-derender/qwen", tools=TOOLS, max_completion_tokens=400)
+    response = complete("pd-derender/qwen", tools=WEATHER_TOOLS, max_completion_tokens=400)
     message = response.choices[0].message
     assert response.choices[0].finish_reason == "tool_calls"
     assert message.tool_calls[0].function.name == "get_weather"
@@ -208,7 +188,7 @@ def test_text_stream_with_usage(workers: Workers) -> None:
 
 
 def test_derender_stream_is_one_single_frame(workers: Workers) -> None:
-    chunks = stream("pd-derender/qwen", tools=TOOLS, max_tokens=400)
+    chunks = stream("pd-derender/qwen", tools=WEATHER_TOOLS, max_tokens=400)
     calls = [
         c for chunk in chunks if chunk.choices for c in chunk.choices[0].delta.tool_calls or []
     ]

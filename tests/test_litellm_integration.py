@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import os
 import subprocess
 import sys
-from collections.abc import Awaitable, Iterator
-from typing import Any, TypeVar
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
+from helpers import LITELLM_WARNINGS, TIMEOUT, WEATHER_TOOLS
+from helpers import run_bounded as run
 
 # LiteLLM fetches its model-cost map at import time unless told not to; there is no network.
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
@@ -27,32 +28,9 @@ from disagg_transforms.integrations.litellm import (  # noqa: E402
     VllmGenerateLLM,
 )
 
-# LiteLLM's own import- and call-time warnings (pydantic schema notes, deprecations) are not ours.
-pytestmark = [
-    pytest.mark.filterwarnings("ignore::UserWarning:pydantic.*"),
-    pytest.mark.filterwarnings("ignore::DeprecationWarning"),
-    pytest.mark.filterwarnings("ignore::pydantic.warnings.PydanticDeprecatedSince20"),
-]
+pytestmark = LITELLM_WARNINGS
 
-T = TypeVar("T")
-TIMEOUT = 30.0  # seconds: every LiteLLM call in this module is bounded
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
-        },
-    }
-]
 MESSAGES = [{"role": "user", "content": "What is the weather in Paris?"}]
-
-
-def run(awaitable: Awaitable[T]) -> T:
-    async def bounded() -> T:
-        return await asyncio.wait_for(awaitable, TIMEOUT)
-
-    return asyncio.run(bounded())
 
 
 @pytest.fixture(autouse=True)
@@ -102,7 +80,7 @@ def stream_chunks(worker: FakeWorker, model: str, **kwargs: Any) -> list[Any]:
 
 
 def test_derender_answers_with_tool_calls_and_reasoning(worker: FakeWorker) -> None:
-    response = complete(worker, "disagg-derender/qwen", tools=TOOLS, max_tokens=33)
+    response = complete(worker, "disagg-derender/qwen", tools=WEATHER_TOOLS, max_tokens=33)
     message = response.choices[0].message
     assert response.choices[0].finish_reason == "tool_calls"
     assert message.tool_calls[0].function.name == "get_weather"
@@ -116,7 +94,7 @@ def test_derender_answers_with_tool_calls_and_reasoning(worker: FakeWorker) -> N
     assert leg["output_mode"] == "derender"
     assert leg["sampling_params"]["max_tokens"] == 33
     assert leg["stream"] is False
-    assert leg["parse_context"]["tools"] == TOOLS
+    assert leg["parse_context"]["tools"] == WEATHER_TOOLS
 
 
 def test_text_answers_with_the_text(worker: FakeWorker) -> None:
@@ -143,7 +121,7 @@ def test_text_streams_the_chunks(worker: FakeWorker) -> None:
 
 
 def test_derender_streams_one_single_frame(worker: FakeWorker) -> None:
-    chunks = stream_chunks(worker, "disagg-derender/qwen", tools=TOOLS)
+    chunks = stream_chunks(worker, "disagg-derender/qwen", tools=WEATHER_TOOLS)
     calls = [
         c for chunk in chunks if chunk.choices for c in chunk.choices[0].delta.tool_calls or []
     ]

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 from golden import load_fixture, load_stream
+from helpers import text_stream_converter
 from hypothesis import given
 from hypothesis import strategies as st
 from openai.lib.streaming.chat import ChatCompletionStreamState
@@ -18,6 +19,8 @@ from disagg_transforms import (
     ConfigError,
     EnvelopeOptions,
     OutputMode,
+    Route,
+    StreamConverter,
     UpstreamContractError,
     single_frame_chat_chunks,
     single_frame_chat_stream,
@@ -40,13 +43,8 @@ def _accumulate(chunks: list[dict[str, Any]]) -> Any:
     return state.current_completion_snapshot
 
 
-def _converter(*, client_body: Any = None, **options: Any) -> ChatStreamConverter:
-    return ChatStreamConverter(
-        requested=OutputMode.TEXT,
-        client_body=client_body,
-        options=EnvelopeOptions(model="m", **options),
-        created=5,
-    )
+def _converter(**kwargs: Any) -> StreamConverter:
+    return text_stream_converter(Route.CHAT_COMPLETIONS, **kwargs)
 
 
 @pytest.mark.parametrize(

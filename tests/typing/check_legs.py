@@ -18,11 +18,12 @@ from disagg_transforms import (
     LegInputs,
     OutputMode,
     PrefillParams,
+    Route,
     build_decode_request,
     build_decode_request_bytes,
     build_prefill_request,
     check_output_mode_echo,
-    single_frame_chat_stream,
+    single_frame_stream,
     wrap_anthropic_message,
     wrap_chat_completion,
     wrap_responses_response,
@@ -47,17 +48,22 @@ def decode(
     return build_decode_request(client, client_path=path, params=params, inputs=inputs)
 
 
-def reply(leg: DecodeLeg, answer: Mapping[str, Any], client: Mapping[str, Any]) -> object:
+def reply(
+    leg: DecodeLeg, answer: Mapping[str, Any], client: Mapping[str, Any], client_route: Route
+) -> object:
     if not isinstance(leg, GenerateDecodeLeg):
         return answer  # the client's own route: the answer is already its envelope
     mode: OutputMode = leg.output_mode
+    # The envelope is the client's route's: the leg's own route is the generate route.
     if leg.single_frame:
-        return single_frame_chat_stream(answer, requested=mode, client_body=client)
+        return single_frame_stream(client_route, answer, requested=mode, client_body=client)
     if leg.wrap_chat_completion:
         return wrap_chat_completion(answer, requested=mode, client_body=client)
-    if leg.route.value.endswith("responses"):
+    if client_route is Route.RESPONSES:
         return wrap_responses_response(answer, requested=mode, client_body=client)
-    return wrap_anthropic_message(answer, requested=mode, client_body=client)
+    if client_route is Route.MESSAGES:
+        return wrap_anthropic_message(answer, requested=mode, client_body=client)
+    return answer  # a generate client, or a chat client whose step does not wrap
 
 
 def reply_bytes(client: bytes, answer: Mapping[str, Any]) -> None:
