@@ -445,6 +445,29 @@ def test_sigterm_drains_a_stream_in_flight_then_exits_0(
     assert log.index("Shutting down") < log.index("stream=complete")
 
 
+def test_sigterm_cuts_a_stream_that_outlasts_the_drain_timeout(
+    fleet: Fleet, tmp_path: pathlib.Path
+) -> None:
+    args = ["serve", "--port", "0", "--decode-url", _decode_url_of(fleet), "--drain-timeout", "1"]
+    server = wait_ready(start(args, tmp_path / "cut"))
+    try:
+        body = {"model": "m", "messages": CHAT, "stream": True}
+        url = server.url + "/v1/chat/completions"
+        with httpx.stream("POST", url, json=body, timeout=20) as stream:
+            chunks = stream.iter_bytes()
+            assert next(chunks).startswith(b"data: ")
+            server.process.send_signal(signal.SIGTERM)
+            signalled = time.monotonic()
+            with pytest.raises(httpx.RemoteProtocolError):  # the proxy cut the stream
+                for _ in chunks:
+                    pass
+        # The slow worker's stream lasts about 3 s; the drain gives it 1.
+        assert server.process.wait(timeout=20) == 0
+        assert time.monotonic() - signalled < 2.5
+    finally:
+        server.stop()
+
+
 def _decode_url_of(fleet: Fleet) -> str:
     args = fleet.slow.process.args
     assert isinstance(args, list)

@@ -65,7 +65,7 @@ def add_commands(commands: argparse._SubParsersAction[_ParserT]) -> None:
     serve.add_argument(
         "--drain-timeout",
         type=int,
-        default=60.0,
+        default=60,
         help="seconds SIGTERM waits for replies in flight (default 60)",
     )
     simulate = add_command(commands, "simulate", _simulate)
