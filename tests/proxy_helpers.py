@@ -1,5 +1,7 @@
 """Start ``disagg-transforms serve`` / ``simulate`` as subprocesses and wait for them.
 
+``served`` runs an ASGI app (a test's own worker) on a uvicorn server in a thread instead.
+
 Each process is started with this interpreter (``python -m disagg_transforms``), so the tests run
 the same package they import: the source tree, or the installed wheel in CI. It binds
 ``--port 0`` and announces its real port on its readiness line; stderr (the access log) goes
@@ -12,12 +14,15 @@ import os
 import pathlib
 import select
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import disagg_transforms
 
@@ -103,3 +108,26 @@ def running(*commands: tuple[Sequence[str], pathlib.Path]) -> Iterator[list[Serv
     finally:
         for server in servers:
             server.stop()
+
+
+@contextmanager
+def served(app: Any) -> Iterator[str]:
+    """``app`` on a uvicorn server in a thread of this process; its URL."""
+    import uvicorn  # noqa: PLC0415 - only the tests that serve an app need it
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="off")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]})
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not server.started:
+            assert time.monotonic() < deadline, "the in-process server did not start"
+            time.sleep(0.02)
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()
