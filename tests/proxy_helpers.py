@@ -53,13 +53,17 @@ class Server:
         return log
 
     def stop(self) -> int:
-        """SIGTERM, then SIGKILL if it does not exit within 10 s; the exit code."""
+        """SIGTERM, then SIGKILL if it does not exit within 10 s; the exit code.
+
+        The SIGKILL goes to the process group the server leads, so that the worker processes of
+        ``--workers N``, which a killed parent cannot stop, go with it.
+        """
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
             try:
                 self.process.wait(timeout=10)
             except subprocess.TimeoutExpired:
-                self.process.kill()
+                os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait(timeout=10)
         if self.process.stdout is not None:
             self.process.stdout.close()
@@ -77,10 +81,14 @@ def environment() -> dict[str, str]:
 
 
 def start(args: Sequence[str], log_path: pathlib.Path) -> Server:
-    """Start ``python -m disagg_transforms ARGS`` (not waiting for it)."""
+    """Start ``python -m disagg_transforms ARGS`` (not waiting for it), leading its own group."""
     with log_path.open("wb") as log:
         process = subprocess.Popen(  # noqa: S603 - our own interpreter and command
-            command(*args), stdout=subprocess.PIPE, stderr=log, env=environment()
+            command(*args),
+            stdout=subprocess.PIPE,
+            stderr=log,
+            env=environment(),
+            start_new_session=True,
         )
     return Server(process, log_path)
 
@@ -102,8 +110,9 @@ def wait_ready(server: Server, timeout: float = READY_TIMEOUT) -> Server:
 @contextmanager
 def running(*commands: tuple[Sequence[str], pathlib.Path]) -> Iterator[list[Server]]:
     """Start every command at once, wait until each is ready; stop them all at the end."""
-    servers = [start(args, log) for args, log in commands]
+    servers: list[Server] = []
     try:
+        servers.extend(start(args, log) for args, log in commands)
         yield [wait_ready(server) for server in servers]
     finally:
         for server in servers:
