@@ -1,5 +1,7 @@
 """Start ``disagg-transforms serve`` / ``simulate`` as subprocesses and wait for them.
 
+``served`` runs an ASGI app (a test's own worker) on a uvicorn server in a thread instead.
+
 Each process is started with this interpreter (``python -m disagg_transforms``), so the tests run
 the same package they import: the source tree, or the installed wheel in CI. It binds
 ``--port 0`` and announces its real port on its readiness line; stderr (the access log) goes
@@ -12,12 +14,15 @@ import os
 import pathlib
 import select
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import disagg_transforms
 
@@ -48,13 +53,17 @@ class Server:
         return log
 
     def stop(self) -> int:
-        """SIGTERM, then SIGKILL if it does not exit within 10 s; the exit code."""
+        """SIGTERM, then SIGKILL if it does not exit within 10 s; the exit code.
+
+        The SIGKILL goes to the process group the server leads, so that the worker processes of
+        ``--workers N``, which a killed parent cannot stop, go with it.
+        """
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
             try:
                 self.process.wait(timeout=10)
             except subprocess.TimeoutExpired:
-                self.process.kill()
+                os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait(timeout=10)
         if self.process.stdout is not None:
             self.process.stdout.close()
@@ -72,10 +81,14 @@ def environment() -> dict[str, str]:
 
 
 def start(args: Sequence[str], log_path: pathlib.Path) -> Server:
-    """Start ``python -m disagg_transforms ARGS`` (not waiting for it)."""
+    """Start ``python -m disagg_transforms ARGS`` (not waiting for it), leading its own group."""
     with log_path.open("wb") as log:
         process = subprocess.Popen(  # noqa: S603 - our own interpreter and command
-            command(*args), stdout=subprocess.PIPE, stderr=log, env=environment()
+            command(*args),
+            stdout=subprocess.PIPE,
+            stderr=log,
+            env=environment(),
+            start_new_session=True,
         )
     return Server(process, log_path)
 
@@ -97,9 +110,33 @@ def wait_ready(server: Server, timeout: float = READY_TIMEOUT) -> Server:
 @contextmanager
 def running(*commands: tuple[Sequence[str], pathlib.Path]) -> Iterator[list[Server]]:
     """Start every command at once, wait until each is ready; stop them all at the end."""
-    servers = [start(args, log) for args, log in commands]
+    servers: list[Server] = []
     try:
+        servers.extend(start(args, log) for args, log in commands)
         yield [wait_ready(server) for server in servers]
     finally:
         for server in servers:
             server.stop()
+
+
+@contextmanager
+def served(app: Any) -> Iterator[str]:
+    """``app`` on a uvicorn server in a thread of this process; its URL."""
+    import uvicorn  # noqa: PLC0415 - only the tests that serve an app need it
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="off")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]})
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not server.started:
+            assert time.monotonic() < deadline, "the in-process server did not start"
+            time.sleep(0.02)
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()

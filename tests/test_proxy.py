@@ -13,7 +13,6 @@ import contextlib
 import json
 import pathlib
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -26,7 +25,7 @@ import httpx
 import openai
 import pytest
 from golden import load_stream
-from proxy_helpers import Server, command, environment, running, start, wait_ready
+from proxy_helpers import Server, command, environment, running, served, start, wait_ready
 
 pytest.importorskip("uvicorn")
 pytest.importorskip("starlette")
@@ -360,34 +359,11 @@ class _BreakingWorker:
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
-@contextlib.contextmanager
-def _served(app: Any) -> Iterator[str]:
-    """``app`` on a uvicorn server in a thread of this process; its URL."""
-    import uvicorn  # noqa: PLC0415 - the module skips without it
-
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="off")
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]})
-    thread.start()
-    try:
-        deadline = time.monotonic() + 10
-        while not server.started:
-            assert time.monotonic() < deadline, "the in-process worker did not start"
-            time.sleep(0.02)
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
-        sock.close()
-
-
 def test_a_contract_break_mid_stream_closes_the_worker_stream_at_once(
     tmp_path: pathlib.Path,
 ) -> None:
     worker = _BreakingWorker()
-    with _served(worker) as worker_url:
+    with served(worker) as worker_url:
         config = tmp_path / "generate.json"
         config.write_text(json.dumps({"use_openai_format": False, "steps": {"decode": {}}}))
         args = ["serve", "--port", "0", "--config", str(config), "--decode-url", worker_url]
@@ -443,6 +419,29 @@ def test_sigterm_drains_a_stream_in_flight_then_exits_0(
     assert '"finish_reason":"stop"' in text
     log = server.log()
     assert log.index("Shutting down") < log.index("stream=complete")
+
+
+def test_sigterm_cuts_a_stream_that_outlasts_the_drain_timeout(
+    fleet: Fleet, tmp_path: pathlib.Path
+) -> None:
+    args = ["serve", "--port", "0", "--decode-url", _decode_url_of(fleet), "--drain-timeout", "1"]
+    server = wait_ready(start(args, tmp_path / "cut"))
+    try:
+        body = {"model": "m", "messages": CHAT, "stream": True}
+        url = server.url + "/v1/chat/completions"
+        with httpx.stream("POST", url, json=body, timeout=20) as stream:
+            chunks = stream.iter_bytes()
+            assert next(chunks).startswith(b"data: ")
+            server.process.send_signal(signal.SIGTERM)
+            signalled = time.monotonic()
+            with pytest.raises(httpx.RemoteProtocolError):  # the proxy cut the stream
+                for _ in chunks:
+                    pass
+        # The slow worker's stream lasts about 3 s; the drain gives it 1.
+        assert server.process.wait(timeout=20) == 0
+        assert time.monotonic() - signalled < 2.5
+    finally:
+        server.stop()
 
 
 def _decode_url_of(fleet: Fleet) -> str:

@@ -1,7 +1,8 @@
-"""The proxy app's checks at startup, in process: which steps need which worker URLs."""
+"""The proxy app in process: which steps need which worker URLs, ``/health`` and ``/v1/models``."""
 
 from __future__ import annotations
 
+import socket
 from typing import Any
 
 import pytest
@@ -9,8 +10,13 @@ from hypothesis import given
 from strategies import proxy_steps, proxy_urls
 
 from disagg_transforms import ConfigError, Route, Step, parse_pipeline_params, resolve_format
+from disagg_transforms.testing import SimulatedWorker
 
 pytest.importorskip("starlette")
+pytest.importorskip("uvicorn")
+from proxy_helpers import served
+from starlette.testclient import TestClient
+
 from disagg_transforms.integrations.proxy import create_app, url_errors
 
 
@@ -76,3 +82,37 @@ def test_serve_without_the_proxy_extra_is_one_line(
         "disagg-transforms: error: this command needs uvicorn: "
         "pip install 'disagg_transforms[proxy]'\n"
     )
+
+
+def test_models_is_the_decode_workers_answer_with_two_headers_passed_on() -> None:
+    worker = SimulatedWorker()
+    with served(worker) as url:
+        app = create_app(parse_pipeline_params({"decode": {}}), decode_url=url)
+        headers = {"authorization": "Bearer k", "x-request-id": "models-1", "x-other": "kept out"}
+        with TestClient(app) as client:
+            answer = client.get("/v1/models", headers=headers)
+            assert client.get("/health").status_code == 200
+    assert answer.status_code == 200
+    assert "simulated" in [model["id"] for model in answer.json()["data"]]
+    [call] = worker.calls_to("/v1/models")
+    assert (call.headers["authorization"], call.headers["x-request-id"]) == ("Bearer k", "models-1")
+    assert "x-other" not in call.headers
+    assert worker.calls_to("/health") == []  # the proxy's /health calls no worker
+
+
+def test_an_unreachable_worker_is_a_502_naming_the_step() -> None:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"  # bound, not listening: refused
+    try:
+        app = create_app(parse_pipeline_params({"decode": {}}), decode_url=url)
+        with TestClient(app) as client:
+            health = client.get("/health")
+            models = client.get("/v1/models")
+            chat = client.post("/v1/chat/completions", json={"model": "m", "messages": []})
+    finally:
+        sock.close()
+    assert (health.status_code, health.content) == (200, b"")
+    for answer in (models, chat):
+        assert answer.status_code == 502
+        assert answer.json()["error"]["message"].startswith("decode failed: ConnectError")

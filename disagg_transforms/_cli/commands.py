@@ -1,7 +1,9 @@
 """How a subcommand joins the command line: one call, its texts from its handler's docstring.
 
 A handler's docstring is its subcommand's documentation: the first line, as a lower-case phrase,
-is the help in the command list; the whole text is the description ``NAME --help`` prints.
+is the help in the command list; the whole text is the description ``NAME --help`` prints. A
+handler reports a failure by raising :class:`CliError` (every module of commands imports it
+from here, below ``main``, which imports them).
 """
 
 from __future__ import annotations
@@ -14,6 +16,13 @@ from typing import TypeVar
 _ParserT = TypeVar("_ParserT", bound=argparse.ArgumentParser)
 
 Handler = Callable[[argparse.Namespace], int]
+
+PROG = "disagg-transforms"
+EXIT_USAGE = 2
+
+
+class CliError(Exception):
+    """A failure reported as one line on stderr with exit code 2."""
 
 
 def add_command(

@@ -37,14 +37,12 @@ from disagg_transforms import (
     wrap_chat_completion,
     wrap_responses_response,
 )
-from disagg_transforms._cli.commands import Handler, add_command
+from disagg_transforms._cli.commands import EXIT_USAGE, PROG, CliError, Handler, add_command
 from disagg_transforms._cli.demo import demo_text, indented_json, params_json
 from disagg_transforms._wire.describe import describe
 from disagg_transforms.errors import ConfigError, DisaggTransformError
 
-_PROG = "disagg-transforms"
 _STDIN = "-"
-_EXIT_USAGE = 2
 _TOP_LEVEL_KEYS = ("steps", "use_openai_format")
 # `--token-ids 1,2,3`: integers and commas only, so it can never be taken for a file name that
 # needs reading (docs/cli.md: ./NAME reads a file named like that).
@@ -52,16 +50,12 @@ _INLINE_IDS = re.compile(r"\s*-?\d+(\s*,\s*-?\d+)*\s*")
 _YAML_HINT = " (if it is YAML, pass --format yaml)"
 
 
-class _CliError(Exception):
-    """A failure reported as one line on stderr with exit code 2."""
-
-
 class _Parser(argparse.ArgumentParser):
     """argparse, with a usage error as one line (argparse prints usage and exits itself)."""
 
     def error(self, message: str) -> NoReturn:
         msg = f"{message} (see: {self.prog} --help)"
-        raise _CliError(msg)
+        raise CliError(msg)
 
 
 def _one_line(error: BaseException) -> str:
@@ -80,7 +74,7 @@ def _read_bytes(source: str) -> bytes:
         return Path(source).read_bytes()
     except OSError as exc:
         msg = f"cannot read {source}: {exc.strerror or _one_line(exc)}"
-        raise _CliError(msg) from None
+        raise CliError(msg) from None
 
 
 def _decode(
@@ -95,11 +89,11 @@ def _decode(
         return loads(data)
     except errors as exc:
         msg = f"{_source_name(source)}: not valid {kind}: {_one_line(exc)}{hint}"
-        raise _CliError(msg) from None
+        raise CliError(msg) from None
 
 
 def _read_json(source: str, hint: str = "") -> object:
-    """Parse the JSON document in a file or on stdin (``-``); a failure is a `_CliError`.
+    """Parse the JSON document in a file or on stdin (``-``); a failure is a `CliError`.
 
     msgspec, not orjson: it reads an integer beyond 64 bits exactly (orjson makes it a float).
     ``hint`` ends the message of a document that does not parse.
@@ -115,7 +109,7 @@ def _read_yaml(source: str) -> object:
             f"{_source_name(source)}: reading YAML needs PyYAML (pip install pyyaml); "
             "or give the config as JSON"
         )
-        raise _CliError(msg) from None
+        raise CliError(msg) from None
     return _decode(source, "YAML", yaml.safe_load, yaml.YAMLError)
 
 
@@ -197,7 +191,7 @@ def _check_config(args: argparse.Namespace) -> int:
             return 0
     name = _source_name(source)
     sys.stderr.writelines(f"{name}: {error.message}\n" for error in errors)
-    return _EXIT_USAGE
+    return EXIT_USAGE
 
 
 def _print_steps(parsed: Mapping[Step, StepParams]) -> None:
@@ -220,7 +214,7 @@ def _json_option(text: str, option: str) -> object:
         return msgspec.json.decode(text)
     except msgspec.DecodeError as exc:
         msg = f"{option}: not valid JSON: {_one_line(exc)}"
-        raise _CliError(msg) from None
+        raise CliError(msg) from None
 
 
 def _token_ids(value: str | None) -> object:
@@ -251,7 +245,7 @@ def _build_leg(args: argparse.Namespace) -> Leg:
     if isinstance(params, EncodeParams):
         return build_encode_request(body, params=params, **common)  # type: ignore[arg-type]
     msg = f"--step: {step.value} has no leg to build"  # pragma: no cover - choices exclude it
-    raise _CliError(msg)  # pragma: no cover
+    raise CliError(msg)  # pragma: no cover
 
 
 def _params_option(text: str | None) -> dict[str, object]:
@@ -260,7 +254,7 @@ def _params_option(text: str | None) -> dict[str, object]:
     params = _json_option(text, "--params")
     if not isinstance(params, dict):
         msg = f"--params: expected a JSON object of step params, got {describe(params)}"
-        raise _CliError(msg)
+        raise CliError(msg)
     return params
 
 
@@ -272,7 +266,7 @@ def _request(args: argparse.Namespace) -> int:
     leg = _build_leg(args)
     # On stderr, so stdout stays the leg alone: a key the leg cannot carry must not vanish quietly.
     if isinstance(leg, DecodeLeg) and leg.dropped:
-        sys.stderr.write(f"{_PROG}: dropped from the client's body: {', '.join(leg.dropped)}\n")
+        sys.stderr.write(f"{PROG}: dropped from the client's body: {', '.join(leg.dropped)}\n")
     sys.stdout.write(f"POST {leg.path}\n{indented_json(leg.body)}\n")
     return 0
 
@@ -299,7 +293,7 @@ def _response(args: argparse.Namespace) -> int:
 
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(
-        prog=_PROG,
+        prog=PROG,
         description="Build disaggregated-serving leg bodies for vLLM, and read them back.",
     )
     commands = parser.add_subparsers(dest="command", required=True)
@@ -350,6 +344,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = _parser().parse_args(argv)
         handler: Handler = args.handler
         return handler(args)
-    except (_CliError, DisaggTransformError) as error:
-        sys.stderr.write(f"{_PROG}: error: {_one_line(error)}\n")
-        return _EXIT_USAGE
+    except (CliError, DisaggTransformError) as error:
+        sys.stderr.write(f"{PROG}: error: {_one_line(error)}\n")
+        return EXIT_USAGE

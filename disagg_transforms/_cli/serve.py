@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import orjson
 
-from disagg_transforms._cli.commands import add_command
+from disagg_transforms._cli.commands import EXIT_USAGE, PROG, CliError, add_command
 
 if TYPE_CHECKING:
     import uvicorn
@@ -31,8 +31,6 @@ _SETTINGS = "DISAGG_TRANSFORMS_SERVE_SETTINGS"
 _FACTORY = "disagg_transforms._cli.serve:app_from_settings"
 _SIMULATED = "/simulated"  # where ``serve --simulate`` mounts its worker on its own server
 _STEP_URLS = ("render", "encode", "prefill", "decode")
-_EXIT_USAGE = 2
-_PROG = "disagg-transforms"
 
 
 def add_commands(commands: argparse._SubParsersAction[_ParserT]) -> None:
@@ -65,7 +63,7 @@ def add_commands(commands: argparse._SubParsersAction[_ParserT]) -> None:
     serve.add_argument(
         "--drain-timeout",
         type=int,
-        default=60.0,
+        default=60,
         help="seconds SIGTERM waits for replies in flight (default 60)",
     )
     simulate = add_command(commands, "simulate", _simulate)
@@ -95,12 +93,10 @@ def _seconds(text: str) -> float:
 
 def _need_the_extra() -> None:
     """A one-line error, not a traceback, when the proxy extra is not installed."""
-    from disagg_transforms._cli.main import _CliError  # noqa: PLC0415 - main imports this module
-
     for module in ("httpx", "starlette", "uvicorn"):
         if importlib.util.find_spec(module) is None:
             msg = f"this command needs {module}: pip install 'disagg_transforms[proxy]'"
-            raise _CliError(msg)
+            raise CliError(msg)
 
 
 def _default_document(*, prefill: bool) -> dict[str, Any]:
@@ -116,7 +112,6 @@ def _serve(args: argparse.Namespace) -> int:
     Serve the five client routes, calling vLLM workers through the exchange.
     """
     from disagg_transforms._cli.main import (  # noqa: PLC0415 - main imports this module
-        _CliError,
         _config_errors,
         _read_config,
     )
@@ -125,7 +120,7 @@ def _serve(args: argparse.Namespace) -> int:
     urls = {step: getattr(args, f"{step}_url") for step in _STEP_URLS}
     if args.simulate and any(urls.values()):
         msg = "--simulate calls its own simulated worker: give no worker URL with it"
-        raise _CliError(msg)
+        raise CliError(msg)
     if args.config is None:
         document: object = _default_document(prefill=args.simulate or bool(urls["prefill"]))
         source = "<default config>"
@@ -135,7 +130,7 @@ def _serve(args: argparse.Namespace) -> int:
     problems = [f"{source}: {error.message}" for error in _config_errors(document)]
     if problems:
         sys.stderr.writelines(line + "\n" for line in problems)
-        return _EXIT_USAGE
+        return EXIT_USAGE
     assert isinstance(document, Mapping)  # noqa: S101 - config_errors refuses anything else
     sock = _bind(args.host, args.port)
     if args.simulate:
@@ -155,8 +150,8 @@ def _serve(args: argparse.Namespace) -> int:
     _, warnings, problems = _pipeline(settings)
     if problems:
         sock.close()
-        sys.stderr.writelines(f"{_PROG}: error: {line}\n" for line in problems)
-        return _EXIT_USAGE
+        sys.stderr.writelines(f"{PROG}: error: {line}\n" for line in problems)
+        return EXIT_USAGE
     sys.stderr.writelines(f"{source}: warning: {line}\n" for line in warnings)
     os.environ[_SETTINGS] = orjson.dumps(settings).decode()
     _run(_FACTORY, sock, workers=args.workers, drain=args.drain_timeout)
@@ -222,13 +217,12 @@ def _simulate(args: argparse.Namespace) -> int:
 
     Serve disagg_transforms.testing.SimulatedWorker (docs/testing.md).
     """
-    from disagg_transforms._cli.main import _CliError  # noqa: PLC0415 - main imports this module
     from disagg_transforms.testing import FAULT_MODES  # noqa: PLC0415
 
     _need_the_extra()
     if args.fault is not None and args.fault not in FAULT_MODES:
         msg = f"--fault: unknown fault {args.fault!r}; expected one of {', '.join(FAULT_MODES)}"
-        raise _CliError(msg)
+        raise CliError(msg)
     os.environ[_SETTINGS] = orjson.dumps(
         {"fault": args.fault, "stream_delay": args.stream_delay}
     ).decode()
@@ -255,8 +249,6 @@ def _reachable(host: str) -> str:
 
 
 def _bind(host: str, port: int) -> socket.socket:
-    from disagg_transforms._cli.main import _CliError  # noqa: PLC0415 - main imports this module
-
     # IPPROTO_TCP spelled out: asyncio sets TCP_NODELAY only on sockets that say so, and
     # without it every keep-alive answer waits 40 ms for a delayed ACK.
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -267,7 +259,7 @@ def _bind(host: str, port: int) -> socket.socket:
     except OSError as error:
         sock.close()
         msg = f"cannot listen on {host}:{port}: {error.strerror or error}"
-        raise _CliError(msg) from None
+        raise CliError(msg) from None
     sock.set_inheritable(True)
     return sock
 
