@@ -44,6 +44,7 @@ from disagg_transforms._response.echo import (
     as_output_mode,
     check_echoed_mode,
     check_output_mode_echo,
+    looks_generate,
 )
 from disagg_transforms._response.generate_stream import (
     GenerateStreamReader,
@@ -336,8 +337,7 @@ def _decode_response(data: bytes, requested: OutputMode) -> _Response[msgspec.Ra
         members = _raw.split(data, UpstreamContractError, "the generate response")
         echoed = members.get(w.OUTPUT_MODE)
         mode = UNSET if echoed is None else _raw.decode_member(echoed, "$", UpstreamContractError)
-        generate = w.CHOICES in members and w.OBJECT not in members
-        check_echoed_mode(mode, requested, generate=generate)
+        check_echoed_mode(mode, requested, generate=looks_generate(members))
         raise contract_error(error, "the generate response") from None
     except (msgspec.DecodeError, RecursionError) as error:
         msg = f"$: the generate response is not valid JSON: {error}"
