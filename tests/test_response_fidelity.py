@@ -450,6 +450,17 @@ def test_dispatchers_refuse_routes_without_an_envelope() -> None:
             wrap_envelope(route, TOOL_CALL, requested=OutputMode.DERENDER)
 
 
+@pytest.mark.parametrize("route", [Route.CHAT_COMPLETIONS, Route.RESPONSES, Route.MESSAGES])
+def test_every_converter_refuses_a_first_chunk_without_request_id(route: Route) -> None:
+    # Every id of the client's stream is built from it: there is no id to give without one.
+    converter = stream_converter(route, requested=OutputMode.TEXT, client_body={"model": "m"})
+    chunk = {"output_mode": "text", "choices": [{"index": 0, "text": "Hi"}]}
+    with pytest.raises(UpstreamContractError) as caught:
+        converter.feed(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+    assert caught.value.param == "$.request_id"
+    assert "the first stream chunk has no request_id" in caught.value.message
+
+
 # ------------------------------------------------------------------ in-stream errors
 
 

@@ -50,6 +50,7 @@ from disagg_transforms._response.generate_stream import (
     GenerateStreamReader,
     StreamChoice,
     StreamEvent,
+    first_request_id,
 )
 from disagg_transforms._response.options import (
     DEFAULT_OPTIONS,
@@ -560,10 +561,7 @@ class ChatStreamConverter:
         return format_sse_event(body) + DONE_EVENT
 
     def _first_head(self, event: StreamEvent) -> bytes:
-        if not isinstance(event.request_id, str):
-            msg = f"$.{w.REQUEST_ID}: the first stream chunk has no request_id"
-            raise UpstreamContractError(msg, param=f"$.{w.REQUEST_ID}")
-        head = _chunk_head(chat_id(event.request_id), self._created, self._model)
+        head = _chunk_head(chat_id(first_request_id(event)), self._created, self._model)
         # The same four members open every chunk: encoded once, "}" cut to splice in the
         # choices (see docs/performance.md).
         self._head = b"data: " + encode_event_json(head)[:-1] + _CHOICES_MEMBER
