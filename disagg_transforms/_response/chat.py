@@ -55,6 +55,7 @@ from disagg_transforms._response.generate_stream import (
 from disagg_transforms._response.options import (
     DEFAULT_OPTIONS,
     EnvelopeOptions,
+    client_mapping,
     envelope_created,
     envelope_model,
 )
@@ -372,8 +373,7 @@ def _finish_pair(value: str, *, passthrough: bool) -> tuple[str | None, Any]:
 
 
 def _include_usage(client_body: Mapping[str, Any] | None) -> bool:
-    untyped: object = client_body  # the client's JSON may be any value
-    options = untyped.get(w.STREAM_OPTIONS) if isinstance(untyped, Mapping) else None
+    options = client_mapping(client_body).get(w.STREAM_OPTIONS)
     return isinstance(options, Mapping) and options.get(w.INCLUDE_USAGE) is True
 
 

@@ -16,7 +16,12 @@ import orjson
 
 from disagg_transforms._config import OutputMode
 from disagg_transforms._response.generate_stream import NamedEventConverter
-from disagg_transforms._response.options import DEFAULT_OPTIONS, EnvelopeOptions, envelope_model
+from disagg_transforms._response.options import (
+    DEFAULT_OPTIONS,
+    EnvelopeOptions,
+    client_mapping,
+    envelope_model,
+)
 from disagg_transforms._response.turn import AssistantTurn, ToolCallOut, read_turn
 from disagg_transforms._routes import Route
 from disagg_transforms._wire import keys as w
@@ -133,7 +138,7 @@ def _tool_input(call: ToolCallOut) -> dict[str, Any]:
 def _stop_reason(
     turn: AssistantTurn, client_body: Mapping[str, Any] | None
 ) -> tuple[str | None, str | None]:
-    stop_sequences = client_body.get(w.STOP_SEQUENCES) if isinstance(client_body, Mapping) else None
+    stop_sequences = client_mapping(client_body).get(w.STOP_SEQUENCES)
     if (
         turn.finish_reason == w.FINISH_STOP
         and isinstance(turn.stop_reason, str)
