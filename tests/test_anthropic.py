@@ -115,6 +115,16 @@ def test_missing_usage_is_an_upstream_error() -> None:
     assert info.value.param == "$.usage"
 
 
+@pytest.mark.parametrize("usage", [{"completion_tokens": 4}, {"prompt_tokens": 4}, {}])
+def test_usage_without_both_counts_is_an_upstream_error(usage: dict[str, Any]) -> None:
+    # A Messages usage has no optional count: a worker's usage missing one cannot be rebuilt.
+    response = {**load_fixture("response-text.json"), "usage": usage}
+    with pytest.raises(UpstreamContractError) as info:
+        wrap_anthropic_message(response, requested=OutputMode.TEXT)
+    assert info.value.param == "$.usage"
+    assert "needs prompt_tokens and completion_tokens" in info.value.message
+
+
 def test_wrong_echo_and_tokens_mode() -> None:
     with pytest.raises(UpstreamContractError) as info:
         wrap_anthropic_message(load_fixture("response-tokens.json"), requested=OutputMode.TEXT)

@@ -72,8 +72,7 @@ def wrap_anthropic_message(
     """
     turn = read_turn(response, requested)
     if turn.usage is None:
-        msg = "$.usage: the Messages API needs prompt_tokens and completion_tokens"
-        raise UpstreamContractError(msg, param="$.usage")
+        raise _no_usage()
     return _message_object(turn, client_body, DEFAULT_OPTIONS if options is None else options)
 
 
@@ -152,6 +151,11 @@ def _stop_reason(
     return _STOP_REASONS.get(turn.finish_reason or ""), None
 
 
+def _no_usage() -> UpstreamContractError:
+    msg = "$.usage: the Messages API needs prompt_tokens and completion_tokens"
+    return UpstreamContractError(msg, param="$.usage")
+
+
 def _usage(usage: Usage | None) -> dict[str, Any]:
     """Anthropic's usage: ``input_tokens`` excludes the cached ``cache_read_input_tokens``.
 
@@ -163,8 +167,7 @@ def _usage(usage: Usage | None) -> dict[str, Any]:
     prompt = usage.prompt_tokens
     completion = usage.completion_tokens
     if not isinstance(prompt, int) or not isinstance(completion, int):
-        msg = "$.usage: the Messages API needs prompt_tokens and completion_tokens"
-        raise UpstreamContractError(msg, param="$.usage")
+        raise _no_usage()
     details = usage.prompt_tokens_details or {}
     cached = details.get(w.CACHED_TOKENS)
     if not isinstance(cached, int) or isinstance(cached, bool):
