@@ -288,7 +288,8 @@ class NamedEventConverter(abc.ABC):
             tool_calls=(),
             finish_reason=self._finish_reason,
             stop_reason=self._stop_reason,
-            # Typed only here (twice a stream), not per chunk: the Messages API reads none.
+            # Typed only here (a stream builds its turn at most three times), not per chunk:
+            # the Messages API reads none.
             logprobs=None
             if self._logprobs is None
             else msgspec.convert({w.CONTENT: self._logprobs}, ChatLogprobs),
