@@ -108,11 +108,31 @@ def test_cached_tokens_become_cache_read_input_tokens() -> None:
                                "cache_read_input_tokens": 8}  # fmt: skip
 
 
+@pytest.mark.parametrize(("cached", "read"), [(20, 12), (12, 12), (-3, 0)])
+def test_cached_tokens_are_clamped_to_the_prompt(cached: int, read: int) -> None:
+    # The two counts a client adds must still give the 12 prompt tokens the worker read.
+    response = copy.deepcopy(load_fixture("response-text.json"))
+    response["usage"]["prompt_tokens_details"] = {"cached_tokens": cached}
+    usage = wrap_anthropic_message(response, requested=OutputMode.TEXT)["usage"]
+    assert usage["cache_read_input_tokens"] == read
+    assert usage["input_tokens"] == 12 - read
+
+
 def test_missing_usage_is_an_upstream_error() -> None:
     response = {**load_fixture("response-text.json"), "usage": None}
     with pytest.raises(UpstreamContractError) as info:
         wrap_anthropic_message(response, requested=OutputMode.TEXT)
     assert info.value.param == "$.usage"
+
+
+@pytest.mark.parametrize("usage", [{"completion_tokens": 4}, {"prompt_tokens": 4}, {}])
+def test_usage_without_both_counts_is_an_upstream_error(usage: dict[str, Any]) -> None:
+    # A Messages usage has no optional count: a worker's usage missing one cannot be rebuilt.
+    response = {**load_fixture("response-text.json"), "usage": usage}
+    with pytest.raises(UpstreamContractError) as info:
+        wrap_anthropic_message(response, requested=OutputMode.TEXT)
+    assert info.value.param == "$.usage"
+    assert "needs prompt_tokens and completion_tokens" in info.value.message
 
 
 def test_wrong_echo_and_tokens_mode() -> None:

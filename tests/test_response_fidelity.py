@@ -316,6 +316,41 @@ def test_echo_error_other_mode_is_a_configuration_mismatch() -> None:
     assert "predates" not in message
 
 
+def _without(response: dict[str, Any], *keys: str) -> dict[str, Any]:
+    return {key: value for key, value in response.items() if key not in keys}
+
+
+@pytest.mark.parametrize(
+    ("response", "requested", "cause"),
+    [
+        (load_fixture("chat-completion-coupled.json"), OutputMode.TEXT, "not a generate response"),
+        ({"detail": "Not Found"}, OutputMode.DERENDER, "not a generate response"),
+        (
+            _without(load_fixture("response-tokens.json"), "output_mode"),
+            OutputMode.TEXT,
+            "predates",
+        ),
+        # Breaks the bytes wrap's view too: the echo is read from the raw members.
+        (
+            _without(load_fixture("response-tokens.json"), "output_mode", "request_id"),
+            OutputMode.TEXT,
+            "predates",
+        ),
+        (load_fixture("response-text.json"), OutputMode.DERENDER, "configuration mismatch"),
+    ],
+)
+def test_the_bytes_wrap_names_the_echo_error_s_cause_as_the_dict_wrap(
+    response: dict[str, Any], requested: OutputMode, cause: str
+) -> None:
+    with pytest.raises(UpstreamContractError) as from_dict:
+        wrap_chat_completion(response, requested=requested)
+    with pytest.raises(UpstreamContractError) as from_bytes:
+        wrap_chat_completion_bytes(json.dumps(response).encode(), requested=requested)
+    assert cause in from_dict.value.message
+    assert from_bytes.value.message == from_dict.value.message
+    assert from_bytes.value.param == from_dict.value.param
+
+
 def test_fixtures_are_not_mutated() -> None:
     before = copy.deepcopy(TOOL_CALL)
     single_frame_chat_stream(TOOL_CALL, requested=OutputMode.DERENDER, client_body=STREAMING_CHAT)
@@ -413,6 +448,17 @@ def test_dispatchers_refuse_routes_without_an_envelope() -> None:
             stream_converter(route, requested=OutputMode.TEXT, client_body={"model": "m"})
         with pytest.raises(ConfigError):
             wrap_envelope(route, TOOL_CALL, requested=OutputMode.DERENDER)
+
+
+@pytest.mark.parametrize("route", [Route.CHAT_COMPLETIONS, Route.RESPONSES, Route.MESSAGES])
+def test_every_converter_refuses_a_first_chunk_without_request_id(route: Route) -> None:
+    # Every id of the client's stream is built from it: there is no id to give without one.
+    converter = stream_converter(route, requested=OutputMode.TEXT, client_body={"model": "m"})
+    chunk = {"output_mode": "text", "choices": [{"index": 0, "text": "Hi"}]}
+    with pytest.raises(UpstreamContractError) as caught:
+        converter.feed(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+    assert caught.value.param == "$.request_id"
+    assert "the first stream chunk has no request_id" in caught.value.message
 
 
 # ------------------------------------------------------------------ in-stream errors

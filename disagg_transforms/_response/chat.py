@@ -44,15 +44,18 @@ from disagg_transforms._response.echo import (
     as_output_mode,
     check_echoed_mode,
     check_output_mode_echo,
+    looks_generate,
 )
 from disagg_transforms._response.generate_stream import (
     GenerateStreamReader,
     StreamChoice,
     StreamEvent,
+    first_request_id,
 )
 from disagg_transforms._response.options import (
     DEFAULT_OPTIONS,
     EnvelopeOptions,
+    client_mapping,
     envelope_created,
     envelope_model,
 )
@@ -336,8 +339,7 @@ def _decode_response(data: bytes, requested: OutputMode) -> _Response[msgspec.Ra
         members = _raw.split(data, UpstreamContractError, "the generate response")
         echoed = members.get(w.OUTPUT_MODE)
         mode = UNSET if echoed is None else _raw.decode_member(echoed, "$", UpstreamContractError)
-        generate = w.CHOICES in members and w.OBJECT not in members
-        check_echoed_mode(mode, requested, generate=generate)
+        check_echoed_mode(mode, requested, generate=looks_generate(members))
         raise contract_error(error, "the generate response") from None
     except (msgspec.DecodeError, RecursionError) as error:
         msg = f"$: the generate response is not valid JSON: {error}"
@@ -371,8 +373,7 @@ def _finish_pair(value: str, *, passthrough: bool) -> tuple[str | None, Any]:
 
 
 def _include_usage(client_body: Mapping[str, Any] | None) -> bool:
-    untyped: object = client_body  # the client's JSON may be any value
-    options = untyped.get(w.STREAM_OPTIONS) if isinstance(untyped, Mapping) else None
+    options = client_mapping(client_body).get(w.STREAM_OPTIONS)
     return isinstance(options, Mapping) and options.get(w.INCLUDE_USAGE) is True
 
 
@@ -560,10 +561,7 @@ class ChatStreamConverter:
         return format_sse_event(body) + DONE_EVENT
 
     def _first_head(self, event: StreamEvent) -> bytes:
-        if not isinstance(event.request_id, str):
-            msg = f"$.{w.REQUEST_ID}: the first stream chunk has no request_id"
-            raise UpstreamContractError(msg, param=f"$.{w.REQUEST_ID}")
-        head = _chunk_head(chat_id(event.request_id), self._created, self._model)
+        head = _chunk_head(chat_id(first_request_id(event)), self._created, self._model)
         # The same four members open every chunk: encoded once, "}" cut to splice in the
         # choices (see docs/performance.md).
         self._head = b"data: " + encode_event_json(head)[:-1] + _CHOICES_MEMBER

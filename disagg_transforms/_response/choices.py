@@ -1,9 +1,10 @@
-"""Per-choice rules of the chat envelope, shared by every wrap and stream converter.
+"""Per-choice rules of the envelopes rebuilt from a generate answer.
 
-One home for what makes a generate answer look like vLLM's own chat route (the Responses and
-Anthropic envelopes read the same choices with the same rules): the completion id,
-finish reasons the openai SDK accepts, ``top_logprobs`` cut the chat way, and which requested
-modes can give a chat client its text.
+Every envelope (chat, Responses, Anthropic) shares which requested modes can give a client its
+text, the client's ``top_logprobs``, a view's contract error and a choice's JSON path. The rest
+is what makes an answer look like vLLM's own chat route, for the chat wrap and stream converter:
+the completion id, finish reasons the openai SDK accepts, ``top_logprobs`` cut the chat way, and
+the codecs the dict and bytes wraps read a choice's members with.
 """
 
 from __future__ import annotations

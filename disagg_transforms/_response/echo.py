@@ -46,7 +46,7 @@ def check_echoed_mode(
 
     Shared by :func:`check_output_mode_echo` and the stream converters, which read the echo
     through their own narrow views. ``generate`` is false when the body does not even look
-    like a generate answer (see :func:`_looks_generate`). The message tells the three causes
+    like a generate answer (see :func:`looks_generate`). The message tells the three causes
     apart, each fixed elsewhere (see ``docs/responses.md``).
     """
     mode = as_output_mode(requested)
@@ -81,8 +81,8 @@ def _needs(mode: OutputMode) -> str:
     return "" if version is None else f' ("{mode.value}" needs vLLM >= {version})'
 
 
-def _looks_generate(response: Mapping[str, Any]) -> bool:
-    # A generate answer has choices and, unlike every client API's envelope, no "object".
+def looks_generate(response: Mapping[str, Any]) -> bool:
+    """A generate answer has choices and, unlike every client API's envelope, no ``object``."""
     return w.CHOICES in response and w.OBJECT not in response
 
 
@@ -107,6 +107,6 @@ def check_output_mode_echo(response: Mapping[str, Any], requested: OutputMode) -
         msg = f"$: a generate response must be a JSON object, got {describe(untyped)}"
         raise UpstreamContractError(msg, param="$")
     check_echoed_mode(
-        untyped.get(w.OUTPUT_MODE, UNSET), requested, generate=_looks_generate(untyped)
+        untyped.get(w.OUTPUT_MODE, UNSET), requested, generate=looks_generate(untyped)
     )
     check_response_depth(untyped)

@@ -154,6 +154,18 @@ def _check_choice(choice: StreamChoice, path: str) -> None:
         _check(choice.logprobs, ChatLogprobs, f"{path}.logprobs")
 
 
+def first_request_id(event: StreamEvent) -> str:
+    """The first chunk's ``request_id``: every envelope id of the stream is built from it.
+
+    Raises:
+        UpstreamContractError: the chunk has none.
+    """
+    if not isinstance(event.request_id, str):
+        msg = f"$.{w.REQUEST_ID}: the first stream chunk has no request_id"
+        raise UpstreamContractError(msg, param=f"$.{w.REQUEST_ID}")
+    return event.request_id
+
+
 def error_field(error: object, key: str) -> str | None:
     """A string field of a worker's in-stream ``error`` value, whatever its shape."""
     value = error.get(key) if isinstance(error, Mapping) else None
@@ -276,7 +288,8 @@ class NamedEventConverter(abc.ABC):
             tool_calls=(),
             finish_reason=self._finish_reason,
             stop_reason=self._stop_reason,
-            # Typed only here (twice a stream), not per chunk: the Messages API reads none.
+            # Typed only here (a stream builds its turn at most three times), not per chunk:
+            # the Messages API reads none.
             logprobs=None
             if self._logprobs is None
             else msgspec.convert({w.CONTENT: self._logprobs}, ChatLogprobs),
@@ -312,10 +325,7 @@ class NamedEventConverter(abc.ABC):
             self._usage = msgspec.convert(event.usage, Usage)  # checked by the reader
         events = []
         if self._request_id is None:
-            if not isinstance(event.request_id, str):
-                msg = f"$.{w.REQUEST_ID}: the first stream chunk has no request_id"
-                raise UpstreamContractError(msg, param=f"$.{w.REQUEST_ID}")
-            self._request_id = event.request_id
+            self._request_id = first_request_id(event)
             events = self._start()
         for position, choice in enumerate(event.choices or ()):
             if choice.index != 0:

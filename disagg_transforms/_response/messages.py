@@ -16,7 +16,12 @@ import orjson
 
 from disagg_transforms._config import OutputMode
 from disagg_transforms._response.generate_stream import NamedEventConverter
-from disagg_transforms._response.options import DEFAULT_OPTIONS, EnvelopeOptions, envelope_model
+from disagg_transforms._response.options import (
+    DEFAULT_OPTIONS,
+    EnvelopeOptions,
+    client_mapping,
+    envelope_model,
+)
 from disagg_transforms._response.turn import AssistantTurn, ToolCallOut, read_turn
 from disagg_transforms._routes import Route
 from disagg_transforms._wire import keys as w
@@ -67,8 +72,7 @@ def wrap_anthropic_message(
     """
     turn = read_turn(response, requested)
     if turn.usage is None:
-        msg = "$.usage: the Messages API needs prompt_tokens and completion_tokens"
-        raise UpstreamContractError(msg, param="$.usage")
+        raise _no_usage()
     return _message_object(turn, client_body, DEFAULT_OPTIONS if options is None else options)
 
 
@@ -133,7 +137,7 @@ def _tool_input(call: ToolCallOut) -> dict[str, Any]:
 def _stop_reason(
     turn: AssistantTurn, client_body: Mapping[str, Any] | None
 ) -> tuple[str | None, str | None]:
-    stop_sequences = client_body.get(w.STOP_SEQUENCES) if isinstance(client_body, Mapping) else None
+    stop_sequences = client_mapping(client_body).get(w.STOP_SEQUENCES)
     if (
         turn.finish_reason == w.FINISH_STOP
         and isinstance(turn.stop_reason, str)
@@ -147,6 +151,11 @@ def _stop_reason(
     return _STOP_REASONS.get(turn.finish_reason or ""), None
 
 
+def _no_usage() -> UpstreamContractError:
+    msg = "$.usage: the Messages API needs prompt_tokens and completion_tokens"
+    return UpstreamContractError(msg, param="$.usage")
+
+
 def _usage(usage: Usage | None) -> dict[str, Any]:
     """Anthropic's usage: ``input_tokens`` excludes the cached ``cache_read_input_tokens``.
 
@@ -158,8 +167,7 @@ def _usage(usage: Usage | None) -> dict[str, Any]:
     prompt = usage.prompt_tokens
     completion = usage.completion_tokens
     if not isinstance(prompt, int) or not isinstance(completion, int):
-        msg = "$.usage: the Messages API needs prompt_tokens and completion_tokens"
-        raise UpstreamContractError(msg, param="$.usage")
+        raise _no_usage()
     details = usage.prompt_tokens_details or {}
     cached = details.get(w.CACHED_TOKENS)
     if not isinstance(cached, int) or isinstance(cached, bool):

@@ -19,6 +19,7 @@ from msgspec import UnsetType
 from disagg_transforms._config import OutputMode
 from disagg_transforms._response.choices import contract_error, require_text_mode
 from disagg_transforms._response.echo import check_output_mode_echo
+from disagg_transforms._wire import keys as w
 from disagg_transforms._wire.describe import describe
 from disagg_transforms._wire.validate import CONVERT_ERRORS
 from disagg_transforms.envelopes import (
@@ -32,11 +33,9 @@ from disagg_transforms.envelopes import (
 )
 from disagg_transforms.errors import UpstreamContractError
 
-# vLLM prefixes the generate response's request_id with this (vLLM 0.33's serving code).
-_GENERATE_ID_PREFIX = "generate-tokens-"
 # Prefixes of the ids /render and the coupled routes give requests; stripped so that the
 # envelope's own prefix (resp_, msg_) is not stacked on another API's.
-_CLIENT_ID_PREFIXES = ("chatcmpl-", "resp_", "resp-", "msg_", "msg-")
+_CLIENT_ID_PREFIXES = (w.CHAT_COMPLETION_ID_PREFIX, "resp_", "resp-", "msg_", "msg-")
 _T = TypeVar("_T")
 
 
@@ -125,7 +124,7 @@ def _or_none(value: _T | UnsetType | None) -> _T | None:
 
 def base_id(request_id: str) -> str:
     """The base of every envelope id: ``generate-tokens-`` and client-route prefixes cut."""
-    rest = request_id.removeprefix(_GENERATE_ID_PREFIX)
+    rest = request_id.removeprefix(w.GENERATE_ID_PREFIX)
     for prefix in _CLIENT_ID_PREFIXES:
         if rest.startswith(prefix):
             return rest[len(prefix) :]
