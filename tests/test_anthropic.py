@@ -16,6 +16,7 @@ from disagg_transforms import (
     ConfigError,
     OutputMode,
     UpstreamContractError,
+    single_frame_anthropic_events,
     wrap_anthropic_message,
 )
 
@@ -156,3 +157,19 @@ def test_any_valid_generate_response_gives_an_sdk_valid_message(case: Any) -> No
     texts = [block.text for block in parsed.content if block.type == "text"]
     content = choice["text"] if mode == "text" else choice["message"]["content"]
     assert texts == ([content] if content else [])
+
+
+def test_tool_use_input_keeps_integers_beyond_64_bits_exact() -> None:
+    # A model may write any JSON number; an Anthropic client reads the same integer back.
+    arguments = '{"low": -9223372036854775809, "high": 18446744073709551616}'
+    response = derender_with(
+        {"content": None, "tool_calls": [
+            {"id": "call-1", "type": "function",
+             "function": {"name": "count", "arguments": arguments}},
+        ]},
+    )  # fmt: skip
+    wrapped = wrap_anthropic_message(response, requested=OutputMode.DERENDER)
+    assert wrapped["content"][-1]["input"] == {"low": -(2**63) - 1, "high": 2**64}
+    events = single_frame_anthropic_events(response, requested=OutputMode.DERENDER)
+    partial = [e["delta"]["partial_json"] for e in events if e["type"] == "content_block_delta"]
+    assert partial == ['{"low":-9223372036854775809,"high":18446744073709551616}']

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import orjson
+import msgspec
 
 from disagg_transforms._config import OutputMode
 from disagg_transforms._response.generate_stream import NamedEventConverter
@@ -25,6 +25,7 @@ from disagg_transforms._response.options import (
 from disagg_transforms._response.turn import AssistantTurn, ToolCallOut, read_turn
 from disagg_transforms._routes import Route
 from disagg_transforms._wire import keys as w
+from disagg_transforms._wire import raw as _raw
 from disagg_transforms._wire.describe import describe
 from disagg_transforms._wire.sse import format_sse_typed_event
 from disagg_transforms.envelopes import Usage
@@ -118,9 +119,10 @@ def _tool_use_block(call: ToolCallOut) -> dict[str, Any]:
 
 
 def _tool_input(call: ToolCallOut) -> dict[str, Any]:
+    # msgspec, not orjson: an integer beyond 64 bits stays the integer the model wrote.
     try:
-        value = orjson.loads(call.arguments)
-    except orjson.JSONDecodeError:
+        value = msgspec.json.decode(call.arguments)
+    except (msgspec.DecodeError, RecursionError):
         msg = (
             f"{call.path}: tool call arguments are not valid JSON, got {describe(call.arguments)}; "
             "an Anthropic tool_use input must be a JSON object"
@@ -340,7 +342,7 @@ def _block_deltas(index: int, block: dict[str, Any]) -> list[dict[str, Any]]:
             _block_delta(index, w.SIGNATURE_DELTA, w.SIGNATURE, block[w.SIGNATURE]),
         ]
     if kind == w.TOOL_USE:
-        arguments = orjson.dumps(block[w.INPUT]).decode()
+        arguments = _raw.encode(block[w.INPUT]).decode()
         return [_block_delta(index, w.INPUT_JSON_DELTA, w.PARTIAL_JSON, arguments)]
     return [_block_delta(index, w.TEXT_DELTA, w.TEXT, block[w.TEXT])]
 
