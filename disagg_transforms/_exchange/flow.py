@@ -129,15 +129,15 @@ def _worker_error(body: bytes) -> tuple[str | None, str | None, str | None]:
     if not isinstance(value, dict):
         return None, None, None
     error = value.get(w.ERROR)
-    detail = value.get("detail")
+    if isinstance(error, dict):
+        return _text(error.get(w.MESSAGE)), _text(error.get(w.TYPE)), _text(error.get(w.PARAM))
     if isinstance(error, str):
         return error, None, None
-    if isinstance(error, dict):
-        fields = [error.get(k) for k in (w.MESSAGE, w.TYPE, w.PARAM)]
-        return tuple(f if isinstance(f, str) else None for f in fields)  # type: ignore[return-value]
-    if isinstance(detail, str):
-        return detail, None, None
-    return None, None, None
+    return _text(value.get(w.DETAIL)), None, None
+
+
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) else None
 
 
 def _quote(message: str) -> str:

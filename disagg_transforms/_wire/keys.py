@@ -73,6 +73,7 @@ TOP_LOGPROBS: Final = "top_logprobs"
 USAGE: Final = "usage"
 PROMPT_LOGPROBS: Final = "prompt_logprobs"
 ERROR: Final = "error"
+DETAIL: Final = "detail"  # the error body of a FastAPI route
 
 # Fixed values.
 ASSISTANT: Final = "assistant"
