@@ -221,7 +221,6 @@ THINKING_DELTA: Final = "thinking_delta"
 SIGNATURE_DELTA: Final = "signature_delta"
 INPUT_JSON_DELTA: Final = "input_json_delta"
 PARTIAL_JSON: Final = "partial_json"
-API_ERROR: Final = "api_error"
 PROMPT_TOKENS: Final = "prompt_tokens"
 COMPLETION_TOKENS: Final = "completion_tokens"
 # Sampling fields a client sends under their vLLM `SamplingParams` name (the mappers' table).
