@@ -255,6 +255,23 @@ def test_client_headers_are_forwarded_but_not_framing_or_hop_by_hop() -> None:
     assert "connection" not in sent
 
 
+def test_a_worker_call_carries_one_request_id_and_none_of_the_clients_own_framing() -> None:
+    headers = [
+        ("X-Request-Id", "client-1"),
+        ("Content-Type", "text/plain"),
+        ("Accept-Encoding", "gzip"),
+        ("X-Should-Retry", "true"),
+        ("X-Tenant", "t1"),
+    ]
+    out = _run(CHAT, _body("render-chat-request.json"), _worker(), headers=headers)
+    for call in out.calls:
+        assert sorted(call.headers) == [
+            ("content-type", "application/json"),
+            ("x-request-id", "client-1"),
+            ("x-tenant", "t1"),
+        ]
+
+
 # ---- errors -------------------------------------------------------------------------------
 
 
@@ -290,6 +307,53 @@ def test_a_workers_4xx_keeps_its_status_and_names_the_step() -> None:
     assert message.startswith("prefill rejected the request: ")
     assert "does not support stream=true" in message
     assert [c.step for c in out.calls] == ["render", "prefill"]
+
+
+def test_a_4xx_reply_leaves_retrying_to_the_sdks_and_keeps_the_workers_param() -> None:
+    rejected = b'{"error": {"message": "no", "type": "NotFoundError", "param": "$.model"}}'
+    out = _run(CHAT, _body("render-chat-request.json"), _worker(render=(404, {}, rejected)))
+    assert out.status == 404
+    assert "x-should-retry" not in out.headers
+    assert (out.json()["error"]["type"], out.json()["error"]["param"]) == (
+        "NotFoundError",
+        "$.model",
+    )
+    refused = Exchange(GENERATE_PD, CHAT, {"x-request-id": "bad-1"}, b"[]").next_event()
+    assert isinstance(refused, ClientReply)
+    assert dict(refused.headers) == {"content-type": "application/json", "x-request-id": "bad-1"}
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        b'{"error": {"message": "no such model", "type": "NotFoundError"}}',  # vLLM, OpenAI
+        b'{"error": "no such model"}',
+        b'{"detail": "no such model"}',  # a FastAPI route's own
+    ],
+)
+def test_a_workers_message_is_read_whatever_shape_its_error_came_in(answer: bytes) -> None:
+    out = _run(CHAT, _body("render-chat-request.json"), _worker(prefill=(404, {}, answer)))
+    assert out.json()["error"]["message"] == "prefill rejected the request: no such model"
+
+
+@pytest.mark.parametrize("status", [101, 302])
+def test_a_workers_1xx_or_3xx_is_a_contract_break(status: int) -> None:
+    out = _run(CHAT, _body("render-chat-request.json"), _worker(prefill=(status, {}, b"")))
+    assert out.status == 502
+    assert out.headers["x-should-retry"] == "false"
+    assert (
+        out.json()["error"]["message"] == f"prefill broke the contract: it answered HTTP {status}"
+    )
+
+
+def test_a_workers_message_is_quoted_from_the_head_of_its_body_and_bounded() -> None:
+    said = "x" * 1500
+    long = json.dumps({"error": {"message": said}}).encode()
+    out = _run(CHAT, _body("render-chat-request.json"), _worker(render=(400, {}, long)))
+    assert out.json()["error"]["message"] == f"render rejected the request: {'x' * 1000}…"
+    beyond = json.dumps({"error": {"message": "far"}, "pad": "p" * 64 * 1024}).encode()
+    out = _run(CHAT, _body("render-chat-request.json"), _worker(render=(400, {}, beyond)))
+    assert out.json()["error"]["message"] == "render rejected the request: HTTP 400"
 
 
 @pytest.mark.parametrize(
@@ -395,6 +459,7 @@ def test_nothing_reaches_the_client_before_the_first_chunk_passed_its_checks() -
     head = ex.next_event()
     assert isinstance(head, ClientStream)
     assert head.status == 200
+    assert dict(head.headers)["x-request-id"] == ex.request_id
     assert head.first.count(b"\n\n") == 1
     assert after.endswith(b"data: [DONE]\n\n")
     assert ex.end_of_stream() == b""
@@ -562,6 +627,18 @@ def test_a_hook_that_rejects_the_request_is_a_400() -> None:
     out = _run(CHAT, _body("render-chat-request.json"), _worker(), hooks=Pipeline([refuse]))
     assert out.status == 400
     assert [c.step for c in out.calls] == ["render"]
+
+
+def test_a_hooks_own_bug_is_its_status_hint_and_not_retried() -> None:
+    def broken(body: Any, context: TransformContext) -> dict[str, Any]:
+        del context
+        return {**body, "tier": body["no-such-key"]}  # the host's bug: a KeyError
+
+    out = _run(CHAT, _body("render-chat-request.json"), _worker(), hooks=Pipeline([broken]))
+    assert out.status == 500
+    assert out.headers["x-should-retry"] == "false"
+    assert out.json()["error"]["type"] == "InternalServerError"
+    assert "KeyError" in out.json()["error"]["message"]
 
 
 def test_created_stamps_aside_a_stream_does_not_depend_on_how_it_was_split() -> None:

@@ -62,6 +62,7 @@ _LegParams: TypeAlias = EncodeParams | PrefillParams | DecodeParams
 _LEG_PARAMS = (EncodeParams, PrefillParams, DecodeParams)
 _REQUEST_ID = re.compile(r"[A-Za-z0-9-]{1,128}")
 _RENDERED_ROUTES = (Route.CHAT_COMPLETIONS, Route.RESPONSES, Route.MESSAGES)
+_ORDER = ("render", "encode", "prefill", "decode")  # the worker calls, each made when needed
 # Never forwarded from the client to a worker: hop-by-hop, framing, and what the exchange sets.
 _NOT_FORWARDED = frozenset(
     {
@@ -129,15 +130,15 @@ def _worker_error(body: bytes) -> tuple[str | None, str | None, str | None]:
     if not isinstance(value, dict):
         return None, None, None
     error = value.get(w.ERROR)
-    detail = value.get("detail")
+    if isinstance(error, dict):
+        return _text(error.get(w.MESSAGE)), _text(error.get(w.TYPE)), _text(error.get(w.PARAM))
     if isinstance(error, str):
         return error, None, None
-    if isinstance(error, dict):
-        fields = [error.get(k) for k in (w.MESSAGE, w.TYPE, w.PARAM)]
-        return tuple(f if isinstance(f, str) else None for f in fields)  # type: ignore[return-value]
-    if isinstance(detail, str):
-        return detail, None, None
-    return None, None, None
+    return _text(value.get(w.DETAIL)), None, None
+
+
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) else None
 
 
 def _quote(message: str) -> str:
@@ -229,7 +230,7 @@ class Exchange:
             self._members = self._client_members(client_body)
             if self._render:
                 self._check_for_generate()
-            self._next("render" if self._render else None)
+            self._next("render" if self._render else "encode")
         except DisaggTransformError as error:
             self._fail(error)
 
@@ -389,11 +390,8 @@ class Exchange:
         caps = {k: self._members[k] for k in (*TOP_LEVEL_CAPS, w.MIN_TOKENS) if k in self._members}
         apply_sampling_caps(caps, self._route)
 
-    def _next(self, step: str | None) -> None:
-        """Make the call of ``step``, or of the first step after the last one done."""
-        order = ["encode", "prefill", "decode"]
-        if step is None:
-            step = next(s for s in order if Step(s) in self._params)
+    def _next(self, step: str) -> None:
+        """Make the call of ``step``, or of the step after it when this request skips it."""
         if step == "encode" and not self._has_features():
             step = "prefill"
         if step == "prefill" and Step.PREFILL not in self._params:
@@ -401,8 +399,7 @@ class Exchange:
         self._call = self._worker_call(step)
 
     def _after(self, step: str) -> None:
-        order = ["render", "encode", "prefill", "decode"]
-        self._next(order[order.index(step) + 1])
+        self._next(_ORDER[_ORDER.index(step) + 1])
 
     def _has_features(self) -> bool:
         if Step.ENCODE not in self._params:

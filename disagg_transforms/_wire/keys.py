@@ -73,6 +73,7 @@ TOP_LOGPROBS: Final = "top_logprobs"
 USAGE: Final = "usage"
 PROMPT_LOGPROBS: Final = "prompt_logprobs"
 ERROR: Final = "error"
+DETAIL: Final = "detail"  # the error body of a FastAPI route
 
 # Fixed values.
 ASSISTANT: Final = "assistant"
@@ -220,7 +221,6 @@ THINKING_DELTA: Final = "thinking_delta"
 SIGNATURE_DELTA: Final = "signature_delta"
 INPUT_JSON_DELTA: Final = "input_json_delta"
 PARTIAL_JSON: Final = "partial_json"
-API_ERROR: Final = "api_error"
 PROMPT_TOKENS: Final = "prompt_tokens"
 COMPLETION_TOKENS: Final = "completion_tokens"
 # Sampling fields a client sends under their vLLM `SamplingParams` name (the mappers' table).
