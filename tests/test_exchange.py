@@ -680,6 +680,22 @@ def test_encode_runs_when_the_rendered_prompt_has_features_and_hands_ec_params_t
     assert out.status == 200
 
 
+@pytest.mark.parametrize("answer", [b"{}", b'{"ec_transfer_params": null}'])
+def test_an_encode_answer_without_ec_params_hands_none_to_prefill(answer: bytes) -> None:
+    rendered = {"token_ids": [1, 2, 3], "features": FEATURES, "sampling_params": {}}
+    worker = _worker(render=(200, {}, json.dumps(rendered).encode()))
+
+    def with_encode(method: str, path: str, headers: Any, body: bytes) -> Any:
+        if json.loads(body).get("features") and "kv_transfer_params" not in json.loads(body):
+            return (200, {}, answer)
+        return worker(method, path, headers, body)
+
+    out = _run(CHAT, _body("render-chat-request.json"), with_encode, config=WITH_ENCODE)
+    assert [c.step for c in out.calls] == ["render", "encode", "prefill", "decode"]
+    assert "ec_transfer_params" not in out.leg("prefill")
+    assert out.status == 200
+
+
 def test_encode_is_skipped_for_a_prompt_without_features() -> None:
     out = _run(CHAT, _body("render-chat-request.json"), _worker(), config=WITH_ENCODE)
     assert [c.step for c in out.calls] == ["render", "prefill", "decode"]
