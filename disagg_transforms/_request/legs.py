@@ -191,6 +191,11 @@ class _Transfer(msgspec.Struct, frozen=True, kw_only=True):
     stripped: tuple[str, ...]
     """The client's transfer params removed from the leg (its JSON paths, ``$.`` left off)."""
 
+    def given(self) -> dict[str, dict[str, Any]]:
+        """Each param the leg carries, by its wire key: a new dict per call and param."""
+        pairs = ((w.KV_TRANSFER_PARAMS, self.kv), (w.EC_TRANSFER_PARAMS, self.ec))
+        return {key: dict(value) for key, value in pairs if value is not None}
+
 
 class _Request(msgspec.Struct, frozen=True, kw_only=True):
     """A client's request checked for one step: what every leg builder reads."""
@@ -303,9 +308,7 @@ def _transfer(request: _Request, where: _Places) -> _Transfer:
 
 
 def _place_top_level(body: dict[str, Any], transfer: _Transfer) -> dict[str, Any]:
-    for key, value in ((w.KV_TRANSFER_PARAMS, transfer.kv), (w.EC_TRANSFER_PARAMS, transfer.ec)):
-        if value is not None:
-            body[key] = dict(value)
+    body.update(transfer.given())
     return body
 
 
@@ -316,11 +319,7 @@ def _place_generate(
         _place_top_level(body, transfer)
     if placement is KvTransferPlacement.TOP_LEVEL:
         return body
-    values = {
-        key: dict(value)
-        for key, value in ((w.KV_TRANSFER_PARAMS, transfer.kv), (w.EC_TRANSFER_PARAMS, transfer.ec))
-        if value is not None
-    }
+    values = transfer.given()
     if values:
         sampling = body[w.SAMPLING_PARAMS]
         extra = sampling.get(w.EXTRA_ARGS) or {}
@@ -623,7 +622,7 @@ def _openai_leg(request: _Request) -> tuple[dict[str, Any], _Transfer]:
     leg = _strip_transfer(request.body)
     if request.route is Route.COMPLETIONS:
         ids = _token_ids(request.inputs.token_ids, None, required=False)
-        if ids is not None and ids:
+        if ids:
             leg[w.PROMPT] = ids
     return leg, transfer
 
