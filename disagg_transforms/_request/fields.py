@@ -21,17 +21,17 @@ from disagg_transforms._wire import keys as w
 from disagg_transforms._wire.validate import MAPPINGS, integer, obj, refuse, typed
 from disagg_transforms.envelopes import JSON
 
+TRANSFER_KEYS = (w.KV_TRANSFER_PARAMS, w.EC_TRANSFER_PARAMS)
+"""The transfer params: the leg builder strips the client's copies or keeps them (trusted)."""
+CARRIED_AS_IS = (w.MODEL, w.CACHE_SALT, w.PRIORITY, w.RETURN_TOKEN_IDS)
+"""Client keys the leg builder carries onto a generate leg as sent, when set (not null)."""
 LEG_KEYS = frozenset(
     {
-        w.MODEL,
+        *CARRIED_AS_IS,
+        *TRANSFER_KEYS,
         w.STREAM,
         w.STREAM_OPTIONS,
         w.REQUEST_ID,
-        w.CACHE_SALT,
-        w.PRIORITY,
-        w.RETURN_TOKEN_IDS,
-        w.KV_TRANSFER_PARAMS,
-        w.EC_TRANSFER_PARAMS,
         w.MIN_TOKENS,
     }
 )
