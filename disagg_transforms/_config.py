@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Mapping
-from typing import ClassVar, Literal, TypeAlias, overload
+from typing import ClassVar, Literal, TypeAlias, TypeVar, overload
 
 import msgspec
 
@@ -124,15 +124,24 @@ MIN_VLLM_VERSION: Mapping[OutputMode, str] = {
 """The first vLLM release whose generate route honours each ``output_mode`` value."""
 
 
+_EnumT = TypeVar("_EnumT", bound=enum.Enum)
+
+
+def _member(cls: type[_EnumT], value: object) -> _EnumT | None:
+    """The member of ``cls`` whose wire string ``value`` is; ``None`` for any other value."""
+    if isinstance(value, str):
+        try:
+            return cls(value)
+        except ValueError:
+            pass
+    return None
+
+
 def _output_mode(value: object, param: str) -> OutputMode:
-    if not isinstance(value, str):
+    mode = _member(OutputMode, value)
+    if mode is None:
         msg = f'{param}: expected "text" or "derender", got {describe(value)}'
         raise ConfigError(msg, param=param)
-    try:
-        mode = OutputMode(value)
-    except ValueError:
-        msg = f'{param}: expected "text" or "derender", got {describe(value)}'
-        raise ConfigError(msg, param=param) from None
     if mode is OutputMode.TOKENS:
         text, derender = MIN_VLLM_VERSION[OutputMode.TEXT], MIN_VLLM_VERSION[OutputMode.DERENDER]
         msg = (
@@ -165,14 +174,12 @@ def _bool(value: object, param: str) -> bool:
 
 
 def _placement(value: object, param: str) -> KvTransferPlacement:
-    accepted = ", ".join(f'"{p.value}"' for p in KvTransferPlacement)
-    if isinstance(value, str):
-        try:
-            return KvTransferPlacement(value)
-        except ValueError:
-            pass
-    msg = f"{param}: expected one of {accepted}, got {describe(value)}"
-    raise ConfigError(msg, param=param)
+    placement = _member(KvTransferPlacement, value)
+    if placement is None:
+        accepted = ", ".join(f'"{p.value}"' for p in KvTransferPlacement)
+        msg = f"{param}: expected one of {accepted}, got {describe(value)}"
+        raise ConfigError(msg, param=param)
+    return placement
 
 
 _Reader: TypeAlias = Callable[[object, str], object]
@@ -199,14 +206,12 @@ _READERS: Mapping[Step, Mapping[str, _Reader]] = {
 
 
 def _step(step: object) -> Step:
-    if isinstance(step, str):
-        try:
-            return Step(step)
-        except ValueError:
-            pass
-    accepted = ", ".join(f'"{s.value}"' for s in Step)
-    msg = f"step: expected one of {accepted}, got {describe(step)}"
-    raise ConfigError(msg, param="step")
+    parsed = _member(Step, step)
+    if parsed is None:
+        accepted = ", ".join(f'"{s.value}"' for s in Step)
+        msg = f"step: expected one of {accepted}, got {describe(step)}"
+        raise ConfigError(msg, param="step")
+    return parsed
 
 
 # The overloads give a router the step's own class without a cast (see docs/routes-and-config.md).

@@ -17,10 +17,8 @@ from typing import Any, final
 from disagg_transforms._config import DecodeParams
 from disagg_transforms._request.caps import apply_sampling_caps
 from disagg_transforms._request.legs import build_decode_request, strip_transfer_params
-from disagg_transforms._response.chat import wrap_chat_completion
+from disagg_transforms._response.dispatch import wrap_envelope
 from disagg_transforms._response.echo import check_output_mode_echo
-from disagg_transforms._response.messages import wrap_anthropic_message
-from disagg_transforms._response.responses import wrap_responses_response
 from disagg_transforms._routes import Route, resolve_format
 from disagg_transforms.errors import ConfigError
 from disagg_transforms.hooks import TransformContext
@@ -137,13 +135,10 @@ def wrap_response(body: Mapping[str, Any], context: TransformContext, /) -> dict
     params = _decode_params(context, "wrap_response")
     if resolve_format(params.use_openai_format, context.client_path) is not Route.GENERATE:
         return dict(body)
-    mode, client = params.output_mode, context.client_body
-    route = context.client_route
-    if route is Route.CHAT_COMPLETIONS and params.wrap_chat_completion:
-        return wrap_chat_completion(body, requested=mode, client_body=client)
-    if route is Route.RESPONSES:
-        return wrap_responses_response(body, requested=mode, client_body=client)
-    if route is Route.MESSAGES:
-        return wrap_anthropic_message(body, requested=mode, client_body=client)
+    mode, route = params.output_mode, context.client_route
+    if route in (Route.RESPONSES, Route.MESSAGES) or (
+        route is Route.CHAT_COMPLETIONS and params.wrap_chat_completion
+    ):
+        return wrap_envelope(route, body, requested=mode, client_body=context.client_body)
     check_output_mode_echo(body, mode)
     return dict(body)

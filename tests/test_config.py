@@ -390,3 +390,11 @@ def test_every_field_of_a_step_struct_is_a_checked_key(step: str, cls: type[Any]
         with pytest.raises(ConfigError) as wrong:
             parse_step_params(step, {name: ["wrong"]})
         assert wrong.value.param == f"{step}.{name}"
+
+
+def test_a_step_own_key_is_reported_before_a_shared_one() -> None:
+    # With two bad values, the step's own key is named first, whatever order the config has.
+    bad = {"trust_client_transfer_params": "yes", "output_mode": "bad"}
+    with pytest.raises(ConfigError) as caught:
+        parse_step_params("decode", bad)
+    assert caught.value.param == "decode.output_mode"

@@ -3,9 +3,10 @@
 The sampling fields, structured outputs, logprobs, tools, the derender ``parse_context`` and the
 ``dropped`` list.
 
-Each concept has one implementation here; a route's mapper (``_chat_map``, ``_responses_map``,
-``_messages_map``) only says which of its client keys feed which concept. Values are read through
-the typed readers of :mod:`disagg_transforms._wire.validate`, so every refusal is a
+Each concept has one implementation here; a route's mapper (``map_chat_request``,
+``map_completions_request``, ``map_responses_request``, ``map_messages_request``) only says which
+of its client keys feed which concept. Values are read through the typed readers of
+:mod:`disagg_transforms._wire.validate`, so every refusal is a
 :class:`~disagg_transforms.errors.RequestError` naming the JSON path and the bad value.
 """
 
@@ -20,17 +21,17 @@ from disagg_transforms._wire import keys as w
 from disagg_transforms._wire.validate import MAPPINGS, integer, obj, refuse, typed
 from disagg_transforms.envelopes import JSON
 
+TRANSFER_KEYS = (w.KV_TRANSFER_PARAMS, w.EC_TRANSFER_PARAMS)
+"""The transfer params: the leg builder strips the client's copies or keeps them (trusted)."""
+CARRIED_AS_IS = (w.MODEL, w.CACHE_SALT, w.PRIORITY, w.RETURN_TOKEN_IDS)
+"""Client keys the leg builder carries onto a generate leg as sent, when set (not null)."""
 LEG_KEYS = frozenset(
     {
-        w.MODEL,
+        *CARRIED_AS_IS,
+        *TRANSFER_KEYS,
         w.STREAM,
         w.STREAM_OPTIONS,
         w.REQUEST_ID,
-        w.CACHE_SALT,
-        w.PRIORITY,
-        w.RETURN_TOKEN_IDS,
-        w.KV_TRANSFER_PARAMS,
-        w.EC_TRANSFER_PARAMS,
         w.MIN_TOKENS,
     }
 )
@@ -99,7 +100,9 @@ def logprobs(
         raise refuse(top, f"needs {needs}", at=f"$.{w.TOP_LOGPROBS}")
     if w.LOGPROB_TOKEN_IDS in sampling:
         if not wanted:
-            raise refuse(sampling[w.LOGPROB_TOKEN_IDS], f"needs {needs}", at="$.logprob_token_ids")
+            raise refuse(
+                sampling[w.LOGPROB_TOKEN_IDS], f"needs {needs}", at=f"$.{w.LOGPROB_TOKEN_IDS}"
+            )
         return
     if wanted:
         sampling[w.LOGPROBS] = 0 if top is None else top
@@ -185,7 +188,7 @@ def chat_function_tool(
 ) -> dict[str, Any]:
     """A chat ``{type: "function", function: {...}}`` tool, with nulls left out."""
     if not isinstance(name, str) or not name:
-        raise refuse(name, "expected a non-empty function name", at=f"{path}.name")
+        raise refuse(name, "expected a non-empty function name", at=f"{path}.{w.NAME}")
     fields = {w.DESCRIPTION: description, w.PARAMETERS: parameters, **(extra or {})}
     function = {w.NAME: name} | {key: value for key, value in fields.items() if value is not None}
     return {w.TYPE: w.FUNCTION, w.FUNCTION: function}
@@ -194,7 +197,7 @@ def chat_function_tool(
 def named_tool_choice(name: object, path: str) -> dict[str, Any]:
     """The chat form of a tool choice that names one function."""
     if not isinstance(name, str) or not name:
-        raise refuse(name, "expected the name of a function", at=f"{path}.name")
+        raise refuse(name, "expected the name of a function", at=f"{path}.{w.NAME}")
     return {w.TYPE: w.FUNCTION, w.FUNCTION: {w.NAME: name}}
 
 
@@ -214,7 +217,7 @@ def chat_tools(body: Mapping[str, Any], convert: ToolConverter | None = None) ->
         return None
     converted = []
     for index, tool in enumerate(tools):
-        path = f"$.tools[{index}]"
+        path = f"$.{w.TOOLS}[{index}]"
         if not isinstance(tool, MAPPINGS):
             raise refuse(tool, "expected a tool object", at=path)
         converted.append(tool if convert is None else convert(path, tool))

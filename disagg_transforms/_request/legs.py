@@ -28,6 +28,7 @@ from disagg_transforms._request.caps import (
 )
 from disagg_transforms._request.chat import map_chat_request
 from disagg_transforms._request.completions import map_completions_request
+from disagg_transforms._request.fields import CARRIED_AS_IS, TRANSFER_KEYS
 from disagg_transforms._request.mapping import ClientMapper, ClientMapping
 from disagg_transforms._request.messages import map_messages_request
 from disagg_transforms._request.responses import map_responses_request
@@ -62,10 +63,7 @@ CLIENT_MAPPERS: Mapping[Route, ClientMapper] = {
 }
 """The one table a generate leg picks a non-generate client's field mapper from."""
 
-_TRANSFER_KEYS = (w.KV_TRANSFER_PARAMS, w.EC_TRANSFER_PARAMS)
 _PREFILL_KV: Mapping[str, Any] = {w.DO_REMOTE_DECODE: True, w.DO_REMOTE_PREFILL: False}
-# Carried from a non-generate client onto its generate leg, when set (not null).
-_CARRIED_AS_IS = (w.MODEL, w.CACHE_SALT, w.PRIORITY, w.RETURN_TOKEN_IDS)
 # Where transfer params hide: the top level (None), sampling_params.extra_args, vllm_xargs.
 _Places: TypeAlias = tuple[tuple[str, str | None], ...]
 _XARGS: _Places = ((w.VLLM_XARGS, None),)
@@ -191,6 +189,11 @@ class _Transfer(msgspec.Struct, frozen=True, kw_only=True):
     stripped: tuple[str, ...]
     """The client's transfer params removed from the leg (its JSON paths, ``$.`` left off)."""
 
+    def given(self) -> dict[str, dict[str, Any]]:
+        """Each param the leg carries, by its wire key: a new dict per call and param."""
+        pairs = ((w.KV_TRANSFER_PARAMS, self.kv), (w.EC_TRANSFER_PARAMS, self.ec))
+        return {key: dict(value) for key, value in pairs if value is not None}
+
 
 class _Request(msgspec.Struct, frozen=True, kw_only=True):
     """A client's request checked for one step: what every leg builder reads."""
@@ -227,7 +230,7 @@ def _containers(
         if container is None:
             continue
         args = container if inner is None else _validate.obj(container, inner, f"$.{outer}")
-        if args is not None and any(k in args for k in _TRANSFER_KEYS):
+        if args is not None and any(k in args for k in TRANSFER_KEYS):
             yield outer, inner, container, args
 
 
@@ -238,10 +241,10 @@ def _find_transfer(
 
     A top-level value is preferred over a nested one; a null one says nothing and is ignored.
     """
-    found = {k: (body[k], f"$.{k}") for k in _TRANSFER_KEYS if body.get(k) is not None}
+    found = {k: (body[k], f"$.{k}") for k in TRANSFER_KEYS if body.get(k) is not None}
     paths = list(found)
     for outer, inner, _, args in _containers(body, where):
-        for key in _TRANSFER_KEYS:
+        for key in TRANSFER_KEYS:
             if args.get(key) is not None:
                 path = f"{outer}.{key}" if inner is None else f"{outer}.{inner}.{key}"
                 paths.append(path)
@@ -251,9 +254,9 @@ def _find_transfer(
 
 def _strip_transfer(body: Mapping[str, Any]) -> dict[str, Any]:
     """``body`` without a transfer param anywhere; a container this emptied goes too."""
-    result = {k: v for k, v in body.items() if k not in _TRANSFER_KEYS}
+    result = {k: v for k, v in body.items() if k not in TRANSFER_KEYS}
     for outer, inner, container, args in _containers(body, _EVERYWHERE):
-        cleaned = {k: v for k, v in args.items() if k not in _TRANSFER_KEYS}
+        cleaned = {k: v for k, v in args.items() if k not in TRANSFER_KEYS}
         if inner is not None:
             rest = {k: v for k, v in container.items() if k != inner}
             result[outer] = {**rest, inner: cleaned} if cleaned else rest
@@ -303,9 +306,7 @@ def _transfer(request: _Request, where: _Places) -> _Transfer:
 
 
 def _place_top_level(body: dict[str, Any], transfer: _Transfer) -> dict[str, Any]:
-    for key, value in ((w.KV_TRANSFER_PARAMS, transfer.kv), (w.EC_TRANSFER_PARAMS, transfer.ec)):
-        if value is not None:
-            body[key] = dict(value)
+    body.update(transfer.given())
     return body
 
 
@@ -316,11 +317,7 @@ def _place_generate(
         _place_top_level(body, transfer)
     if placement is KvTransferPlacement.TOP_LEVEL:
         return body
-    values = {
-        key: dict(value)
-        for key, value in ((w.KV_TRANSFER_PARAMS, transfer.kv), (w.EC_TRANSFER_PARAMS, transfer.ec))
-        if value is not None
-    }
+    values = transfer.given()
     if values:
         sampling = body[w.SAMPLING_PARAMS]
         extra = sampling.get(w.EXTRA_ARGS) or {}
@@ -387,7 +384,7 @@ def _generate_core(request: _Request) -> _Core:
             leg[w.SAMPLING_PARAMS] = {**leg[w.SAMPLING_PARAMS], **caps}
         else:
             leg = {w.SAMPLING_PARAMS: {**mapping.sampling_params, **caps}}
-        for key in _CARRIED_AS_IS:
+        for key in CARRIED_AS_IS:
             if body.get(key) is not None and leg.get(key) is None:
                 leg[key] = body[key]
         if body.get(w.REQUEST_ID) is not None:
@@ -623,7 +620,7 @@ def _openai_leg(request: _Request) -> tuple[dict[str, Any], _Transfer]:
     leg = _strip_transfer(request.body)
     if request.route is Route.COMPLETIONS:
         ids = _token_ids(request.inputs.token_ids, None, required=False)
-        if ids is not None and ids:
+        if ids:
             leg[w.PROMPT] = ids
     return leg, transfer
 

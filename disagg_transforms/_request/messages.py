@@ -22,6 +22,7 @@ _CONTEXT_KEYS = (w.TOOLS, w.TOOL_CHOICE, w.CHAT_TEMPLATE_KWARGS)
 _MAPPED = frozenset({*_SAMPLING, *_CONTEXT_KEYS, w.MAX_TOKENS, w.STOP_SEQUENCES, w.OUTPUT_CONFIG})
 # vLLM turns output_config.format into a json_schema response_format: that is all it takes.
 _FORMATS = f.OutputFormats((w.JSON_SCHEMA,))
+_TOOL_CHOICE_PATH = f"$.{w.TOOL_CHOICE}"
 # Anthropic tool_choice type -> chat tool_choice (vLLM's `_convert_tool_choice`).
 _TOOL_CHOICES = {
     w.TOOL_CHOICE_AUTO: w.TOOL_CHOICE_AUTO,
@@ -74,10 +75,10 @@ def _chat_tool(path: str, tool: Mapping[str, Any]) -> dict[str, Any]:
     kind = tool.get(w.TYPE)
     if kind not in (None, w.CUSTOM):
         why = "expected a custom tool: server tools run on Anthropic's side"
-        raise refuse(kind, why, at=f"{path}.type")
+        raise refuse(kind, why, at=f"{path}.{w.TYPE}")
     schema = obj(tool, w.INPUT_SCHEMA, path)
     if schema is None:
-        raise refuse(None, "expected a JSON schema object", at=f"{path}.input_schema")
+        raise refuse(None, "expected a JSON schema object", at=f"{path}.{w.INPUT_SCHEMA}")
     if w.TYPE not in schema:
         # vLLM fills in the schema's type the same way.
         schema = {**schema, w.TYPE: "object"}
@@ -94,11 +95,13 @@ def _tool_choice(body: Mapping[str, Any]) -> tuple[object, bool | None]:
     choice = obj(body, w.TOOL_CHOICE)
     if choice is None:
         return None, None
-    disable = typed(choice, w.DISABLE_PARALLEL_TOOL_USE, bool, f"$.{w.TOOL_CHOICE}")
+    disable = typed(choice, w.DISABLE_PARALLEL_TOOL_USE, bool, _TOOL_CHOICE_PATH)
     parallel = None if disable is None else not disable
     kind = choice.get(w.TYPE)
     if kind == w.TOOL_CHOICE_TOOL:
-        return f.named_tool_choice(choice.get(w.NAME), "$.tool_choice"), parallel
+        return f.named_tool_choice(choice.get(w.NAME), _TOOL_CHOICE_PATH), parallel
     if isinstance(kind, str) and kind in _TOOL_CHOICES:
         return _TOOL_CHOICES[kind], parallel
-    raise refuse(kind, 'expected "auto", "any", "tool" or "none"', at="$.tool_choice.type")
+    raise refuse(
+        kind, 'expected "auto", "any", "tool" or "none"', at=f"{_TOOL_CHOICE_PATH}.{w.TYPE}"
+    )

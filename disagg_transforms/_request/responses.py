@@ -52,6 +52,7 @@ _MAPPED = frozenset(
     }
 )
 _FORMATS = f.OutputFormats((w.TEXT, w.JSON_OBJECT, w.JSON_SCHEMA))
+_TOOL_CHOICE_PATH = f"$.{w.TOOL_CHOICE}"
 _TOOL_CHOICE_OPTIONS = frozenset({w.TOOL_CHOICE_AUTO, w.TOOL_CHOICE_NONE, w.TOOL_CHOICE_REQUIRED})
 
 
@@ -98,7 +99,7 @@ def map_responses_request(body: Mapping[str, Any]) -> ClientMapping:
 def _chat_tool(path: str, tool: Mapping[str, Any]) -> dict[str, Any]:
     if tool.get(w.TYPE) != w.FUNCTION:
         why = 'expected "function": built-in tools run on the provider, not on a generate leg'
-        raise refuse(tool.get(w.TYPE), why, at=f"{path}.type")
+        raise refuse(tool.get(w.TYPE), why, at=f"{path}.{w.TYPE}")
     return f.chat_function_tool(
         tool.get(w.NAME),
         path,
@@ -113,11 +114,13 @@ def _tool_choice(body: Mapping[str, Any]) -> object:
     if choice is None or (isinstance(choice, str) and choice in _TOOL_CHOICE_OPTIONS):
         return choice
     if isinstance(choice, Mapping) and choice.get(w.TYPE) == w.FUNCTION:
-        return f.named_tool_choice(choice.get(w.NAME), "$.tool_choice")
+        return f.named_tool_choice(choice.get(w.NAME), _TOOL_CHOICE_PATH)
     if isinstance(choice, Mapping):
         raise refuse(
-            choice.get(w.TYPE), 'expected "function" for a named choice', at="$.tool_choice.type"
+            choice.get(w.TYPE),
+            'expected "function" for a named choice',
+            at=f"{_TOOL_CHOICE_PATH}.{w.TYPE}",
         )
     raise refuse(
-        choice, 'expected "auto", "none", "required" or a function choice', at="$.tool_choice"
+        choice, 'expected "auto", "none", "required" or a function choice', at=_TOOL_CHOICE_PATH
     )
