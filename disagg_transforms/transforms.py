@@ -142,8 +142,8 @@ def wrap_response(body: Mapping[str, Any], context: TransformContext, /) -> dict
     mode, route = params.output_mode, context.client_route
     if mode is OutputMode.AUTO:
         # The mode the decode leg chose for this client's request.
-        body = context.client_body or {}
-        mode = decode_output_mode(body, client_path=context.client_path, params=params)
+        client = context.client_body or {}
+        mode = decode_output_mode(client, client_path=context.client_path, params=params)
     if route in (Route.RESPONSES, Route.MESSAGES) or (
         route is Route.CHAT_COMPLETIONS and params.wrap_chat_completion
     ):
