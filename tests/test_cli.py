@@ -213,7 +213,7 @@ def test_check_config_reads_stdin(
     _stdin(monkeypatch, b'{"steps": {"decode": {"output_mode": 3}}}')
     assert main(["check-config", "-"]) == 2
     assert _err_lines(capsys) == [
-        '<stdin>: decode.output_mode: expected "text" or "derender", got 3 (an integer)'
+        '<stdin>: decode.output_mode: expected "text", "derender" or "auto", got 3 (an integer)'
     ]
 
 

@@ -100,7 +100,7 @@ def _need_the_extra() -> None:
 
 
 def _default_document(*, prefill: bool) -> dict[str, Any]:
-    steps: dict[str, Any] = {"decode": {"output_mode": "text", "wrap_chat_completion": True}}
+    steps: dict[str, Any] = {"decode": {"output_mode": "auto", "wrap_chat_completion": True}}
     if prefill:
         steps = {"prefill": {}, **steps}
     return {"use_openai_format": False, "steps": steps}

@@ -31,14 +31,13 @@ from disagg_transforms._exchange.events import (
     Headers,
     WorkerCall,
 )
-from disagg_transforms._request.caps import TOP_LEVEL_CAPS, apply_sampling_caps
 from disagg_transforms._request.legs import (
-    CLIENT_MAPPERS,
     DecodeLeg,
     Leg,
     build_decode_request,
     build_encode_request,
     build_prefill_request,
+    check_client_request,
     strip_transfer_params,
 )
 from disagg_transforms._routes import Route, detect_route, resolve_format
@@ -228,8 +227,10 @@ class Exchange:
         self._render = self._route in _RENDERED_ROUTES and Route.GENERATE in routes.values()
         try:
             self._members = self._client_members(client_body)
-            if self._render:
-                self._check_for_generate()
+            # Every leg's refusals of the client's own fields come before the first call.
+            check_client_request(
+                self._members, client_path=client_path, steps=self._params.values()
+            )
             self._next("render" if self._render else "encode")
         except DisaggTransformError as error:
             self._fail(error)
@@ -383,12 +384,6 @@ class Exchange:
         hooks = self._hooks
         has_hooks = hooks is not None and bool(hooks.request or hooks.response)
         return "" if has_hooks else w.TOKEN_IDS
-
-    def _check_for_generate(self) -> None:
-        # Render goes first, so what a generate leg would refuse is refused before it.
-        CLIENT_MAPPERS[self._route](self._members)
-        caps = {k: self._members[k] for k in (*TOP_LEVEL_CAPS, w.MIN_TOKENS) if k in self._members}
-        apply_sampling_caps(caps, self._route)
 
     def _next(self, step: str) -> None:
         """Make the call of ``step``, or of the step after it when this request skips it."""

@@ -9,7 +9,7 @@ with the client's cap and sampling fields where vLLM reads them (``sampling_para
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, Generic, TypeAlias, TypeVar
 
 import msgspec
@@ -28,7 +28,7 @@ from disagg_transforms._request.caps import (
 )
 from disagg_transforms._request.chat import map_chat_request
 from disagg_transforms._request.completions import map_completions_request
-from disagg_transforms._request.fields import CARRIED_AS_IS, TRANSFER_KEYS
+from disagg_transforms._request.fields import CARRIED_AS_IS, TRANSFER_KEYS, asks_for_tools
 from disagg_transforms._request.mapping import ClientMapper, ClientMapping
 from disagg_transforms._request.messages import map_messages_request
 from disagg_transforms._request.responses import map_responses_request
@@ -53,6 +53,8 @@ __all__ = (
     "build_decode_request_bytes",
     "build_encode_request",
     "build_prefill_request",
+    "check_client_request",
+    "decode_output_mode",
 )
 
 CLIENT_MAPPERS: Mapping[Route, ClientMapper] = {
@@ -440,9 +442,9 @@ def _decode_generate(
     params: DecodeParams,
     core: _Core,
     parse_context: Mapping[str, Any] | None,
-) -> tuple[dict[str, Any], bool, bool, tuple[str, ...]]:
+) -> tuple[dict[str, Any], OutputMode, bool, bool, tuple[str, ...]]:
     leg = _place_generate(core.body, core.transfer, params.kv_transfer_placement)
-    mode = params.output_mode
+    mode = _chosen_mode(params, _tools_context(body, core.mapping))
     streams, client_streams = _leg_stream(body, mode)
     dropped = list(core.transfer.stripped)
     leg[w.OUTPUT_MODE] = mode.value
@@ -468,7 +470,36 @@ def _decode_generate(
             leg[w.PARSE_CONTEXT] = dict(_validate.mapping(context, f"$.{w.PARSE_CONTEXT}"))
     elif mapping is not None:
         dropped.extend(mapping.context_keys)
-    return leg, streams, client_streams, tuple(dict.fromkeys(dropped))
+    return leg, mode, streams, client_streams, tuple(dict.fromkeys(dropped))
+
+
+def _tools_context(
+    body: Mapping[str, Any], mapping: ClientMapping | None
+) -> Mapping[str, Any] | None:
+    """Where the client asks for tools: its mapped ``parse_context`` (a generate client's own)."""
+    return _validate.obj(body, w.PARSE_CONTEXT) if mapping is None else mapping.parse_context
+
+
+def _chosen_mode(params: DecodeParams, tools_context: Mapping[str, Any] | None) -> OutputMode:
+    """The decode leg's ``output_mode`` for this request (``docs/routes-and-config.md``).
+
+    ``auto`` is ``derender`` when the client asks for tools, else ``text``; a text step refuses
+    a client that asks for tools (the worker's tool parser runs only in derender), rather than
+    answer it with its tools dropped.
+    """
+    mode = params.output_mode
+    wants_tools = asks_for_tools(tools_context)
+    if mode is OutputMode.AUTO:
+        return OutputMode.DERENDER if wants_tools else OutputMode.TEXT
+    if mode is OutputMode.TEXT and wants_tools:
+        param = f"$.{w.TOOLS}"
+        msg = (
+            f'{param}: the request asks for tools, but the decode step\'s output_mode is "text", '
+            "which cannot return tool calls; configure the decode step with output_mode: auto "
+            "(or derender)"
+        )
+        raise RequestError(msg, param=param)
+    return mode
 
 
 def build_decode_request(  # noqa: PLR0913 - the documented keyword front; `inputs=` is the one shape
@@ -531,6 +562,7 @@ def _decode(
     request = _checked_request(client_body, client_path, params, inputs)
     body, client_route, route = request.body, request.client_route, request.route
     generate = route is Route.GENERATE
+    mode = None
     if not generate:
         leg, transfer = _openai_leg(request)
         leg = _place_top_level(leg, transfer)
@@ -539,7 +571,7 @@ def _decode(
         dropped = transfer.stripped
     else:
         core = _generate_core(request)
-        leg, streams, client_streams, dropped = _decode_generate(
+        leg, mode, streams, client_streams, dropped = _decode_generate(
             body, client_route, params, core, _router_object(inputs.parse_context, w.PARSE_CONTEXT)
         )
         _check_generate(leg)
@@ -555,7 +587,7 @@ def _decode(
         wrap_chat_completion=(
             generate and params.wrap_chat_completion and client_route is Route.CHAT_COMPLETIONS
         ),
-        output_mode=params.output_mode if generate else None,
+        output_mode=mode,
         dropped=dropped,
     )
 
@@ -592,6 +624,56 @@ def build_decode_request_bytes(
     if isinstance(leg, GenerateDecodeLeg):
         return GenerateDecodeLegBytes(**fields)
     return DecodeLegBytes(**fields)
+
+
+def check_client_request(
+    client_body: Mapping[str, Any],
+    *,
+    client_path: str,
+    steps: Iterable[EncodeParams | PrefillParams | DecodeParams],
+) -> None:
+    """Refuse what a leg of the pipeline ``steps`` would refuse in the client's body.
+
+    What the leg builders read of the client alone, read by the same readers before any leg is
+    built: the client API's mapper (every sampling field), the cap and ``min_tokens``, ``stream``
+    and, when decode is a generate leg, whether its ``output_mode`` can answer the client's
+    tools. Fields the generate route cannot honour are refused only when some leg is a generate
+    leg. What needs the router's inputs (the prompt, render's answer) is the builders' own.
+
+    Raises:
+        RequestError: as the leg builders would, with the same ``param`` and message.
+    """
+    body = _validate.client_object(client_body)
+    client_route = _client_route(client_path)
+    _validate.typed(body, w.STREAM, bool)
+    legs = tuple(steps)
+    routes = [resolve_format(params.use_openai_format, client_path) for params in legs]
+    mapping = None
+    if client_route is Route.GENERATE:
+        apply_sampling_caps(body, Route.GENERATE)
+    else:
+        mapping = CLIENT_MAPPERS[client_route](body, generate_leg=Route.GENERATE in routes)
+        _client_caps(body, client_route)
+    for params, route in zip(legs, routes, strict=True):
+        if isinstance(params, DecodeParams) and route is Route.GENERATE:
+            _chosen_mode(params, _tools_context(body, mapping))
+
+
+def decode_output_mode(
+    client_body: Mapping[str, Any], *, client_path: str, params: DecodeParams
+) -> OutputMode:
+    """The ``output_mode`` a generate decode leg asks the worker for, for this client request.
+
+    The step's own mode, or for ``auto`` the one chosen for the request (``derender`` when the
+    client asks for tools, else ``text``): what :attr:`GenerateDecodeLeg.output_mode` holds.
+
+    Raises:
+        RequestError: the body is not a JSON object, or asks for tools of a ``text`` step.
+    """
+    body = _validate.client_object(client_body)
+    client_route = _client_route(client_path)
+    mapping = None if client_route is Route.GENERATE else CLIENT_MAPPERS[client_route](body)
+    return _chosen_mode(params, _tools_context(body, mapping))
 
 
 def _checked_request(
