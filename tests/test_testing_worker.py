@@ -789,3 +789,15 @@ def test_coupled_chat_answers_like_vllms_coupled_server(worker: SimulatedWorker)
     first = json.loads(events(stream)[0][len("data: ") :])
     assert first["choices"][0]["delta"] == {"role": "assistant", "content": "H"}
     assert events(stream)[-1] == "data: [DONE]"
+
+
+def test_responses_render_keeps_a_function_tools_strict_key_like_vllm(
+    worker: SimulatedWorker,
+) -> None:
+    tool = {"type": "function", "name": "f", "parameters": {"type": "object", "properties": {}}}
+    body = {"model": "m", "input": "hi", "tools": [tool]}
+    loose = call(worker, "POST", "/v1/responses/render", body).json()["token_ids"]
+    body["tools"] = [{**tool, "strict": True}]
+    strict = call(worker, "POST", "/v1/responses/render", body).json()["token_ids"]
+    assert '"strict": true' in toy_decode(strict)
+    assert len(strict) == len(loose) + len(', "strict": true')

@@ -592,7 +592,9 @@ def _responses_messages(request: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 def _responses_tool(tool: Mapping[str, Any]) -> dict[str, Any]:
-    function = {key: tool[key] for key in ("name", "description", "parameters") if key in tool}
+    # vLLM keeps ``strict`` (openai-agents sends ``true``): it is in the prompt's tool lines.
+    keys = ("name", "description", "parameters", "strict")
+    function = {key: tool[key] for key in keys if key in tool}
     return {"type": "function", "function": function}
 
 
