@@ -801,3 +801,56 @@ def test_responses_render_keeps_a_function_tools_strict_key_like_vllm(
     strict = call(worker, "POST", "/v1/responses/render", body).json()["token_ids"]
     assert '"strict": true' in toy_decode(strict)
     assert len(strict) == len(loose) + len(', "strict": true')
+
+
+def test_served_model_names_list_those_and_refuse_another_like_vllm() -> None:
+    worker = SimulatedWorker(WorkerSettings(served_model_names=("qwen", "alias")))
+    models = call(worker, "GET", "/v1/models").json()
+    assert [model["id"] for model in models["data"]] == ["qwen", "alias"]
+    body = load_fixture("render-chat-request.json")
+    refused = call(worker, "POST", "/v1/chat/completions/render", {**body, "model": "x"})
+    assert refused.status_code == 404
+    assert refused.json() == {
+        "error": {
+            "message": "The model `x` does not exist.",
+            "type": "NotFoundError",
+            "param": "model",
+            "code": 404,
+        }
+    }
+    for path in ("/inference/v1/generate", "/v1/chat/completions", "/tokenize"):
+        assert call(worker, "POST", path, {"model": "x"}).status_code == 404
+    served = call(worker, "POST", "/v1/chat/completions/render", {**body, "model": "alias"})
+    assert served.status_code == 200
+    unnamed = {key: value for key, value in body.items() if key != "model"}
+    assert call(worker, "POST", "/v1/chat/completions/render", unnamed).json()["model"] == "qwen"
+    with pytest.raises(ValueError, match="served_model_names"):
+        WorkerSettings(served_model_names=("",))
+
+
+def test_without_served_model_names_any_name_is_served(worker: SimulatedWorker) -> None:
+    assert [m["id"] for m in call(worker, "GET", "/v1/models").json()["data"]] == ["simulated"]
+    body = {**load_fixture("render-chat-request.json"), "model": "anything"}
+    assert call(worker, "POST", "/v1/chat/completions/render", body).json()["model"] == "anything"
+
+
+def test_tokenize_detokenize_and_version_like_vllm(worker: SimulatedWorker) -> None:
+    plain = call(worker, "POST", "/tokenize", {"model": "m", "prompt": "Hé"}).json()
+    assert plain == {
+        "count": 3,
+        "max_model_len": 4096,
+        "tokens": toy_encode("Hé"),
+        "token_strs": None,
+    }
+    body = load_fixture("render-chat-request.json")
+    chat = call(worker, "POST", "/tokenize", {"model": "m", "messages": body["messages"]}).json()
+    rendered = call(worker, "POST", "/v1/chat/completions/render", body).json()["token_ids"]
+    assert (chat["tokens"], chat["count"]) == (rendered, len(rendered))
+    strs = call(worker, "POST", "/tokenize", {"prompt": "ab", "return_token_strs": True}).json()
+    assert strs["token_strs"] == ["a", "b"]
+    text = call(worker, "POST", "/detokenize", {"tokens": chat["tokens"]}).json()
+    assert text == {"prompt": toy_decode(rendered)}
+    assert call(worker, "GET", "/version").json() == {"version": "0.33.0"}
+    assert call(worker, "POST", "/detokenize", {"tokens": ["a"]}).status_code == 400
+    assert call(worker, "POST", "/tokenize", {"prompt": 1}).status_code == 400
+    assert call(worker, "GET", "/tokenize").status_code == 405

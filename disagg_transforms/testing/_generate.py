@@ -686,7 +686,7 @@ def generate(
     completion = sum(len(choice.tokens) for choice in choices)
     answer: dict[str, Any] = {
         "request_id": request_id,
-        "model": body.get("model") or settings.model,
+        "model": body.get("model") or settings.default_model,
         "created": settings.created if settings.created is not None else int(time.time()),
         "usage": {
             "prompt_tokens": len(prompt),

@@ -294,7 +294,7 @@ def _generate_request(
         "features": dump.features,
         "content_parts": None,
         "sampling_params": dump.sampling,
-        "model": body.get("model") or settings.model,
+        "model": body.get("model") or settings.default_model,
         "reasoning_ended": dump.reasoning_ended,
         "reasoning_parser_kwargs": (
             None if template_kwargs is None else {"chat_template_kwargs": template_kwargs}
@@ -699,3 +699,60 @@ def render_completions(
         )
         answers.append(_generate_request(request, settings, dump))
     return answers
+
+
+def tokenize(body: object, settings: WorkerSettings) -> dict[str, Any]:
+    """``POST /tokenize``: a ``prompt``, or a chat's ``messages`` through the template.
+
+    Args:
+        body: vLLM's tokenize request, completion form (``prompt``) or chat form (``messages``,
+            ``tools``, ``add_generation_prompt``, ``chat_template_kwargs``, ...).
+        settings: The worker's settings.
+
+    Returns:
+        ``{"count", "max_model_len", "tokens", "token_strs"}`` (``token_strs`` when asked for
+        with ``return_token_strs``, else null).
+    """
+    request = _require_object(body)
+    if "messages" in request:
+        tools = request.get("tools")
+        prompt = chat_prompt(
+            _require_list(request, "messages"),
+            tools if isinstance(tools, list) and tools else None,
+            _template_kwargs(request),
+        )
+    else:
+        _require_key(request, "prompt")
+        prompt = request["prompt"]
+        if not isinstance(prompt, str):
+            msg = "Input should be a valid string"
+            raise RequestInvalidError([Issue("string_type", "body.prompt", msg, prompt)])
+    tokens = tok.encode(prompt)
+    strs = None
+    if request.get("return_token_strs") is True:
+        strs = [tok.token_bytes(token).decode(errors="replace") for token in tokens]
+    return {
+        "count": len(tokens),
+        "max_model_len": settings.max_model_len,
+        "tokens": tokens,
+        "token_strs": strs,
+    }
+
+
+def detokenize(body: object) -> dict[str, Any]:
+    """``POST /detokenize``: the text of ``tokens``, special strings included.
+
+    Args:
+        body: ``{"model"?, "tokens": [int, ...]}``.
+
+    Returns:
+        ``{"prompt": text}``.
+    """
+    request = _require_object(body, "tokens")
+    tokens = request["tokens"]
+    if not isinstance(tokens, list) or not all(
+        isinstance(token, int) and not isinstance(token, bool) for token in tokens
+    ):
+        msg = "Input should be a valid list of integers"
+        raise RequestInvalidError([Issue("list_type", "body.tokens", msg, tokens)])
+    return {"prompt": tok.decode(tokens)}
