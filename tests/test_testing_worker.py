@@ -11,10 +11,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 import jsonschema
+import pydantic
 import pytest
 from golden import load_fixture, load_stream
 from hypothesis import given
@@ -30,6 +31,7 @@ from disagg_transforms.testing import (
     toy_decode,
     toy_encode,
 )
+from disagg_transforms.testing._schema import instance
 
 GENERATE = "/inference/v1/generate"
 CHAT_RENDER = "/v1/chat/completions/render"
@@ -854,3 +856,90 @@ def test_tokenize_detokenize_and_version_like_vllm(worker: SimulatedWorker) -> N
     assert call(worker, "POST", "/detokenize", {"tokens": ["a"]}).status_code == 400
     assert call(worker, "POST", "/tokenize", {"prompt": 1}).status_code == 400
     assert call(worker, "GET", "/tokenize").status_code == 405
+
+
+# --- structured output: a JSON value that satisfies the schema ----------------------------------
+
+
+class _Address(pydantic.BaseModel):
+    city: str
+    zip_code: str = pydantic.Field(min_length=7, max_length=9)
+
+
+class _Person(pydantic.BaseModel):
+    name: str
+    age: int = pydantic.Field(ge=18, lt=130)
+    height: float = pydantic.Field(gt=2)
+    tags: list[str] = pydantic.Field(min_length=2)
+    kind: Literal["admin", "user"]
+    home: _Address
+    work: _Address | None
+    nickname: str | None = None
+    verified: bool
+    version: Literal[3] = 3
+
+
+class _Tree(pydantic.BaseModel):
+    label: str
+    children: list[_Tree]
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        _Person.model_json_schema(),
+        _Tree.model_json_schema(),
+        {"type": "object", "properties": {"x": {"type": ["null", "integer"]}}, "required": ["x"]},
+        {"allOf": [{"$ref": "#/definitions/a"}], "definitions": {"a": {"const": "c"}}},
+        {"oneOf": [{"type": "number", "exclusiveMaximum": 0}, {"type": "string"}]},
+        {"type": "array", "items": {"enum": [1, 2]}, "minItems": 3},
+        {},
+    ],
+)
+def test_the_structured_answer_satisfies_its_schema(schema: dict[str, Any]) -> None:
+    value = instance(schema)
+    jsonschema.validate(value, schema)
+
+
+def test_a_pydantic_models_answer_parses_back_into_it() -> None:
+    person = _Person.model_validate(instance(_Person.model_json_schema()))
+    assert (person.age, person.home.zip_code, person.work) == (18, "Parisss", person.home)
+
+
+def _structured(worker: SimulatedWorker, path: str, body: dict[str, Any]) -> Any:
+    rendered = call(worker, "POST", path, body).json()
+    assert rendered["sampling_params"]["structured_outputs"] is not None
+    leg = {**rendered, "output_mode": "text"}
+    answer = call(worker, "POST", "/inference/v1/generate", leg).json()
+    return json.loads(answer["choices"][0]["text"])
+
+
+def test_a_request_for_structured_output_is_answered_with_a_valid_json_value(
+    worker: SimulatedWorker,
+) -> None:
+    schema = _Person.model_json_schema()
+    chat = load_fixture("render-chat-request.json")
+    fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": schema}}
+    value = _structured(worker, "/v1/chat/completions/render", {**chat, "response_format": fmt})
+    jsonschema.validate(value, schema)
+    as_object = {**chat, "response_format": {"type": "json_object"}}
+    assert _structured(worker, "/v1/chat/completions/render", as_object) == {}
+    own = {**chat, "structured_outputs": {"json": schema}}
+    assert _structured(worker, "/v1/chat/completions/render", own) == value
+    responses = {
+        "model": "m",
+        "input": "hi",
+        "text": {"format": {"type": "json_schema", "name": "p", "schema": schema}},
+    }
+    assert _structured(worker, "/v1/responses/render", responses) == value
+    messages = {
+        "model": "m",
+        "max_tokens": 1024,
+        "messages": [{"role": "user", "content": "hi"}],
+        "output_config": {"format": {"type": "json_schema", "schema": schema}},
+    }
+    assert _structured(worker, "/v1/messages/render", messages) == value
+    coupled = call(worker, "POST", "/v1/chat/completions", {**chat, "response_format": fmt})
+    assert json.loads(coupled.json()["choices"][0]["message"]["content"]) == value
+    plain = call(worker, "POST", "/v1/chat/completions", chat).json()
+    assert plain["choices"][0]["message"]["content"] == "Hello!"

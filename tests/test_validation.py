@@ -305,9 +305,7 @@ def test_any_bad_logit_bias_value_names_the_object(key: str, value: object) -> N
 def test_a_body_that_is_no_object_is_named_by_its_json_type(body: bytes, kind: str) -> None:
     expected = f"$: the client body must be a JSON object, got {kind}"
     with pytest.raises(RequestError) as error:
-        build_decode_request_bytes(
-            body, client_path="/v1/chat/completions", params=DecodeParams()
-        )
+        build_decode_request_bytes(body, client_path="/v1/chat/completions", params=DecodeParams())
     assert error.value.message == expected
     ex = Exchange(parse_pipeline_params({"decode": {}}), "/v1/chat/completions", [], body)
     reply = ex.next_event()

@@ -198,7 +198,7 @@ class Sampling:
     """``extra_args`` to write, or ``None``."""
 
 
-def sampling_params(  # noqa: C901, PLR0912 - a branch per optional field, vLLM's order
+def sampling_params(  # noqa: C901, PLR0912, PLR0915 - a branch per optional field, vLLM's order
     request: Mapping[str, Any], decided: Sampling
 ) -> dict[str, Any]:
     """``sampling_params`` as a render route dumps them (defaults left out, vLLM's order).
@@ -254,6 +254,9 @@ def sampling_params(  # noqa: C901, PLR0912 - a branch per optional field, vLLM'
     if stops and not request.get("include_stop_str_in_output"):
         # Text that could start a stop string is held back this many characters.
         params["output_text_buffer_length"] = max(len(s) for s in stops) - 1
+    outputs = _structured_outputs(request)
+    if outputs is not None:
+        params["structured_outputs"] = outputs
     if isinstance(request.get("logit_bias"), dict):
         params["logit_bias"] = {int(k): float(v) for k, v in request["logit_bias"].items()}
     if decided.extra_args is not None:
@@ -261,6 +264,33 @@ def sampling_params(  # noqa: C901, PLR0912 - a branch per optional field, vLLM'
     params["bad_words"] = []
     params["skip_reading_prefix_cache"] = False
     return params
+
+
+def _structured_outputs(request: Mapping[str, Any]) -> dict[str, Any] | None:
+    """``structured_outputs`` from the client's output format, in each client API's place.
+
+    Chat's ``response_format``, Responses' ``text.format``, Messages' ``output_config.format``,
+    or vLLM's own ``structured_outputs`` as sent.
+    """
+    given = request.get("structured_outputs")
+    if isinstance(given, dict):
+        return dict(given)
+    text, config = request.get("text"), request.get("output_config")
+    fmt = request.get("response_format")
+    if isinstance(text, dict):
+        fmt = text.get("format")
+    elif isinstance(config, dict):
+        fmt = config.get("format")
+    if not isinstance(fmt, dict):
+        return None
+    if fmt.get("type") == "json_object":
+        return {"json_object": True}
+    if fmt.get("type") != "json_schema":
+        return None
+    # Chat nests the schema under json_schema; Responses and Messages put it on the format.
+    holder = fmt.get("json_schema", fmt)
+    schema = holder.get("schema") if isinstance(holder, dict) else None
+    return {"json": schema} if isinstance(schema, dict) else None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
