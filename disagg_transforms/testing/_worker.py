@@ -102,10 +102,12 @@ class SimulatedWorker:
     Routes: ``POST /inference/v1/generate``, ``POST /v1/chat/completions/render``,
     ``/v1/completions/render``, ``/v1/responses/render``, ``/v1/messages/render``,
     ``POST /v1/chat/completions`` and ``/v1/completions`` (coupled, text mode),
-    ``GET /health`` and ``GET /v1/models``; anything else is a 404 in vLLM's error shape. Every
+    ``POST /tokenize`` and ``/detokenize``, ``GET /version``, ``GET /health`` and
+    ``GET /v1/models``; anything else is a 404 in vLLM's error shape. Every
     answer carries ``x-request-id`` (the request's, else a fresh one).
 
-    The "model" always generates the same text: ``answer`` followed by ``<|im_end|>``
+    The "model" always generates the same text (a request for structured output gets a JSON
+    value that satisfies its schema instead): ``answer`` followed by ``<|im_end|>``
     (``"Hello!"`` gives the tokens of ``tests/fixtures/generate-decode-response.json``); in
     ``derender`` mode it thinks first (``<think>`` ``reasoning`` ``</think>``) and, when
     ``parse_context`` offers tools and ``tool_choice`` is not ``"none"``, calls the first (or the
