@@ -236,3 +236,14 @@ def test_served_model_name_needs_simulate(tmp_path: pathlib.Path) -> None:
     )
     assert done.returncode == 2
     assert done.stderr.strip().endswith("give it with --simulate")
+
+
+def test_simulate_takes_served_model_names_repeated_or_after_one_flag(
+    tmp_path: pathlib.Path,
+) -> None:
+    args = ["simulate", "--port", "0", "--served-model-name", "a", "b", "--served-model-name", "c"]
+    with running((args, tmp_path / "worker.log")) as (worker,):
+        models = httpx.get(worker.url + "/v1/models").json()
+        assert [model["id"] for model in models["data"]] == ["a", "b", "c"]
+        refused = httpx.post(worker.url + "/tokenize", json={"model": "d", "prompt": "x"})
+        assert (refused.status_code, refused.json()["error"]["type"]) == (404, "NotFoundError")
