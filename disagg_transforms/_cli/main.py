@@ -84,12 +84,23 @@ def _decode(
     errors: type[Exception],
     hint: str = "",
 ) -> object:
-    data = _read_bytes(source)
+    return _parse(_source_name(source), kind, lambda: loads(_read_bytes(source)), errors, hint)
+
+
+def _parse(
+    name: str, kind: str, parse: Callable[[], object], errors: type[Exception], hint: str = ""
+) -> object:
+    """``parse()``'s document; a failure is a `CliError` naming ``name`` (a source or option).
+
+    A document nested past the interpreter's stack is refused like any other (docs/cli.md).
+    """
     try:
-        return loads(data)
+        return parse()
     except errors as exc:
-        msg = f"{_source_name(source)}: not valid {kind}: {_one_line(exc)}{hint}"
-        raise CliError(msg) from None
+        msg = f"{name}: not valid {kind}: {_one_line(exc)}{hint}"
+    except RecursionError:
+        msg = f"{name}: not valid {kind}: nested too deep"
+    raise CliError(msg)
 
 
 def _read_json(source: str, hint: str = "") -> object:
@@ -210,11 +221,7 @@ def _run_demo(args: argparse.Namespace) -> int:
 
 
 def _json_option(text: str, option: str) -> object:
-    try:
-        return msgspec.json.decode(text)
-    except msgspec.DecodeError as exc:
-        msg = f"{option}: not valid JSON: {_one_line(exc)}"
-        raise CliError(msg) from None
+    return _parse(option, "JSON", lambda: msgspec.json.decode(text), msgspec.DecodeError)
 
 
 def _token_ids(value: str | None) -> object:
