@@ -201,7 +201,10 @@ class _Proxy:
         # One settings object for every exchange this proxy runs.
         self.settings = ExchangeSettings(hooks=hooks)
         # A count_tokens request is rendered whatever the pipeline: its exchange's first call.
-        self.rendered = parse_pipeline_params({"decode": {}}, use_openai_format=False)
+        # Its decode never runs; auto, so a count request with tools is counted, not refused.
+        self.rendered = parse_pipeline_params(
+            {"decode": {"output_mode": "auto"}}, use_openai_format=False
+        )
         self.http: httpx.AsyncClient | None = None
 
     @contextlib.asynccontextmanager
