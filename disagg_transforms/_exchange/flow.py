@@ -658,7 +658,14 @@ class Exchange:
 
 def _pieces(data: bytes) -> list[bytes]:
     """``data`` cut after each SSE event end (a cut inside one only makes a piece shorter)."""
-    ends = [match.end() for match in EVENT_END.finditer(data)]
+    if data.find(b"\r") < 0:  # vLLM's framing: bytes searches, several times faster than the regex
+        ends = []
+        at = data.find(b"\n\n")
+        while at >= 0:
+            ends.append(at + 2)
+            at = data.find(b"\n\n", at + 2)
+    else:
+        ends = [match.end() for match in EVENT_END.finditer(data)]
     return [
         data[start:end]
         for start, end in zip([0, *ends], [*ends, len(data)], strict=True)
