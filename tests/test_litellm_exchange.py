@@ -429,6 +429,28 @@ def test_an_unreachable_worker_is_a_502_naming_the_step(entry: str) -> None:
     assert str(caught.value) == "render failed: ConnectError: refused"
 
 
+def timed_out(request: httpx.Request) -> httpx.Response:
+    msg = "no answer in time"
+    raise httpx.ReadTimeout(msg, request=request)
+
+
+class AsyncTimedOut(httpx.AsyncBaseTransport):
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        return timed_out(request)
+
+
+@pytest.mark.parametrize("entry", ENTRY_POINTS)
+def test_a_worker_that_times_out_is_a_504_naming_the_step(entry: str) -> None:
+    provider = VllmGenerateLLM(
+        http_client=REAL_CLIENT(transport=httpx.MockTransport(timed_out)),
+        async_http_client=REAL_ASYNC_CLIENT(transport=AsyncTimedOut()),
+    )
+    with pytest.raises(CustomLLMError) as caught:
+        answer_of(getattr(provider, entry)(**call_kwargs()))
+    assert caught.value.status_code == 504
+    assert str(caught.value) == "render failed: ReadTimeout: no answer in time"
+
+
 class BrokenStream(httpx.SyncByteStream, httpx.AsyncByteStream):
     """The first ``keep`` bytes of a worker's stream, then a reset connection."""
 
