@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from exchange_driver import drive, fixture_bytes, scripted
-from golden import load_stream
+from golden import load_fixture, load_stream
 
 from disagg_transforms import parse_pipeline_params
 from disagg_transforms.exchange import (
@@ -25,6 +25,9 @@ from disagg_transforms.exchange import (
 
 OPENAI_D = parse_pipeline_params({"decode": {}})
 GENERATE_D = parse_pipeline_params({"decode": {}}, use_openai_format=False)
+GENERATE_WRAP = parse_pipeline_params(
+    {"decode": {"wrap_chat_completion": True}}, use_openai_format=False
+)
 HTML = b"<html><body>502 upstream hiccup</body></html>"
 
 COMPLETIONS_CHUNK = (
@@ -274,3 +277,36 @@ def test_a_transport_failure_mid_stream_ends_worker_failed() -> None:
     tail = ex.worker_failed("decode", "connection reset")
     assert json.loads(_data(tail)[0])["error"]["code"] == 502
     assert _end(ex) == "worker-failed"
+
+
+@pytest.mark.parametrize(
+    ("path", "request_fixture", "render_fixture"),
+    [
+        ("/v1/chat/completions", "render-chat-request.json", "render-chat-response.json"),
+        ("/v1/responses", "render-responses-request.json", "render-responses-response.json"),
+        ("/v1/messages", "render-messages-request.json", "render-messages-response.json"),
+    ],
+)
+def test_a_rebuilt_stream_with_the_workers_error_event_ends_worker_failed(
+    path: str, request_fixture: str, render_fixture: str
+) -> None:
+    body = json.dumps({**load_fixture(request_fixture), "stream": True}).encode()
+    ex = Exchange(GENERATE_WRAP, path, {}, body)
+    ex.receive(200, {}, fixture_bytes(render_fixture))
+    ex.receive_stream_head(200, {})
+    out = ex.feed(GENERATE_CHUNK + load_stream("generate-stream-error.sse"))
+    assert isinstance(ex.next_event(), ClientStream)
+    assert b"Internal server error" in out  # the worker's error, in the client API's shape
+    ex.end_of_stream()
+    assert _end(ex) == "worker-failed"
+
+
+def test_a_rebuilt_stream_that_ends_well_ends_complete() -> None:
+    body = json.dumps({**load_fixture("render-chat-request.json"), "stream": True}).encode()
+    ex = Exchange(GENERATE_WRAP, "/v1/chat/completions", {}, body)
+    ex.receive(200, {}, fixture_bytes("render-chat-response.json"))
+    ex.receive_stream_head(200, {})
+    ex.feed(load_stream("generate-stream-usage.sse"))
+    assert _end(ex) is None  # [DONE] came, but the worker's stream has not ended
+    ex.end_of_stream()
+    assert _end(ex) == "complete"

@@ -268,8 +268,8 @@ class Exchange:
         """How the client's stream ended; ``None`` while it runs, or when there is none.
 
         ``"complete"``: the worker's stream ended as its API ends one. ``"worker-failed"``:
-        the router reported the worker failed (:meth:`worker_failed`), or a relayed stream
-        carried the worker's own error event. ``"contract-broken"``: the worker's stream broke
+        the router reported the worker failed (:meth:`worker_failed`), or the worker's stream
+        carried its own error event. ``"contract-broken"``: the worker's stream broke
         the contract (cut mid-event, no end, an event that is not JSON) and the client's
         stream ended with the API's error event. A client that went away is the router's to
         know: the exchange never hears of it.
@@ -362,8 +362,7 @@ class Exchange:
             msg = f"$: {step} ended its stream before sending any event"
             self._fail(UpstreamContractError(msg, param="$"))
         else:
-            failed = _reply.worker_sent_error(self._relay)
-            self._stream_end = "worker-failed" if failed else "complete"
+            self._stream_end = "worker-failed" if self._relay.worker_error else "complete"
         return out
 
     def worker_failed(self, step: str, reason: str, *, timed_out: bool = False) -> bytes:

@@ -42,7 +42,7 @@ from disagg_transforms._wire.sse import (
 )
 from disagg_transforms.errors import UpstreamContractError, error_body
 
-__all__ = ("Relay", "Shape", "reply_shape", "stream_relay", "whole_reply", "worker_sent_error")
+__all__ = ("Relay", "Shape", "reply_shape", "stream_relay", "whole_reply")
 
 JSON = "application/json"
 SSE = "text/event-stream"
@@ -195,6 +195,11 @@ class Relay(Protocol):
 
     def error_event(self, message: str, *, status: int = 500) -> bytes:
         """The client API's in-stream error event that ends a started stream."""
+        ...
+
+    @property
+    def worker_error(self) -> bool:
+        """Whether the worker's stream carried its own in-stream error event."""
         ...
 
 
@@ -382,15 +387,6 @@ def _check_fields(events: bytes) -> None:
             shown = line[:80].decode("utf-8", "replace")
             msg = f"$: the stream is not server-sent events: {shown!r}"
             raise UpstreamContractError(msg, param="$")
-
-
-def worker_sent_error(relay: Relay) -> bool:
-    """Whether a relayed stream carried the worker's own in-stream error event.
-
-    (A rebuilt envelope's converter sends the worker's error on in the client's shape but does
-    not say so: ``False`` for it.)
-    """
-    return isinstance(relay, (_PassRelay, _GenerateRelay)) and relay.worker_error
 
 
 def stream_relay(  # noqa: PLR0913 - what each relay needs, all by keyword
