@@ -16,7 +16,12 @@ from disagg_transforms._exchange.events import (
     NeedData,
     WorkerCall,
 )
-from disagg_transforms._exchange.flow import Exchange, ExchangeSettings, ExchangeStateError
+from disagg_transforms._exchange.flow import (
+    Exchange,
+    ExchangeSettings,
+    ExchangeStateError,
+    StreamEnd,
+)
 
 __all__ = (
     "ClientReply",
@@ -27,6 +32,7 @@ __all__ = (
     "ExchangeStateError",
     "NEED_DATA",
     "NeedData",
+    "StreamEnd",
     "WorkerCall",
     "pipeline_warnings",
 )

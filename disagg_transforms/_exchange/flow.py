@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, ClassVar, Final, TypeAlias
+from typing import Any, ClassVar, Final, Literal, TypeAlias
 
 import msgspec
 from msgspec import UNSET
@@ -46,6 +46,7 @@ from disagg_transforms._wire import limits as _limits
 from disagg_transforms._wire import raw as _raw
 from disagg_transforms._wire.describe import describe
 from disagg_transforms._wire.limits import DEFAULT_LIMITS, Limits
+from disagg_transforms._wire.sse import EVENT_END
 from disagg_transforms.errors import (
     ConfigError,
     DisaggTransformError,
@@ -55,7 +56,10 @@ from disagg_transforms.errors import (
 )
 from disagg_transforms.hooks import LegInputs, Pipeline, TransformContext
 
-__all__ = ("Exchange", "ExchangeSettings", "ExchangeStateError")
+__all__ = ("Exchange", "ExchangeSettings", "ExchangeStateError", "StreamEnd")
+
+StreamEnd: TypeAlias = Literal["complete", "worker-failed", "contract-broken"]
+"""How the client's stream ended (:attr:`Exchange.stream_end`)."""
 
 _LegParams: TypeAlias = EncodeParams | PrefillParams | DecodeParams
 _LEG_PARAMS = (EncodeParams, PrefillParams, DecodeParams)
@@ -218,6 +222,7 @@ class Exchange:
         self._error_status = 0  # a streamed answer's non-2xx status, its body being collected
         self._error_body = bytearray()
         self._done = False
+        self._stream_end: StreamEnd | None = None
         self._step = "client"  # the step whose answer is being read, named in errors
         self._members: _raw.RawMembers = _raw.RawMembers(b"{}", RequestError, "", token_ids_key="")
         routes = {
@@ -259,6 +264,19 @@ class Exchange:
         """
         return self._done or isinstance(self._final, ClientReply)
 
+    @property
+    def stream_end(self) -> StreamEnd | None:
+        """How the client's stream ended; ``None`` while it runs, or when there is none.
+
+        ``"complete"``: the worker's stream ended as its API ends one. ``"worker-failed"``:
+        the router reported the worker failed (:meth:`worker_failed`), or the worker's stream
+        carried its own error event. ``"contract-broken"``: the worker's stream broke
+        the contract (cut mid-event, no end, an event that is not JSON) and the client's
+        stream ended with the API's error event. A client that went away is the router's to
+        know: the exchange never hears of it.
+        """
+        return self._stream_end
+
     def receive(self, status: int, headers: object, body: bytes) -> None:
         """Feed the whole answer to the current (non-streamed) worker call."""
         del headers  # nothing in a worker's headers changes the flow
@@ -290,6 +308,7 @@ class Exchange:
         try:
             self._relay = _reply.stream_relay(
                 self._shape(leg),
+                client_route=self._route,
                 requested=leg.output_mode,
                 client_body=self._members,
                 model=None if self._rendered is None else self._rendered.get(w.MODEL),
@@ -343,20 +362,25 @@ class Exchange:
         if self._final is None:
             msg = f"$: {step} ended its stream before sending any event"
             self._fail(UpstreamContractError(msg, param="$"))
+        else:
+            self._stream_end = "worker-failed" if self._relay.worker_error else "complete"
         return out
 
-    def worker_failed(self, step: str, reason: str) -> bytes:
+    def worker_failed(self, step: str, reason: str, *, timed_out: bool = False) -> bytes:
         """The router could not get the worker's answer (connection, timeout).
 
-        Before the client's reply has started, the reply becomes a retryable 502; after, the
-        returned bytes are the in-stream error event that ends the client's stream.
+        Before the client's reply has started, the reply becomes a retryable 502, or 504 when
+        ``timed_out`` (the worker did not answer in time); after, the returned bytes are the
+        in-stream error event that ends the client's stream.
         """
         message = f"{step} failed: {reason}"
+        status = 504 if timed_out else 502
         if isinstance(self._final, ClientStream):
             if self._done:
                 return b""
             self._done = True
-            return self._stream_error(message)
+            self._stream_end = "worker-failed"
+            return self._stream_error(message, status)
         if self._final is not None:
             return b""
         if self._call is None and self._reading is None:
@@ -364,7 +388,7 @@ class Exchange:
             raise ExchangeStateError(msg)
         self._call = None
         self._done = True
-        self._reply_error(502, message, retry=True)
+        self._reply_error(status, message, retry=True)
         return b""
 
     # -- the flow -------------------------------------------------------------------------
@@ -551,14 +575,15 @@ class Exchange:
         self._final = ClientStream(status=200, headers=self._reply_headers(_reply.SSE), first=out)
         return b""
 
-    def _stream_error(self, message: str) -> bytes:
+    def _stream_error(self, message: str, status: int = 502) -> bytes:
         assert self._relay is not None  # noqa: S101 - a started stream has its relay
-        return self._relay.error_event(message, status=502)
+        return self._relay.error_event(message, status=status)
 
     def _broken(self, error: DisaggTransformError) -> bytes:
         """A contract break in the worker's stream: an in-stream error, or a clean 502."""
         self._done = True
         if isinstance(self._final, ClientStream):
+            self._stream_end = "contract-broken"
             return self._stream_error(f"{self._step} broke the contract: {error.message}")
         self._fail(error)
         return b""
@@ -625,12 +650,16 @@ class Exchange:
         self._final = ClientReply(status=status, headers=headers, body=body)
 
 
-_EVENT_END = re.compile(rb"\r\n\r\n|\n\n|\r\r")
-
-
 def _pieces(data: bytes) -> list[bytes]:
     """``data`` cut after each SSE event end (a cut inside one only makes a piece shorter)."""
-    ends = [match.end() for match in _EVENT_END.finditer(data)]
+    if data.find(b"\r") < 0:  # vLLM's framing: bytes searches, several times faster than the regex
+        ends = []
+        at = data.find(b"\n\n")
+        while at >= 0:
+            ends.append(at + 2)
+            at = data.find(b"\n\n", at + 2)
+    else:
+        ends = [match.end() for match in EVENT_END.finditer(data)]
     return [
         data[start:end]
         for start, end in zip([0, *ends], [*ends, len(data)], strict=True)

@@ -324,7 +324,8 @@ class _Drive:
         try:
             yield
         except httpx.TransportError as error:
-            self._pending += self._ex.worker_failed(step, _reason(error))
+            timed_out = isinstance(error, httpx.TimeoutException)
+            self._pending += self._ex.worker_failed(step, _reason(error), timed_out=timed_out)
 
     def answered(self, call: WorkerCall, answer: httpx.Response) -> bool:
         """Hand the exchange a worker's answer: whether it is a stream, still to be opened."""

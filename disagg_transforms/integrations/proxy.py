@@ -68,7 +68,7 @@ _RELAYED_HEADERS = frozenset({"authorization", "content-type", "x-request-id"})
 class Timeouts:
     """How long the proxy waits on a worker, in seconds; a timeout is a failed worker call.
 
-    Before the client's reply has started it answers a retryable 502; after, it ends the
+    Before the client's reply has started it answers a retryable 504; after, it ends the
     client's stream with the API's error event (``docs/proxy.md``).
     """
 
@@ -176,6 +176,11 @@ class _Worker:
 
 # anyio.fail_after raises the builtin TimeoutError (asyncio's own on Python 3.10 is another).
 _FAILURES = (httpx.TransportError, httpx.InvalidURL, TimeoutError)
+
+
+def _timed_out(error: BaseException) -> bool:
+    # httpx's own timeouts: a connect or pool timeout under the client's connect limit.
+    return isinstance(error, (TimeoutError, httpx.TimeoutException))
 
 
 def _reason(error: BaseException, timeouts: Timeouts) -> str:
@@ -322,7 +327,7 @@ class _Proxy:
                 if chunk is None:
                     break
         except _FAILURES as error:
-            ex.worker_failed(call.step, _reason(error, self.timeouts))
+            ex.worker_failed(call.step, _reason(error, self.timeouts), timed_out=_timed_out(error))
             log.leg(call.step, "failed", since)
             if stream is not None:
                 await stream.answer.aclose()
@@ -334,7 +339,8 @@ class _Proxy:
         self, ex: Exchange, stream: _Worker, first: bytes, log: _Log, status: int
     ) -> AsyncIterator[bytes]:
         """The client's stream, relayed as the worker's comes; closes the worker's at the end."""
-        end = " stream=complete"
+        ended: str | None = None  # how it ended when the exchange cannot know (the client left)
+        detail = ""
         try:
             yield first
             while (chunk := await stream.chunk()) is not None:
@@ -343,22 +349,22 @@ class _Proxy:
                 if ex.reply_over:
                     # The worker broke the contract mid-stream: the client's stream has ended
                     # with the error event, and the worker's is closed below, unread.
-                    end = " stream=contract-broken"
                     return
             if tail := ex.end_of_stream():  # an empty chunk would still cost the server a send
                 yield tail
         except _FAILURES as error:
-            end = f" stream=worker-failed ({_reason(error, self.timeouts)})"
-            yield ex.worker_failed("decode", _reason(error, self.timeouts))
+            reason = _reason(error, self.timeouts)
+            detail = f" ({reason})"
+            yield ex.worker_failed("decode", reason, timed_out=_timed_out(error))
         except BaseException:
             # Starlette cancels the relay when the client goes away: the worker's stream is
             # closed below, so the worker stops generating for nobody.
-            end = " stream=client-disconnected"
+            ended = "client-disconnected"
             raise
         finally:
             with anyio.CancelScope(shield=True):
                 await stream.answer.aclose()
-            log.write(ex.request_id, status, end)
+            log.write(ex.request_id, status, f" stream={ended or ex.stream_end}{detail}")
 
 
 class _TokenIds(msgspec.Struct):
