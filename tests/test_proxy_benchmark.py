@@ -40,10 +40,51 @@ def test_the_table_adds_latency_over_the_worker_and_judges_each_mode() -> None:
         )
     ]
     table = bench.table(results)
-    assert "| whole | proxy | 300 | 3.00 | 7.00 | 2.00 | 5.00 | - |" in table
-    assert "| stream | 0.60 | >= 0.8 | **no** |" in table
-    # The two-call pipeline is reported, never judged.
-    assert "| stream, generate pipeline (two calls) | 0.40 | - | - |" in table
+    assert "| whole | 16 | proxy | 300 | 3.00 | 7.00 | 2.00 | 5.00 | - | - | - |" in table
+    assert "| stream | 16 | 0.60 | >= 0.8 | **no** |" in table
+
+
+def _figures(router: bool) -> list[object]:
+    """Whole answers at c1, c16 and c64 and streams of 256 chunks at c1 and c16."""
+    cpu = {"worker": 0.5, "pass-through": 2.0, "proxy": 1.5, "proxy (generate)": 4.0}
+    if router:
+        cpu["vllm-router"] = 0.5
+    ttft = {"worker": 1.0, "pass-through": 2.0, "proxy": 2.0, "proxy (generate)": 5.5}
+    ttft["vllm-router"] = 1.5
+    results = []
+    for target, ms in cpu.items():
+        for concurrency in (1, 16, 64):
+            scale = 2.0 if (target, concurrency) == ("proxy (generate)", 64) else 1.0
+            results.append(bench.Result(target, "whole", 100.0, 1.0, 2.0, ms * scale, concurrency))
+        results.extend(
+            bench.Result(target, "stream", 10.0, 9.0, 9.0, 2 * ms, concurrency, ttft[target], 256)
+            for concurrency in (1, 16)
+        )
+    return results
+
+
+def test_the_floors_of_the_issue_are_the_ratios_of_the_right_rows() -> None:
+    floors = bench.floors(_figures(router=True))
+    assert "| `serve` default (3 calls) / pass-through (1 call), CPU per request, c16 | 2.00 |" in (
+        floors
+    )
+    assert (
+        "| `serve` decode only / pass-through, CPU per request, c16 | 0.75 | <= 0.8x | yes |"
+        in (floors)
+    )
+    assert "| `serve` default / vllm-router P/D, CPU per request, c16 | 8.00 | <= 12x | yes |" in (
+        floors
+    )
+    # 3 ms over 256 chunks against 1 ms over 256 chunks
+    assert "decode only / vllm-router, c16 | 3.00 | <= 4x | yes |" in floors
+    assert "| CPU per request c64 / c1, `serve` default | 2.00 | <= 1.5 | **no** |" in floors
+    assert "over the worker, c1, p50 (ms) | 4.50 | <= 3 ms | **no** |" in floors
+
+
+def test_without_vllm_router_its_floors_are_not_judged() -> None:
+    floors = bench.floors(_figures(router=False))
+    assert "| `serve` default / vllm-router P/D, CPU per request, c16 | - | <= 12x | - |" in floors
+    assert bench.Result("x", "stream", 1.0, 1.0, 1.0, 2.56, 16, 1.0, 256).cpu_us_per_chunk == 10.0
 
 
 def test_the_request_is_a_chat_request_rendering_to_1k_tokens() -> None:
