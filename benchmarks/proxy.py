@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import os
 import platform
 import select
@@ -40,7 +41,9 @@ import orjson
 _ROOT = Path(__file__).resolve().parent.parent
 _DOC = _ROOT / "docs" / "performance.md"
 SECTION_START = "<!-- proxy benchmark: written by benchmarks/proxy.py -->"
-"""Opens this benchmark's section, the last of the page (``run.py`` keeps it on a rerun)."""
+"""Opens this benchmark's section (``run.py`` keeps it and all after it on a rerun)."""
+STACKS_SECTION_START = "<!-- stacks benchmark: written by benchmarks/stacks.py -->"
+"""Opens ``stacks.py``'s section, the last of the page (this benchmark keeps it on a rerun)."""
 FLOOR = 0.8
 PROMPT_TOKENS = 1024
 # The simulated worker's chat template around one user message: <|im_start|>user\n ...
@@ -444,35 +447,47 @@ def floors(results: Sequence[Result]) -> str:
     return "\n".join(lines)
 
 
+def _uvicorn_picks() -> str:
+    """The event loop and HTTP parser uvicorn's ``auto`` settings pick here (the installed)."""
+    loop = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
+    http = "httptools" if importlib.util.find_spec("httptools") else "h11"
+    return f"{loop} and {http}"
+
+
 def section(results: Sequence[Result], command: str) -> str:
     router = "vllm-router P/D" if any(r.target == ROUTER for r in results) else "(not installed)"
     return f"""{SECTION_START}
 ## The reference proxy against a pass-through and vllm-router
 
-`{command}` ({platform.python_implementation()} {platform.python_version()},
-{os.cpu_count()} CPUs shared with other work, so treat the figures as indicative). One simulated
-worker answering at once ({MAX_TOKENS}-token answers); each target its own process (tree)
-pinned to one core: a minimal pass-through proxy on the Starlette + httpx + uvicorn stack
-`serve` uses; `{ONE_CALL}`: `disagg-transforms serve` decoding with `use_openai_format: true`,
-one worker call on the client's own route, like the pass-through; `{GENERATE}`: `serve`'s default
-pipeline with a prefill URL: render, prefill, then a text-mode generate decode wrapped into a
-`chat.completion`, three worker calls; `{ROUTER}`: {router}, prefill then decode, two calls. The
-request: `POST {PATH}`, one user message rendering to {PROMPT_TOKENS} prompt tokens,
-`max_tokens` {MAX_TOKENS}; "whole": one JSON answer; "stream": the worker's chunks, one a token.
-"Added" is the latency (and for streams the time to the first chunk) over calling the worker
-directly. "CPU ms/request" is the CPU time of the target's process and its children per request
-(psutil; the median of the rounds); "CPU us/chunk" is a stream request's CPU over its chunks. CPU
-moves far less than requests per second when the machine is shared.
+`{command}` ({platform.python_implementation()} {platform.python_version()}, {os.cpu_count()}
+CPUs shared with other work, so treat the figures as indicative). One simulated worker answering
+at once ({MAX_TOKENS}-token answers); each target its own process (tree) pinned to one core: a
+minimal pass-through proxy on the Starlette + httpx + uvicorn stack `serve` uses (uvicorn on
+{_uvicorn_picks()}, as installed for this run); `{ONE_CALL}`: `disagg-transforms serve` decoding
+with `use_openai_format: true`, one worker call on the client's own route, like the
+pass-through; `{GENERATE}`: `serve`'s default pipeline with a prefill URL: render, prefill, then
+a text-mode generate decode wrapped into a `chat.completion`, three worker calls; `{ROUTER}`:
+{router}, prefill then decode, two calls. The request: `POST {PATH}`, one user message rendering
+to {PROMPT_TOKENS} prompt tokens, `max_tokens` {MAX_TOKENS}; "whole": one JSON answer; "stream":
+the worker's chunks, one a token. "Added" is the latency (and for streams the time to the first
+chunk) over calling the worker directly. "CPU ms/request" is the CPU time of the target's
+process and its children per request (psutil; the median of the rounds); "CPU us/chunk" is a
+stream request's CPU over its chunks. CPU moves far less than requests per second when the
+machine is shared.
 
 {table(results)}
 """
 
 
-def write(results: Sequence[Result], command: str) -> None:
+def write(results: Sequence[Result], command: str = "python benchmarks/proxy.py") -> None:
     text = _DOC.read_text(encoding="utf-8")
+    stacks = text[text.index(STACKS_SECTION_START) :] if STACKS_SECTION_START in text else ""
     if SECTION_START in text:
         text = text[: text.index(SECTION_START)].rstrip("\n") + "\n"
-    _DOC.write_text(text + "\n" + section(results, command), encoding="utf-8")
+    _DOC.write_text(
+        text + "\n" + section(results, command) + ("\n" + stacks if stacks else ""),
+        encoding="utf-8",
+    )
 
 
 def passthrough(worker: str) -> None:

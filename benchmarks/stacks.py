@@ -26,6 +26,7 @@ import asyncio
 import importlib.machinery
 import importlib.util
 import os
+import platform
 import select
 import socket
 import statistics
@@ -36,8 +37,12 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from proxy import STACKS_SECTION_START  # the page's sections, in order
+
+DOC = Path(__file__).resolve().parent.parent / "docs" / "performance.md"
 CHUNKS = 256
 CHUNK_INTERVAL = 0.001
 CONCURRENCIES = (1, 16, 64)
@@ -486,11 +491,47 @@ def table(figures: dict[str, Figures]) -> str:
     return "\n".join(lines)
 
 
+CHOICE = """\
+TO BE WRITTEN
+"""
+"""The choice made from these figures, written when it was made (a rerun keeps it)."""
+
+
+def section(figures: dict[str, Figures], command: str, repeats: int) -> str:
+    return f"""{STACKS_SECTION_START}
+## Choosing the proxy's HTTP stack
+
+`{command}` ({platform.python_implementation()} {platform.python_version()}, {os.cpu_count()}
+CPUs shared with other jobs running at the same time: read the ratios within the table, not the
+absolute figures). The same minimal Starlette pass-through (one worker call, the answer relayed
+whole or chunk by chunk) on each server and worker client; a raw asyncio fake worker answering at
+once, streams of {CHUNKS} chunks one every {CHUNK_INTERVAL * 1000:g} ms. Each proxy is its own
+process (tree) pinned to one core; CPU is its user + system time (psutil, children included:
+granian serves from a child process) over the requests sent. Each figure is the range over
+{repeats} runs, each stack started afresh per run, the runs interleaving the stacks. "vs first":
+CPU per request at c16 over the first row's (the `proxy` extra's stack before sniffio was
+declared); "CPU c64 / c1": how the cost per request grows with the connections in the pool.
+"no sniffio" hides `sniffio` from the proxy's process (the path search of a failed import still
+runs, as when the package is not installed).
+
+{table(figures)}
+
+{CHOICE}"""
+
+
+def write(figures: dict[str, Figures], command: str, repeats: int) -> None:
+    text = DOC.read_text(encoding="utf-8")
+    if STACKS_SECTION_START in text:
+        text = text[: text.index(STACKS_SECTION_START)].rstrip("\n") + "\n"
+    DOC.write_text(text + "\n" + section(figures, command, repeats), encoding="utf-8")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=2, help="runs of each stack (default 2)")
     parser.add_argument("--quick", action="store_true", help="fewer requests per figure")
     parser.add_argument("--only", nargs="+", metavar="NAME", help="stacks whose name has NAME")
+    parser.add_argument("--no-write", action="store_true", help="leave docs/performance.md")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--proxy", nargs=2, metavar=("STACK", "WORKER"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -508,7 +549,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"skipped {stack.name}: not installed: {', '.join(missing)}", flush=True)
             continue
         chosen.append(stack)
-    print(table(measure(chosen, args.repeats, quick=args.quick)))
+    figures = measure(chosen, args.repeats, quick=args.quick)
+    print(table(figures))
+    if not args.no_write:
+        command = " ".join(["python benchmarks/stacks.py", *(argv or sys.argv[1:])])
+        write(figures, command, args.repeats)
     return 0
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import httpx
 import orjson
+import pytest
 
 from disagg_transforms.testing import SimulatedWorker
 
@@ -101,3 +102,21 @@ def test_the_request_is_a_chat_request_rendering_to_1k_tokens() -> None:
         return token_ids
 
     assert len(asyncio.run(render())) == 1024
+
+
+def test_a_rerun_keeps_the_stacks_section_last(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    doc = tmp_path / "performance.md"
+    stacks = f"{bench.STACKS_SECTION_START}\n## Choosing the proxy's HTTP stack\n\nthe table\n"
+    old = f"# Performance\n\n{bench.SECTION_START}\nan older run\n\n{stacks}"
+    doc.write_text(old, encoding="utf-8")
+    monkeypatch.setattr(bench, "_DOC", doc)
+    targets = ("worker", "pass-through", "proxy")
+    bench.write(
+        [bench.Result(t, m, 1.0, 1.0, 1.0) for m in ("whole", "stream") for t in targets], "cmd"
+    )
+    text = doc.read_text(encoding="utf-8")
+    assert "an older run" not in text
+    assert "`cmd`" in text
+    assert text.endswith("\n\n" + stacks)
