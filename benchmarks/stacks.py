@@ -492,7 +492,28 @@ def table(figures: dict[str, Figures]) -> str:
 
 
 CHOICE = """\
-TO BE WRITTEN
+**The choice** (made on a run of 3 repeats, machine loaded by other jobs, load average near 10):
+
+- **Worker client: leave httpx.** It is the cost: 1.7-2.6 ms of CPU per request at c1 and 2.1-2.9
+  ms at c16 (with sniffio), against 0.30-0.39 ms for aiohttp and 0.17-0.21 ms for pyreqwest on the
+  same server (0.11x and 0.06x the first row at c16), and its cost per request grows with the
+  connections in its pool (c64 over c1: 1.2-1.75) where aiohttp's and pyreqwest's do not (0.4-0.8:
+  likely because at c1 each request pays the loop's wake-ups alone). Per streamed chunk httpx
+  spends 50-60 us, aiohttp 19-25, pyreqwest 21-23. Of the two, **aiohttp**: asyncio-native like
+  the rest of the proxy, a C parser, a pool whose cost does not grow with its connections (above),
+  wheels for every platform, and a decade of releases; pyreqwest (a Rust reqwest binding, 0.x) is
+  cheaper again per request but young, and per chunk the two are equal. Worth measuring again once
+  the proxy has moved off httpx.
+- **Server: uvicorn, on uvloop and httptools.** With httpx behind it the server barely shows
+  (every server row is within the noise of the others); with a fast client it does: with aiohttp,
+  uvloop + httptools costs 0.30-0.39 ms a request and 19-25 us a chunk against 0.43-0.55 ms and
+  30-32 us on asyncio + h11. uvicorn picks both by itself when they are installed (its `auto` loop
+  and parser), so the `proxy` extra installs them and `serve` needs no new setting. granian (ASGI)
+  is no cheaper than uvicorn on uvloop + httptools with the same client (0.31-0.33 vs 0.30-0.39 ms
+  with aiohttp, 0.21-0.22 vs 0.17-0.21 with pyreqwest), serves from a second process and would
+  change how `serve` starts, drains and reports readiness: not worth it.
+- **sniffio**, declared by the `proxy` extra now, saves about a quarter of today's stack (0.77x
+  the first row at c16, 55-59 against 60-75 us a chunk).
 """
 """The choice made from these figures, written when it was made (a rerun keeps it)."""
 
