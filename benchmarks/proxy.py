@@ -7,7 +7,7 @@ forwards the body to the worker and the answer back, nothing else, on the Starle
 uvicorn stack the proxy uses), ``disagg-transforms serve`` twice (decode only, with
 ``use_openai_format: true``: one worker call like the pass-through; and the default pipeline:
 render, prefill, decode, three calls) and vllm-router in its P/D mode (two calls; skipped with a
-message when ``vllm-router`` is not on the PATH). A load generator (aiohttp, else httpx) sends a
+message when ``vllm-router`` is not on the PATH). A load generator (aiohttp) sends a
 chat request whose user message renders to 1k tokens to each in turn, whole and streamed, at
 1, 16 and 64 requests in flight, rounds interleaved. It prints, per target: requests per
 second, the latency and (streams) time to first token each adds over calling the worker
@@ -35,6 +35,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import orjson
 
@@ -120,11 +121,9 @@ class Load:
 
 
 async def load(url: str, payload: bytes, count: int, concurrency: int) -> Load:
-    """Send ``count`` requests, ``concurrency`` at a time (aiohttp when installed, else httpx)."""
-    try:
-        import aiohttp  # noqa: PLC0415 - only the load generator needs it
-    except ImportError:
-        return await _load_httpx(url, payload, count, concurrency)
+    """Send ``count`` requests, ``concurrency`` at a time (aiohttp: its cost stays flat at c64)."""
+    import aiohttp  # noqa: PLC0415 - only the load generator needs it (the bench extra)
+
     latencies: list[float] = []
     first_chunks: list[float] = []
     events = 0
@@ -151,38 +150,6 @@ async def load(url: str, payload: bytes, count: int, concurrency: int) -> Load:
     async with aiohttp.ClientSession(connector=connector, auto_decompress=False) as session:
         start = time.perf_counter()
         await asyncio.gather(*(worker(session) for _ in range(concurrency)))
-        return Load(time.perf_counter() - start, latencies, first_chunks, events)
-
-
-async def _load_httpx(url: str, payload: bytes, count: int, concurrency: int) -> Load:
-    import httpx  # noqa: PLC0415 - only the load generator needs it
-
-    latencies: list[float] = []
-    first_chunks: list[float] = []
-    events = 0
-    queue = iter(range(count))
-    headers = {"content-type": "application/json"}
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-
-    async def worker(client: httpx.AsyncClient) -> None:
-        nonlocal events
-        for _ in queue:
-            start = time.perf_counter()
-            first = None
-            received = bytearray()
-            async with client.stream("POST", url, content=payload, headers=headers) as answer:
-                async for chunk in answer.aiter_raw():
-                    if first is None:
-                        first = time.perf_counter() - start
-                    received += chunk
-                assert answer.status_code == 200, bytes(received)
-            latencies.append(time.perf_counter() - start)
-            first_chunks.append(first or 0.0)
-            events = received.count(b"data:")
-
-    async with httpx.AsyncClient(timeout=60, limits=limits, trust_env=False) as client:
-        start = time.perf_counter()
-        await asyncio.gather(*(worker(client) for _ in range(concurrency)))
         return Load(time.perf_counter() - start, latencies, first_chunks, events)
 
 
@@ -492,10 +459,8 @@ def write(results: Sequence[Result], command: str = "python benchmarks/proxy.py"
 
 def passthrough(worker: str) -> None:
     """Serve the minimal pass-through: forward the body, relay the answer as it comes."""
-    import socket  # noqa: PLC0415
 
     import httpx  # noqa: PLC0415
-    import uvicorn  # noqa: PLC0415
     from starlette.applications import Starlette  # noqa: PLC0415
     from starlette.background import BackgroundTask  # noqa: PLC0415
     from starlette.requests import Request  # noqa: PLC0415
@@ -523,7 +488,17 @@ def passthrough(worker: str) -> None:
             background=BackgroundTask(answer.aclose),
         )
 
-    app = Starlette(routes=[Route("/{path:path}", forward, methods=["POST"])])
+    serve_announced(Starlette(routes=[Route("/{path:path}", forward, methods=["POST"])]))
+
+
+def serve_announced(app: Any, **settings: Any) -> None:  # noqa: ANN401 - any ASGI app
+    """Serve ``app`` with uvicorn on a free port; print the readiness line once it listens.
+
+    A long keep-alive: an idle pooled connection the server closes just as a client reuses it
+    would fail that request (a race of the set-up, not of what is measured).
+    """
+    import uvicorn  # noqa: PLC0415
+
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.bind(("127.0.0.1", 0))
 
@@ -532,32 +507,18 @@ def passthrough(worker: str) -> None:
             await super().startup(sockets)
             print(f"listening on http://127.0.0.1:{sock.getsockname()[1]}", flush=True)
 
-    config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="off")
+    config = uvicorn.Config(
+        app, log_config=None, access_log=False, lifespan="off", timeout_keep_alive=600, **settings
+    )
     Ready(config).run(sockets=[sock])
 
 
 def serve_worker() -> None:
     """Serve the simulated worker, its answer ``MAX_TOKENS`` tokens long."""
-    import uvicorn  # noqa: PLC0415
-
     from disagg_transforms.testing import SimulatedWorker, WorkerSettings  # noqa: PLC0415
 
     answer = "x" * (MAX_TOKENS - 1)  # one token a byte, then <|im_end|>
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.bind(("127.0.0.1", 0))
-
-    class Ready(uvicorn.Server):
-        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-            await super().startup(sockets)
-            print(f"listening on http://127.0.0.1:{sock.getsockname()[1]}", flush=True)
-
-    worker = SimulatedWorker(WorkerSettings(answer=answer))
-    # A long keep-alive: an idle pooled connection the worker closes just as a proxy reuses it
-    # would fail that request (a race of the fake set-up, not of the proxies measured).
-    config = uvicorn.Config(
-        worker, log_config=None, access_log=False, lifespan="off", timeout_keep_alive=600
-    )
-    Ready(config).run(sockets=[sock])
+    serve_announced(SimulatedWorker(WorkerSettings(answer=answer)))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -27,7 +27,6 @@ import importlib.machinery
 import importlib.util
 import os
 import platform
-import select
 import socket
 import statistics
 import subprocess
@@ -40,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from proxy import STACKS_SECTION_START  # the page's sections, in order
+from proxy import STACKS_SECTION_START, _free_port, _spawn, serve_announced
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "performance.md"
 CHUNKS = 256
@@ -291,14 +290,11 @@ def _announce_when_up(port: int) -> None:
 
 
 def serve_proxy(stack: Stack, worker: str) -> None:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
     if stack.server == "granian":
-        sock.close()  # granian binds by itself; the port was free a moment ago
         from granian.constants import Interfaces  # noqa: PLC0415
         from granian.server import Server  # noqa: PLC0415
 
+        port = _free_port()  # granian binds by itself; the port was free a moment ago
         os.environ["STACKS_BENCH_STACK"] = stack.name
         os.environ["STACKS_BENCH_WORKER"] = worker
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # noqa: PTH100, PTH120
@@ -316,46 +312,10 @@ def serve_proxy(stack: Stack, worker: str) -> None:
         threading.Thread(target=_announce_when_up, args=(port,), daemon=True).start()
         server.serve()
         return
-    import uvicorn  # noqa: PLC0415
-
-    class Ready(uvicorn.Server):
-        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-            await super().startup(sockets)
-            print(f"listening on http://127.0.0.1:{port}", flush=True)
-
-    config = uvicorn.Config(
-        app(stack, worker),
-        http=stack.http,  # type: ignore[arg-type]
-        loop=stack.loop,  # type: ignore[arg-type]
-        log_config=None,
-        access_log=False,
-        lifespan="off",
-    )
-    Ready(config).run(sockets=[sock])
+    serve_announced(app(stack, worker), http=stack.http, loop=stack.loop)
 
 
 # --- the load and the measurement ------------------------------------------------------------
-
-
-def _spawn(args: list[str], core: int | None) -> tuple[subprocess.Popen[bytes], str]:
-    def pin() -> None:
-        if core is not None:
-            os.sched_setaffinity(0, {core})
-
-    process = subprocess.Popen(  # noqa: S603 - our own interpreter
-        [sys.executable, __file__, *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        preexec_fn=pin,  # noqa: PLW1509 - only sets the affinity
-    )
-    assert process.stdout is not None
-    ready, _, _ = select.select([process.stdout], [], [], 60)
-    line = process.stdout.readline().decode() if ready else ""
-    if not line.startswith("listening on "):
-        process.kill()
-        msg = f"{args} did not start: {line!r}"
-        raise RuntimeError(msg)
-    return process, line.removeprefix("listening on ").strip()
 
 
 def _stop(process: subprocess.Popen[bytes]) -> None:
@@ -437,7 +397,7 @@ def measure_once(url: str, pid: int, counts: dict[int, int], streams: int, into:
 
 @contextmanager
 def started(args: list[str], core: int | None) -> Iterator[tuple[int, str]]:
-    process, url = _spawn(args, core)
+    process, url = _spawn([__file__, *args], core)
     try:
         yield process.pid, url
     finally:

@@ -120,3 +120,15 @@ def test_a_rerun_keeps_the_stacks_section_last(
     assert "an older run" not in text
     assert "`cmd`" in text
     assert text.endswith("\n\n" + stacks)
+
+
+def test_each_target_answers_a_256_token_stream_and_its_cpu_is_read(tmp_path: Path) -> None:
+    payload = bench.body(stream=True)
+    with bench.servers(tmp_path, None) as targets:
+        assert set(targets) == {"worker", "pass-through", "proxy", "proxy (generate)"}
+        for url, pid in targets.values():
+            run = asyncio.run(bench.load(url + bench.PATH, payload, 2, 2))
+            assert len(run.latencies) == 2
+            # a role chunk, 256 token chunks (or 255 and a finish chunk), the usage/finish, [DONE]
+            assert run.events >= bench.MAX_TOKENS
+            assert bench.cpu_seconds(pid) > 0
