@@ -366,6 +366,12 @@ class _Steps:
         self.render_url: str | None = None
         self.parsed: Mapping[Step, StepParams] = types.MappingProxyType({})
         use_openai_format = pipeline.get("use_openai_format")
+        if use_openai_format is not None and not isinstance(use_openai_format, bool):
+            reader.error(
+                "pipeline.use_openai_format",
+                f"expected true or false, got {describe(use_openai_format)}",
+            )
+            use_openai_format = None  # reported once here, not again in every step
         kv = self._connector(KvConnector, pipeline, "kv_connector", "pipeline.kv_connector")
         ec = self._connector(EcConnector, pipeline, "ec_connector", "pipeline.ec_connector")
         self.kv_connector = kv or KvConnector.SHARED_STORAGE
