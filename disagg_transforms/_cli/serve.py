@@ -73,6 +73,20 @@ def add_commands(commands: argparse._SubParsersAction[_ParserT]) -> None:
     simulate.add_argument(
         "--stream-delay", type=_seconds, default=0.0, help="seconds between stream events"
     )
+    simulate.add_argument(
+        "--gateway",
+        action="store_true",
+        help="a simulated llm-d gateway: pools of workers chosen by the EPP-Profile header",
+    )
+    simulate.add_argument(
+        "--pool-size", type=_positive_int, default=1, help="with --gateway: workers per pool"
+    )
+    simulate.add_argument(
+        "--routing",
+        choices=("round-robin", "hash"),
+        default="round-robin",
+        help="with --gateway: how a pool's worker is chosen",
+    )
 
 
 def _positive_int(text: str) -> int:
@@ -213,9 +227,10 @@ class _WithSimulated:
 
 
 def _simulate(args: argparse.Namespace) -> int:
-    """Run one simulated vLLM 0.33 worker (needs the proxy extra).
+    """Run one simulated vLLM 0.33 worker, or a simulated llm-d gateway (needs the proxy extra).
 
-    Serve disagg_transforms.testing.SimulatedWorker (docs/testing.md).
+    Serve disagg_transforms.testing.SimulatedWorker, or with --gateway a SimulatedGateway:
+    pools of simulated workers chosen by each call's EPP-Profile header (docs/testing.md).
     """
     from disagg_transforms.testing import FAULT_MODES  # noqa: PLC0415
 
@@ -223,8 +238,17 @@ def _simulate(args: argparse.Namespace) -> int:
     if args.fault is not None and args.fault not in FAULT_MODES:
         msg = f"--fault: unknown fault {args.fault!r}; expected one of {', '.join(FAULT_MODES)}"
         raise CliError(msg)
+    if args.gateway and args.fault is not None:
+        msg = "--fault plays on one worker: it cannot be given with --gateway"
+        raise CliError(msg)
     os.environ[_SETTINGS] = orjson.dumps(
-        {"fault": args.fault, "stream_delay": args.stream_delay}
+        {
+            "fault": args.fault,
+            "stream_delay": args.stream_delay,
+            "gateway": args.gateway,
+            "pool_size": args.pool_size,
+            "routing": args.routing,
+        }
     ).decode()
     _run(
         "disagg_transforms._cli.serve:worker_from_settings",
@@ -236,11 +260,17 @@ def _simulate(args: argparse.Namespace) -> int:
 
 
 def worker_from_settings() -> ASGIApp:
-    """The simulated worker ``simulate`` serves (uvicorn's factory)."""
-    from disagg_transforms.testing import SimulatedWorker  # noqa: PLC0415
+    """The simulated worker or gateway ``simulate`` serves (uvicorn's factory)."""
+    from disagg_transforms.testing import SimulatedGateway, SimulatedWorker  # noqa: PLC0415
 
     _configure_logging()
     settings = orjson.loads(os.environ[_SETTINGS])
+    if settings["gateway"]:
+        return SimulatedGateway(
+            pool_size=settings["pool_size"],
+            routing=settings["routing"],
+            stream_delay=settings["stream_delay"],
+        )
     return SimulatedWorker(fault=settings["fault"], stream_delay=settings["stream_delay"])
 
 

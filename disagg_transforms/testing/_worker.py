@@ -218,20 +218,11 @@ class SimulatedWorker:
                 return self._generate(body, header_id, fault)
             if path in _COUPLED_PATHS:
                 return self._coupled(path, body, header_id, fault)
-            return _json(200, self._render(path, body, header_id))
+            return _json(200, render(path, body, header_id, self.settings))
         except RequestInvalidError as error:
             return _json(400, error.body())
         except BadRequestError as error:
             return _json(error.status, error.body())
-
-    def _render(self, path: str, body: object, header_id: str | None) -> object:
-        if path == "/v1/chat/completions/render":
-            return _render.render_chat(body, header_id, self.settings)
-        if path == "/v1/completions/render":
-            return _render.render_completions(body, header_id, self.settings)
-        if path == "/v1/responses/render":
-            return _render.render_responses(body, self.settings)
-        return _render.render_messages(body, header_id, self.settings)
 
     def _generate(self, body: object, header_id: str | None, fault: str | None) -> _Reply:
         legacy = fault == "no-output-mode"
@@ -282,6 +273,17 @@ class SimulatedWorker:
                 for name in names
             ],
         }
+
+
+def render(path: str, body: object, header_id: str | None, settings: WorkerSettings) -> object:
+    """The answer of one of the four render routes (``path`` is one of them)."""
+    if path == "/v1/chat/completions/render":
+        return _render.render_chat(body, header_id, settings)
+    if path == "/v1/completions/render":
+        return _render.render_completions(body, header_id, settings)
+    if path == "/v1/responses/render":
+        return _render.render_responses(body, settings)
+    return _render.render_messages(body, header_id, settings)
 
 
 def _is_json_type(headers: Mapping[str, str]) -> bool:
