@@ -347,7 +347,7 @@ def _listen(reader: _Reader, value: object) -> tuple[str, int]:
 
 def _body_bytes(reader: _Reader, value: object) -> int:
     param = "server.max_request_body_size"
-    if value is None or value == 0:
+    if value is None or (type(value) is int and value == 0):
         return _DEFAULT_BODY_MIB * MIB  # the coordinator reads 0 as its default too
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         reader.error(param, f"expected a positive number of MiB, got {describe(value)}")

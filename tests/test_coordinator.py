@@ -240,7 +240,7 @@ def test_body_size_in_mib(size: int, expected: int) -> None:
     assert config.max_request_body_bytes == expected
 
 
-@pytest.mark.parametrize("size", [-1, 1.5, "64", True, 2**63])
+@pytest.mark.parametrize("size", [-1, 1.5, "64", True, False, 0.0, 2**63])
 def test_body_size_refused(size: object) -> None:
     error = _refused(_doc(server={"max_request_body_size": size}))
     assert error.param == "server.max_request_body_size"

@@ -27,9 +27,7 @@ from disagg_transforms.testing._worker import (
     Scope,
     Send,
     SimulatedWorker,
-    _headers,
-    _lifespan,
-    _read_body,
+    read_request,
     render,
 )
 
@@ -142,15 +140,11 @@ class SimulatedGateway:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Serve one ASGI connection scope (``http``, or ``lifespan``)."""
-        if scope["type"] == "lifespan":
-            await _lifespan(receive, send)
+        request = await read_request(scope, receive, send)
+        if request is None:
             return
-        if scope["type"] != "http":
-            return
-        headers = _headers(scope)
-        raw = await _read_body(receive) or b""
-        method = str(scope.get("method", "GET")).upper()
-        path = str(scope.get("path", "/"))
+        method, path, headers, body = request
+        raw = body or b""
         profile = headers.get(PROFILE_HEADER, "").strip().lower() or DEFAULT_PROFILE
         conditional = profile == DEFAULT_PROFILE and _prefers_if_available(headers)
 

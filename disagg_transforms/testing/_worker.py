@@ -163,15 +163,10 @@ class SimulatedWorker:
             receive: The ASGI receive callable.
             send: The ASGI send callable.
         """
-        if scope["type"] == "lifespan":
-            await _lifespan(receive, send)
+        request = await read_request(scope, receive, send)
+        if request is None:
             return
-        if scope["type"] != "http":
-            return
-        headers = _headers(scope)
-        raw = await _read_body(receive)
-        method = str(scope.get("method", "GET")).upper()
-        path = str(scope.get("path", "/"))
+        method, path, headers, raw = request
         body = _parse(raw)
         call = RecordedCall(method, path, headers, body)
         self.calls.append(call)
@@ -284,6 +279,24 @@ def render(path: str, body: object, header_id: str | None, settings: WorkerSetti
     if path == "/v1/responses/render":
         return _render.render_responses(body, settings)
     return _render.render_messages(body, header_id, settings)
+
+
+async def read_request(
+    scope: Scope, receive: Receive, send: Send
+) -> tuple[str, str, dict[str, str], bytes | None] | None:
+    """An http scope's method, path, headers and body (``None`` above ``MAX_BODY``).
+
+    ``None`` for any other scope, a ``lifespan`` one answered first.
+    """
+    if scope["type"] == "lifespan":
+        await _lifespan(receive, send)
+        return None
+    if scope["type"] != "http":
+        return None
+    headers = _headers(scope)
+    raw = await _read_body(receive)
+    method = str(scope.get("method", "GET")).upper()
+    return method, str(scope.get("path", "/")), headers, raw
 
 
 def _is_json_type(headers: Mapping[str, str]) -> bool:
