@@ -136,8 +136,8 @@ _SECTIONS: Mapping[str, frozenset[str]] = {
         | {key.split(".", 1)[1] for key in _PROCESS_KEYS if key.startswith("gateway.")}
     ),
     "pipeline": frozenset(
-        {"kv_connector", "ec_connector", "use_openai_format", "steps", "forward_response_headers"}
-        | {"kv_connector_params"}
+        {"kv_connector", "ec_connector", "use_openai_format", "steps"}
+        | {"forward_response_headers", "kv_connector_params"}
     ),
 }
 _TOP_LEVEL: Final = frozenset({*_SECTIONS, "log_level", "tracing"})
