@@ -492,6 +492,27 @@ def test_serve_refuses_a_url_without_its_step(args: list[str], line: str) -> Non
     assert line in result.stderr
 
 
+@pytest.mark.parametrize(
+    ("flag", "url", "why"),
+    [
+        ("--decode-url", "127.0.0.1:8103", "expected http:// or https://"),
+        ("--decode-url", "localhost:8103", "expected http:// or https://"),
+        ("--decode-url", "ftp://127.0.0.1:8103", "expected http:// or https://"),
+        ("--decode-url", "http://:8103", "no host"),
+        ("--decode-url", "http://127.0.0.1:81030", "port"),
+        ("--decode-url", "http://127.0.0.1:port", "port"),
+        ("--prefill-url", "127.0.0.1:8104", "expected http:// or https://"),
+    ],
+)
+def test_serve_refuses_a_worker_url_it_cannot_call(flag: str, url: str, why: str) -> None:
+    urls = {"--decode-url": "http://127.0.0.1:8103", flag: url}
+    result = run_cli("serve", *(item for pair in urls.items() for item in pair))
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr.startswith(f"disagg-transforms: error: {flag}: {url!r} ")
+    assert result.stderr.count("\n") == 1
+    assert why in result.stderr
+
+
 def test_serve_prints_the_check_config_lines_for_a_bad_config(tmp_path: pathlib.Path) -> None:
     config = tmp_path / "bad.json"
     config.write_text(json.dumps({"steps": {"decode": {"output_mode": "tokens", "typo": 1}}}))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+import urllib.parse
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 
@@ -78,12 +79,22 @@ def url_errors(
     encode_url: str | None = None,
     render_url: str | None = None,
 ) -> list[ConfigError]:
-    """Every mismatch between the pipeline's steps and the worker URLs, one error each.
+    """Every worker URL the proxy cannot call and every mismatch of steps and URLs, one each.
 
     A configured step needs its URL and a URL needs its step; render is needed when a leg
     speaks the generate route (its URL defaults to the decode URL).
     """
-    errors: list[ConfigError] = []
+    given = {
+        "decode": decode_url,
+        "prefill": prefill_url,
+        "encode": encode_url,
+        "render": render_url,
+    }
+    errors = [
+        ConfigError(f"--{step}-url: {url!r} {why}", param=step)
+        for step, url in given.items()
+        if url is not None and (why := _url_problem(url))
+    ]
     if Step.CONDITIONAL_DECODE in config:
         msg = "conditional-decode: the proxy does not run it; leave it out of the pipeline"
         errors.append(ConfigError(msg, param="conditional-decode"))
@@ -104,6 +115,20 @@ def url_errors(
         msg = "--render-url: no leg speaks the generate route, so nothing is rendered"
         errors.append(ConfigError(msg, param="render"))
     return errors
+
+
+def _url_problem(url: str) -> str:
+    """Why ``url`` cannot be a worker's base URL, or ``""``: the checks a call would fail on."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in {"http", "https"}:
+        return "has no scheme the proxy calls (expected http:// or https://, e.g. http://host:8000)"
+    if not parts.hostname:
+        return "has no host (expected http://host:port)"
+    try:
+        parts.port  # noqa: B018 - reading it checks it
+    except ValueError as error:
+        return f"has a bad port ({error})"
+    return ""
 
 
 def _renders(config: Mapping[Step, StepParams]) -> bool:
