@@ -24,10 +24,13 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route as HttpRoute
 
 from disagg_transforms import (
+    DEFAULT_LIMITS,
     ConditionalDecodeParams,
+    Limits,
     Route,
     Step,
     StepParams,
+    detect_route,
     resolve_format,
 )
 from disagg_transforms.errors import ConfigError, error_body
@@ -202,26 +205,40 @@ def _reason(error: BaseException, timeouts: Timeouts) -> str:
     return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
 
 
+def _too_large(request: Request, limit: int) -> Response:
+    message = f"$: the body is over the limit of {limit} bytes (Limits.max_body_bytes)"
+    route = detect_route(request.url.path)
+    body = orjson.dumps(error_body(route, status=413, message=message, param="$"))
+    # The rest of the body is never read, so the connection cannot carry another request.
+    headers = {"connection": "close"}
+    return Response(body, status_code=413, media_type="application/json", headers=headers)
+
+
 class _Proxy:
     def __init__(
         self,
         config: Mapping[Step, StepParams],
         urls: Mapping[str, str],
         timeouts: Timeouts,
-        hooks: Pipeline | None,
+        settings: ExchangeSettings,
+        worker_keep_alive: float,
     ) -> None:
         self.config = config
         self.urls = urls
         self.timeouts = timeouts
-        # One settings object for every exchange this proxy runs.
-        self.settings = ExchangeSettings(hooks=hooks)
+        self.worker_keep_alive = worker_keep_alive
+        self.settings = settings  # one settings object for every exchange this proxy runs
         self.http: httpx.AsyncClient | None = None
 
     @contextlib.asynccontextmanager
     async def lifespan(self, _app: Starlette) -> AsyncIterator[None]:
         # One pooled client per process; its connect timeout also bounds waiting for the pool.
         timeout = httpx.Timeout(None, connect=self.timeouts.connect, pool=self.timeouts.connect)
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
+        limits = httpx.Limits(
+            max_connections=None,
+            max_keepalive_connections=256,
+            keepalive_expiry=self.worker_keep_alive,
+        )
         async with httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False) as http:
             self.http = http
             yield
@@ -249,13 +266,34 @@ class _Proxy:
         kind = answer.headers.get("content-type", "application/json")
         return Response(answer.content, status_code=answer.status_code, media_type=kind)
 
+    async def _client_body(self, request: Request) -> bytes | Response:
+        """The client's body, or the 413 that refuses it as soon as it is over the limit.
+
+        A declared length is judged before any byte is read, a chunked body as it comes: one
+        body costs at most the limit (twice, briefly, as it becomes bytes; docs/proxy.md).
+        """
+        limit = self.settings.limits.max_body_bytes
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            return _too_large(request, limit)
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:
+                return _too_large(request, limit)
+        return bytes(body)
+
     async def serve(self, request: Request) -> Response:
         log = _Log(request)
+        client_body = await self._client_body(request)
+        if isinstance(client_body, Response):
+            log.write("-", client_body.status_code)
+            return client_body
         ex = Exchange(
             self.config,
             request.url.path,
             request.headers.raw,
-            await request.body(),
+            client_body,
             settings=self.settings,
         )
         stream: _Worker | None = None
@@ -338,7 +376,7 @@ class _Proxy:
             log.write(ex.request_id, status, end)
 
 
-def create_app(  # noqa: PLR0913 - one URL per step, all by keyword
+def create_app(  # noqa: PLR0913 - one URL per step and the settings, all by keyword
     config: Mapping[Step, StepParams],
     *,
     decode_url: str,
@@ -347,6 +385,8 @@ def create_app(  # noqa: PLR0913 - one URL per step, all by keyword
     render_url: str | None = None,
     timeouts: Timeouts = Timeouts(),
     hooks: Pipeline | None = None,
+    limits: Limits = DEFAULT_LIMITS,
+    worker_keep_alive: float = 2.0,
 ) -> Starlette:
     """The proxy as a Starlette app: the five client routes, ``/health`` and ``/v1/models``.
 
@@ -360,6 +400,11 @@ def create_app(  # noqa: PLR0913 - one URL per step, all by keyword
         render_url: where render calls go (default: the decode URL).
         timeouts: how long to wait on a worker.
         hooks: the host's :class:`~disagg_transforms.Pipeline`, run by each exchange.
+        limits: the bounds on a client's body; a body over ``max_body_bytes`` is a 413, refused
+            while it is read.
+        worker_keep_alive: seconds a pooled worker connection may stay idle before it is
+            closed; well under a uvicorn-served vLLM worker's 5 s, so the proxy never sends on
+            a connection the worker is closing (docs/proxy.md).
 
     Raises:
         ConfigError: the first of :func:`url_errors`.
@@ -375,7 +420,9 @@ def create_app(  # noqa: PLR0913 - one URL per step, all by keyword
         raise errors[0]
     urls = {"decode": decode_url, "render": render_url or decode_url}
     urls.update({k: v for k, v in (("prefill", prefill_url), ("encode", encode_url)) if v})
-    proxy = _Proxy(config, {k: v.rstrip("/") for k, v in urls.items()}, timeouts, hooks)
+    stripped = {k: v.rstrip("/") for k, v in urls.items()}
+    settings = ExchangeSettings(hooks=hooks, limits=limits)
+    proxy = _Proxy(config, stripped, timeouts, settings, worker_keep_alive)
     routes = [HttpRoute(route.value, proxy.serve, methods=["POST"]) for route in _CLIENT_ROUTES]
     routes += [
         HttpRoute("/health", proxy.health, methods=["GET"]),
