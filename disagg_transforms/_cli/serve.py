@@ -92,6 +92,12 @@ def add_commands(commands: argparse._SubParsersAction[_ParserT]) -> None:
     simulate.add_argument(
         "--stream-delay", type=_seconds, default=0.0, help="seconds between stream events"
     )
+    simulate.add_argument(
+        "--first-byte-delay",
+        type=_seconds,
+        default=0.5,
+        help="seconds the slow-first-byte fault waits (default 0.5)",
+    )
 
 
 def _positive_int(text: str) -> int:
@@ -251,7 +257,11 @@ def _simulate(args: argparse.Namespace) -> int:
         msg = f"--fault: unknown fault {args.fault!r}; expected one of {', '.join(FAULT_MODES)}"
         raise CliError(msg)
     os.environ[_SETTINGS] = orjson.dumps(
-        {"fault": args.fault, "stream_delay": args.stream_delay}
+        {
+            "fault": args.fault,
+            "stream_delay": args.stream_delay,
+            "first_byte_delay": args.first_byte_delay,
+        }
     ).decode()
     _run(
         "disagg_transforms._cli.serve:worker_from_settings",
@@ -268,7 +278,11 @@ def worker_from_settings() -> ASGIApp:
 
     _configure_logging()
     settings = orjson.loads(os.environ[_SETTINGS])
-    return SimulatedWorker(fault=settings["fault"], stream_delay=settings["stream_delay"])
+    return SimulatedWorker(
+        fault=settings["fault"],
+        stream_delay=settings["stream_delay"],
+        first_byte_delay=settings["first_byte_delay"],
+    )
 
 
 def _reachable(host: str) -> str:
