@@ -276,12 +276,15 @@ class _Proxy:
         declared = request.headers.get("content-length", "")
         if declared.isdigit() and int(declared) > limit:
             return _too_large(request, limit)
-        body = bytearray()
+        # Chunks joined once at the end: a growing buffer would copy itself as it grows.
+        chunks: list[bytes] = []
+        size = 0
         async for chunk in request.stream():
-            body += chunk
-            if len(body) > limit:
+            size += len(chunk)
+            if size > limit:
                 return _too_large(request, limit)
-        return bytes(body)
+            chunks.append(chunk)
+        return b"".join(chunks)
 
     async def serve(self, request: Request) -> Response:
         log = _Log(request)
