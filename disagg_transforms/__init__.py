@@ -90,7 +90,9 @@ from disagg_transforms.exchange import (
     ExchangeSettings,
     ExchangeStateError,
     NeedData,
+    Phase,
     WorkerCall,
+    pipeline_phases,
     pipeline_warnings,
 )
 from disagg_transforms.hooks import (
@@ -142,6 +144,7 @@ __all__ = [
     "NEED_DATA",
     "NeedData",
     "OutputMode",
+    "Phase",
     "Pipeline",
     "PluginLoadError",
     "PrefillParams",
@@ -176,6 +179,7 @@ __all__ = [
     "openai_error_body",
     "parse_pipeline_params",
     "parse_step_params",
+    "pipeline_phases",
     "pipeline_warnings",
     "resolve_format",
     "sampling_caps",

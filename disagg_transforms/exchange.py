@@ -14,9 +14,15 @@ from disagg_transforms._exchange.events import (
     ClientStream,
     Event,
     NeedData,
+    Phase,
     WorkerCall,
 )
-from disagg_transforms._exchange.flow import Exchange, ExchangeSettings, ExchangeStateError
+from disagg_transforms._exchange.flow import (
+    Exchange,
+    ExchangeSettings,
+    ExchangeStateError,
+    pipeline_phases,
+)
 
 __all__ = (
     "ClientReply",
@@ -27,6 +33,8 @@ __all__ = (
     "ExchangeStateError",
     "NEED_DATA",
     "NeedData",
+    "Phase",
     "WorkerCall",
+    "pipeline_phases",
     "pipeline_warnings",
 )

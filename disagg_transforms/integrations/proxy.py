@@ -22,13 +22,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route as HttpRoute
 
-from disagg_transforms import (
-    ConditionalDecodeParams,
-    Route,
-    Step,
-    StepParams,
-    resolve_format,
-)
+from disagg_transforms import Route, Step, StepParams
 from disagg_transforms.errors import ConfigError, error_body
 from disagg_transforms.exchange import (
     NEED_DATA,
@@ -37,6 +31,7 @@ from disagg_transforms.exchange import (
     Exchange,
     ExchangeSettings,
     WorkerCall,
+    pipeline_phases,
 )
 from disagg_transforms.hooks import Pipeline
 
@@ -45,13 +40,7 @@ __all__ = ("Timeouts", "create_app", "url_errors")
 ACCESS_LOG = logging.getLogger("disagg_transforms.proxy")
 """One line per client request: its id, route, status, and each worker call's status and time."""
 
-_CLIENT_ROUTES = (
-    Route.CHAT_COMPLETIONS,
-    Route.COMPLETIONS,
-    Route.RESPONSES,
-    Route.MESSAGES,
-    Route.GENERATE,
-)
+_CLIENT_ROUTES = tuple(Route)  # every client API is served, each through the exchange
 
 
 @dataclass(frozen=True)
@@ -81,39 +70,30 @@ def url_errors(
     """Every mismatch between the pipeline's steps and the worker URLs, one error each.
 
     A configured step needs its URL and a URL needs its step; render is needed when a leg
-    speaks the generate route (its URL defaults to the decode URL).
+    speaks the generate route (its URL defaults to the decode URL). The calls a pipeline makes
+    are the exchange's to say (:func:`~disagg_transforms.pipeline_phases`).
     """
     errors: list[ConfigError] = []
     if Step.CONDITIONAL_DECODE in config:
         msg = "conditional-decode: the proxy does not run it; leave it out of the pipeline"
         errors.append(ConfigError(msg, param="conditional-decode"))
-    for step, url in ((Step.DECODE, decode_url), (Step.PREFILL, prefill_url)):
-        if step in config and url is None:
-            msg = f"{step.value}: the pipeline has a {step.value} step but no --{step.value}-url"
-            errors.append(ConfigError(msg, param=step.value))
+    workers = set(pipeline_phases(config).values())
+    urls = {"encode": encode_url, "prefill": prefill_url, "decode": decode_url}
+    for worker, url in urls.items():
+        if worker in workers and url is None:
+            article = "an" if worker[0] in "aeiou" else "a"
+            msg = f"{worker}: the pipeline has {article} {worker} step but no --{worker}-url"
+            errors.append(ConfigError(msg, param=worker))
     if Step.DECODE not in config:
         errors.append(ConfigError("decode: the pipeline has no decode step", param="decode"))
-    if Step.ENCODE in config and encode_url is None:
-        msg = "encode: the pipeline has an encode step but no --encode-url"
-        errors.append(ConfigError(msg, param="encode"))
-    for step, url in ((Step.PREFILL, prefill_url), (Step.ENCODE, encode_url)):
-        if url is not None and step not in config:
-            msg = f"--{step.value}-url: the pipeline has no {step.value} step to send there"
-            errors.append(ConfigError(msg, param=step.value))
-    if render_url is not None and not _renders(config):
+    for worker, url in urls.items():
+        if url is not None and worker != "decode" and worker not in workers:
+            msg = f"--{worker}-url: the pipeline has no {worker} step to send there"
+            errors.append(ConfigError(msg, param=worker))
+    if render_url is not None and "render" not in workers:
         msg = "--render-url: no leg speaks the generate route, so nothing is rendered"
         errors.append(ConfigError(msg, param="render"))
     return errors
-
-
-def _renders(config: Mapping[Step, StepParams]) -> bool:
-    # A chat, Responses or Messages client is rendered when any leg speaks the generate route.
-    path = Route.CHAT_COMPLETIONS.value
-    return any(
-        resolve_format(params.use_openai_format, path) is Route.GENERATE
-        for params in config.values()
-        if not isinstance(params, ConditionalDecodeParams)
-    )
 
 
 @dataclass

@@ -1,0 +1,102 @@
+"""The client's request, read once: its route, its checked body, and what it gives a generate leg.
+
+Every leg of a request is built from one :class:`ClientRequest`: the client API's mapper and
+the caps run here, once per request, however many legs (prefill, encode, decode) are built from
+it (``docs/architecture.md``, "The request flow").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import msgspec
+
+from disagg_transforms._request.caps import TOP_LEVEL_CAPS, apply_sampling_caps
+from disagg_transforms._request.chat import map_chat_request
+from disagg_transforms._request.completions import map_completions_request
+from disagg_transforms._request.mapping import ClientMapper, ClientMapping
+from disagg_transforms._request.messages import map_messages_request
+from disagg_transforms._request.responses import map_responses_request
+from disagg_transforms._routes import Route, detect_route
+from disagg_transforms._wire import keys as w
+from disagg_transforms._wire import limits as _limits
+from disagg_transforms._wire import validate as _validate
+from disagg_transforms._wire.describe import describe
+from disagg_transforms._wire.limits import Limits
+from disagg_transforms.errors import RequestError
+
+__all__ = ("CLIENT_MAPPERS", "ClientRequest", "client_caps", "read_client_request")
+
+CLIENT_MAPPERS: Mapping[Route, ClientMapper | None] = {
+    Route.CHAT_COMPLETIONS: map_chat_request,
+    Route.COMPLETIONS: map_completions_request,
+    Route.RESPONSES: map_responses_request,
+    Route.MESSAGES: map_messages_request,
+    Route.GENERATE: None,  # a generate client's body is already a generate leg
+}
+"""The one table a generate leg picks a client's field mapper from, one row per route."""
+
+
+class ClientRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """A client's request, read once: what every leg builder of the request reads."""
+
+    body: Mapping[str, Any]
+    """The client's body: a JSON object within the limits (never mutated)."""
+    path: str
+    """The path the client called."""
+    route: Route
+    """The client's route (its API)."""
+    mapping: ClientMapping | None
+    """What the client's fields give a generate leg (its API's mapper); ``None`` for a generate
+    client, or when no leg of the request speaks the generate route."""
+    caps: Mapping[str, Any] | None
+    """The ``sampling_params`` fields the client's cap gives a generate leg
+    (:func:`client_caps`); ``None`` when no leg speaks the generate route."""
+
+
+def client_caps(body: Mapping[str, Any], route: Route) -> dict[str, Any]:
+    """The ``sampling_params`` a generate leg takes from the client's cap and ``min_tokens``.
+
+    For a generate client, its whole ``sampling_params`` with a top-level cap moved in; for a
+    client of another API, its cap and ``min_tokens`` alone (``docs/request-legs.md``, "Caps
+    and errors").
+    """
+    if route is not Route.GENERATE:
+        body = {k: body[k] for k in (*TOP_LEVEL_CAPS, w.MIN_TOKENS) if k in body}
+    sampling: dict[str, Any] = apply_sampling_caps(body, route)[w.SAMPLING_PARAMS]
+    return sampling
+
+
+def read_client_request(
+    client_body: object, client_path: object, *, limits: Limits, generate: bool
+) -> ClientRequest:
+    """Read the client's request once for every leg built from it.
+
+    Args:
+        client_body: the client's body (a mapping; the bytes path hands its raw members).
+        client_path: the path the client called.
+        limits: the bounds on the body.
+        generate: a leg of the request speaks the generate route: the client's fields are
+            mapped and its cap read now, so what that route refuses is refused before any leg.
+
+    Raises:
+        RequestError: the body is not a JSON object, is past a limit, or (``generate``) holds a
+            field the generate route refuses or a bad cap; ``client_path`` is not a str.
+    """
+    body = _validate.mapping(client_body, "$")
+    _limits.check_client_body(body, limits)
+    if not isinstance(client_path, str):
+        msg = f"client_path: expected the client's request path, got {describe(client_path)}"
+        raise RequestError(msg, param="client_path")
+    route = detect_route(client_path)
+    if not generate:
+        return ClientRequest(body=body, path=client_path, route=route, mapping=None, caps=None)
+    mapper = CLIENT_MAPPERS[route]
+    return ClientRequest(
+        body=body,
+        path=client_path,
+        route=route,
+        mapping=None if mapper is None else mapper(body),
+        caps=client_caps(body, route),
+    )
