@@ -8,6 +8,7 @@ back. See ``docs/exchange.md`` and ``docs/router.md``.
 from __future__ import annotations
 
 from disagg_transforms._exchange.check import pipeline_warnings
+from disagg_transforms._exchange.drive import Driver
 from disagg_transforms._exchange.events import (
     NEED_DATA,
     ClientReply,
@@ -27,6 +28,7 @@ from disagg_transforms._exchange.flow import (
 __all__ = (
     "ClientReply",
     "ClientStream",
+    "Driver",
     "Event",
     "Exchange",
     "ExchangeSettings",

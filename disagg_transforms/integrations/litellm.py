@@ -28,7 +28,6 @@ import asyncio
 import threading
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
-from contextlib import contextmanager
 from typing import Any, Final, NamedTuple, NoReturn, TypeAlias, final
 
 import httpx
@@ -47,13 +46,7 @@ from disagg_transforms._wire import keys as w
 from disagg_transforms._wire.describe import describe
 from disagg_transforms._wire.sse import SseParser
 from disagg_transforms.errors import ConfigError, DisaggTransformError
-from disagg_transforms.exchange import (
-    NEED_DATA,
-    ClientReply,
-    ClientStream,
-    Exchange,
-    WorkerCall,
-)
+from disagg_transforms.exchange import ClientReply, ClientStream, Driver, Exchange, WorkerCall
 
 __all__ = (
     "PREFILL_API_BASE",
@@ -298,92 +291,33 @@ class _Plan:
         )
 
 
-@final
-class _Drive:
-    """The I/O-free half of driving one exchange to its end (the loop of ``docs/router.md``).
-
-    :func:`_exchange_bytes` and :func:`_aexchange_bytes` make the HTTP calls and hand every
-    answer here, so the exchange's steps are written once and the two loops differ only where
-    one of them awaits.
-    """
-
-    __slots__ = ("_ex", "_pending", "streams")
-
-    def __init__(self, exchange: Exchange) -> None:
-        self._ex = exchange
-        self._pending = b""  # client bytes written before the reply's head (or the stream's end)
-        self.streams = False  # the reply is a stream: after reply(), relay the decode stream
-
-    def next_call(self) -> WorkerCall | None:
-        event = self._ex.next_event()
-        return event if isinstance(event, WorkerCall) else None
-
-    @contextmanager
-    def failover(self, step: str) -> Iterator[None]:
-        """A transport failure inside the block is the step's worker failing."""
-        try:
-            yield
-        except httpx.TransportError as error:
-            self._pending += self._ex.worker_failed(step, _reason(error))
-
-    def answered(self, call: WorkerCall, answer: httpx.Response) -> bool:
-        """Hand the exchange a worker's answer: whether it is a stream, still to be opened."""
-        if not call.stream:  # httpx read the whole body in send()
-            self._ex.receive(answer.status_code, answer.headers.raw, answer.content)
-            return False
-        self._ex.receive_stream_head(answer.status_code, answer.headers.raw)
-        return True
-
-    def opening(self, chunk: bytes) -> bool:
-        """Feed a chunk of the stream being opened: whether its first event passed its checks."""
-        self._pending += self._ex.feed(chunk)
-        return self._ex.next_event() is not NEED_DATA
-
-    def ended(self) -> None:
-        """The worker's stream has ended."""
-        self._pending += self._ex.end_of_stream()
-
-    def reply(self) -> bytes:
-        """The client's reply so far; raises ``CustomLLMError`` when it is an error status."""
-        reply = self._ex.next_event()
-        assert isinstance(reply, (ClientReply, ClientStream))  # noqa: S101 - the loop ran out
-        self.streams = isinstance(reply, ClientStream)
-        return _reply_bytes(reply) + self.pending()
-
-    def relay(self, chunk: bytes) -> bytes:
-        return self._ex.feed(chunk)
-
-    def pending(self) -> bytes:
-        pending, self._pending = self._pending, b""
-        return pending
-
-
 def _exchange_bytes(http: httpx.Client, plan: _Plan) -> Iterator[bytes]:
     """Drive the plan's exchange to its end over ``http``: the client's reply bytes, as they come.
 
     Raises ``CustomLLMError`` (before any byte) when the reply is an error status.
     """
-    drive = _Drive(plan.exchange)
+    drive = Driver(plan.exchange)
     answer: httpx.Response | None = None
     chunks: Iterator[bytes] = iter(())  # the decode stream, once it is open
     try:
         while (call := drive.next_call()) is not None:
-            with drive.failover(call.step):
+            try:
                 answer = http.send(plan.request(http, call), stream=call.stream)
-                if drive.answered(call, answer):
-                    chunks = answer.iter_bytes()
-                    for chunk in chunks:  # until the first event passed its checks
-                        if drive.opening(chunk):
-                            break
-                    else:
-                        drive.ended()
-        yield drive.reply()
-        if drive.streams:
-            with drive.failover("decode"):
-                for chunk in chunks:
-                    yield drive.relay(chunk)
-                drive.ended()
-            yield drive.pending()
+                if not call.stream:  # httpx read the whole body in send()
+                    drive.answered(answer.status_code, answer.headers.raw, answer.content)
+                    continue
+                drive.stream_opened(answer.status_code, answer.headers.raw)
+                chunks = answer.iter_bytes()
+                while drive.opening:
+                    drive.chunk(next(chunks, None))
+            except httpx.TransportError as error:
+                drive.failed(_reason(error))
+        yield _reply_bytes(drive.reply())
+        try:
+            while drive.relaying:
+                yield drive.chunk(next(chunks, None))
+        except httpx.TransportError as error:
+            yield drive.failed(_reason(error))
     finally:
         if answer is not None:
             answer.close()
@@ -391,27 +325,28 @@ def _exchange_bytes(http: httpx.Client, plan: _Plan) -> Iterator[bytes]:
 
 async def _aexchange_bytes(http: httpx.AsyncClient, plan: _Plan) -> AsyncIterator[bytes]:
     """:func:`_exchange_bytes` over an ``httpx.AsyncClient``."""
-    drive = _Drive(plan.exchange)
+    drive = Driver(plan.exchange)
     answer: httpx.Response | None = None
     chunks: AsyncIterator[bytes] | None = None  # the decode stream, once it is open
     try:
         while (call := drive.next_call()) is not None:
-            with drive.failover(call.step):
+            try:
                 answer = await http.send(plan.request(http, call), stream=call.stream)
-                if drive.answered(call, answer):
-                    chunks = answer.aiter_bytes()
-                    async for chunk in chunks:  # until the first event passed its checks
-                        if drive.opening(chunk):
-                            break
-                    else:
-                        drive.ended()
-        yield drive.reply()
-        if drive.streams and chunks is not None:
-            with drive.failover("decode"):
-                async for chunk in chunks:
-                    yield drive.relay(chunk)
-                drive.ended()
-            yield drive.pending()
+                if not call.stream:
+                    drive.answered(answer.status_code, answer.headers.raw, answer.content)
+                    continue
+                drive.stream_opened(answer.status_code, answer.headers.raw)
+                chunks = answer.aiter_bytes()
+                while drive.opening:
+                    drive.chunk(await anext(chunks, None))
+            except httpx.TransportError as error:
+                drive.failed(_reason(error))
+        yield _reply_bytes(drive.reply())
+        try:
+            while drive.relaying and chunks is not None:
+                yield drive.chunk(await anext(chunks, None))
+        except httpx.TransportError as error:
+            yield drive.failed(_reason(error))
     finally:
         if answer is not None:
             await answer.aclose()

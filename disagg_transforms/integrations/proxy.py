@@ -25,9 +25,8 @@ from starlette.routing import Route as HttpRoute
 from disagg_transforms import Route, Step, StepParams
 from disagg_transforms.errors import ConfigError, error_body
 from disagg_transforms.exchange import (
-    NEED_DATA,
     ClientReply,
-    ClientStream,
+    Driver,
     Exchange,
     ExchangeSettings,
     WorkerCall,
@@ -132,6 +131,8 @@ class _Worker:
         self._chunks = answer.aiter_bytes()
         self._timeouts = timeouts
         self._first = True
+        self.ended = False
+        """The stream has ended (``chunk`` returned ``None``)."""
 
     async def chunk(self) -> bytes | None:
         """The next chunk, or ``None`` at the end; raises ``TimeoutError`` when none comes."""
@@ -141,6 +142,7 @@ class _Worker:
             with anyio.fail_after(limit):
                 return await self._chunks.__anext__()
         except StopAsyncIteration:
+            self.ended = True
             return None
 
 
@@ -213,24 +215,21 @@ class _Proxy:
             await request.body(),
             settings=self.settings,
         )
+        drive = Driver(ex)
         stream: _Worker | None = None
-        held = b""
-        while isinstance(call := ex.next_event(), WorkerCall):
-            stream, held = await self._call(ex, call, log)
-        reply = ex.next_event()
+        while (call := drive.next_call()) is not None:
+            stream = await self._call(drive, call, log)
+        reply = drive.reply()
         if isinstance(reply, ClientReply):
             if stream is not None:
                 await stream.answer.aclose()
             log.write(ex.request_id, reply.status)
             return Response(reply.body, status_code=reply.status, headers=dict(reply.headers))
-        assert isinstance(reply, ClientStream)  # noqa: S101 - the calls are over
         assert stream is not None  # noqa: S101 - a client stream relays a worker stream
-        body = self._relay(ex, stream, reply.first + held, log, reply.status)
-        return StreamingResponse(body, status_code=reply.status, headers=dict(reply.headers))
+        body_stream = self._relay(drive, stream, reply.first, log, reply.status)
+        return StreamingResponse(body_stream, status_code=reply.status, headers=dict(reply.headers))
 
-    async def _call(
-        self, ex: Exchange, call: WorkerCall, log: _Log
-    ) -> tuple[_Worker | None, bytes]:
+    async def _call(self, drive: Driver, call: WorkerCall, log: _Log) -> _Worker | None:
         """Make one worker call and feed its answer (a stream until the client's reply is known)."""
         url = self.urls[call.step] + call.path
         since = time.monotonic()
@@ -238,50 +237,42 @@ class _Proxy:
             call.method, url, headers=call.headers, content=call.body
         )
         stream: _Worker | None = None
-        held = b""
         try:
             with anyio.fail_after(self.timeouts.first_byte):
                 answer = await self._client().send(request, stream=call.stream)
             if not call.stream:
-                ex.receive(answer.status_code, answer.headers.raw, answer.content)
+                drive.answered(answer.status_code, answer.headers.raw, answer.content)
                 log.leg(call.step, answer.status_code, since)
-                return None, b""
+                return None
             stream = _Worker(answer, self.timeouts)
-            ex.receive_stream_head(answer.status_code, answer.headers.raw)
-            while ex.next_event() is NEED_DATA:
-                chunk = await stream.chunk()
-                held += ex.feed(chunk) if chunk is not None else ex.end_of_stream()
-                if chunk is None:
-                    break
+            drive.stream_opened(answer.status_code, answer.headers.raw)
+            while drive.opening:
+                drive.chunk(await stream.chunk())
         except _FAILURES as error:
-            ex.worker_failed(call.step, _reason(error, self.timeouts))
+            drive.failed(_reason(error, self.timeouts))
             log.leg(call.step, "failed", since)
             if stream is not None:
                 await stream.answer.aclose()
-            return None, b""
+            return None
         log.leg(call.step, answer.status_code, since)
-        return stream, held
+        return stream
 
     async def _relay(
-        self, ex: Exchange, stream: _Worker, first: bytes, log: _Log, status: int
+        self, drive: Driver, stream: _Worker, first: bytes, log: _Log, status: int
     ) -> AsyncIterator[bytes]:
         """The client's stream, relayed as the worker's comes; closes the worker's at the end."""
-        end = " stream=complete"
+        end = ""
         try:
             yield first
-            while (chunk := await stream.chunk()) is not None:
-                if out := ex.feed(chunk):
+            while drive.relaying:
+                if out := drive.chunk(await stream.chunk()):  # an empty one still costs a send
                     yield out
-                if ex.reply_over:
-                    # The worker broke the contract mid-stream: the client's stream has ended
-                    # with the error event, and the worker's is closed below, unread.
-                    end = " stream=contract-broken"
-                    return
-            if tail := ex.end_of_stream():  # an empty chunk would still cost the server a send
-                yield tail
+            # Unless the worker's stream ended, it broke the contract: the client's stream has
+            # ended with the error event, and the worker's is closed below, unread.
+            end = " stream=complete" if stream.ended else " stream=contract-broken"
         except _FAILURES as error:
             end = f" stream=worker-failed ({_reason(error, self.timeouts)})"
-            yield ex.worker_failed("decode", _reason(error, self.timeouts))
+            yield drive.failed(_reason(error, self.timeouts))
         except BaseException:
             # Starlette cancels the relay when the client goes away: the worker's stream is
             # closed below, so the worker stops generating for nobody.
@@ -290,7 +281,7 @@ class _Proxy:
         finally:
             with anyio.CancelScope(shield=True):
                 await stream.answer.aclose()
-            log.write(ex.request_id, status, end)
+            log.write(drive.exchange.request_id, status, end)
 
 
 def create_app(  # noqa: PLR0913 - one URL per step, all by keyword
