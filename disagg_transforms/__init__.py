@@ -38,6 +38,7 @@ from disagg_transforms._request.legs import (
     build_decode_request_bytes,
     build_encode_request,
     build_prefill_request,
+    strip_transfer_params,
 )
 from disagg_transforms._response.chat import (
     ChatStreamConverter,
@@ -69,7 +70,7 @@ from disagg_transforms._response.responses import (
 )
 from disagg_transforms._routes import Route, detect_route, resolve_format
 from disagg_transforms._wire.limits import DEFAULT_LIMITS, Limits
-from disagg_transforms._wire.sse import DEFAULT_MAX_EVENT_BYTES
+from disagg_transforms._wire.sse import DEFAULT_MAX_EVENT_BYTES, SseParser
 from disagg_transforms.errors import (
     ConfigError,
     DisaggTransformError,
@@ -156,6 +157,7 @@ __all__ = [
     "ResponsesStreamConverter",
     "Route",
     "SamplingCaps",
+    "SseParser",
     "Step",
     "StepParams",
     "StreamConverter",
@@ -194,6 +196,7 @@ __all__ = [
     "single_frame_stream",
     "stream_converter",
     "strip_client_transfer_params",
+    "strip_transfer_params",
     "validate_output_mode",
     "wrap_anthropic_message",
     "wrap_chat_completion",

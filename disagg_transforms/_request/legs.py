@@ -50,6 +50,7 @@ __all__ = (
     "build_decode_request_bytes",
     "build_encode_request",
     "build_prefill_request",
+    "strip_transfer_params",
 )
 
 _PREFILL_KV: Mapping[str, Any] = {w.DO_REMOTE_DECODE: True, w.DO_REMOTE_PREFILL: False}

@@ -25,6 +25,7 @@ per provider.
 from __future__ import annotations
 
 import asyncio
+import reprlib
 import threading
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
@@ -38,13 +39,17 @@ from litellm.llms.custom_llm import CustomLLM, CustomLLMError
 from litellm.types.utils import GenericStreamingChunk, ModelResponse
 from typing_extensions import override
 
-from disagg_transforms._config import DecodeParams, OutputMode, PrefillParams, Step, StepParams
-from disagg_transforms._request.caps import apply_sampling_caps
-from disagg_transforms._request.legs import strip_transfer_params
-from disagg_transforms._routes import Route
-from disagg_transforms._wire import keys as w
-from disagg_transforms._wire.describe import describe
-from disagg_transforms._wire.sse import SseParser
+from disagg_transforms import (
+    DecodeParams,
+    OutputMode,
+    PrefillParams,
+    Route,
+    SseParser,
+    Step,
+    StepParams,
+    apply_sampling_caps,
+    strip_transfer_params,
+)
 from disagg_transforms.errors import ConfigError, DisaggTransformError
 from disagg_transforms.exchange import ClientReply, ClientStream, Driver, Exchange, WorkerCall
 
@@ -88,7 +93,7 @@ def _json_default(value: object) -> object:
     dump = getattr(value, "model_dump", None)
     if callable(dump):
         return dump(exclude_none=True)
-    msg = f"not JSON: {describe(value)}"
+    msg = f"not JSON: {reprlib.repr(value)}"
     raise TypeError(msg)
 
 
@@ -106,15 +111,15 @@ def _chat_body(
             "constructor"
         )
         raise _llm_error(400, msg)
-    body: dict[str, Any] = {w.MODEL: model, w.MESSAGES: messages}
+    body: dict[str, Any] = {"model": model, "messages": messages}
     body.update((k, v) for k, v in optional_params.items() if k not in _LITELLM_ONLY)
     extra = optional_params.get("extra_body")
     if isinstance(extra, Mapping):
         body.update(extra)
     if stream:
-        body[w.STREAM] = True
+        body["stream"] = True
     else:
-        body.pop(w.STREAM, None)
+        body.pop("stream", None)
     try:
         return orjson.dumps(body, default=_json_default)
     except TypeError as error:
@@ -123,7 +128,7 @@ def _chat_body(
 
 def _base_url(api_base: object, what: str) -> str:
     if not isinstance(api_base, str) or not api_base.strip():
-        msg = f"{what}: the vLLM worker's URL is required, got {describe(api_base)}"
+        msg = f"{what}: the vLLM worker's URL is required, got {reprlib.repr(api_base)}"
         raise _llm_error(400, msg)
     return api_base.strip().rstrip("/")
 
@@ -152,8 +157,8 @@ def _reason(error: httpx.TransportError) -> str:
 def _reply_error(reply: ClientReply) -> CustomLLMError:
     """The exchange's error reply (OpenAI's shape: the client is a chat client) for LiteLLM."""
     try:
-        error = orjson.loads(reply.body).get(w.ERROR)
-        message = str(error[w.MESSAGE])
+        error = orjson.loads(reply.body).get("error")
+        message = str(error["message"])
     except (orjson.JSONDecodeError, AttributeError, KeyError, TypeError):
         message = reply.body.decode("utf-8", "replace")
     return _llm_error(reply.status, message)
@@ -168,46 +173,46 @@ def _reply_bytes(reply: ClientReply | ClientStream) -> bytes:
 
 def _with_reasoning_content(message: Mapping[str, Any]) -> dict[str, Any]:
     # The exchange writes vLLM's `reasoning`; LiteLLM's clients read `reasoning_content`.
-    reasoning = message.get(w.REASONING)
-    if reasoning is None or w.REASONING_CONTENT in message:
+    reasoning = message.get("reasoning")
+    if reasoning is None or "reasoning_content" in message:
         return dict(message)
-    return {**message, w.REASONING_CONTENT: reasoning}
+    return {**message, "reasoning_content": reasoning}
 
 
 def _model_response(body: bytes) -> ModelResponse:
     """The exchange's ``chat.completion`` bytes as LiteLLM's ``ModelResponse`` (one parse)."""
     completion = orjson.loads(body)
-    completion[w.CHOICES] = [
-        {**choice, w.MESSAGE: _with_reasoning_content(choice.get(w.MESSAGE) or {})}
-        for choice in completion.get(w.CHOICES) or []
+    completion["choices"] = [
+        {**choice, "message": _with_reasoning_content(choice.get("message") or {})}
+        for choice in completion.get("choices") or []
     ]
     return ModelResponse(**completion)
 
 
 def _generic_chunks(chunk: Mapping[str, Any]) -> list[GenericStreamingChunk]:
     """One ``chat.completion.chunk`` as LiteLLM's streaming chunks (one per choice, tool call)."""
-    usage = chunk.get(w.USAGE)
-    choices: list[Mapping[str, Any]] = chunk.get(w.CHOICES) or []
+    usage = chunk.get("usage")
+    choices: list[Mapping[str, Any]] = chunk.get("choices") or []
     if not choices:  # the usage-only chunk
         return [GenericStreamingChunk(text="", is_finished=False, finish_reason="", usage=usage)]
     out: list[GenericStreamingChunk] = []
     for choice in choices:
-        delta: Mapping[str, Any] = choice.get(w.DELTA) or {}
-        finish = choice.get(w.FINISH_REASON)
-        calls: list[Any] = delta.get(w.TOOL_CALLS) or [None]
+        delta: Mapping[str, Any] = choice.get("delta") or {}
+        finish = choice.get("finish_reason")
+        calls: list[Any] = delta.get("tool_calls") or [None]
         for position, call in enumerate(calls):
             last = position == len(calls) - 1
             item = GenericStreamingChunk(
-                text=(delta.get(w.CONTENT) or "") if position == 0 else "",
+                text=(delta.get("content") or "") if position == 0 else "",
                 tool_use=call,
                 is_finished=last and finish is not None,
                 finish_reason=(finish or "") if last else "",
                 usage=usage if last else None,
-                index=choice.get(w.INDEX, 0),
+                index=choice.get("index", 0),
             )
-            reasoning = delta.get(w.REASONING)
+            reasoning = delta.get("reasoning")
             if position == 0 and reasoning:
-                item["provider_specific_fields"] = {w.REASONING_CONTENT: reasoning}
+                item["provider_specific_fields"] = {"reasoning_content": reasoning}
             out.append(item)
     return out
 
@@ -232,14 +237,14 @@ class _ChatChunks:
     def _chunks(payloads: list[bytes]) -> list[GenericStreamingChunk]:
         out: list[GenericStreamingChunk] = []
         for payload in payloads:
-            if payload == w.SSE_DONE:
+            if payload == b"[DONE]":
                 continue
             chunk = orjson.loads(payload)
-            error = chunk.get(w.ERROR)
+            error = chunk.get("error")
             if error is not None:  # the in-stream error event that ends the client's stream
-                code = error.get(w.CODE)
+                code = error.get("code")
                 status = code if isinstance(code, int) and code >= httpx.codes.BAD_REQUEST else 502
-                raise _llm_error(status, str(error.get(w.MESSAGE)))
+                raise _llm_error(status, str(error.get("message")))
             out.extend(_generic_chunks(chunk))
         return out
 
@@ -356,7 +361,7 @@ def _checked_url(value: object, param: str) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str) or not value.strip():
-        msg = f"VllmGenerateLLM: {param} must be a worker URL or None, got {describe(value)}"
+        msg = f"VllmGenerateLLM: {param} must be a worker URL or None, got {reprlib.repr(value)}"
         raise ConfigError(msg, param=param)
     return value.strip().rstrip("/")
 
@@ -425,7 +430,8 @@ class VllmGenerateLLM(CustomLLM):
             PrefillParams(use_openai_format=False) if prefill_params is None else prefill_params
         )
         if not isinstance(prefill, PrefillParams):
-            msg = f"VllmGenerateLLM: prefill_params must be PrefillParams, got {describe(prefill)}"
+            shown = reprlib.repr(prefill)
+            msg = f"VllmGenerateLLM: prefill_params must be PrefillParams, got {shown}"
             raise ConfigError(msg, param="prefill_params")
         self._params = msgspec.structs.replace(params, wrap_chat_completion=True)
         self._pipelines: Mapping[bool, Mapping[Step, StepParams]] = {
@@ -574,7 +580,7 @@ class SamplingCapsCallback(CustomLogger):
         super().__init__()
         untyped: object = route  # a proxy YAML may hand over anything
         if untyped is not None and not isinstance(untyped, Route):
-            msg = f"SamplingCapsCallback: route must be a Route or None, got {describe(route)}"
+            msg = f"SamplingCapsCallback: route must be a Route or None, got {reprlib.repr(route)}"
             raise ConfigError(msg, param="route")
         self._route = route
 
