@@ -294,17 +294,16 @@ class Exchange:
         self._hooks = settings.hooks
         self._gathered = LegInputs(limits=settings.limits)
         """What the answers so far hand the legs (render's answer, transfer params)."""
-        generate = any(
-            resolve_format(params.use_openai_format, client_path) is Route.GENERATE
-            for params in self._params.values()
-        )
         self._client = ClientRequest(
             body={}, path=client_path, route=route, mapping=None, caps=None
         )
         try:
             members = self._client_members(client_body)
             self._client = read_client_request(
-                members, client_path, limits=settings.limits, generate=generate
+                members,
+                client_path,
+                limits=settings.limits,
+                leg_formats=[params.use_openai_format for params in self._params.values()],
             )
             self._go(next(iter(self._plan)))
         except DisaggTransformError as error:

@@ -7,7 +7,7 @@ it (``docs/architecture.md``, "The request flow").
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import msgspec
@@ -18,7 +18,7 @@ from disagg_transforms._request.completions import map_completions_request
 from disagg_transforms._request.mapping import ClientMapper, ClientMapping
 from disagg_transforms._request.messages import map_messages_request
 from disagg_transforms._request.responses import map_responses_request
-from disagg_transforms._routes import Route, detect_route
+from disagg_transforms._routes import Route, detect_route, leg_route
 from disagg_transforms._wire import keys as w
 from disagg_transforms._wire import limits as _limits
 from disagg_transforms._wire import validate as _validate
@@ -36,6 +36,11 @@ CLIENT_MAPPERS: Mapping[Route, ClientMapper | None] = {
     Route.GENERATE: None,  # a generate client's body is already a generate leg
 }
 """The one table a generate leg picks a client's field mapper from, one row per route."""
+
+# What the caps read: a generate client's own sampling_params too (another client's is an
+# unknown key, dropped).
+_CAP_KEYS = (*TOP_LEVEL_CAPS, w.MIN_TOKENS)
+_GENERATE_CAP_KEYS = (*_CAP_KEYS, w.SAMPLING_PARAMS)
 
 
 class ClientRequest(msgspec.Struct, frozen=True, kw_only=True):
@@ -62,14 +67,14 @@ def client_caps(body: Mapping[str, Any], route: Route) -> dict[str, Any]:
     client of another API, its cap and ``min_tokens`` alone (``docs/request-legs.md``, "Caps
     and errors").
     """
-    if route is not Route.GENERATE:
-        body = {k: body[k] for k in (*TOP_LEVEL_CAPS, w.MIN_TOKENS) if k in body}
-    sampling: dict[str, Any] = apply_sampling_caps(body, route)[w.SAMPLING_PARAMS]
+    keys = _GENERATE_CAP_KEYS if route is Route.GENERATE else _CAP_KEYS
+    caps = {k: body[k] for k in keys if k in body}
+    sampling: dict[str, Any] = apply_sampling_caps(caps, route)[w.SAMPLING_PARAMS]
     return sampling
 
 
 def read_client_request(
-    client_body: object, client_path: object, *, limits: Limits, generate: bool
+    client_body: object, client_path: object, *, limits: Limits, leg_formats: Iterable[bool]
 ) -> ClientRequest:
     """Read the client's request once for every leg built from it.
 
@@ -77,8 +82,9 @@ def read_client_request(
         client_body: the client's body (a mapping; the bytes path hands its raw members).
         client_path: the path the client called.
         limits: the bounds on the body.
-        generate: a leg of the request speaks the generate route: the client's fields are
-            mapped and its cap read now, so what that route refuses is refused before any leg.
+        leg_formats: the ``use_openai_format`` of each leg built from the request. When a leg
+            speaks the generate route, the client's fields are mapped and its cap read now, so
+            what that route refuses is refused before any leg.
 
     Raises:
         RequestError: the body is not a JSON object, is past a limit, or (``generate``) holds a
@@ -90,7 +96,7 @@ def read_client_request(
         msg = f"client_path: expected the client's request path, got {describe(client_path)}"
         raise RequestError(msg, param="client_path")
     route = detect_route(client_path)
-    if not generate:
+    if all(leg_route(openai, route) is not Route.GENERATE for openai in leg_formats):
         return ClientRequest(body=body, path=client_path, route=route, mapping=None, caps=None)
     mapper = CLIENT_MAPPERS[route]
     return ClientRequest(

@@ -29,7 +29,7 @@ from disagg_transforms._request.caps import (
 from disagg_transforms._request.client import ClientRequest, read_client_request
 from disagg_transforms._request.fields import CARRIED_AS_IS, TRANSFER_KEYS
 from disagg_transforms._request.mapping import ClientMapping
-from disagg_transforms._routes import Route, resolve_format
+from disagg_transforms._routes import Route, leg_route
 from disagg_transforms._wire import keys as w
 from disagg_transforms._wire import limits as _limits
 from disagg_transforms._wire import raw as _raw
@@ -578,18 +578,15 @@ def _read(
     client_body: object, client_path: object, params: _LegParams, inputs: LegInputs
 ) -> ClientRequest:
     """The client's request read for the one leg a public builder builds."""
-    generate = (
-        isinstance(client_path, str)
-        and resolve_format(params.use_openai_format, client_path) is Route.GENERATE
-    )
-    return read_client_request(client_body, client_path, limits=inputs.limits, generate=generate)
+    formats = (params.use_openai_format,)
+    return read_client_request(client_body, client_path, limits=inputs.limits, leg_formats=formats)
 
 
 def _step_request(client: ClientRequest, params: _LegParams, inputs: LegInputs) -> _Request:
     """How one step treats the client's request (every builder's start)."""
     return _Request(
         client=client,
-        route=resolve_format(params.use_openai_format, client.path),
+        route=leg_route(params.use_openai_format, client.route),
         inputs=inputs,
         trusted=params.trust_client_transfer_params,
         # The prefill flags win over every other value (docs/request-legs.md, "Transfer params").
