@@ -41,6 +41,8 @@ def chat_request(n_messages: int) -> bytes:
         "model": "Qwen/Qwen3-0.6B",
         "messages": messages,
         "tools": _tools(),
+        # Read and dropped by the text-mode leg, which refuses a client that asks for a call.
+        "tool_choice": "none",
         "max_completion_tokens": 512,
         "temperature": 0.7,
         "top_p": 0.9,

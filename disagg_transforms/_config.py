@@ -42,6 +42,9 @@ class OutputMode(str, enum.Enum):
     """Detokenized text; needs vLLM >= 0.32.0."""
     DERENDER = "derender"
     """The parsed assistant message (content, reasoning, tool_calls); needs vLLM >= 0.33.0."""
+    AUTO = "auto"
+    """A decode step's setting, never sent: per request ``derender`` when the client asks for
+    tools, else ``text`` (``docs/routes-and-config.md``). A leg carries the mode chosen."""
 
 
 class Step(str, enum.Enum):
@@ -120,6 +123,7 @@ _PARAMS_CLASS: Mapping[Step, type[StepParams]] = {
 MIN_VLLM_VERSION: Mapping[OutputMode, str] = {
     OutputMode.TEXT: "0.32.0",
     OutputMode.DERENDER: "0.33.0",
+    OutputMode.AUTO: "0.33.0",
 }
 """The first vLLM release whose generate route honours each ``output_mode`` value."""
 
@@ -140,14 +144,14 @@ def _member(cls: type[_EnumT], value: object) -> _EnumT | None:
 def _output_mode(value: object, param: str) -> OutputMode:
     mode = _member(OutputMode, value)
     if mode is None:
-        msg = f'{param}: expected "text" or "derender", got {describe(value)}'
+        msg = f'{param}: expected "text", "derender" or "auto", got {describe(value)}'
         raise ConfigError(msg, param=param)
     if mode is OutputMode.TOKENS:
         text, derender = MIN_VLLM_VERSION[OutputMode.TEXT], MIN_VLLM_VERSION[OutputMode.DERENDER]
         msg = (
             f'{param}: "tokens" is refused: decode answers the client, and a tokens answer '
-            f'carries token IDs and no text; use "text" (vLLM >= {text}) '
-            f'or "derender" (vLLM >= {derender})'
+            f'carries token IDs and no text; use "text" (vLLM >= {text}), '
+            f'"derender" or "auto" (vLLM >= {derender})'
         )
         raise ConfigError(msg, param=param)
     return mode
@@ -156,9 +160,10 @@ def _output_mode(value: object, param: str) -> OutputMode:
 def validate_output_mode(value: object = None) -> OutputMode:
     """Check a decode step's ``output_mode`` at startup; absent (``None``) means ``text``.
 
-    ``"text"`` (vLLM >= 0.32.0) and ``"derender"`` (vLLM >= 0.33.0) are accepted. ``"tokens"``
-    is refused: the decode leg answers the client, and token IDs carry no text. Any other string
-    or a non-string raises :class:`ConfigError`.
+    ``"text"`` (vLLM >= 0.32.0), ``"derender"`` (vLLM >= 0.33.0) and ``"auto"`` (per request:
+    ``derender`` when the client asks for tools, else ``text``; vLLM >= 0.33.0) are accepted.
+    ``"tokens"`` is refused: the decode leg answers the client, and token IDs carry no text. Any
+    other string or a non-string raises :class:`ConfigError`.
     """
     if value is None:
         return OutputMode.TEXT

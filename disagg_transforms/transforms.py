@@ -14,8 +14,9 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any, final
 
-from disagg_transforms._config import DecodeParams
+from disagg_transforms._config import DecodeParams, OutputMode
 from disagg_transforms._request.caps import apply_sampling_caps
+from disagg_transforms._request.client import decode_output_mode
 from disagg_transforms._request.legs import build_decode_request, strip_transfer_params
 from disagg_transforms._response.dispatch import wrap_envelope
 from disagg_transforms._response.echo import check_output_mode_echo
@@ -136,6 +137,10 @@ def wrap_response(body: Mapping[str, Any], context: TransformContext, /) -> dict
     if resolve_format(params.use_openai_format, context.client_path) is not Route.GENERATE:
         return dict(body)
     mode, route = params.output_mode, context.client_route
+    if mode is OutputMode.AUTO:
+        # The mode the decode leg chose for this client's request.
+        client = context.client_body or {}
+        mode = decode_output_mode(client, client_path=context.client_path, params=params)
     if route in (Route.RESPONSES, Route.MESSAGES) or (
         route is Route.CHAT_COMPLETIONS and params.wrap_chat_completion
     ):

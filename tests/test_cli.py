@@ -213,7 +213,7 @@ def test_check_config_reads_stdin(
     _stdin(monkeypatch, b'{"steps": {"decode": {"output_mode": 3}}}')
     assert main(["check-config", "-"]) == 2
     assert _err_lines(capsys) == [
-        '<stdin>: decode.output_mode: expected "text" or "derender", got 3 (an integer)'
+        '<stdin>: decode.output_mode: expected "text", "derender" or "auto", got 3 (an integer)'
     ]
 
 
@@ -627,3 +627,33 @@ def test_json_named_explicitly_gives_no_yaml_hint(
     assert main(["check-config", "-", "--format", "json"]) == 2
     [line] = _err_lines(capsys)
     assert "--format yaml" not in line
+
+
+# --- a document nested past the stack: one line, exit 2, whatever the subcommand -----------------
+
+_TOO_DEEP = "[" * 5000 + "]" * 5000
+
+
+@pytest.mark.parametrize(
+    ("argv", "stdin"),
+    [
+        (["request", "-"], _TOO_DEEP),
+        (["request", "-", "--params", _TOO_DEEP], "{}"),
+        (["request", "-", "--token-ids", _TOO_DEEP], "{}"),
+        (["response", "-"], _TOO_DEEP),
+        (["check-config", "-"], _TOO_DEEP),
+        (["check-config", "-", "--format", "json"], '{"steps": ' + _TOO_DEEP + "}"),
+    ],
+)
+def test_a_document_nested_too_deep_is_one_line_and_exit_2(argv: list[str], stdin: str) -> None:
+    done = subprocess.run(  # noqa: S603 - our own interpreter
+        [sys.executable, "-m", "disagg_transforms", *argv],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert (done.returncode, done.stdout) == (2, "")
+    assert "Traceback" not in done.stderr
+    assert done.stderr.count("\n") == 1, done.stderr
+    assert "nested too deep" in done.stderr

@@ -23,7 +23,7 @@ from disagg_transforms import (
 
 
 def test_output_mode_values_are_wire_strings() -> None:
-    assert [m.value for m in OutputMode] == ["tokens", "text", "derender"]
+    assert [m.value for m in OutputMode] == ["tokens", "text", "derender", "auto"]
 
 
 def test_validate_output_mode_default_is_text() -> None:

@@ -75,7 +75,8 @@ def _client_cap(client: dict[str, Any], path: str) -> dict[str, Any]:
     return sampling
 
 
-@pytest.mark.parametrize("mode", [OutputMode.TEXT, OutputMode.DERENDER])
+# Auto: text for a client without tools, derender for one with (a text step refuses tools).
+@pytest.mark.parametrize("mode", [OutputMode.AUTO, OutputMode.DERENDER])
 @pytest.mark.parametrize(("name", "path", "client", "render"), _pairs(), ids=PAIR_IDS)
 def test_decode_leg_keeps_renders_sampling_params_under_the_clients_cap(
     name: str, path: str, client: dict[str, Any], render: dict[str, Any], mode: OutputMode
@@ -130,6 +131,7 @@ def test_completions_render_answers_are_generate_bodies_kept_as_sent() -> None:
 
 def test_messages_render_stream_options_reach_the_streamed_leg() -> None:
     client, render = CASES["messages"]
+    client = {**client, "tool_choice": {"type": "none"}}  # text mode: no tool calls asked for
     params = DecodeParams(use_openai_format=False, output_mode=OutputMode.TEXT)
     leg = build_decode_request(
         client, client_path=PAIRS["messages"], params=params, rendered=render

@@ -11,10 +11,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 import jsonschema
+import pydantic
 import pytest
 from golden import load_fixture, load_stream
 from hypothesis import given
@@ -30,6 +31,7 @@ from disagg_transforms.testing import (
     toy_decode,
     toy_encode,
 )
+from disagg_transforms.testing._schema import instance
 
 GENERATE = "/inference/v1/generate"
 CHAT_RENDER = "/v1/chat/completions/render"
@@ -789,3 +791,155 @@ def test_coupled_chat_answers_like_vllms_coupled_server(worker: SimulatedWorker)
     first = json.loads(events(stream)[0][len("data: ") :])
     assert first["choices"][0]["delta"] == {"role": "assistant", "content": "H"}
     assert events(stream)[-1] == "data: [DONE]"
+
+
+def test_responses_render_keeps_a_function_tools_strict_key_like_vllm(
+    worker: SimulatedWorker,
+) -> None:
+    tool = {"type": "function", "name": "f", "parameters": {"type": "object", "properties": {}}}
+    body = {"model": "m", "input": "hi", "tools": [tool]}
+    loose = call(worker, "POST", "/v1/responses/render", body).json()["token_ids"]
+    body["tools"] = [{**tool, "strict": True}]
+    strict = call(worker, "POST", "/v1/responses/render", body).json()["token_ids"]
+    assert '"strict": true' in toy_decode(strict)
+    assert len(strict) == len(loose) + len(', "strict": true')
+
+
+def test_served_model_names_list_those_and_refuse_another_like_vllm() -> None:
+    worker = SimulatedWorker(WorkerSettings(served_model_names=("qwen", "alias")))
+    models = call(worker, "GET", "/v1/models").json()
+    assert [model["id"] for model in models["data"]] == ["qwen", "alias"]
+    body = load_fixture("render-chat-request.json")
+    refused = call(worker, "POST", "/v1/chat/completions/render", {**body, "model": "x"})
+    assert refused.status_code == 404
+    assert refused.json() == {
+        "error": {
+            "message": "The model `x` does not exist.",
+            "type": "NotFoundError",
+            "param": "model",
+            "code": 404,
+        }
+    }
+    for path in ("/inference/v1/generate", "/v1/chat/completions", "/tokenize"):
+        assert call(worker, "POST", path, {"model": "x"}).status_code == 404
+    served = call(worker, "POST", "/v1/chat/completions/render", {**body, "model": "alias"})
+    assert served.status_code == 200
+    unnamed = {key: value for key, value in body.items() if key != "model"}
+    assert call(worker, "POST", "/v1/chat/completions/render", unnamed).json()["model"] == "qwen"
+    with pytest.raises(ValueError, match="served_model_names"):
+        WorkerSettings(served_model_names=("",))
+
+
+def test_without_served_model_names_any_name_is_served(worker: SimulatedWorker) -> None:
+    assert [m["id"] for m in call(worker, "GET", "/v1/models").json()["data"]] == ["simulated"]
+    body = {**load_fixture("render-chat-request.json"), "model": "anything"}
+    assert call(worker, "POST", "/v1/chat/completions/render", body).json()["model"] == "anything"
+
+
+def test_tokenize_detokenize_and_version_like_vllm(worker: SimulatedWorker) -> None:
+    plain = call(worker, "POST", "/tokenize", {"model": "m", "prompt": "Hé"}).json()
+    assert plain == {
+        "count": 3,
+        "max_model_len": 4096,
+        "tokens": toy_encode("Hé"),
+        "token_strs": None,
+    }
+    body = load_fixture("render-chat-request.json")
+    chat = call(worker, "POST", "/tokenize", {"model": "m", "messages": body["messages"]}).json()
+    rendered = call(worker, "POST", "/v1/chat/completions/render", body).json()["token_ids"]
+    assert (chat["tokens"], chat["count"]) == (rendered, len(rendered))
+    strs = call(worker, "POST", "/tokenize", {"prompt": "ab", "return_token_strs": True}).json()
+    assert strs["token_strs"] == ["a", "b"]
+    text = call(worker, "POST", "/detokenize", {"tokens": chat["tokens"]}).json()
+    assert text == {"prompt": toy_decode(rendered)}
+    assert call(worker, "GET", "/version").json() == {"version": "0.33.0"}
+    assert call(worker, "POST", "/detokenize", {"tokens": ["a"]}).status_code == 400
+    assert call(worker, "POST", "/tokenize", {"prompt": 1}).status_code == 400
+    assert call(worker, "GET", "/tokenize").status_code == 405
+
+
+# --- structured output: a JSON value that satisfies the schema ----------------------------------
+
+
+class _Address(pydantic.BaseModel):
+    city: str
+    zip_code: str = pydantic.Field(min_length=7, max_length=9)
+
+
+class _Person(pydantic.BaseModel):
+    name: str
+    age: int = pydantic.Field(ge=18, lt=130)
+    height: float = pydantic.Field(gt=2)
+    tags: list[str] = pydantic.Field(min_length=2)
+    kind: Literal["admin", "user"]
+    home: _Address
+    work: _Address | None
+    nickname: str | None = None
+    verified: bool
+    version: Literal[3] = 3
+
+
+class _Tree(pydantic.BaseModel):
+    label: str
+    children: list[_Tree]
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        _Person.model_json_schema(),
+        _Tree.model_json_schema(),
+        {"type": "object", "properties": {"x": {"type": ["null", "integer"]}}, "required": ["x"]},
+        {"allOf": [{"$ref": "#/definitions/a"}], "definitions": {"a": {"const": "c"}}},
+        {"oneOf": [{"type": "number", "exclusiveMaximum": 0}, {"type": "string"}]},
+        {"type": "array", "items": {"enum": [1, 2]}, "minItems": 3},
+        {},
+    ],
+)
+def test_the_structured_answer_satisfies_its_schema(schema: dict[str, Any]) -> None:
+    value = instance(schema)
+    jsonschema.validate(value, schema)
+
+
+def test_a_pydantic_models_answer_parses_back_into_it() -> None:
+    person = _Person.model_validate(instance(_Person.model_json_schema()))
+    assert (person.age, person.home.zip_code, person.work) == (18, "Parisss", person.home)
+
+
+def _structured(worker: SimulatedWorker, path: str, body: dict[str, Any]) -> Any:
+    rendered = call(worker, "POST", path, body).json()
+    assert rendered["sampling_params"]["structured_outputs"] is not None
+    leg = {**rendered, "output_mode": "text"}
+    answer = call(worker, "POST", "/inference/v1/generate", leg).json()
+    return json.loads(answer["choices"][0]["text"])
+
+
+def test_a_request_for_structured_output_is_answered_with_a_valid_json_value(
+    worker: SimulatedWorker,
+) -> None:
+    schema = _Person.model_json_schema()
+    chat = load_fixture("render-chat-request.json")
+    fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": schema}}
+    value = _structured(worker, "/v1/chat/completions/render", {**chat, "response_format": fmt})
+    jsonschema.validate(value, schema)
+    as_object = {**chat, "response_format": {"type": "json_object"}}
+    assert _structured(worker, "/v1/chat/completions/render", as_object) == {}
+    own = {**chat, "structured_outputs": {"json": schema}}
+    assert _structured(worker, "/v1/chat/completions/render", own) == value
+    responses = {
+        "model": "m",
+        "input": "hi",
+        "text": {"format": {"type": "json_schema", "name": "p", "schema": schema}},
+    }
+    assert _structured(worker, "/v1/responses/render", responses) == value
+    messages = {
+        "model": "m",
+        "max_tokens": 1024,
+        "messages": [{"role": "user", "content": "hi"}],
+        "output_config": {"format": {"type": "json_schema", "schema": schema}},
+    }
+    assert _structured(worker, "/v1/messages/render", messages) == value
+    coupled = call(worker, "POST", "/v1/chat/completions", {**chat, "response_format": fmt})
+    assert json.loads(coupled.json()["choices"][0]["message"]["content"]) == value
+    plain = call(worker, "POST", "/v1/chat/completions", chat).json()
+    assert plain["choices"][0]["message"]["content"] == "Hello!"

@@ -206,3 +206,15 @@ def test_sampling_caps_is_immutable_and_pickles() -> None:
     assert transform != sampling_caps(None)
     not_a_transform: object = "sampling_caps"
     assert transform != not_a_transform
+
+
+def test_wrap_response_on_an_auto_step_reads_the_mode_the_request_chose() -> None:
+    auto = DecodeParams(use_openai_format=False, output_mode=OutputMode.AUTO)
+    tools = [{"type": "function", "function": {"name": "get_weather"}}]
+    text = load_fixture("response-text.json")
+    assert wrap_response(text, context(auto, client_body={"model": "m"})) == text
+    derender = load_fixture("response-derender-tool-call.json")
+    asking = context(auto, client_body={"model": "m", "tools": tools})
+    assert wrap_response(derender, asking) == derender
+    with pytest.raises(UpstreamContractError, match="output_mode"):
+        wrap_response(text, asking)

@@ -1,13 +1,21 @@
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from disagg_transforms import DecodeParams, RequestError, build_decode_request
+from disagg_transforms import (
+    DecodeParams,
+    RequestError,
+    build_decode_request,
+    build_decode_request_bytes,
+    parse_pipeline_params,
+)
 from disagg_transforms._wire.validate import CONVERT_FROM, features, token_ids
+from disagg_transforms.exchange import ClientReply, Exchange
 
 GENERATE = "/inference/v1/generate"
 
@@ -276,3 +284,30 @@ def test_any_bad_logit_bias_value_names_the_object(key: str, value: object) -> N
     with pytest.raises(RequestError) as caught:
         build_decode_request(body, client_path="/inference/v1/generate", params=DecodeParams())
     assert caught.value.param == "$.sampling_params.logit_bias"
+
+
+# A body that is JSON but no object is named by its JSON type, in words.
+
+
+@pytest.mark.parametrize(
+    ("body", "kind"),
+    [
+        (b"[1, 2]", "an array"),
+        (b" \n [ ]", "an array"),
+        (b'"x"', "a string"),
+        (b"42", "a number"),
+        (b"-1.5e3", "a number"),
+        (b"true", "a boolean"),
+        (b"false", "a boolean"),
+        (b"null", "null"),
+    ],
+)
+def test_a_body_that_is_no_object_is_named_by_its_json_type(body: bytes, kind: str) -> None:
+    expected = f"$: the client body must be a JSON object, got {kind}"
+    with pytest.raises(RequestError) as error:
+        build_decode_request_bytes(body, client_path="/v1/chat/completions", params=DecodeParams())
+    assert error.value.message == expected
+    ex = Exchange(parse_pipeline_params({"decode": {}}), "/v1/chat/completions", [], body)
+    reply = ex.next_event()
+    assert isinstance(reply, ClientReply)
+    assert (reply.status, json.loads(reply.body)["error"]["message"]) == (400, expected)

@@ -17,7 +17,14 @@ from disagg_transforms._cli.commands import CliError
 from disagg_transforms._wire.describe import describe
 from disagg_transforms.errors import ConfigError
 
-__all__ = ("config_errors", "one_line", "read_config", "read_json", "source_name")
+__all__ = (
+    "config_errors",
+    "one_line",
+    "parse_document",
+    "read_config",
+    "read_json",
+    "source_name",
+)
 
 _STDIN = "-"
 _TOP_LEVEL_KEYS = ("steps", "use_openai_format")
@@ -50,12 +57,25 @@ def _decode(
     errors: type[Exception],
     hint: str = "",
 ) -> object:
-    data = _read_bytes(source)
+    return parse_document(
+        source_name(source), kind, lambda: loads(_read_bytes(source)), errors, hint
+    )
+
+
+def parse_document(
+    name: str, kind: str, parse: Callable[[], object], errors: type[Exception], hint: str = ""
+) -> object:
+    """``parse()``'s document; a failure is a `CliError` naming ``name`` (a source or option).
+
+    A document nested past the interpreter's stack is refused like any other (docs/cli.md).
+    """
     try:
-        return loads(data)
+        return parse()
     except errors as exc:
-        msg = f"{source_name(source)}: not valid {kind}: {one_line(exc)}{hint}"
-        raise CliError(msg) from None
+        msg = f"{name}: not valid {kind}: {one_line(exc)}{hint}"
+    except RecursionError:
+        msg = f"{name}: not valid {kind}: nested too deep"
+    raise CliError(msg)
 
 
 def read_json(source: str, hint: str = "") -> object:

@@ -40,6 +40,7 @@ from disagg_transforms._cli.commands import EXIT_USAGE, PROG, CliError, Handler,
 from disagg_transforms._cli.config import (
     config_errors,
     one_line,
+    parse_document,
     read_config,
     read_json,
     source_name,
@@ -106,11 +107,7 @@ def _run_demo(args: argparse.Namespace) -> int:
 
 
 def _json_option(text: str, option: str) -> object:
-    try:
-        return msgspec.json.decode(text)
-    except msgspec.DecodeError as exc:
-        msg = f"{option}: not valid JSON: {one_line(exc)}"
-        raise CliError(msg) from None
+    return parse_document(option, "JSON", lambda: msgspec.json.decode(text), msgspec.DecodeError)
 
 
 def _token_ids(value: str | None) -> object:

@@ -45,6 +45,7 @@ def add_commands(commands: argparse._SubParsersAction[_ParserT]) -> None:
         action="store_true",
         help="call a simulated vLLM worker served by this same server (no URLs)",
     )
+    _add_served_model_name(serve, "with --simulate: ")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000, help="0 picks a free port")
     serve.add_argument("--workers", type=_positive_int, default=1, help="server processes")
@@ -74,6 +75,18 @@ def add_commands(commands: argparse._SubParsersAction[_ParserT]) -> None:
     simulate.add_argument(
         "--stream-delay", type=_seconds, default=0.0, help="seconds between stream events"
     )
+    _add_served_model_name(simulate)
+
+
+def _add_served_model_name(parser: argparse.ArgumentParser, when: str = "") -> None:
+    # As vLLM takes it: one or more names after the flag (the flag may also be repeated).
+    parser.add_argument(
+        "--served-model-name",
+        nargs="+",
+        action="extend",
+        metavar="NAME",
+        help=f"{when}the model names the simulated worker serves (default: any name)",
+    )
 
 
 def _positive_int(text: str) -> int:
@@ -101,7 +114,7 @@ def _need_the_extra() -> None:
 
 
 def _default_document(*, prefill: bool) -> dict[str, Any]:
-    steps: dict[str, Any] = {"decode": {"output_mode": "text", "wrap_chat_completion": True}}
+    steps: dict[str, Any] = {"decode": {"output_mode": "auto", "wrap_chat_completion": True}}
     if prefill:
         steps = {"prefill": {}, **steps}
     return {"use_openai_format": False, "steps": steps}
@@ -116,6 +129,9 @@ def _serve(args: argparse.Namespace) -> int:
     urls = {step: getattr(args, f"{step}_url") for step in _STEP_URLS}
     if args.simulate and any(urls.values()):
         msg = "--simulate calls its own simulated worker: give no worker URL with it"
+        raise CliError(msg)
+    if args.served_model_name and not args.simulate:
+        msg = "--served-model-name names the simulated worker's models: give it with --simulate"
         raise CliError(msg)
     if args.config is None:
         document: object = _default_document(prefill=args.simulate or bool(urls["prefill"]))
@@ -137,6 +153,7 @@ def _serve(args: argparse.Namespace) -> int:
         "document": document,
         "urls": urls,
         "simulate": args.simulate,
+        "served_model_names": args.served_model_name or [],
         "timeouts": {
             "connect": args.connect_timeout,
             "first_byte": args.first_byte_timeout,
@@ -187,9 +204,7 @@ def app_from_settings() -> ASGIApp:
     app = create_app(config, **_url_arguments(settings), timeouts=timeouts)
     if not settings["simulate"]:
         return app
-    from disagg_transforms.testing import SimulatedWorker  # noqa: PLC0415
-
-    return _WithSimulated(app, SimulatedWorker())
+    return _WithSimulated(app, _simulated_worker(settings))
 
 
 class _WithSimulated:
@@ -219,9 +234,12 @@ def _simulate(args: argparse.Namespace) -> int:
     if args.fault is not None and args.fault not in FAULT_MODES:
         msg = f"--fault: unknown fault {args.fault!r}; expected one of {', '.join(FAULT_MODES)}"
         raise CliError(msg)
-    os.environ[_SETTINGS] = orjson.dumps(
-        {"fault": args.fault, "stream_delay": args.stream_delay}
-    ).decode()
+    settings = {
+        "fault": args.fault,
+        "stream_delay": args.stream_delay,
+        "served_model_names": args.served_model_name or [],
+    }
+    os.environ[_SETTINGS] = orjson.dumps(settings).decode()
     _run(
         "disagg_transforms._cli.serve:worker_from_settings",
         _bind(args.host, args.port),
@@ -233,11 +251,20 @@ def _simulate(args: argparse.Namespace) -> int:
 
 def worker_from_settings() -> ASGIApp:
     """The simulated worker ``simulate`` serves (uvicorn's factory)."""
-    from disagg_transforms.testing import SimulatedWorker  # noqa: PLC0415
-
     _configure_logging()
-    settings = orjson.loads(os.environ[_SETTINGS])
-    return SimulatedWorker(fault=settings["fault"], stream_delay=settings["stream_delay"])
+    return _simulated_worker(orjson.loads(os.environ[_SETTINGS]))
+
+
+def _simulated_worker(settings: Mapping[str, Any]) -> ASGIApp:
+    """The simulated worker of ``simulate``'s or ``serve --simulate``'s settings."""
+    from disagg_transforms.testing import SimulatedWorker, WorkerSettings  # noqa: PLC0415
+
+    names = tuple(settings["served_model_names"])
+    return SimulatedWorker(
+        WorkerSettings(served_model_names=names),
+        fault=settings.get("fault"),
+        stream_delay=settings.get("stream_delay", 0.0),
+    )
 
 
 def _reachable(host: str) -> str:

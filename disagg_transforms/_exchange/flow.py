@@ -295,15 +295,23 @@ class Exchange:
         self._gathered = LegInputs(limits=settings.limits)
         """What the answers so far hand the legs (render's answer, transfer params)."""
         self._client = ClientRequest(
-            body={}, path=client_path, route=route, mapping=None, caps=None
+            body={},
+            path=client_path,
+            route=route,
+            mapping=None,
+            caps=None,
+            generate=False,
+            output_mode=None,
         )
         try:
             members = self._client_members(client_body)
+            # Every leg's refusals of the client's own fields come before the first call.
             self._client = read_client_request(
                 members,
                 client_path,
                 limits=settings.limits,
-                leg_formats=[params.use_openai_format for params in self._params.values()],
+                steps=self._params.values(),
+                every_field=True,
             )
             self._go(next(iter(self._plan)))
         except DisaggTransformError as error:
@@ -464,10 +472,9 @@ class Exchange:
         raise ExchangeStateError(msg)
 
     def _renders(self) -> bool:
-        # vLLM renders the APIs whose envelope is rebuilt, for a request read for a generate
-        # leg (its caps read).
+        # vLLM renders the APIs whose envelope is rebuilt, for a generate leg.
         client = self._client
-        return client.route in ENVELOPE_ROUTES and client.caps is not None
+        return client.route in ENVELOPE_ROUTES and client.generate
 
     def _encodes(self) -> bool:
         if Step.ENCODE not in self._params:

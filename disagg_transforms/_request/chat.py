@@ -52,9 +52,10 @@ _CHAT_MAPPED = frozenset(
 )
 
 
-def chat_family_sampling(body: Mapping[str, Any]) -> dict[str, Any]:
+def chat_family_sampling(body: Mapping[str, Any], *, generate_leg: bool) -> dict[str, Any]:
     """The ``sampling_params`` fields chat and completions share (they differ in logprobs)."""
-    f.refuse_when_set(body, _REFUSED_WHEN_SET)
+    if generate_leg:
+        f.refuse_when_set(body, _REFUSED_WHEN_SET)
     sampling = f.copy_sampling(body, f.SAMPLING_FIELDS)
     f.structured_outputs(
         sampling,
@@ -66,10 +67,10 @@ def chat_family_sampling(body: Mapping[str, Any]) -> dict[str, Any]:
     return sampling
 
 
-def map_chat_request(body: Mapping[str, Any]) -> ClientMapping:
+def map_chat_request(body: Mapping[str, Any], /, *, generate_leg: bool = True) -> ClientMapping:
     """Map a chat-completions body's sampling fields and tools (see ``docs/request-legs.md``)."""
     body = client_object(body)
-    sampling = chat_family_sampling(body)
+    sampling = chat_family_sampling(body, generate_leg=generate_leg)
     wanted = typed(body, w.LOGPROBS, bool) is True
     f.logprobs(body, sampling, wanted=wanted, needs="logprobs set to true")
     context = f.parse_context(

@@ -26,10 +26,12 @@ _MAPPED = frozenset(
 )
 
 
-def map_completions_request(body: Mapping[str, Any]) -> ClientMapping:
+def map_completions_request(
+    body: Mapping[str, Any], /, *, generate_leg: bool = True
+) -> ClientMapping:
     """Map a completions body's sampling fields (``logprobs`` is already a count there)."""
     body = client_object(body)
-    sampling = chat_family_sampling(body)
+    sampling = chat_family_sampling(body, generate_leg=generate_leg)
     count = integer(body, w.LOGPROBS, minimum=-1)
     if count is not None:
         sampling[w.LOGPROBS] = count

@@ -251,6 +251,13 @@ def parse_context(
     return context or None
 
 
+def asks_for_tools(context: Mapping[str, Any] | None) -> bool:
+    """Whether a ``parse_context`` asks for tools: some tools, and a choice other than none."""
+    if not context or not context.get(w.TOOLS):
+        return False
+    return bool(context.get(w.TOOL_CHOICE) != w.TOOL_CHOICE_NONE)
+
+
 def client_mapping(
     body: Mapping[str, Any],
     sampling: dict[str, Any],

@@ -416,14 +416,14 @@ def _stream_options(
 
 
 def _decode_generate(
-    body: Mapping[str, Any],
-    client_route: Route,
+    client: ClientRequest,
     params: DecodeParams,
     core: _Core,
     parse_context: Mapping[str, Any] | None,
-) -> tuple[dict[str, Any], bool, bool, tuple[str, ...]]:
+) -> tuple[dict[str, Any], OutputMode, bool, bool, tuple[str, ...]]:
+    body, client_route, mode = client.body, client.route, client.output_mode
+    assert mode is not None  # noqa: S101 - the request was read for a generate decode leg
     leg = _place_generate(core.body, core.transfer, params.kv_transfer_placement)
-    mode = params.output_mode
     streams, client_streams = _leg_stream(body, mode)
     dropped = list(core.transfer.stripped)
     leg[w.OUTPUT_MODE] = mode.value
@@ -449,7 +449,7 @@ def _decode_generate(
             leg[w.PARSE_CONTEXT] = dict(_validate.mapping(context, f"$.{w.PARSE_CONTEXT}"))
     elif mapping is not None:
         dropped.extend(mapping.context_keys)
-    return leg, streams, client_streams, tuple(dict.fromkeys(dropped))
+    return leg, mode, streams, client_streams, tuple(dict.fromkeys(dropped))
 
 
 def build_decode_request(  # noqa: PLR0913 - the documented keyword front; `inputs=` is the one shape
@@ -511,6 +511,7 @@ def decode_leg(client: ClientRequest, params: DecodeParams, inputs: LegInputs) -
     request = _step_request(client, params, inputs)
     body, client_route, route = client.body, client.route, request.route
     generate = route is Route.GENERATE
+    mode = None
     if not generate:
         leg, transfer = _openai_leg(request)
         leg = _place_top_level(leg, transfer)
@@ -519,8 +520,8 @@ def decode_leg(client: ClientRequest, params: DecodeParams, inputs: LegInputs) -
         dropped = transfer.stripped
     else:
         core = _generate_core(request)
-        leg, streams, client_streams, dropped = _decode_generate(
-            body, client_route, params, core, _router_object(inputs.parse_context, w.PARSE_CONTEXT)
+        leg, mode, streams, client_streams, dropped = _decode_generate(
+            client, params, core, _router_object(inputs.parse_context, w.PARSE_CONTEXT)
         )
         _check_generate(leg)
         _limits.check_token_count(leg, inputs.limits)
@@ -535,7 +536,7 @@ def decode_leg(client: ClientRequest, params: DecodeParams, inputs: LegInputs) -
         wrap_chat_completion=(
             generate and params.wrap_chat_completion and client_route is Route.CHAT_COMPLETIONS
         ),
-        output_mode=params.output_mode if generate else None,
+        output_mode=mode,
         dropped=dropped,
     )
 
@@ -578,8 +579,7 @@ def _read(
     client_body: object, client_path: object, params: _LegParams, inputs: LegInputs
 ) -> ClientRequest:
     """The client's request read for the one leg a public builder builds."""
-    formats = (params.use_openai_format,)
-    return read_client_request(client_body, client_path, limits=inputs.limits, leg_formats=formats)
+    return read_client_request(client_body, client_path, limits=inputs.limits, steps=(params,))
 
 
 def _step_request(client: ClientRequest, params: _LegParams, inputs: LegInputs) -> _Request:

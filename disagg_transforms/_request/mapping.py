@@ -10,8 +10,8 @@ list. A field the generate route cannot honour and that is not on that list is r
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import Any, TypeAlias
+from collections.abc import Mapping
+from typing import Any, Protocol
 
 import msgspec
 
@@ -29,5 +29,15 @@ class ClientMapping(msgspec.Struct, frozen=True, kw_only=True):
     """Client keys that only feed ``parse_context``: dropped too when the leg writes none."""
 
 
-ClientMapper: TypeAlias = Callable[[Mapping[str, Any]], ClientMapping]
-"""Reads a client body (never mutating it); raises ``RequestError`` for a refused field."""
+class ClientMapper(Protocol):
+    """Reads a client body (never mutating it); raises ``RequestError`` for a refused field.
+
+    ``generate_leg`` false checks only what every route of the API checks (types, ranges, caps'
+    companions): the body goes to a worker on the client's own route, which serves what the
+    generate route cannot (e.g. chat's ``echo``, a Responses built-in tool), and the mapping's
+    ``parse_context`` is left out.
+    """
+
+    def __call__(
+        self, body: Mapping[str, Any], /, *, generate_leg: bool = True
+    ) -> ClientMapping: ...

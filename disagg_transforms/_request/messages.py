@@ -31,7 +31,7 @@ _TOOL_CHOICES = {
 }
 
 
-def map_messages_request(body: Mapping[str, Any]) -> ClientMapping:
+def map_messages_request(body: Mapping[str, Any], /, *, generate_leg: bool = True) -> ClientMapping:
     """Map an Anthropic Messages body's sampling and tool fields for a generate leg.
 
     Raises:
@@ -59,15 +59,19 @@ def map_messages_request(body: Mapping[str, Any]) -> ClientMapping:
         effort = typed(config, w.EFFORT, str, path)
         if effort is not None:
             kwargs.setdefault(w.REASONING_EFFORT, effort)
+    context = _parse_context(body, kwargs) if generate_leg else None
+    return f.client_mapping(
+        body, sampling, mapped=_MAPPED, context_keys=_CONTEXT_KEYS, parse_context=context
+    )
+
+
+def _parse_context(body: Mapping[str, Any], kwargs: Mapping[str, Any]) -> dict[str, Any] | None:
     tool_choice, parallel = _tool_choice(body)
-    context = f.parse_context(
+    return f.parse_context(
         tools=f.chat_tools(body, _chat_tool),
         tool_choice=tool_choice,
         parallel_tool_calls=parallel,
         chat_template_kwargs=kwargs,
-    )
-    return f.client_mapping(
-        body, sampling, mapped=_MAPPED, context_keys=_CONTEXT_KEYS, parse_context=context
     )
 
 

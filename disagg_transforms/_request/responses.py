@@ -56,7 +56,9 @@ _TOOL_CHOICE_PATH = f"$.{w.TOOL_CHOICE}"
 _TOOL_CHOICE_OPTIONS = frozenset({w.TOOL_CHOICE_AUTO, w.TOOL_CHOICE_NONE, w.TOOL_CHOICE_REQUIRED})
 
 
-def map_responses_request(body: Mapping[str, Any]) -> ClientMapping:
+def map_responses_request(
+    body: Mapping[str, Any], /, *, generate_leg: bool = True
+) -> ClientMapping:
     """Map a Responses API body's sampling and tool fields for a generate leg.
 
     Raises:
@@ -65,7 +67,8 @@ def map_responses_request(body: Mapping[str, Any]) -> ClientMapping:
             ``prompt``, non-function tools, ...).
     """
     body = client_object(body)
-    f.refuse_when_set(body, _REFUSED_WHEN_SET)
+    if generate_leg:
+        f.refuse_when_set(body, _REFUSED_WHEN_SET)
     sampling = f.copy_sampling(body, _SAMPLING)
     include = typed(body, w.INCLUDE, list[str]) or []
     # vLLM returns output logprobs only when `include` asks for them.
@@ -85,11 +88,15 @@ def map_responses_request(body: Mapping[str, Any]) -> ClientMapping:
     )
     reasoning = obj(body, w.REASONING)
     effort = None if reasoning is None else typed(reasoning, w.EFFORT, str, f"$.{w.REASONING}")
-    context = f.parse_context(
-        tools=f.chat_tools(body, _chat_tool),
-        tool_choice=_tool_choice(body),
-        parallel_tool_calls=typed(body, w.PARALLEL_TOOL_CALLS, bool),
-        chat_template_kwargs=None if effort is None else {w.REASONING_EFFORT: effort},
+    context = (
+        f.parse_context(
+            tools=f.chat_tools(body, _chat_tool),
+            tool_choice=_tool_choice(body),
+            parallel_tool_calls=typed(body, w.PARALLEL_TOOL_CALLS, bool),
+            chat_template_kwargs=None if effort is None else {w.REASONING_EFFORT: effort},
+        )
+        if generate_leg
+        else None
     )
     return f.client_mapping(
         body, sampling, mapped=_MAPPED, context_keys=_CONTEXT_KEYS, parse_context=context

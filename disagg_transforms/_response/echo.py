@@ -7,6 +7,7 @@ with no text; so a missing echo (read as ``"tokens"``) or a different one is a c
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -26,13 +27,18 @@ _PARAM = f"$.{w.OUTPUT_MODE}"
 
 def as_output_mode(requested: object) -> OutputMode:
     """``requested`` as an :class:`OutputMode`; a router may pass the wire string instead."""
-    if isinstance(requested, OutputMode):
-        return requested  # the common case, without the enum's lookup by value
-    if isinstance(requested, str):
-        try:
-            return OutputMode(requested)
-        except ValueError:
-            pass
+    mode = requested
+    if isinstance(requested, str) and not isinstance(requested, OutputMode):
+        with contextlib.suppress(ValueError):
+            mode = OutputMode(requested)
+    if mode is OutputMode.AUTO:
+        msg = (
+            'requested output_mode: "auto" is a decode step\'s setting, not a mode a leg asks '
+            "for; pass the leg's output_mode (the mode chosen for the request)"
+        )
+        raise ConfigError(msg, param=w.OUTPUT_MODE)
+    if isinstance(mode, OutputMode):
+        return mode
     msg = (
         f"requested output_mode: expected one of tokens, text, derender, got {describe(requested)}"
     )

@@ -107,16 +107,27 @@ def _split_syntax(
     try:
         return body, _SPLITTER.decode(body)
     except msgspec.ValidationError:
-        msg = f"$: {what} must be a JSON object, got {describe(_first_token(body))}"
+        msg = f"$: {what} must be a JSON object, got {_json_kind(body)}"
         raise error(msg, param="$") from None
     except (msgspec.DecodeError, RecursionError) as exc:
         msg = f"$: {what} is not valid JSON: {exc}"
         raise error(msg, param="$") from None
 
 
-def _first_token(body: bytes) -> str:
-    head = body.lstrip()[:1]
-    return {b"[": "an array", b'"': "a string"}.get(head, "a JSON scalar")
+# The JSON type a valid document's first byte names: what a message says the body was, in words
+# (the value itself may be a 128k-token array, not worth decoding for an error).
+_KIND_OF_FIRST_BYTE = {
+    b"[": "an array",
+    b'"': "a string",
+    b"t": "a boolean",
+    b"f": "a boolean",
+    b"n": "null",
+}
+
+
+def _json_kind(body: bytes) -> str:
+    """The JSON type of a valid body that is no object, in words (``an array``, ``null``, ...)."""
+    return _KIND_OF_FIRST_BYTE.get(body.lstrip(b" \t\r\n")[:1], "a number")
 
 
 def decode_member(raw: msgspec.Raw, path: str, error: ErrorFactory) -> Any:  # noqa: ANN401 - JSON

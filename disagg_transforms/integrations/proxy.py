@@ -16,13 +16,15 @@ from dataclasses import dataclass, field
 
 import anyio
 import httpx
+import msgspec
 import orjson
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route as HttpRoute
 
-from disagg_transforms import Route, Step, StepParams
+from disagg_transforms import Route, Step, StepParams, parse_pipeline_params
 from disagg_transforms.errors import ConfigError, error_body
 from disagg_transforms.exchange import (
     ClientReply,
@@ -40,6 +42,13 @@ ACCESS_LOG = logging.getLogger("disagg_transforms.proxy")
 """One line per client request: its id, route, status, and each worker call's status and time."""
 
 _CLIENT_ROUTES = tuple(Route)  # every client API is served, each through the exchange
+
+
+# vLLM's routes the render worker answers, relayed as they are (docs/proxy.md).
+_RENDER_WORKER_ROUTES = (("/tokenize", "POST"), ("/detokenize", "POST"), ("/version", "GET"))
+_COUNT_TOKENS = "/v1/messages/count_tokens"
+# What a relayed call passes on of the client's headers.
+_RELAYED_HEADERS = frozenset({"authorization", "content-type", "x-request-id"})
 
 
 @dataclass(frozen=True)
@@ -172,6 +181,11 @@ class _Proxy:
         self.timeouts = timeouts
         # One settings object for every exchange this proxy runs.
         self.settings = ExchangeSettings(hooks=hooks)
+        # A count_tokens request is rendered whatever the pipeline: its exchange's first call.
+        # Its decode leg is never sent: auto, so a request with tools is counted, not refused.
+        self.rendered = parse_pipeline_params(
+            {"decode": {"output_mode": "auto"}}, use_openai_format=False
+        )
         self.http: httpx.AsyncClient | None = None
 
     @contextlib.asynccontextmanager
@@ -192,19 +206,52 @@ class _Proxy:
         return Response(b"", status_code=200)
 
     async def models(self, request: Request) -> Response:
-        url = self.urls["decode"] + "/v1/models"
-        headers = {
-            k: v for k, v in request.headers.items() if k in {"authorization", "x-request-id"}
-        }
+        return await self._relayed(request, "decode")
+
+    async def render_worker(self, request: Request) -> Response:
+        return await self._relayed(request, "render")
+
+    async def _relayed(self, request: Request, step: str) -> Response:
+        """The answer of ``step``'s worker to the same method, path and body, as it came."""
+        url = self.urls[step] + request.url.path
+        headers = {k: v for k, v in request.headers.items() if k in _RELAYED_HEADERS}
         try:
             with anyio.fail_after(self.timeouts.first_byte):
-                answer = await self._client().get(url, headers=headers)
+                answer = await self._client().request(
+                    request.method, url, headers=headers, content=await request.body()
+                )
         except _FAILURES as error:
-            message = f"decode failed: {_reason(error, self.timeouts)}"
-            body = orjson.dumps(error_body(Route.CHAT_COMPLETIONS, status=502, message=message))
-            return Response(body, status_code=502, media_type="application/json")
+            message = f"{step} failed: {_reason(error, self.timeouts)}"
+            return _openai_error(502, message)
         kind = answer.headers.get("content-type", "application/json")
         return Response(answer.content, status_code=answer.status_code, media_type=kind)
+
+    async def count_tokens(self, request: Request) -> Response:
+        """``POST /v1/messages/count_tokens``, as vLLM: the token IDs of the request's render.
+
+        The body runs through an exchange as a Messages request (with a ``max_tokens``, which
+        the render requires and a count request lacks): its render call is the exchange's own
+        (headers, request id, transfer params), and the leg after it carries the render's
+        ``token_ids``. A refusal or a failed render is the exchange's Anthropic error.
+        """
+        log = _Log(request)
+        body = _with_max_tokens(await request.body())
+        ex = Exchange(
+            self.rendered, Route.MESSAGES.value, request.headers.raw, body, settings=self.settings
+        )
+        drive = Driver(ex)
+        if (call := drive.next_call()) is not None:
+            await self._call(drive, call, log)
+        if (call := drive.next_call()) is not None:  # the leg after render: not sent
+            count = len(msgspec.json.decode(call.body, type=_TokenIds).token_ids)
+            log.write(ex.request_id, 200)
+            answer = {"input_tokens": count, "context_management": {"original_input_tokens": count}}
+            headers = {"x-request-id": ex.request_id}
+            return Response(orjson.dumps(answer), media_type="application/json", headers=headers)
+        reply = drive.reply()
+        assert isinstance(reply, ClientReply)  # noqa: S101 - no stream was asked for
+        log.write(ex.request_id, reply.status)
+        return Response(reply.body, status_code=reply.status, headers=dict(reply.headers))
 
     async def serve(self, request: Request) -> Response:
         log = _Log(request)
@@ -284,6 +331,43 @@ class _Proxy:
             log.write(drive.exchange.request_id, status, end)
 
 
+class _TokenIds(msgspec.Struct):
+    """The one member of a generate leg the count of its prompt reads."""
+
+    token_ids: list[int]
+
+
+def _with_max_tokens(body: bytes) -> bytes:
+    """A count_tokens body as a Messages render takes it: with a ``max_tokens`` of 1.
+
+    Anything but a JSON object without ``max_tokens`` is left as it is, for the exchange to
+    answer (a refusal in Anthropic's error shape, or the render's own answer).
+    """
+    try:
+        members = msgspec.json.decode(body, type=dict[str, msgspec.Raw])
+    except (msgspec.DecodeError, RecursionError):
+        return body
+    if "max_tokens" in members:
+        return body
+    rest = body.lstrip()[1:]
+    return b'{"max_tokens":1' + (b"," + rest if members else rest.lstrip())
+
+
+def _openai_error(status: int, message: str, headers: Mapping[str, str] | None = None) -> Response:
+    body = orjson.dumps(error_body(Route.CHAT_COMPLETIONS, status=status, message=message))
+    return Response(body, status_code=status, media_type="application/json", headers=headers)
+
+
+async def _no_route(request: Request, exc: Exception) -> Response:
+    """A path the proxy does not serve (404) or a method it does not take there (405, ``Allow``).
+
+    In the OpenAI error shape every other answer of the proxy has, not Starlette's plain text.
+    """
+    assert isinstance(exc, HTTPException)  # noqa: S101 - registered for 404 and 405 only
+    message = f"{exc.detail}: {request.method} {request.url.path}"
+    return _openai_error(exc.status_code, message, exc.headers)
+
+
 def create_app(  # noqa: PLR0913 - one URL per step, all by keyword
     config: Mapping[Step, StepParams],
     *,
@@ -294,7 +378,11 @@ def create_app(  # noqa: PLR0913 - one URL per step, all by keyword
     timeouts: Timeouts = Timeouts(),
     hooks: Pipeline | None = None,
 ) -> Starlette:
-    """The proxy as a Starlette app: the five client routes, ``/health`` and ``/v1/models``.
+    """The proxy as a Starlette app: the client routes and vLLM's others (``docs/proxy.md``).
+
+    The five client routes, ``/health``, ``/v1/models``, ``/v1/messages/count_tokens``, and the
+    render worker's ``/tokenize``, ``/detokenize`` and ``/version``; any other path or method
+    is answered in the OpenAI error shape.
 
     Args:
         config: the pipeline (:func:`~disagg_transforms.parse_pipeline_params`); a decode step is
@@ -326,5 +414,11 @@ def create_app(  # noqa: PLR0913 - one URL per step, all by keyword
     routes += [
         HttpRoute("/health", proxy.health, methods=["GET"]),
         HttpRoute("/v1/models", proxy.models, methods=["GET"]),
+        HttpRoute(_COUNT_TOKENS, proxy.count_tokens, methods=["POST"]),
     ]
-    return Starlette(routes=routes, lifespan=proxy.lifespan)
+    routes += [
+        HttpRoute(path, proxy.render_worker, methods=[method])
+        for path, method in _RENDER_WORKER_ROUTES
+    ]
+    handlers = dict.fromkeys((404, 405), _no_route)
+    return Starlette(routes=routes, lifespan=proxy.lifespan, exception_handlers=handlers)

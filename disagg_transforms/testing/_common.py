@@ -105,6 +105,10 @@ class WorkerSettings:
     model: str = "simulated"
     """The model listed by ``/v1/models`` (besides ``simulated``) and answered when a body names
     none; a body's own ``model`` is echoed, whatever it is."""
+    served_model_names: tuple[str, ...] = ()
+    """vLLM's ``--served-model-name``: ``/v1/models`` lists these alone, a body naming another
+    model is answered 404 (``The model `x` does not exist.``), and one naming none is answered
+    as the first. Empty (the default): any name is served."""
     max_model_len: int = 4096
     """The context length."""
     created: int | None = None
@@ -120,3 +124,25 @@ class WorkerSettings:
         if self.max_model_len < 1:
             msg = "max_model_len must be positive"
             raise ValueError(msg)
+        if not all(isinstance(name, str) and name for name in self.served_model_names):
+            msg = "served_model_names must be non-empty strings"
+            raise ValueError(msg)
+
+    @property
+    def default_model(self) -> str:
+        """The model a body that names none is answered as."""
+        return self.served_model_names[0] if self.served_model_names else self.model
+
+    def unknown_model(self, body: object) -> str | None:
+        """The model ``body`` names when this worker does not serve it, else ``None``.
+
+        Args:
+            body: A request body.
+
+        Returns:
+            The unknown name.
+        """
+        name = body.get("model") if isinstance(body, dict) else None
+        if not self.served_model_names or not isinstance(name, str) or not name:
+            return None
+        return None if name in self.served_model_names else name

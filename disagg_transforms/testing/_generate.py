@@ -19,6 +19,7 @@ from disagg_transforms.testing._common import (
     RequestInvalidError,
     WorkerSettings,
 )
+from disagg_transforms.testing._schema import instance
 
 OUTPUT_MODES: Final = ("tokens", "text", "derender")
 TOOL_CHOICES: Final = ("none", "auto", "required")
@@ -459,12 +460,27 @@ def _tool_arguments(function: Mapping[str, Any]) -> dict[str, object]:
     return arguments
 
 
+def _structured_answer(sampling: Mapping[str, Any]) -> str | None:
+    """The JSON text a request for structured output gets (``None``: it asked for none)."""
+    outputs = sampling.get("structured_outputs")
+    if not isinstance(outputs, dict):
+        return None
+    if isinstance(outputs.get("json"), dict):
+        return json.dumps(instance(outputs["json"]))
+    if outputs.get("json_object") is True:
+        return "{}"
+    return None
+
+
 def _script(body: Mapping[str, Any], settings: WorkerSettings, mode: str) -> list[int]:
     """The tokens this deterministic model generates when nothing stops it."""
+    structured = _structured_answer(body.get("sampling_params") or {})
     if mode != "derender":
-        return [*tok.encode(settings.answer), tok.IM_END]
+        return [*tok.encode(structured or settings.answer), tok.IM_END]
     function = _chosen_tool(body["parse_context"])
-    if function is None:
+    if structured is not None:
+        answer = structured
+    elif function is None:
         answer = settings.answer
     else:
         call = {"name": function["name"], "arguments": _tool_arguments(function)}
@@ -686,7 +702,7 @@ def generate(
     completion = sum(len(choice.tokens) for choice in choices)
     answer: dict[str, Any] = {
         "request_id": request_id,
-        "model": body.get("model") or settings.model,
+        "model": body.get("model") or settings.default_model,
         "created": settings.created if settings.created is not None else int(time.time()),
         "usage": {
             "prompt_tokens": len(prompt),

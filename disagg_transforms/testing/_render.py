@@ -198,7 +198,7 @@ class Sampling:
     """``extra_args`` to write, or ``None``."""
 
 
-def sampling_params(  # noqa: C901, PLR0912 - a branch per optional field, vLLM's order
+def sampling_params(  # noqa: C901, PLR0912, PLR0915 - a branch per optional field, vLLM's order
     request: Mapping[str, Any], decided: Sampling
 ) -> dict[str, Any]:
     """``sampling_params`` as a render route dumps them (defaults left out, vLLM's order).
@@ -254,6 +254,9 @@ def sampling_params(  # noqa: C901, PLR0912 - a branch per optional field, vLLM'
     if stops and not request.get("include_stop_str_in_output"):
         # Text that could start a stop string is held back this many characters.
         params["output_text_buffer_length"] = max(len(s) for s in stops) - 1
+    outputs = _structured_outputs(request)
+    if outputs is not None:
+        params["structured_outputs"] = outputs
     if isinstance(request.get("logit_bias"), dict):
         params["logit_bias"] = {int(k): float(v) for k, v in request["logit_bias"].items()}
     if decided.extra_args is not None:
@@ -261,6 +264,33 @@ def sampling_params(  # noqa: C901, PLR0912 - a branch per optional field, vLLM'
     params["bad_words"] = []
     params["skip_reading_prefix_cache"] = False
     return params
+
+
+def _structured_outputs(request: Mapping[str, Any]) -> dict[str, Any] | None:
+    """``structured_outputs`` from the client's output format, in each client API's place.
+
+    Chat's ``response_format``, Responses' ``text.format``, Messages' ``output_config.format``,
+    or vLLM's own ``structured_outputs`` as sent.
+    """
+    given = request.get("structured_outputs")
+    if isinstance(given, dict):
+        return dict(given)
+    text, config = request.get("text"), request.get("output_config")
+    fmt = request.get("response_format")
+    if isinstance(text, dict):
+        fmt = text.get("format")
+    elif isinstance(config, dict):
+        fmt = config.get("format")
+    if not isinstance(fmt, dict):
+        return None
+    if fmt.get("type") == "json_object":
+        return {"json_object": True}
+    if fmt.get("type") != "json_schema":
+        return None
+    # Chat nests the schema under json_schema; Responses and Messages put it on the format.
+    holder = fmt.get("json_schema", fmt)
+    schema = holder.get("schema") if isinstance(holder, dict) else None
+    return {"json": schema} if isinstance(schema, dict) else None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -294,7 +324,7 @@ def _generate_request(
         "features": dump.features,
         "content_parts": None,
         "sampling_params": dump.sampling,
-        "model": body.get("model") or settings.model,
+        "model": body.get("model") or settings.default_model,
         "reasoning_ended": dump.reasoning_ended,
         "reasoning_parser_kwargs": (
             None if template_kwargs is None else {"chat_template_kwargs": template_kwargs}
@@ -592,7 +622,9 @@ def _responses_messages(request: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 def _responses_tool(tool: Mapping[str, Any]) -> dict[str, Any]:
-    function = {key: tool[key] for key in ("name", "description", "parameters") if key in tool}
+    # vLLM keeps ``strict`` (openai-agents sends ``true``): it is in the prompt's tool lines.
+    keys = ("name", "description", "parameters", "strict")
+    function = {key: tool[key] for key in keys if key in tool}
     return {"type": "function", "function": function}
 
 
@@ -697,3 +729,60 @@ def render_completions(
         )
         answers.append(_generate_request(request, settings, dump))
     return answers
+
+
+def tokenize(body: object, settings: WorkerSettings) -> dict[str, Any]:
+    """``POST /tokenize``: a ``prompt``, or a chat's ``messages`` through the template.
+
+    Args:
+        body: vLLM's tokenize request, completion form (``prompt``) or chat form (``messages``,
+            ``tools``, ``add_generation_prompt``, ``chat_template_kwargs``, ...).
+        settings: The worker's settings.
+
+    Returns:
+        ``{"count", "max_model_len", "tokens", "token_strs"}`` (``token_strs`` when asked for
+        with ``return_token_strs``, else null).
+    """
+    request = _require_object(body)
+    if "messages" in request:
+        tools = request.get("tools")
+        prompt = chat_prompt(
+            _require_list(request, "messages"),
+            tools if isinstance(tools, list) and tools else None,
+            _template_kwargs(request),
+        )
+    else:
+        _require_key(request, "prompt")
+        prompt = request["prompt"]
+        if not isinstance(prompt, str):
+            msg = "Input should be a valid string"
+            raise RequestInvalidError([Issue("string_type", "body.prompt", msg, prompt)])
+    tokens = tok.encode(prompt)
+    strs = None
+    if request.get("return_token_strs") is True:
+        strs = [tok.token_bytes(token).decode(errors="replace") for token in tokens]
+    return {
+        "count": len(tokens),
+        "max_model_len": settings.max_model_len,
+        "tokens": tokens,
+        "token_strs": strs,
+    }
+
+
+def detokenize(body: object) -> dict[str, Any]:
+    """``POST /detokenize``: the text of ``tokens``, special strings included.
+
+    Args:
+        body: ``{"model"?, "tokens": [int, ...]}``.
+
+    Returns:
+        ``{"prompt": text}``.
+    """
+    request = _require_object(body, "tokens")
+    tokens = request["tokens"]
+    if not isinstance(tokens, list) or not all(
+        isinstance(token, int) and not isinstance(token, bool) for token in tokens
+    ):
+        msg = "Input should be a valid list of integers"
+        raise RequestInvalidError([Issue("list_type", "body.tokens", msg, tokens)])
+    return {"prompt": tok.decode(tokens)}

@@ -45,6 +45,19 @@ _RENDER_PATHS: Final = (
     "/v1/messages/render",
 )
 _COUPLED_PATHS: Final = (_openai.CHAT_PATH, _openai.COMPLETIONS_PATH)
+VERSION_PATH: Final = "/version"
+VLLM_VERSION: Final = "0.33.0"
+"""What ``GET /version`` answers: the vLLM release the worker simulates."""
+_ROUTES: Final = {
+    GENERATE_PATH: "POST",
+    "/health": "GET",
+    "/v1/models": "GET",
+    VERSION_PATH: "GET",
+    "/tokenize": "POST",
+    "/detokenize": "POST",
+    **dict.fromkeys((*_RENDER_PATHS, *_COUPLED_PATHS), "POST"),
+}
+"""Every route the worker serves, and its method."""
 MAX_BODY: Final = 64 * 1024 * 1024
 _HTML_ERROR: Final = (
     b"<html>\r\n<head><title>502 Bad Gateway</title></head>\r\n<body>\r\n"
@@ -89,10 +102,12 @@ class SimulatedWorker:
     Routes: ``POST /inference/v1/generate``, ``POST /v1/chat/completions/render``,
     ``/v1/completions/render``, ``/v1/responses/render``, ``/v1/messages/render``,
     ``POST /v1/chat/completions`` and ``/v1/completions`` (coupled, text mode),
-    ``GET /health`` and ``GET /v1/models``; anything else is a 404 in vLLM's error shape. Every
+    ``POST /tokenize`` and ``/detokenize``, ``GET /version``, ``GET /health`` and
+    ``GET /v1/models``; anything else is a 404 in vLLM's error shape. Every
     answer carries ``x-request-id`` (the request's, else a fresh one).
 
-    The "model" always generates the same text: ``answer`` followed by ``<|im_end|>``
+    The "model" always generates the same text (a request for structured output gets a JSON
+    value that satisfies its schema instead): ``answer`` followed by ``<|im_end|>``
     (``"Hello!"`` gives the tokens of ``tests/fixtures/generate-decode-response.json``); in
     ``derender`` mode it thinks first (``<think>`` ``reasoning`` ``</think>``) and, when
     ``parse_context`` offers tools and ``tool_choice`` is not ``"none"``, calls the first (or the
@@ -198,31 +213,43 @@ class SimulatedWorker:
         self, call: RecordedCall, raw: bytes, fault: str | None
     ) -> _Reply:
         method, path, headers, body = call.method, call.path, call.headers, call.body
-        known = {GENERATE_PATH: "POST", "/health": "GET", "/v1/models": "GET"}
-        known.update(dict.fromkeys((*_RENDER_PATHS, *_COUPLED_PATHS), "POST"))
-        if path not in known:
+        allowed = _ROUTES.get(path)
+        if allowed is None:
             return _json(404, error_body("Not Found", "NotFoundError", None, 404))
-        if method != known[path]:
+        if method != allowed:
             return _json(405, error_body("Method Not Allowed", "MethodNotAllowed", None, 405))
         if path == "/health":
             return _Reply(200, "application/json", b"")
         if path == "/v1/models":
             return _json(200, self._models())
+        if path == VERSION_PATH:
+            return _json(200, {"version": VLLM_VERSION})
         if (raw and body is None) or not _is_json_type(headers):
             # FastAPI reads only a JSON body; anything else fails validation.
             issue = Issue("json_invalid", "body", "JSON decode error", None)
             return _json(400, RequestInvalidError([issue]).body())
-        header_id = headers.get("x-request-id")
+        unknown = self.settings.unknown_model(body)
+        if unknown is not None:
+            message = f"The model `{unknown}` does not exist."
+            return _json(404, error_body(message, "NotFoundError", "model", 404))
         try:
-            if path == GENERATE_PATH:
-                return self._generate(body, header_id, fault)
-            if path in _COUPLED_PATHS:
-                return self._coupled(path, body, header_id, fault)
-            return _json(200, self._render(path, body, header_id))
+            return self._answer(path, body, headers.get("x-request-id"), fault)
         except RequestInvalidError as error:
             return _json(400, error.body())
         except BadRequestError as error:
             return _json(error.status, error.body())
+
+    def _answer(self, path: str, body: object, header_id: str | None, fault: str | None) -> _Reply:
+        """The answer of a JSON route, or the error it raises."""
+        if path == GENERATE_PATH:
+            return self._generate(body, header_id, fault)
+        if path in _COUPLED_PATHS:
+            return self._coupled(path, body, header_id, fault)
+        if path == "/tokenize":
+            return _json(200, _render.tokenize(body, self.settings))
+        if path == "/detokenize":
+            return _json(200, _render.detokenize(body))
+        return _json(200, self._render(path, body, header_id))
 
     def _render(self, path: str, body: object, header_id: str | None) -> object:
         if path == "/v1/chat/completions/render":
@@ -262,9 +289,8 @@ class SimulatedWorker:
         )
 
     def _models(self) -> dict[str, Any]:
-        names = ["simulated"]
-        if self.settings.model not in names:
-            names.append(self.settings.model)
+        served = self.settings.served_model_names
+        names = list(served) if served else list(dict.fromkeys(("simulated", self.settings.model)))
         created = self.settings.created if self.settings.created is not None else int(time.time())
         return {
             "object": "list",
