@@ -294,15 +294,7 @@ class Exchange:
         self._hooks = settings.hooks
         self._gathered = LegInputs(limits=settings.limits)
         """What the answers so far hand the legs (render's answer, transfer params)."""
-        self._client = ClientRequest(
-            body={},
-            path=client_path,
-            route=route,
-            mapping=None,
-            caps=None,
-            generate=False,
-            output_mode=None,
-        )
+        self._client = ClientRequest(body={}, path=client_path, route=route)  # until it is read
         try:
             members = self._client_members(client_body)
             # Every leg's refusals of the client's own fields come before the first call.

@@ -63,15 +63,15 @@ class ClientRequest(msgspec.Struct, frozen=True, kw_only=True):
     """The path the client called."""
     route: Route
     """The client's route (its API)."""
-    mapping: ClientMapping | None
+    mapping: ClientMapping | None = None
     """What the client's fields give a generate leg (its API's mapper); ``None`` for a generate
     client, or when no leg of the request speaks the generate route."""
-    caps: Mapping[str, Any] | None
+    caps: Mapping[str, Any] | None = None
     """The ``sampling_params`` fields the client's cap gives a generate leg
     (:func:`client_caps`); ``None`` when they were not read (no leg speaks the generate route)."""
-    generate: bool
+    generate: bool = False
     """A leg of the request speaks the generate route."""
-    output_mode: OutputMode | None
+    output_mode: OutputMode | None = None
     """The ``output_mode`` the decode leg asks for, chosen for this request
     (:func:`chosen_output_mode`); ``None`` unless decode is a generate leg."""
 
