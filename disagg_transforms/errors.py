@@ -160,6 +160,7 @@ ANTHROPIC_ERROR_TYPES: Mapping[int, str] = {
     413: "request_too_large",
     429: "rate_limit_error",
     500: "api_error",
+    504: "timeout_error",
     529: "overloaded_error",
 }
 """Anthropic's error ``type`` by HTTP status; other 4xx are ``invalid_request_error``, other 5xx

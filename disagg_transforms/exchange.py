@@ -22,6 +22,7 @@ from disagg_transforms._exchange.flow import (
     Exchange,
     ExchangeSettings,
     ExchangeStateError,
+    StreamEnd,
     pipeline_phases,
 )
 
@@ -36,6 +37,7 @@ __all__ = (
     "NEED_DATA",
     "NeedData",
     "Phase",
+    "StreamEnd",
     "WorkerCall",
     "pipeline_phases",
     "pipeline_warnings",

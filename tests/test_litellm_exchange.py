@@ -12,7 +12,7 @@ import importlib
 import inspect
 import os
 import re
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -412,21 +412,38 @@ def refused(request: httpx.Request) -> httpx.Response:
     raise httpx.ConnectError(msg, request=request)
 
 
-class AsyncRefused(httpx.AsyncBaseTransport):
+def timed_out(request: httpx.Request) -> httpx.Response:
+    msg = "no answer in time"
+    raise httpx.ReadTimeout(msg, request=request)
+
+
+class AsyncFailing(httpx.AsyncBaseTransport):
+    def __init__(self, fail: Callable[[httpx.Request], httpx.Response]) -> None:
+        self._fail = fail
+
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        return refused(request)
+        return self._fail(request)
 
 
+@pytest.mark.parametrize(
+    ("fail", "status", "says"),
+    [
+        (refused, 502, "render failed: ConnectError: refused"),
+        (timed_out, 504, "render failed: ReadTimeout: no answer in time"),  # a retryable 504
+    ],
+)
 @pytest.mark.parametrize("entry", ENTRY_POINTS)
-def test_an_unreachable_worker_is_a_502_naming_the_step(entry: str) -> None:
+def test_an_unreachable_or_timed_out_worker_is_a_5xx_naming_the_step(
+    entry: str, fail: Callable[[httpx.Request], httpx.Response], status: int, says: str
+) -> None:
     provider = VllmGenerateLLM(
-        http_client=REAL_CLIENT(transport=httpx.MockTransport(refused)),
-        async_http_client=REAL_ASYNC_CLIENT(transport=AsyncRefused()),
+        http_client=REAL_CLIENT(transport=httpx.MockTransport(fail)),
+        async_http_client=REAL_ASYNC_CLIENT(transport=AsyncFailing(fail)),
     )
     with pytest.raises(CustomLLMError) as caught:
         answer_of(getattr(provider, entry)(**call_kwargs()))
-    assert caught.value.status_code == 502
-    assert str(caught.value) == "render failed: ConnectError: refused"
+    assert caught.value.status_code == status
+    assert str(caught.value) == says
 
 
 class BrokenStream(httpx.SyncByteStream, httpx.AsyncByteStream):

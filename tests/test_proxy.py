@@ -269,7 +269,7 @@ def test_timeouts_end_as_failed_worker_calls(fleet: Fleet) -> None:
     url = fleet.timeouts.url + "/v1/chat/completions"
     body = {"model": "m", "messages": CHAT}
     slow = httpx.post(url, json=body, headers=fault("slow-first-byte"), timeout=10)
-    assert slow.status_code == 502
+    assert slow.status_code == 504
     assert "x-should-retry" not in slow.headers
     assert slow.json()["error"]["message"].startswith("render failed: no answer within")
     with httpx.stream("POST", url, json={**body, "stream": True}, timeout=10) as stream:

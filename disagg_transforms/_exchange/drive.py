@@ -36,7 +36,7 @@ class Driver:
                 while drive.opening:
                     drive.chunk(<the next chunk, None at the end>)
             except <transport failure or timeout>:
-                drive.failed(<reason>)
+                drive.failed(<reason>, timed_out=<whether it was a timeout>)
         reply = drive.reply()  # ClientReply, or ClientStream: send reply.first
         while drive.relaying:  # on a failure here: send drive.failed(<reason>)
             <send> drive.chunk(<the next chunk, None at the end>)
@@ -90,17 +90,17 @@ class Driver:
             return self.exchange.end_of_stream()
         return self.exchange.feed(data)
 
-    def failed(self, reason: str) -> bytes:
+    def failed(self, reason: str, *, timed_out: bool = False) -> bytes:
         """The call made last got no answer, or its stream broke off (connection, timeout).
 
-        Before the client's reply is known it becomes an error reply (``b""``); after, the
-        returned bytes end the client's stream.
+        Before the client's reply is known it becomes an error reply (``b""``: 502, or 504
+        when ``timed_out``); after, the returned bytes end the client's stream.
         """
         self._open = False
         if self._step is None:
             msg = "failed: no worker call was made"
             raise ExchangeStateError(msg)
-        return self.exchange.worker_failed(self._step, reason)
+        return self.exchange.worker_failed(self._step, reason, timed_out=timed_out)
 
     def relay_all(self, chunks: Iterable[bytes]) -> bytes:
         """Feed a worker stream held whole (its chunks, then its end) while it is read.

@@ -9,9 +9,10 @@ wrap, a single frame or a stream converter is in this module.
 from __future__ import annotations
 
 import enum
+import re
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, NamedTuple, Protocol, TypeAlias
+from typing import Any, Final, NamedTuple, Protocol, TypeAlias
 
 import msgspec
 from msgspec import UNSET
@@ -27,13 +28,21 @@ from disagg_transforms._response.dispatch import (
     wrap_envelope,
 )
 from disagg_transforms._response.echo import check_echoed_mode, check_output_mode_echo
-from disagg_transforms._response.generate_stream import GenerateStreamReader
+from disagg_transforms._response.generate_stream import GenerateStreamReader, StreamEvent
 from disagg_transforms._response.options import EnvelopeOptions
+from disagg_transforms._response.responses import responses_error_event
 from disagg_transforms._routes import Route
 from disagg_transforms._wire import keys as w
 from disagg_transforms._wire import raw as _raw
 from disagg_transforms._wire.limits import DEFAULT_LIMITS, check_body_size
-from disagg_transforms._wire.sse import DEFAULT_MAX_EVENT_BYTES, DONE_EVENT, format_sse_event
+from disagg_transforms._wire.sse import (
+    DEFAULT_MAX_EVENT_BYTES,
+    DONE_EVENT,
+    EVENT_END,
+    SseParser,
+    format_sse_event,
+    format_sse_typed_event,
+)
 from disagg_transforms.errors import UpstreamContractError, error_body
 
 __all__ = ("REPLY_SHAPES", "Relay", "Shape", "reply_shape", "stream_relay", "whole_reply")
@@ -233,6 +242,11 @@ class Relay(Protocol):
         """The client API's in-stream error event that ends a started stream."""
         ...
 
+    @property
+    def worker_error(self) -> bool:
+        """Whether the worker's stream carried its own in-stream error event."""
+        ...
+
 
 def _chat_style_error(message: str, status: int) -> bytes:
     """VLLM's in-stream error on its OpenAI routes and generate: the error body, then [DONE]."""
@@ -240,56 +254,184 @@ def _chat_style_error(message: str, status: int) -> bytes:
     return format_sse_event(body) + DONE_EVENT
 
 
+def _check_started(*, started: bool) -> None:
+    if not started:
+        msg = "$: the stream sent data: [DONE] before any event"
+        raise UpstreamContractError(msg, param="$")
+
+
 class _GenerateRelay:
     """A generate stream sent on as generate events, each checked; stripped for a chat client."""
 
-    __slots__ = ("_reader", "_strip")
+    __slots__ = ("_reader", "_started", "_strip", "worker_error")
 
     def __init__(self, *, strip: bool) -> None:
         self._reader = GenerateStreamReader(max_event_bytes=DEFAULT_MAX_EVENT_BYTES)
         self._strip = strip
+        self._started = False
+        self.worker_error = False
+        """The worker sent its own in-stream error event."""
 
-    def _write(self, payload: bytes, *, done: bool) -> bytes:
-        if done:
+    def _write(self, payload: bytes, event: StreamEvent | None) -> bytes:
+        if event is None:
+            _check_started(started=self._started)
             return DONE_EVENT
+        self._started = True
+        if event.error is not UNSET:
+            self.worker_error = True
         if self._strip:
             payload = _raw.encode(_without_generate_only(_decode(payload, "a stream chunk")))
         return b"data: " + payload + b"\n\n"
 
     def feed(self, data: bytes) -> bytes:
-        return b"".join(self._write(p, done=e is None) for p, e in self._reader.feed(data))
+        return b"".join(self._write(p, e) for p, e in self._reader.feed(data))
 
     def close(self) -> bytes:
-        return b"".join(self._write(p, done=e is None) for p, e in self._reader.close())
+        return b"".join(self._write(p, e) for p, e in self._reader.close())
 
     def error_event(self, message: str, *, status: int = 500) -> bytes:
         return _chat_style_error(message, status)
+
+
+class _Event(msgspec.Struct, gc=False):
+    """What a relayed event is read for: that it is a JSON object, and how a stream ends."""
+
+    type: Any = UNSET
+    error: Any = UNSET
+    sequence_number: Any = UNSET
+
+
+_EVENT_DECODER = msgspec.json.Decoder(_Event)
+# The events that end a stream of a named-event API, as vLLM sends them; "[DONE]" ends every
+# stream that has it.
+_LAST_EVENTS: Mapping[Route, frozenset[str]] = {
+    Route.RESPONSES: frozenset(
+        {w.RESPONSE_COMPLETED, w.RESPONSE_INCOMPLETE, w.RESPONSE_FAILED, w.ERROR}
+    ),
+    Route.MESSAGES: frozenset({w.MESSAGE_STOP, w.ERROR}),
+}
+_WORKER_ERRORS = frozenset({w.ERROR, w.RESPONSE_FAILED})
 
 
 class _PassRelay:
     """The worker's own stream on the client's route: its bytes, released whole events at a time.
 
-    Holding a cut event back keeps the client's stream well-framed when an error event must
-    follow it.
+    Each released event is checked (its ``data`` a JSON object, or ``[DONE]`` last), and the
+    stream must end as the API ends one. Holding a cut event back keeps the client's stream
+    well-framed when an error event must follow it.
     """
 
-    __slots__ = ("_held",)
+    __slots__ = (
+        "_done",
+        "_ended",
+        "_held",
+        "_last",
+        "_parser",
+        "_route",
+        "_sequence",
+        "_started",
+        "worker_error",
+    )
 
-    def __init__(self) -> None:
+    def __init__(self, route: Route) -> None:
+        self._route = route
         self._held = b""
+        self._parser = SseParser(max_event_bytes=DEFAULT_MAX_EVENT_BYTES)
+        self._done = False  # [DONE] came
+        self._ended = False  # the API's last event came
+        self._started = False  # an event came
+        self._last = _LAST_EVENTS.get(route)
+        self._sequence = 0  # a Responses error event's sequence_number
+        self.worker_error = False
+        """The worker sent its own in-stream error event."""
 
     def feed(self, data: bytes) -> bytes:
         held = self._held + data
-        end = max(held.rfind(b"\n\n") + 2, held.rfind(b"\r\n\r\n") + 4, 0)
+        if (
+            held.startswith(_DATA_PREFIX)
+            and held.find(_LF) == len(held) - 2
+            and held[-2:] == _LF2
+            and held.find(_CR) < 0
+        ):
+            # One event in vLLM's framing, "data: <payload>\n\n", checked without the parser:
+            # the relay's per-event cost (see docs/performance.md).
+            self._held = b""
+            self._check(held[_DATA_PREFIX_SIZE:-2])
+            return held
+        ends = [match.end() for match in EVENT_END.finditer(held)]
+        end = ends[-1] if ends else 0
         self._held = held[end:]
-        return held[:end]
+        if len(self._held) > DEFAULT_MAX_EVENT_BYTES:
+            msg = f"$: a server-sent event grew past {DEFAULT_MAX_EVENT_BYTES} bytes without ending"
+            raise UpstreamContractError(msg, param="$")
+        if not end:
+            return b""
+        events = held[:end]
+        payloads = self._parser.feed(events)
+        if len(payloads) < len(ends):  # an event without data: only comments and fields may be
+            _check_fields(events)
+        for payload in payloads:
+            self._check(payload)
+        return events
+
+    def _check(self, payload: bytes) -> None:
+        if self._done:
+            msg = "$: the stream sent an event after data: [DONE]"
+            raise UpstreamContractError(msg, param="$")
+        if payload == w.SSE_DONE:
+            _check_started(started=self._started)
+            self._done = True
+            return
+        self._started = True
+        try:
+            event = _EVENT_DECODER.decode(payload)
+        except (msgspec.DecodeError, RecursionError) as error:
+            msg = f"$: a stream event is not a JSON object: {error}"
+            raise UpstreamContractError(msg, param="$") from None
+        if event.error is not UNSET or event.type in _WORKER_ERRORS:
+            self.worker_error = True
+        if self._last is not None:
+            if type(event.sequence_number) is int:
+                self._sequence = event.sequence_number + 1
+            self._ended = self._ended or event.type in self._last
 
     def close(self) -> bytes:
         rest, self._held = self._held, b""
-        return rest
+        if rest.strip():
+            msg = "$: the stream ended in the middle of an event"
+            raise UpstreamContractError(msg, param="$")
+        if not (self._done or self._ended):
+            end = "data: [DONE]" if self._last is None else "its last event"
+            msg = f"$: the stream ended without {end}"
+            raise UpstreamContractError(msg, param="$")
+        return b""
 
     def error_event(self, message: str, *, status: int = 500) -> bytes:
+        if self._route is Route.RESPONSES:
+            event = responses_error_event(message, status=status)
+            event[w.SEQUENCE_NUMBER] = self._sequence
+            return format_sse_typed_event(w.ERROR, event)
+        if self._route is Route.MESSAGES:
+            body = error_body(Route.MESSAGES, status=status, message=message)
+            return format_sse_typed_event(w.ERROR, body)
         return _chat_style_error(message, status)
+
+
+_DATA_PREFIX: Final = b"data: "
+_DATA_PREFIX_SIZE: Final = len(_DATA_PREFIX)
+_LF: Final = b"\n"
+_LF2: Final = b"\n\n"
+_CR: Final = b"\r"
+_FIELD = re.compile(rb"(?:|data|event|id|retry)(?::|$)")
+
+
+def _check_fields(events: bytes) -> None:
+    """Every line of ``events`` is an SSE field or comment (not, say, an HTML page)."""
+    for line in events.splitlines():
+        if line and not _FIELD.match(line):
+            shown = line[:80].decode("utf-8", "replace")
+            msg = f"$: the stream is not server-sent events: {shown!r}"
+            raise UpstreamContractError(msg, param="$")
 
 
 def stream_relay(
@@ -304,7 +446,8 @@ def stream_relay(
 
     Args:
         shape: the envelope (:func:`reply_shape`).
-        client: the client's request (whose API's envelope :attr:`Shape.ENVELOPE` rebuilds).
+        client: the client's request (its API: the envelope :attr:`Shape.ENVELOPE` rebuilds, the
+            error event of a relayed stream).
         requested: the leg's ``output_mode`` (``None``: an OpenAI-format leg).
         model: the model to report when the client named none (the render answer's): stream
             chunks carry none.
@@ -322,5 +465,5 @@ def stream_relay(
             options=EnvelopeOptions(model=fallback, clock=clock),
         )
     if shape is Shape.PASS:
-        return _PassRelay()
+        return _PassRelay(client.route)
     return _GenerateRelay(strip=shape is Shape.UNWRAPPED)

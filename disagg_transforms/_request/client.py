@@ -123,23 +123,17 @@ def read_client_request(
     generate = Route.GENERATE in routes
     if every_field:
         _validate.typed(body, w.STREAM, bool)
-    mapping = caps = mode = None
-    if generate or every_field:
-        mapper = CLIENT_MAPPERS[route]
-        mapping = None if mapper is None else mapper(body, generate_leg=generate)
-        caps = client_caps(body, route)
+    request = ClientRequest(body=body, path=path, route=route, generate=generate)
+    if not (generate or every_field):
+        return request
+    mapper = CLIENT_MAPPERS[route]
+    mapping = None if mapper is None else mapper(body, generate_leg=generate)
+    caps = client_caps(body, route)
+    mode = None
     for params, leg in zip(legs, routes, strict=True):
         if isinstance(params, DecodeParams) and leg is Route.GENERATE:
             mode = chosen_output_mode(params, _tools_context(body, mapping))
-    return ClientRequest(
-        body=body,
-        path=path,
-        route=route,
-        mapping=mapping,
-        caps=caps,
-        generate=generate,
-        output_mode=mode,
-    )
+    return msgspec.structs.replace(request, mapping=mapping, caps=caps, output_mode=mode)
 
 
 def _checked_path(client_path: object) -> str:

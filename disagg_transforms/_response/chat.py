@@ -501,6 +501,7 @@ class ChatStreamConverter:
         "_passthrough",
         "_reader",
         "_top",
+        "_worker_error",
     )
 
     def __init__(
@@ -521,6 +522,12 @@ class ChatStreamConverter:
         self._reader = GenerateStreamReader(max_event_bytes=built.max_event_bytes)
         self._max_choices = built.max_choices
         self._next = 0  # choices 0.._next-1 have had their role delta
+        self._worker_error = False
+
+    @property
+    def worker_error(self) -> bool:
+        """Whether the worker sent its own in-stream error event (passed on to the client)."""
+        return self._worker_error
 
     def feed(self, data: bytes) -> bytes:
         """Consume the next bytes of the generate stream; return the chat SSE bytes they complete.
@@ -571,6 +578,7 @@ class ChatStreamConverter:
         if event is None:
             return DONE_EVENT
         if event.error is not UNSET:
+            self._worker_error = True
             return b"data: " + payload + b"\n\n"  # the worker's own error, sent on as is
         head = self._head if self._head is not None else self._first_head(event)
         usage = None if event.usage is UNSET else event.usage

@@ -217,6 +217,7 @@ class NamedEventConverter(abc.ABC):
         "_stop_reason",
         "_text",
         "_usage",
+        "_worker_error",
     )
 
     def __init__(
@@ -235,6 +236,7 @@ class NamedEventConverter(abc.ABC):
         self._created = created
         self._reader = GenerateStreamReader(max_event_bytes=self._options.max_event_bytes)
         self._failed = False
+        self._worker_error = False
         self._request_id: str | None = None
         self._text: list[str] = []
         self._logprobs: list[Any] | None = None  # the entries as sent (checked by the reader)
@@ -261,6 +263,11 @@ class NamedEventConverter(abc.ABC):
                 router should end the client's stream with :meth:`error_event`.
         """
         return self._write(self._reader.close())
+
+    @property
+    def worker_error(self) -> bool:
+        """Whether the worker sent its own in-stream error event (passed on in the API's shape)."""
+        return self._worker_error
 
     def error_event(
         self, message: str, *, status: int = 500, error_type: str | None = None
@@ -307,7 +314,7 @@ class NamedEventConverter(abc.ABC):
                     raise UpstreamContractError(msg, param="$")
                 events = self._end()
             elif event.error is not UNSET:
-                self._failed = True
+                self._failed = self._worker_error = True
                 error = event.error
                 events = self._error(
                     error_message(error),

@@ -34,6 +34,7 @@ from disagg_transforms.errors import UpstreamContractError
 
 __all__ = (
     "ResponsesStreamConverter",
+    "responses_error_event",
     "single_frame_responses_events",
     "single_frame_responses_stream",
     "wrap_responses_response",
@@ -381,8 +382,7 @@ class ResponsesStreamConverter(NamedEventConverter):
     def _error(
         self, message: str, status: int, error_type: str | None, param: str | None
     ) -> list[dict[str, Any]]:
-        code = error_type or (_SERVER_ERROR if status >= _FIRST_SERVER_STATUS else _CLIENT_ERROR)
-        return [{w.TYPE: w.ERROR, w.CODE: code, w.MESSAGE: message, w.PARAM: param}]
+        return [responses_error_event(message, status=status, error_type=error_type, param=param)]
 
     def _format(self, event: dict[str, Any]) -> bytes:
         # Numbered in place: every event is a dict built for this one write.
@@ -395,6 +395,17 @@ class ResponsesStreamConverter(NamedEventConverter):
 _SERVER_ERROR: Final = "server_error"
 _CLIENT_ERROR: Final = "invalid_request_error"
 _FIRST_SERVER_STATUS: Final = 500
+
+
+def responses_error_event(
+    message: str, *, status: int, error_type: str | None = None, param: str | None = None
+) -> dict[str, Any]:
+    """The Responses API's ``error`` event, without its ``sequence_number``.
+
+    ``error_type`` overrides the ``code`` the HTTP ``status`` gives.
+    """
+    code = error_type or (_SERVER_ERROR if status >= _FIRST_SERVER_STATUS else _CLIENT_ERROR)
+    return {w.TYPE: w.ERROR, w.CODE: code, w.MESSAGE: message, w.PARAM: param}
 
 
 def _preamble(response: dict[str, Any]) -> list[dict[str, Any]]:

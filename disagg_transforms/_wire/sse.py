@@ -23,6 +23,8 @@ DEFAULT_MAX_EVENT_BYTES: Final = 16 * 1024 * 1024
 DONE_EVENT: Final = b"data: " + w.SSE_DONE + b"\n\n"
 
 _LINE_END = re.compile(rb"\r\n|\r|\n")
+EVENT_END: Final = re.compile(rb"\r\n\r\n|\n\n|\r\r")
+"""Where an event ends (the blank line after its last field), in vLLM's framings."""
 _DATA: Final = b"data"
 _DATA_PREFIX: Final = b"data: "
 _DATA_PREFIX_SIZE: Final = len(_DATA_PREFIX)

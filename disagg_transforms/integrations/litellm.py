@@ -154,6 +154,10 @@ def _reason(error: httpx.TransportError) -> str:
     return f"{type(error).__name__}: {detail}" if detail else type(error).__name__
 
 
+def _timed_out(error: httpx.TransportError) -> bool:
+    return isinstance(error, httpx.TimeoutException)
+
+
 def _reply_error(reply: ClientReply) -> CustomLLMError:
     """The exchange's error reply (OpenAI's shape: the client is a chat client) for LiteLLM."""
     try:
@@ -316,13 +320,13 @@ def _exchange_bytes(http: httpx.Client, plan: _Plan) -> Iterator[bytes]:
                 while drive.opening:
                     drive.chunk(next(chunks, None))
             except httpx.TransportError as error:
-                drive.failed(_reason(error))
+                drive.failed(_reason(error), timed_out=_timed_out(error))
         yield _reply_bytes(drive.reply())
         try:
             while drive.relaying:
                 yield drive.chunk(next(chunks, None))
         except httpx.TransportError as error:
-            yield drive.failed(_reason(error))
+            yield drive.failed(_reason(error), timed_out=_timed_out(error))
     finally:
         if answer is not None:
             answer.close()
@@ -345,13 +349,13 @@ async def _aexchange_bytes(http: httpx.AsyncClient, plan: _Plan) -> AsyncIterato
                 while drive.opening:
                     drive.chunk(await anext(chunks, None))
             except httpx.TransportError as error:
-                drive.failed(_reason(error))
+                drive.failed(_reason(error), timed_out=_timed_out(error))
         yield _reply_bytes(drive.reply())
         try:
             while drive.relaying and chunks is not None:
                 yield drive.chunk(await anext(chunks, None))
         except httpx.TransportError as error:
-            yield drive.failed(_reason(error))
+            yield drive.failed(_reason(error), timed_out=_timed_out(error))
     finally:
         if answer is not None:
             await answer.aclose()

@@ -55,7 +55,7 @@ _RELAYED_HEADERS = frozenset({"authorization", "content-type", "x-request-id"})
 class Timeouts:
     """How long the proxy waits on a worker, in seconds; a timeout is a failed worker call.
 
-    Before the client's reply has started it answers a retryable 502; after, it ends the
+    Before the client's reply has started it answers a retryable 504; after, it ends the
     client's stream with the API's error event (``docs/proxy.md``).
     """
 
@@ -140,8 +140,6 @@ class _Worker:
         self._chunks = answer.aiter_bytes()
         self._timeouts = timeouts
         self._first = True
-        self.ended = False
-        """The stream has ended (``chunk`` returned ``None``)."""
 
     async def chunk(self) -> bytes | None:
         """The next chunk, or ``None`` at the end; raises ``TimeoutError`` when none comes."""
@@ -151,12 +149,16 @@ class _Worker:
             with anyio.fail_after(limit):
                 return await self._chunks.__anext__()
         except StopAsyncIteration:
-            self.ended = True
             return None
 
 
 # anyio.fail_after raises the builtin TimeoutError (asyncio's own on Python 3.10 is another).
 _FAILURES = (httpx.TransportError, httpx.InvalidURL, TimeoutError)
+
+
+def _timed_out(error: BaseException) -> bool:
+    # httpx's own timeouts: a connect or pool timeout under the client's connect limit.
+    return isinstance(error, (TimeoutError, httpx.TimeoutException))
 
 
 def _reason(error: BaseException, timeouts: Timeouts) -> str:
@@ -182,7 +184,7 @@ class _Proxy:
         # One settings object for every exchange this proxy runs.
         self.settings = ExchangeSettings(hooks=hooks)
         # A count_tokens request is rendered whatever the pipeline: its exchange's first call.
-        # Its decode leg is never sent: auto, so a request with tools is counted, not refused.
+        # Its decode never runs; auto, so a count request with tools is counted, not refused.
         self.rendered = parse_pipeline_params(
             {"decode": {"output_mode": "auto"}}, use_openai_format=False
         )
@@ -296,7 +298,7 @@ class _Proxy:
             while drive.opening:
                 drive.chunk(await stream.chunk())
         except _FAILURES as error:
-            drive.failed(_reason(error, self.timeouts))
+            drive.failed(_reason(error, self.timeouts), timed_out=_timed_out(error))
             log.leg(call.step, "failed", since)
             if stream is not None:
                 await stream.answer.aclose()
@@ -308,27 +310,27 @@ class _Proxy:
         self, drive: Driver, stream: _Worker, first: bytes, log: _Log, status: int
     ) -> AsyncIterator[bytes]:
         """The client's stream, relayed as the worker's comes; closes the worker's at the end."""
-        end = ""
+        ended: str | None = None  # how it ended when the exchange cannot know (the client left)
+        detail = ""
         try:
             yield first
             while drive.relaying:
                 if out := drive.chunk(await stream.chunk()):  # an empty one still costs a send
                     yield out
-            # Unless the worker's stream ended, it broke the contract: the client's stream has
-            # ended with the error event, and the worker's is closed below, unread.
-            end = " stream=complete" if stream.ended else " stream=contract-broken"
         except _FAILURES as error:
-            end = f" stream=worker-failed ({_reason(error, self.timeouts)})"
-            yield drive.failed(_reason(error, self.timeouts))
+            reason = _reason(error, self.timeouts)
+            detail = f" ({reason})"
+            yield drive.failed(reason, timed_out=_timed_out(error))
         except BaseException:
             # Starlette cancels the relay when the client goes away: the worker's stream is
             # closed below, so the worker stops generating for nobody.
-            end = " stream=client-disconnected"
+            ended = "client-disconnected"
             raise
         finally:
             with anyio.CancelScope(shield=True):
                 await stream.answer.aclose()
-            log.write(drive.exchange.request_id, status, end)
+            end = drive.exchange.stream_end
+            log.write(drive.exchange.request_id, status, f" stream={ended or end}{detail}")
 
 
 class _TokenIds(msgspec.Struct):
