@@ -118,9 +118,12 @@ def read_client_request(
     _limits.check_client_body(body, limits)
     path = _checked_path(client_path)
     route = detect_route(path)
-    legs = tuple(steps)
-    routes = [leg_route(params.use_openai_format, route) for params in legs]
-    generate = Route.GENERATE in routes
+    generate = False
+    decode = None  # the decode step, when it is a generate leg
+    for params in steps:
+        if leg_route(params.use_openai_format, route) is Route.GENERATE:
+            generate = True
+            decode = params if isinstance(params, DecodeParams) else decode
     if every_field:
         _validate.typed(body, w.STREAM, bool)
     request = ClientRequest(body=body, path=path, route=route, generate=generate)
@@ -129,10 +132,7 @@ def read_client_request(
     mapper = CLIENT_MAPPERS[route]
     mapping = None if mapper is None else mapper(body, generate_leg=generate)
     caps = client_caps(body, route)
-    mode = None
-    for params, leg in zip(legs, routes, strict=True):
-        if isinstance(params, DecodeParams) and leg is Route.GENERATE:
-            mode = chosen_output_mode(params, _tools_context(body, mapping))
+    mode = None if decode is None else chosen_output_mode(decode, _tools_context(body, mapping))
     return msgspec.structs.replace(request, mapping=mapping, caps=caps, output_mode=mode)
 
 
