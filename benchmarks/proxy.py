@@ -1,25 +1,31 @@
-"""The reference proxy against a minimal pass-through proxy on the same Starlette + httpx stack.
+"""The reference proxy against a minimal pass-through proxy and vllm-router, CPU per request.
 
-Usage: ``python benchmarks/proxy.py [--quick] [--no-write]``. Starts one simulated worker
-(``disagg-transforms simulate``, answering at once), the proxy twice (``disagg-transforms serve``:
-decode with ``use_openai_format: true``, one worker call per request like the pass-through; and
-the default generate pipeline, render then decode, two calls) and the pass-through (this file
-with ``--passthrough``: it forwards the body to the worker and the answer back, nothing else),
-each its own process; then a load generator (httpx.AsyncClient, bounded concurrency, a fixed
-count) sends a chat request whose user message renders to 1k tokens to each in turn, whole and
-streamed, rounds interleaved. It prints requests per second and the latency each adds over
-calling the worker directly (p50, p99), checks the floor (the one-call proxy at least 0.8x the
-pass-through's requests per second; the generate pipeline makes twice the calls and is shown
-for information) and writes the figures into the last section of ``docs/performance.md``.
+Usage: ``python benchmarks/proxy.py [--quick] [--no-write] [--vllm-router PATH]``. Starts one
+simulated worker (``SimulatedWorker`` generating a 256-token answer, answering at once) and, each
+its own process pinned to one core: the pass-through (this file with ``--passthrough``: it
+forwards the body to the worker and the answer back, nothing else, on the Starlette + httpx +
+uvicorn stack the proxy uses), ``disagg-transforms serve`` twice (decode only, with
+``use_openai_format: true``: one worker call like the pass-through; and the default pipeline:
+render, prefill, decode, three calls) and vllm-router in its P/D mode (two calls; skipped with a
+message when ``vllm-router`` is not on the PATH). A load generator (aiohttp) sends a
+chat request whose user message renders to 1k tokens to each in turn, whole and streamed, at
+1, 16 and 64 requests in flight, rounds interleaved. It prints, per target: requests per
+second, the latency and (streams) time to first token each adds over calling the worker
+directly (p50, p99), the CPU time of the target's process tree per request and per streamed
+chunk (psutil), checks the floors (docs/performance.md) and writes the figures into the last
+section of ``docs/performance.md``.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import os
 import platform
 import select
+import shutil
+import socket
 import statistics
 import subprocess
 import sys
@@ -29,25 +35,36 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import orjson
 
 _ROOT = Path(__file__).resolve().parent.parent
 _DOC = _ROOT / "docs" / "performance.md"
 SECTION_START = "<!-- proxy benchmark: written by benchmarks/proxy.py -->"
-"""Opens this benchmark's section, the last of the page (``run.py`` keeps it on a rerun)."""
+"""Opens this benchmark's section (``run.py`` keeps it and all after it on a rerun)."""
+STACKS_SECTION_START = "<!-- stacks benchmark: written by benchmarks/stacks.py -->"
+"""Opens ``stacks.py``'s section, the last of the page (this benchmark keeps it on a rerun)."""
 FLOOR = 0.8
 PROMPT_TOKENS = 1024
 # The simulated worker's chat template around one user message: <|im_start|>user\n ...
 # <|im_end|>\n<|im_start|>assistant\n, one token a byte (docs/testing.md).
 _TEMPLATE_TOKENS = 19
-MAX_TOKENS = 16
-CONCURRENCY = 16
+MAX_TOKENS = 256
+"""The answer's length: the simulated model writes ``MAX_TOKENS - 1`` bytes, then <|im_end|>."""
+CONCURRENCIES = (1, 16, 64)
 PATH = "/v1/chat/completions"
+WORKER = "worker"
+PASS_THROUGH = "pass-through"  # noqa: S105 - a target's name
 ONE_CALL = "proxy"
 GENERATE = "proxy (generate)"
+ROUTER = "vllm-router"
 # The one-call proxy: decode on the client's own route, so the worker answers the client.
 _ONE_CALL_CONFIG = {"steps": {"decode": {"use_openai_format": True}}}
+_COUNTS = {  # requests per round: (whole, stream) at each concurrency
+    True: {1: (40, 10), 16: (160, 32), 64: (256, 64)},
+    False: {1: (100, 20), 16: (400, 64), 64: (640, 128)},
+}
 
 
 @dataclass(frozen=True)
@@ -58,7 +75,18 @@ class Result:
     p50_ms: float
     p99_ms: float
     cpu_ms: float | None = None
-    """CPU time the target's own process spent per request (``None``: not measurable here)."""
+    """CPU time the target's own processes spent per request (``None``: not measurable here)."""
+    concurrency: int = 16
+    ttft_p50_ms: float | None = None
+    """Streams: the median time to the first chunk of the answer."""
+    chunks: int = 0
+    """Streams: the chunks (SSE events) of one answer, to give CPU per chunk."""
+
+    @property
+    def cpu_us_per_chunk(self) -> float | None:
+        if self.cpu_ms is None or not self.chunks:
+            return None
+        return self.cpu_ms * 1000 / self.chunks
 
 
 def verdict(proxy_rps: float, passthrough_rps: float) -> tuple[float, bool]:
@@ -81,32 +109,48 @@ def body(*, stream: bool) -> bytes:
     )
 
 
-async def load(url: str, payload: bytes, count: int, *, stream: bool) -> tuple[float, list[float]]:
-    """Send ``count`` requests, ``CONCURRENCY`` at a time; seconds taken and each latency."""
-    import httpx  # noqa: PLC0415 - only the load generator needs it
+@dataclass
+class Load:
+    """One load run: seconds taken, each request's latency and time to its first chunk."""
+
+    seconds: float
+    latencies: list[float]
+    first_chunks: list[float]
+    events: int
+    """SSE events in the last answer (``0``: a whole answer)."""
+
+
+async def load(url: str, payload: bytes, count: int, concurrency: int) -> Load:
+    """Send ``count`` requests, ``concurrency`` at a time (aiohttp: its cost stays flat at c64)."""
+    import aiohttp  # noqa: PLC0415 - only the load generator needs it (the bench extra)
 
     latencies: list[float] = []
+    first_chunks: list[float] = []
+    events = 0
     queue = iter(range(count))
     headers = {"content-type": "application/json"}
-    limits = httpx.Limits(max_connections=CONCURRENCY, max_keepalive_connections=CONCURRENCY)
 
-    async def worker(client: httpx.AsyncClient) -> None:
+    async def worker(session: aiohttp.ClientSession) -> None:
+        nonlocal events
         for _ in queue:
             start = time.perf_counter()
-            if stream:
-                async with client.stream("POST", url, content=payload, headers=headers) as answer:
-                    async for _chunk in answer.aiter_raw():
-                        pass
-                    assert answer.status_code == 200, answer.status_code
-            else:
-                answer = await client.post(url, content=payload, headers=headers)
-                assert answer.status_code == 200, answer.text
+            first = None
+            received = bytearray()
+            async with session.post(url, data=payload, headers=headers) as answer:
+                async for chunk in answer.content.iter_any():
+                    if first is None:
+                        first = time.perf_counter() - start
+                    received += chunk
+                assert answer.status == 200, bytes(received)
             latencies.append(time.perf_counter() - start)
+            first_chunks.append(first or 0.0)
+            events = received.count(b"data:")
 
-    async with httpx.AsyncClient(timeout=30, limits=limits, trust_env=False) as client:
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(connector=connector, auto_decompress=False) as session:
         start = time.perf_counter()
-        await asyncio.gather(*(worker(client) for _ in range(CONCURRENCY)))
-        return time.perf_counter() - start, latencies
+        await asyncio.gather(*(worker(session) for _ in range(concurrency)))
+        return Load(time.perf_counter() - start, latencies, first_chunks, events)
 
 
 def percentile(values: Sequence[float], fraction: float) -> float:
@@ -114,12 +158,25 @@ def percentile(values: Sequence[float], fraction: float) -> float:
     return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
 
 
-def _spawn(args: list[str]) -> tuple[subprocess.Popen[bytes], str]:
+def _pinned(core: int | None) -> None:
+    if core is not None:
+        os.sched_setaffinity(0, {core})
+
+
+def _start(command: list[str], core: int | None) -> subprocess.Popen[bytes]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_ROOT), env.get("PYTHONPATH")]))
-    process = subprocess.Popen(  # noqa: S603 - our own interpreter
-        [sys.executable, *args], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env
+    return subprocess.Popen(  # noqa: S603 - our own interpreter, or vllm-router
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env=env,
+        preexec_fn=lambda: _pinned(core),  # noqa: PLW1509 - only sets the CPU affinity
     )
+
+
+def _spawn(args: list[str], core: int | None = None) -> tuple[subprocess.Popen[bytes], str]:
+    process = _start([sys.executable, *args], core)
     assert process.stdout is not None
     ready, _, _ = select.select([process.stdout], [], [], 30)
     line = process.stdout.readline().decode() if ready else ""
@@ -130,33 +187,83 @@ def _spawn(args: list[str]) -> tuple[subprocess.Popen[bytes], str]:
     return process, line.removeprefix("listening on ").strip()
 
 
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _spawn_router(
+    router: str, worker_url: str, core: int | None
+) -> tuple[subprocess.Popen[bytes], str]:
+    """vllm-router in P/D mode, prefill and decode on the one worker.
+
+    It keeps one worker per URL, so prefill goes to ``localhost`` and decode to ``127.0.0.1``.
+    """
+    port = _free_port()
+    worker_port = worker_url.rsplit(":", 1)[1]
+    command = [
+        router, "--vllm-pd-disaggregation", "--host", "127.0.0.1", "--port", str(port),
+        "--prefill", f"http://localhost:{worker_port}", "--decode", worker_url,
+        "--policy", "round_robin", "--log-level", "error", "--disable-retries",
+        "--disable-circuit-breaker", "--max-concurrent-requests", "1024",
+    ]  # fmt: skip
+    process = _start(command, core)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        except OSError:  # noqa: PERF203 - a poll until the server listens
+            if process.poll() is not None:
+                break
+            time.sleep(0.1)
+        else:
+            return process, f"http://127.0.0.1:{port}"
+    process.kill()
+    msg = f"{router} did not start"
+    raise RuntimeError(msg)
+
+
 def cpu_seconds(pid: int) -> float | None:
-    """User plus system CPU time of a process so far (Linux ``/proc``; ``None`` elsewhere)."""
+    """User plus system CPU time so far of a process and its children (psutil, else ``/proc``)."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        import psutil  # noqa: PLC0415 - the bench extra; /proc without it
+    except ImportError:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return None
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    root = psutil.Process(pid)
+    return sum(sum(p.cpu_times()[:2]) for p in (root, *root.children(recursive=True)))
 
 
 @contextmanager
-def servers(config_dir: Path) -> Iterator[dict[str, tuple[str, int]]]:
-    """Each target's URL and process id."""
+def servers(config_dir: Path, router: str | None) -> Iterator[dict[str, tuple[str, int]]]:
+    """Each target's URL and process id; the proxies pinned to the last core."""
     processes = []
     config = config_dir / "one-call.json"
     config.write_bytes(orjson.dumps(_ONE_CALL_CONFIG))
     serve = ["-m", "disagg_transforms", "serve", "--port", "0"]
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    core = cores[-1] if len(cores) > 1 else None
     try:
-        worker, worker_url = _spawn(["-m", "disagg_transforms", "simulate", "--port", "0"])
+        worker, worker_url = _spawn([__file__, "--worker"])
         processes.append(worker)
-        urls = {"worker": (worker_url, worker.pid)}
+        urls = {WORKER: (worker_url, worker.pid)}
         for name, args in (
-            ("pass-through", [__file__, "--passthrough", worker_url]),
+            (PASS_THROUGH, [__file__, "--passthrough", worker_url]),
             (ONE_CALL, [*serve, "--config", str(config), "--decode-url", worker_url]),
-            (GENERATE, [*serve, "--decode-url", worker_url]),  # the default pipeline
+            # the default pipeline: render (on the decode worker), prefill, decode
+            (GENERATE, [*serve, "--prefill-url", worker_url, "--decode-url", worker_url]),
         ):
-            process, url = _spawn(args)
+            process, url = _spawn(args, core)
             urls[name] = (url, process.pid)
+            processes.append(process)
+        if router is not None:
+            process, url = _spawn_router(router, worker_url, core)
+            urls[ROUTER] = (url, process.pid)
             processes.append(process)
         yield urls
     finally:
@@ -167,117 +274,193 @@ def servers(config_dir: Path) -> Iterator[dict[str, tuple[str, int]]]:
                 process.stdout.close()
 
 
-def measure(*, quick: bool) -> list[Result]:
-    count, rounds = (200, 1) if quick else (1000, 3)
+def measure(*, quick: bool, router: str | None) -> list[Result]:
+    rounds = 1 if quick else 2
     results = []
-    with tempfile.TemporaryDirectory() as config_dir, servers(Path(config_dir)) as targets:
+    with tempfile.TemporaryDirectory() as config_dir, servers(Path(config_dir), router) as targets:
         for mode in ("whole", "stream"):
-            stream = mode == "stream"
-            payload = body(stream=stream)
-            runs: dict[str, list[tuple[float, list[float]]]] = {name: [] for name in targets}
-            cpu: dict[str, list[float]] = {name: [] for name in targets}
+            payload = body(stream=mode == "stream")
             for url, _ in targets.values():  # warm up: connections, imports, caches
-                asyncio.run(load(url + PATH, payload, 50, stream=stream))
-            for _ in range(rounds):
-                for name, (url, pid) in targets.items():
-                    before = cpu_seconds(pid)
-                    runs[name].append(asyncio.run(load(url + PATH, payload, count, stream=stream)))
-                    after = cpu_seconds(pid)
-                    if before is not None and after is not None:
-                        cpu[name].append((after - before) / count * 1000)
-            for name, measured in runs.items():
-                seconds = statistics.median(run[0] for run in measured)
-                latencies = [value for run in measured for value in run[1]]
-                results.append(
-                    Result(
-                        name,
-                        mode,
-                        count / seconds,
-                        percentile(latencies, 0.5) * 1000,
-                        percentile(latencies, 0.99) * 1000,
-                        statistics.median(cpu[name]) if cpu[name] else None,
+                asyncio.run(load(url + PATH, payload, 32, 16))
+            for concurrency, counts in _COUNTS[quick].items():
+                count = counts[mode == "stream"]
+                runs: dict[str, list[Load]] = {name: [] for name in targets}
+                cpu: dict[str, list[float]] = {name: [] for name in targets}
+                for _ in range(rounds):
+                    for name, (url, pid) in targets.items():
+                        print(f"{mode}, {concurrency} in flight: {name}", file=sys.stderr)
+                        before = cpu_seconds(pid)
+                        runs[name].append(
+                            asyncio.run(load(url + PATH, payload, count, concurrency))
+                        )
+                        after = cpu_seconds(pid)
+                        if before is not None and after is not None:
+                            cpu[name].append((after - before) / count * 1000)
+                for name, measured in runs.items():
+                    seconds = statistics.median(run.seconds for run in measured)
+                    latencies = [value for run in measured for value in run.latencies]
+                    firsts = [value for run in measured for value in run.first_chunks]
+                    results.append(
+                        Result(
+                            name,
+                            mode,
+                            count / seconds,
+                            percentile(latencies, 0.5) * 1000,
+                            percentile(latencies, 0.99) * 1000,
+                            statistics.median(cpu[name]) if cpu[name] else None,
+                            concurrency,
+                            percentile(firsts, 0.5) * 1000 if mode == "stream" else None,
+                            measured[-1].events,
+                        )
                     )
-                )
     return results
 
 
+def _fmt(value: float | None, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
 def table(results: Sequence[Result]) -> str:
-    direct = {(r.mode): r for r in results if r.target == "worker"}
+    direct = {(r.mode, r.concurrency): r for r in results if r.target == WORKER}
     lines = [
         (
-            "| request | target | requests/s | p50 ms | p99 ms | added p50 ms | added p99 ms"
-            " | CPU ms/request |"
+            "| request | in flight | target | requests/s | p50 ms | p99 ms | added p50 ms"
+            " | added p99 ms | added first chunk p50 ms | CPU ms/request | CPU us/chunk |"
         ),
-        "|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
-        base = direct[r.mode]
+        base = direct[r.mode, r.concurrency]
         added = (
-            ("-", "-")
-            if r.target == "worker"
-            else (f"{r.p50_ms - base.p50_ms:.2f}", f"{r.p99_ms - base.p99_ms:.2f}")
+            ("-", "-", "-")
+            if r.target == WORKER
+            else (
+                f"{r.p50_ms - base.p50_ms:.2f}",
+                f"{r.p99_ms - base.p99_ms:.2f}",
+                "-"
+                if r.ttft_p50_ms is None or base.ttft_p50_ms is None
+                else f"{r.ttft_p50_ms - base.ttft_p50_ms:.2f}",
+            )
         )
-        cpu = "-" if r.cpu_ms is None else f"{r.cpu_ms:.2f}"
         lines.append(
-            f"| {r.mode} | {r.target} | {r.rps:.0f} | {r.p50_ms:.2f} | {r.p99_ms:.2f} | "
-            f"{added[0]} | {added[1]} | {cpu} |"
+            f"| {r.mode} | {r.concurrency} | {r.target} | {r.rps:.0f} | {r.p50_ms:.2f} | "
+            f"{r.p99_ms:.2f} | {added[0]} | {added[1]} | {added[2]} | {_fmt(r.cpu_ms)} | "
+            f"{_fmt(r.cpu_us_per_chunk, 1)} |"
         )
     lines += [
         "",
-        "| request | proxy / pass-through requests/s | floor | met? |",
-        "|---|---|---|---|",
+        "| request | in flight | proxy / pass-through requests/s | floor | met? |",
+        "|---|---|---|---|---|",
     ]
     for mode in ("whole", "stream"):
-        by = {r.target: r for r in results if r.mode == mode}
-        ratio, met = verdict(by[ONE_CALL].rps, by["pass-through"].rps)
-        lines.append(f"| {mode} | {ratio:.2f} | >= {FLOOR} | {'yes' if met else '**no**'} |")
-        ratio, _ = verdict(by[GENERATE].rps, by["pass-through"].rps)
-        lines.append(f"| {mode}, generate pipeline (two calls) | {ratio:.2f} | - | - |")
+        for concurrency in sorted({r.concurrency for r in results}):
+            by = {r.target: r for r in results if (r.mode, r.concurrency) == (mode, concurrency)}
+            ratio, met = verdict(by[ONE_CALL].rps, by[PASS_THROUGH].rps)
+            judged = "yes" if met else "**no**"
+            lines.append(f"| {mode} | {concurrency} | {ratio:.2f} | >= {FLOOR} | {judged} |")
+    return "\n".join(lines) + "\n\n" + floors(results)
+
+
+def floors(results: Sequence[Result]) -> str:
+    """The figures the issue sets floors on, each against its floor."""
+
+    def get(target: str, mode: str, concurrency: int) -> Result | None:
+        return next(
+            (
+                r
+                for r in results
+                if (r.target, r.mode, r.concurrency) == (target, mode, concurrency)
+            ),
+            None,
+        )
+
+    def ratio(a: float | None, b: float | None) -> float | None:
+        return None if a is None or b is None or b == 0 else a / b
+
+    def cpu(target: str, concurrency: int, mode: str = "whole") -> float | None:
+        found = get(target, mode, concurrency)
+        return None if found is None else found.cpu_ms
+
+    def chunk(target: str) -> float | None:
+        found = get(target, "stream", 16)
+        return None if found is None else found.cpu_us_per_chunk
+
+    def ttft(target: str) -> float | None:
+        found = get(target, "stream", 1)
+        return None if found is None else found.ttft_p50_ms
+
+    generate_ttft, worker_ttft = ttft(GENERATE), ttft(WORKER)
+    added_ttft = (
+        None if generate_ttft is None or worker_ttft is None else generate_ttft - worker_ttft
+    )
+    rows = [
+        ("`serve` default (3 calls) / pass-through (1 call), CPU per request, c16",
+         ratio(cpu(GENERATE, 16), cpu(PASS_THROUGH, 16)), "<= 2.0x", 2.0),
+        ("`serve` decode only / pass-through, CPU per request, c16",
+         ratio(cpu(ONE_CALL, 16), cpu(PASS_THROUGH, 16)), "<= 0.8x", 0.8),
+        ("`serve` default / vllm-router P/D, CPU per request, c16",
+         ratio(cpu(GENERATE, 16), cpu(ROUTER, 16)), "<= 12x", 12.0),
+        ("CPU per streamed chunk, `serve` decode only / vllm-router, c16",
+         ratio(chunk(ONE_CALL), chunk(ROUTER)), "<= 4x", 4.0),
+        ("CPU per request c64 / c1, `serve` default",
+         ratio(cpu(GENERATE, 64), cpu(GENERATE, 1)), "<= 1.5", 1.5),
+        ("time to first chunk added by `serve` default over the worker, c1, p50 (ms)",
+         added_ttft, "<= 3 ms", 3.0),
+    ]  # fmt: skip
+    lines = ["| figure | measured | floor | met? |", "|---|---|---|---|"]
+    for name, value, floor, limit in rows:
+        met = "-" if value is None else ("yes" if value <= limit else "**no**")
+        lines.append(f"| {name} | {_fmt(value)} | {floor} | {met} |")
     return "\n".join(lines)
 
 
-def section(results: Sequence[Result]) -> str:
+def _uvicorn_picks() -> str:
+    """The event loop and HTTP parser uvicorn's ``auto`` settings pick here (the installed)."""
+    loop = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
+    http = "httptools" if importlib.util.find_spec("httptools") else "h11"
+    return f"{loop} and {http}"
+
+
+def section(results: Sequence[Result], command: str) -> str:
+    router = "vllm-router P/D" if any(r.target == ROUTER for r in results) else "(not installed)"
     return f"""{SECTION_START}
-## The reference proxy against a pass-through
+## The reference proxy against a pass-through and vllm-router
 
-`python benchmarks/proxy.py` ({platform.python_implementation()} {platform.python_version()},
-{os.cpu_count()} CPUs shared with other work, so treat the figures as indicative). One
-simulated worker answering at once; a minimal pass-through proxy and `disagg-transforms serve`
-on the same Starlette + httpx + uvicorn stack, each its own process. `{ONE_CALL}`: decode with
-`use_openai_format: true`, one worker call on the client's own route, like the pass-through.
-`{GENERATE}`: the default pipeline, render then a text-mode generate decode wrapped into a
-`chat.completion`, two worker calls (for information, no floor). Requests in flight:
-{CONCURRENCY}. The request: `POST {PATH}`, one user message rendering to
-{PROMPT_TOKENS} prompt tokens, `max_tokens` {MAX_TOKENS} (the simulated answer, `Hello!`, is 7
-tokens; "whole": one JSON answer; "stream": the worker's chunks, one a token). "Added" is the
-latency over calling the worker directly. "CPU ms/request" is the CPU time of the target's own
-process per request (the median of the rounds): it moves far less than requests per second
-when the machine is shared.
-
-On this shared machine the ratios move between runs (from about 0.6 to 1.4 for the same code).
-A profile of the one-call proxy (py-spy) puts the library's own work (the exchange: parsing
-the client's body, building the leg, checking and relaying the answer) at about 5% of its CPU
-and the access line at 2%; the rest is the HTTP stack both proxies share. On a stream the
-proxy also bounds the wait for each worker chunk (the idle timeout, `anyio.fail_after`, about
-25 µs a chunk), which the pass-through does not.
+`{command}` ({platform.python_implementation()} {platform.python_version()}, {os.cpu_count()}
+CPUs shared with other work, so treat the figures as indicative). One simulated worker answering
+at once ({MAX_TOKENS}-token answers); each target its own process (tree) pinned to one core: a
+minimal pass-through proxy on the Starlette + httpx + uvicorn stack `serve` uses (uvicorn on
+{_uvicorn_picks()}, as installed for this run); `{ONE_CALL}`: `disagg-transforms serve` decoding
+with `use_openai_format: true`, one worker call on the client's own route, like the
+pass-through; `{GENERATE}`: `serve`'s default pipeline with a prefill URL: render, prefill, then
+a text-mode generate decode wrapped into a `chat.completion`, three worker calls; `{ROUTER}`:
+{router}, prefill then decode, two calls. The request: `POST {PATH}`, one user message rendering
+to {PROMPT_TOKENS} prompt tokens, `max_tokens` {MAX_TOKENS}; "whole": one JSON answer; "stream":
+the worker's chunks, one a token. "Added" is the latency (and for streams the time to the first
+chunk) over calling the worker directly. "CPU ms/request" is the CPU time of the target's
+process and its children per request (psutil; the median of the rounds); "CPU us/chunk" is a
+stream request's CPU over its chunks. CPU moves far less than requests per second when the
+machine is shared.
 
 {table(results)}
 """
 
 
-def write(results: Sequence[Result]) -> None:
+def write(results: Sequence[Result], command: str = "python benchmarks/proxy.py") -> None:
     text = _DOC.read_text(encoding="utf-8")
+    stacks = text[text.index(STACKS_SECTION_START) :] if STACKS_SECTION_START in text else ""
     if SECTION_START in text:
         text = text[: text.index(SECTION_START)].rstrip("\n") + "\n"
-    _DOC.write_text(text + "\n" + section(results), encoding="utf-8")
+    _DOC.write_text(
+        text + "\n" + section(results, command) + ("\n" + stacks if stacks else ""),
+        encoding="utf-8",
+    )
 
 
 def passthrough(worker: str) -> None:
     """Serve the minimal pass-through: forward the body, relay the answer as it comes."""
-    import socket  # noqa: PLC0415
 
     import httpx  # noqa: PLC0415
-    import uvicorn  # noqa: PLC0415
     from starlette.applications import Starlette  # noqa: PLC0415
     from starlette.background import BackgroundTask  # noqa: PLC0415
     from starlette.requests import Request  # noqa: PLC0415
@@ -305,7 +488,17 @@ def passthrough(worker: str) -> None:
             background=BackgroundTask(answer.aclose),
         )
 
-    app = Starlette(routes=[Route("/{path:path}", forward, methods=["POST"])])
+    serve_announced(Starlette(routes=[Route("/{path:path}", forward, methods=["POST"])]))
+
+
+def serve_announced(app: Any, **settings: Any) -> None:  # noqa: ANN401 - any ASGI app
+    """Serve ``app`` with uvicorn on a free port; print the readiness line once it listens.
+
+    A long keep-alive: an idle pooled connection the server closes just as a client reuses it
+    would fail that request (a race of the set-up, not of what is measured).
+    """
+    import uvicorn  # noqa: PLC0415
+
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.bind(("127.0.0.1", 0))
 
@@ -314,31 +507,63 @@ def passthrough(worker: str) -> None:
             await super().startup(sockets)
             print(f"listening on http://127.0.0.1:{sock.getsockname()[1]}", flush=True)
 
-    config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="off")
+    config = uvicorn.Config(
+        app, log_config=None, access_log=False, lifespan="off", timeout_keep_alive=600, **settings
+    )
     Ready(config).run(sockets=[sock])
+
+
+def serve_worker() -> None:
+    """Serve the simulated worker, its answer ``MAX_TOKENS`` tokens long."""
+    from disagg_transforms.testing import SimulatedWorker, WorkerSettings  # noqa: PLC0415
+
+    answer = "x" * (MAX_TOKENS - 1)  # one token a byte, then <|im_end|>
+    serve_announced(SimulatedWorker(WorkerSettings(answer=answer)))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="200 requests, one round")
+    parser.add_argument("--quick", action="store_true", help="fewer requests, one round")
     parser.add_argument("--no-write", action="store_true", help="leave docs/performance.md")
+    parser.add_argument(
+        "--vllm-router", metavar="PATH", help="the vllm-router program (default: on the PATH)"
+    )
     parser.add_argument("--passthrough", metavar="WORKER_URL", help=argparse.SUPPRESS)
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.passthrough:
         passthrough(args.passthrough)
         return 0
-    results = measure(quick=args.quick)
+    if args.worker:
+        serve_worker()
+        return 0
+    router = args.vllm_router or shutil.which("vllm-router")
+    if router is None:
+        print("vllm-router is not installed (pip install vllm-router): skipped", flush=True)
+    results = measure(quick=args.quick, router=router)
     print(table(results))
     if not args.no_write:
-        write(results)
-    ratios = [
-        verdict(
-            next(r.rps for r in results if r.mode == mode and r.target == ONE_CALL),
-            next(r.rps for r in results if r.mode == mode and r.target == "pass-through"),
-        )[1]
-        for mode in ("whole", "stream")
-    ]
-    return 0 if all(ratios) else 1
+        flags = " --quick" if args.quick else ""
+        write(results, f"python benchmarks/proxy.py{flags}")
+    return (
+        0
+        if all(
+            verdict(
+                next(
+                    r.rps
+                    for r in results
+                    if (r.mode, r.concurrency, r.target) == (mode, 16, ONE_CALL)
+                ),
+                next(
+                    r.rps
+                    for r in results
+                    if (r.mode, r.concurrency, r.target) == (mode, 16, PASS_THROUGH)
+                ),
+            )[1]
+            for mode in ("whole", "stream")
+        )
+        else 1
+    )
 
 
 if __name__ == "__main__":

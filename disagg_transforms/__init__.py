@@ -23,6 +23,12 @@ from disagg_transforms._config import (
     parse_step_params,
     validate_output_mode,
 )
+from disagg_transforms._coordinator import (
+    CoordinatorConfig,
+    EcConnector,
+    KvConnector,
+    parse_coordinator_config,
+)
 from disagg_transforms._request.caps import (
     TOP_LEVEL_CAPS,
     apply_sampling_caps,
@@ -122,6 +128,7 @@ __all__ = [
     "ClientStream",
     "ConditionalDecodeParams",
     "ConfigError",
+    "CoordinatorConfig",
     "DEFAULT_LIMITS",
     "DEFAULT_MAX_CHOICES",
     "DEFAULT_MAX_EVENT_BYTES",
@@ -131,6 +138,7 @@ __all__ = [
     "DisaggTransformError",
     "Driver",
     "ENTRY_POINT_GROUP",
+    "EcConnector",
     "EncodeParams",
     "EnvelopeOptions",
     "Event",
@@ -139,6 +147,7 @@ __all__ = [
     "ExchangeStateError",
     "GenerateDecodeLeg",
     "GenerateDecodeLegBytes",
+    "KvConnector",
     "KvTransferPlacement",
     "Leg",
     "LegInputs",
@@ -181,6 +190,7 @@ __all__ = [
     "error_body",
     "load_transforms",
     "openai_error_body",
+    "parse_coordinator_config",
     "parse_pipeline_params",
     "parse_step_params",
     "pipeline_phases",

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import httpx
 import orjson
+import pytest
 
 from disagg_transforms.testing import SimulatedWorker
 
@@ -40,10 +41,51 @@ def test_the_table_adds_latency_over_the_worker_and_judges_each_mode() -> None:
         )
     ]
     table = bench.table(results)
-    assert "| whole | proxy | 300 | 3.00 | 7.00 | 2.00 | 5.00 | - |" in table
-    assert "| stream | 0.60 | >= 0.8 | **no** |" in table
-    # The two-call pipeline is reported, never judged.
-    assert "| stream, generate pipeline (two calls) | 0.40 | - | - |" in table
+    assert "| whole | 16 | proxy | 300 | 3.00 | 7.00 | 2.00 | 5.00 | - | - | - |" in table
+    assert "| stream | 16 | 0.60 | >= 0.8 | **no** |" in table
+
+
+def _figures(router: bool) -> list[object]:
+    """Whole answers at c1, c16 and c64 and streams of 256 chunks at c1 and c16."""
+    cpu = {"worker": 0.5, "pass-through": 2.0, "proxy": 1.5, "proxy (generate)": 4.0}
+    if router:
+        cpu["vllm-router"] = 0.5
+    ttft = {"worker": 1.0, "pass-through": 2.0, "proxy": 2.0, "proxy (generate)": 5.5}
+    ttft["vllm-router"] = 1.5
+    results = []
+    for target, ms in cpu.items():
+        for concurrency in (1, 16, 64):
+            scale = 2.0 if (target, concurrency) == ("proxy (generate)", 64) else 1.0
+            results.append(bench.Result(target, "whole", 100.0, 1.0, 2.0, ms * scale, concurrency))
+        results.extend(
+            bench.Result(target, "stream", 10.0, 9.0, 9.0, 2 * ms, concurrency, ttft[target], 256)
+            for concurrency in (1, 16)
+        )
+    return results
+
+
+def test_the_floors_of_the_issue_are_the_ratios_of_the_right_rows() -> None:
+    floors = bench.floors(_figures(router=True))
+    assert "| `serve` default (3 calls) / pass-through (1 call), CPU per request, c16 | 2.00 |" in (
+        floors
+    )
+    assert (
+        "| `serve` decode only / pass-through, CPU per request, c16 | 0.75 | <= 0.8x | yes |"
+        in (floors)
+    )
+    assert "| `serve` default / vllm-router P/D, CPU per request, c16 | 8.00 | <= 12x | yes |" in (
+        floors
+    )
+    # 3 ms over 256 chunks against 1 ms over 256 chunks
+    assert "decode only / vllm-router, c16 | 3.00 | <= 4x | yes |" in floors
+    assert "| CPU per request c64 / c1, `serve` default | 2.00 | <= 1.5 | **no** |" in floors
+    assert "over the worker, c1, p50 (ms) | 4.50 | <= 3 ms | **no** |" in floors
+
+
+def test_without_vllm_router_its_floors_are_not_judged() -> None:
+    floors = bench.floors(_figures(router=False))
+    assert "| `serve` default / vllm-router P/D, CPU per request, c16 | - | <= 12x | - |" in floors
+    assert bench.Result("x", "stream", 1.0, 1.0, 1.0, 2.56, 16, 1.0, 256).cpu_us_per_chunk == 10.0
 
 
 def test_the_request_is_a_chat_request_rendering_to_1k_tokens() -> None:
@@ -60,3 +102,33 @@ def test_the_request_is_a_chat_request_rendering_to_1k_tokens() -> None:
         return token_ids
 
     assert len(asyncio.run(render())) == 1024
+
+
+def test_a_rerun_keeps_the_stacks_section_last(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    doc = tmp_path / "performance.md"
+    stacks = f"{bench.STACKS_SECTION_START}\n## Choosing the proxy's HTTP stack\n\nthe table\n"
+    old = f"# Performance\n\n{bench.SECTION_START}\nan older run\n\n{stacks}"
+    doc.write_text(old, encoding="utf-8")
+    monkeypatch.setattr(bench, "_DOC", doc)
+    targets = ("worker", "pass-through", "proxy")
+    bench.write(
+        [bench.Result(t, m, 1.0, 1.0, 1.0) for m in ("whole", "stream") for t in targets], "cmd"
+    )
+    text = doc.read_text(encoding="utf-8")
+    assert "an older run" not in text
+    assert "`cmd`" in text
+    assert text.endswith("\n\n" + stacks)
+
+
+def test_each_target_answers_a_256_token_stream_and_its_cpu_is_read(tmp_path: Path) -> None:
+    payload = bench.body(stream=True)
+    with bench.servers(tmp_path, None) as targets:
+        assert set(targets) == {"worker", "pass-through", "proxy", "proxy (generate)"}
+        for url, pid in targets.values():
+            run = asyncio.run(bench.load(url + bench.PATH, payload, 2, 2))
+            assert len(run.latencies) == 2
+            # a role chunk, 256 token chunks (or 255 and a finish chunk), the usage/finish, [DONE]
+            assert run.events >= bench.MAX_TOKENS
+            assert bench.cpu_seconds(pid) > 0

@@ -17,6 +17,7 @@ import msgspec
 
 # The command line is a client of the public API (docs/cli.md): it imports what a router would.
 from disagg_transforms import (
+    CoordinatorConfig,
     DecodeLeg,
     DecodeParams,
     EncodeParams,
@@ -29,6 +30,7 @@ from disagg_transforms import (
     build_decode_request,
     build_encode_request,
     build_prefill_request,
+    parse_coordinator_config,
     parse_pipeline_params,
     parse_step_params,
     pipeline_warnings,
@@ -47,6 +49,7 @@ from disagg_transforms._cli.config import (
 )
 from disagg_transforms._cli.demo import demo_text, indented_json, params_json
 from disagg_transforms._cli.serve import add_commands
+from disagg_transforms._coordinator import MIB, coordinator_config_errors, is_coordinator_document
 from disagg_transforms._wire.describe import describe
 from disagg_transforms.errors import ConfigError, DisaggTransformError
 
@@ -71,6 +74,8 @@ def _check_config(args: argparse.Namespace) -> int:
     """
     source: str = args.file
     document = read_config(source, args.format)
+    if is_coordinator_document(document):
+        return _check_coordinator(document, source_name(source))
     errors = config_errors(document)
     if not errors and isinstance(document, Mapping):
         try:
@@ -91,9 +96,40 @@ def _check_config(args: argparse.Namespace) -> int:
     return EXIT_USAGE
 
 
-def _print_steps(parsed: Mapping[Step, StepParams]) -> None:
+def _check_coordinator(document: object, name: str) -> int:
+    """check-config on llm-d's coordinator document: what would run, or every error."""
+    errors = coordinator_config_errors(document)
+    if errors:
+        sys.stderr.writelines(f"{name}: {error.message}\n" for error in errors)
+        return EXIT_USAGE
+    config = parse_coordinator_config(document)  # type: ignore[arg-type]
+    _print_steps(config.pipeline, _coordinator_lines(config))
+    warnings = [*config.warnings, *pipeline_warnings(config.pipeline)]
+    sys.stderr.writelines(f"{name}: warning: {line}\n" for line in warnings)
+    return 0
+
+
+def _coordinator_lines(config: CoordinatorConfig) -> list[str]:
+    def seconds(value: float | None) -> str:
+        return "none" if value is None else f"{value:g}s"
+
+    rows = {
+        "document": "llm-d coordinator config",
+        "listen": f"{config.host}:{config.port}",
+        "gateway": config.gateway_url or "none",
+        "render": config.render_url or "none",
+        "body limit": f"{config.max_request_body_bytes // MIB} MiB",
+        "kv_connector": config.kv_connector.value,
+        "ec_connector": config.ec_connector.value,
+        "drain timeout": seconds(config.drain_timeout),
+        "first-byte timeout": seconds(config.first_byte_timeout),
+    }
+    return [f"{key:<20} {value}" for key, value in rows.items()]
+
+
+def _print_steps(parsed: Mapping[Step, StepParams], head: Sequence[str] = ()) -> None:
     lines = [f"{step.value:<20} {params_json(params)}" for step, params in parsed.items()]
-    sys.stdout.write("\n".join(["valid", *lines]) + "\n")
+    sys.stdout.write("\n".join(["valid", *head, *lines]) + "\n")
 
 
 def _run_demo(args: argparse.Namespace) -> int:

@@ -75,6 +75,20 @@ def add_commands(commands: argparse._SubParsersAction[_ParserT]) -> None:
     simulate.add_argument(
         "--stream-delay", type=_seconds, default=0.0, help="seconds between stream events"
     )
+    simulate.add_argument(
+        "--gateway",
+        action="store_true",
+        help="a simulated llm-d gateway: pools of workers chosen by the EPP-Profile header",
+    )
+    simulate.add_argument(
+        "--pool-size", type=_positive_int, default=1, help="with --gateway: workers per pool"
+    )
+    simulate.add_argument(
+        "--routing",
+        choices=("round-robin", "hash"),
+        default="round-robin",
+        help="with --gateway: how a pool's worker is chosen",
+    )
     _add_served_model_name(simulate)
 
 
@@ -224,9 +238,10 @@ class _WithSimulated:
 
 
 def _simulate(args: argparse.Namespace) -> int:
-    """Run one simulated vLLM 0.33 worker (needs the proxy extra).
+    """Run one simulated vLLM 0.33 worker, or a simulated llm-d gateway (needs the proxy extra).
 
-    Serve disagg_transforms.testing.SimulatedWorker (docs/testing.md).
+    Serve disagg_transforms.testing.SimulatedWorker, or with --gateway a SimulatedGateway:
+    pools of simulated workers chosen by each call's EPP-Profile header (docs/testing.md).
     """
     from disagg_transforms.testing import FAULT_MODES  # noqa: PLC0415
 
@@ -234,10 +249,16 @@ def _simulate(args: argparse.Namespace) -> int:
     if args.fault is not None and args.fault not in FAULT_MODES:
         msg = f"--fault: unknown fault {args.fault!r}; expected one of {', '.join(FAULT_MODES)}"
         raise CliError(msg)
+    if args.gateway and args.fault is not None:
+        msg = "--fault plays on one worker: it cannot be given with --gateway"
+        raise CliError(msg)
     settings = {
         "fault": args.fault,
         "stream_delay": args.stream_delay,
         "served_model_names": args.served_model_name or [],
+        "gateway": args.gateway,
+        "pool_size": args.pool_size,
+        "routing": args.routing,
     }
     os.environ[_SETTINGS] = orjson.dumps(settings).decode()
     _run(
@@ -250,21 +271,29 @@ def _simulate(args: argparse.Namespace) -> int:
 
 
 def worker_from_settings() -> ASGIApp:
-    """The simulated worker ``simulate`` serves (uvicorn's factory)."""
+    """The simulated worker or gateway ``simulate`` serves (uvicorn's factory)."""
     _configure_logging()
     return _simulated_worker(orjson.loads(os.environ[_SETTINGS]))
 
 
 def _simulated_worker(settings: Mapping[str, Any]) -> ASGIApp:
-    """The simulated worker of ``simulate``'s or ``serve --simulate``'s settings."""
-    from disagg_transforms.testing import SimulatedWorker, WorkerSettings  # noqa: PLC0415
-
-    names = tuple(settings["served_model_names"])
-    return SimulatedWorker(
-        WorkerSettings(served_model_names=names),
-        fault=settings.get("fault"),
-        stream_delay=settings.get("stream_delay", 0.0),
+    """The simulated worker (or gateway) of ``simulate``'s or ``serve --simulate``'s settings."""
+    from disagg_transforms.testing import (  # noqa: PLC0415
+        SimulatedGateway,
+        SimulatedWorker,
+        WorkerSettings,
     )
+
+    worker = WorkerSettings(served_model_names=tuple(settings["served_model_names"]))
+    stream_delay = settings.get("stream_delay", 0.0)
+    if settings.get("gateway"):
+        return SimulatedGateway(
+            worker,
+            pool_size=settings["pool_size"],
+            routing=settings["routing"],
+            stream_delay=stream_delay,
+        )
+    return SimulatedWorker(worker, fault=settings.get("fault"), stream_delay=stream_delay)
 
 
 def _reachable(host: str) -> str:

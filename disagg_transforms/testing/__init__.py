@@ -18,6 +18,9 @@ Use it in process with httpx (which buffers a streamed answer whole; that is fin
         response = await client.post("/inference/v1/generate", json=body)
     assert [call.path for call in worker.calls] == ["/inference/v1/generate"]
 
+or put a :class:`SimulatedGateway` in front of pools of them (llm-d's gateway: each call routed
+by its ``EPP-Profile`` header, 412 for a conditional decode of a prompt no decode worker has
+served),
 or serve it with any ASGI server (``uvicorn.run(SimulatedWorker(), port=8100)``); the header
 ``x-simulate-fault: MODE`` then picks a fault per request.
 
@@ -52,6 +55,14 @@ the random part of its ``resp_`` id. What differs from a real vLLM server:
 from __future__ import annotations
 
 from disagg_transforms.testing._common import DEFAULT_ENGINE_ID, WorkerSettings
+from disagg_transforms.testing._gateway import (
+    DEFAULT_PROFILE,
+    PROFILE_HEADER,
+    PROFILES,
+    ROUTING_POLICIES,
+    GatewayCall,
+    SimulatedGateway,
+)
 from disagg_transforms.testing._tokenizer import decode as toy_decode
 from disagg_transforms.testing._tokenizer import encode as toy_encode
 from disagg_transforms.testing._worker import (
@@ -63,9 +74,15 @@ from disagg_transforms.testing._worker import (
 
 __all__ = [
     "DEFAULT_ENGINE_ID",
+    "DEFAULT_PROFILE",
     "FAULT_HEADER",
     "FAULT_MODES",
+    "GatewayCall",
+    "PROFILES",
+    "PROFILE_HEADER",
+    "ROUTING_POLICIES",
     "RecordedCall",
+    "SimulatedGateway",
     "SimulatedWorker",
     "WorkerSettings",
     "toy_decode",

@@ -178,15 +178,10 @@ class SimulatedWorker:
             receive: The ASGI receive callable.
             send: The ASGI send callable.
         """
-        if scope["type"] == "lifespan":
-            await _lifespan(receive, send)
+        request = await read_request(scope, receive, send)
+        if request is None:
             return
-        if scope["type"] != "http":
-            return
-        headers = _headers(scope)
-        raw = await _read_body(receive)
-        method = str(scope.get("method", "GET")).upper()
-        path = str(scope.get("path", "/"))
+        method, path, headers, raw = request
         body = _parse(raw)
         call = RecordedCall(method, path, headers, body)
         self.calls.append(call)
@@ -249,16 +244,7 @@ class SimulatedWorker:
             return _json(200, _render.tokenize(body, self.settings))
         if path == "/detokenize":
             return _json(200, _render.detokenize(body))
-        return _json(200, self._render(path, body, header_id))
-
-    def _render(self, path: str, body: object, header_id: str | None) -> object:
-        if path == "/v1/chat/completions/render":
-            return _render.render_chat(body, header_id, self.settings)
-        if path == "/v1/completions/render":
-            return _render.render_completions(body, header_id, self.settings)
-        if path == "/v1/responses/render":
-            return _render.render_responses(body, self.settings)
-        return _render.render_messages(body, header_id, self.settings)
+        return _json(200, render(path, body, header_id, self.settings))
 
     def _generate(self, body: object, header_id: str | None, fault: str | None) -> _Reply:
         legacy = fault == "no-output-mode"
@@ -308,6 +294,35 @@ class SimulatedWorker:
                 for name in names
             ],
         }
+
+
+def render(path: str, body: object, header_id: str | None, settings: WorkerSettings) -> object:
+    """The answer of one of the four render routes (``path`` is one of them)."""
+    if path == "/v1/chat/completions/render":
+        return _render.render_chat(body, header_id, settings)
+    if path == "/v1/completions/render":
+        return _render.render_completions(body, header_id, settings)
+    if path == "/v1/responses/render":
+        return _render.render_responses(body, settings)
+    return _render.render_messages(body, header_id, settings)
+
+
+async def read_request(
+    scope: Scope, receive: Receive, send: Send
+) -> tuple[str, str, dict[str, str], bytes | None] | None:
+    """An http scope's method, path, headers and body (``None`` above ``MAX_BODY``).
+
+    ``None`` for any other scope, a ``lifespan`` one answered first.
+    """
+    if scope["type"] == "lifespan":
+        await _lifespan(receive, send)
+        return None
+    if scope["type"] != "http":
+        return None
+    headers = _headers(scope)
+    raw = await _read_body(receive)
+    method = str(scope.get("method", "GET")).upper()
+    return method, str(scope.get("path", "/")), headers, raw
 
 
 def _is_json_type(headers: Mapping[str, str]) -> bool:
