@@ -149,20 +149,31 @@ def _header_pairs(headers: object) -> list[tuple[str, str]]:
     return pairs
 
 
-def _worker_error(body: bytes) -> tuple[str | None, str | None, str | None]:
-    """(message, type, param) of a worker's error body, whatever API shape it came in."""
+class _Detail(NamedTuple):
+    """What an error reply's body names besides its message."""
+
+    error_type: str | None = None
+    param: str | None = None
+
+
+_NO_DETAIL: Final = _Detail()
+
+
+def _worker_error(body: bytes) -> tuple[str | None, _Detail]:
+    """The message, type and param of a worker's error body, whatever API shape it came in."""
     try:
         value = msgspec.json.decode(body[:_MAX_ERROR_BYTES])
     except (msgspec.DecodeError, RecursionError):
-        return None, None, None
+        return None, _NO_DETAIL
     if not isinstance(value, dict):
-        return None, None, None
+        return None, _NO_DETAIL
     error = value.get(w.ERROR)
     if isinstance(error, dict):
-        return _text(error.get(w.MESSAGE)), _text(error.get(w.TYPE)), _text(error.get(w.PARAM))
+        detail = _Detail(_text(error.get(w.TYPE)), _text(error.get(w.PARAM)))
+        return _text(error.get(w.MESSAGE)), detail
     if isinstance(error, str):
-        return error, None, None
-    return _text(value.get(w.DETAIL)), None, None
+        return error, _NO_DETAIL
+    return _text(value.get(w.DETAIL)), _NO_DETAIL
 
 
 def _text(value: object) -> str | None:
@@ -741,18 +752,16 @@ class Exchange:
         message = error.message
         if isinstance(error, UpstreamContractError):
             message = f"{phase} broke the contract: {message}"
-        status = error.status_hint
-        return self._error(
-            status, message, param=error.param, error_type=error.error_type, retry=False
-        )
+        detail = _Detail(error.error_type, error.param)
+        return self._error(error.status_hint, message, retry=False, detail=detail)
 
     def _fail_worker(self, status: int, body: bytes, *, drops_stream: bool) -> None:
         step = self._streamed_phase()
-        message, error_type, param = _worker_error(body)
+        message, detail = _worker_error(body)
         said = _quote(message) if message else f"HTTP {status}"
         if 400 <= status < 500:
             text = f"{step} rejected the request: {said}"
-            reply = self._error(status, text, param=param, error_type=error_type, retry=False)
+            reply = self._error(status, text, retry=False, detail=detail)
         elif 500 <= status < 600:
             reply = self._error(502, f"{step} failed with HTTP {status}: {said}", retry=True)
         else:
@@ -762,14 +771,9 @@ class Exchange:
         self._reply(reply, drops_stream=drops_stream)
 
     def _error(
-        self,
-        status: int,
-        message: str,
-        *,
-        param: str | None = None,
-        error_type: str | None = None,
-        retry: bool,
+        self, status: int, message: str, *, retry: bool, detail: _Detail = _NO_DETAIL
     ) -> ClientReply:
+        error_type, param = detail
         body = _raw.encode(
             error_body(
                 self._client.route,
