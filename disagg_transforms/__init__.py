@@ -44,6 +44,7 @@ from disagg_transforms._request.legs import (
     build_decode_request_bytes,
     build_encode_request,
     build_prefill_request,
+    strip_transfer_params,
 )
 from disagg_transforms._response.chat import (
     ChatStreamConverter,
@@ -75,7 +76,7 @@ from disagg_transforms._response.responses import (
 )
 from disagg_transforms._routes import Route, detect_route, resolve_format
 from disagg_transforms._wire.limits import DEFAULT_LIMITS, Limits
-from disagg_transforms._wire.sse import DEFAULT_MAX_EVENT_BYTES
+from disagg_transforms._wire.sse import DEFAULT_MAX_EVENT_BYTES, SseParser
 from disagg_transforms.errors import (
     ConfigError,
     DisaggTransformError,
@@ -92,12 +93,15 @@ from disagg_transforms.exchange import (
     NEED_DATA,
     ClientReply,
     ClientStream,
+    Driver,
     Event,
     Exchange,
     ExchangeSettings,
     ExchangeStateError,
     NeedData,
+    Phase,
     WorkerCall,
+    pipeline_phases,
     pipeline_warnings,
 )
 from disagg_transforms.hooks import (
@@ -133,6 +137,7 @@ __all__ = [
     "DecodeLegBytes",
     "DecodeParams",
     "DisaggTransformError",
+    "Driver",
     "ENTRY_POINT_GROUP",
     "EcConnector",
     "EncodeParams",
@@ -152,6 +157,7 @@ __all__ = [
     "NEED_DATA",
     "NeedData",
     "OutputMode",
+    "Phase",
     "Pipeline",
     "PluginLoadError",
     "PrefillParams",
@@ -162,6 +168,7 @@ __all__ = [
     "ResponsesStreamConverter",
     "Route",
     "SamplingCaps",
+    "SseParser",
     "Step",
     "StepParams",
     "StreamConverter",
@@ -188,6 +195,7 @@ __all__ = [
     "parse_coordinator_config",
     "parse_pipeline_params",
     "parse_step_params",
+    "pipeline_phases",
     "pipeline_warnings",
     "resolve_format",
     "sampling_caps",
@@ -200,6 +208,7 @@ __all__ = [
     "single_frame_stream",
     "stream_converter",
     "strip_client_transfer_params",
+    "strip_transfer_params",
     "validate_output_mode",
     "wrap_anthropic_message",
     "wrap_chat_completion",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 
-__all__ = ("Route", "detect_route", "resolve_format")
+__all__ = ("Route", "detect_route", "leg_route", "resolve_format")
 
 
 class Route(str, enum.Enum):
@@ -45,9 +45,13 @@ def resolve_format(use_openai_format: bool, path: str) -> Route:
     IDs on its own route); otherwise ``use_openai_format=False`` sends the leg to the generate
     route, and ``True`` keeps the client's route.
     """
-    detected = detect_route(path)
-    if detected is Route.COMPLETIONS:
+    return leg_route(use_openai_format, detect_route(path))
+
+
+def leg_route(use_openai_format: bool, client_route: Route) -> Route:
+    """:func:`resolve_format` for a client whose route is known."""
+    if client_route is Route.COMPLETIONS:
         return Route.COMPLETIONS
     if not use_openai_format:
         return Route.GENERATE
-    return detected
+    return client_route

@@ -8,12 +8,14 @@ back. See ``docs/exchange.md`` and ``docs/router.md``.
 from __future__ import annotations
 
 from disagg_transforms._exchange.check import pipeline_warnings
+from disagg_transforms._exchange.drive import Driver
 from disagg_transforms._exchange.events import (
     NEED_DATA,
     ClientReply,
     ClientStream,
     Event,
     NeedData,
+    Phase,
     WorkerCall,
 )
 from disagg_transforms._exchange.flow import (
@@ -21,18 +23,22 @@ from disagg_transforms._exchange.flow import (
     ExchangeSettings,
     ExchangeStateError,
     StreamEnd,
+    pipeline_phases,
 )
 
 __all__ = (
     "ClientReply",
     "ClientStream",
+    "Driver",
     "Event",
     "Exchange",
     "ExchangeSettings",
     "ExchangeStateError",
     "NEED_DATA",
     "NeedData",
+    "Phase",
     "StreamEnd",
     "WorkerCall",
+    "pipeline_phases",
     "pipeline_warnings",
 )

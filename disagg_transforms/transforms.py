@@ -16,11 +16,8 @@ from typing import Any, final
 
 from disagg_transforms._config import DecodeParams, OutputMode
 from disagg_transforms._request.caps import apply_sampling_caps
-from disagg_transforms._request.legs import (
-    build_decode_request,
-    decode_output_mode,
-    strip_transfer_params,
-)
+from disagg_transforms._request.client import decode_output_mode
+from disagg_transforms._request.legs import build_decode_request, strip_transfer_params
 from disagg_transforms._response.dispatch import wrap_envelope
 from disagg_transforms._response.echo import check_output_mode_echo
 from disagg_transforms._routes import Route, resolve_format

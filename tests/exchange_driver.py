@@ -14,7 +14,7 @@ from typing import Any
 
 from golden import load_fixture
 
-from disagg_transforms.exchange import ClientReply, ClientStream, Exchange, NeedData, WorkerCall
+from disagg_transforms.exchange import ClientReply, Driver, Exchange, WorkerCall
 
 Answer = tuple[int, Any, "bytes | Iterable[bytes]"]
 Worker = Callable[[str, str, tuple[tuple[str, str], ...], bytes], Answer]
@@ -49,44 +49,30 @@ def _chunks(body: bytes | Iterable[bytes]) -> Iterator[bytes]:
 
 def drive(ex: Exchange, worker: Worker) -> Outcome:
     """Run the exchange to its end; the client's bytes are collected as they are released."""
+    driver = Driver(ex)
     calls: list[WorkerCall] = []
-    while True:
-        event = ex.next_event()
-        if isinstance(event, ClientReply):
-            return Outcome(event.status, dict(event.headers), event.body, calls)
-        assert isinstance(event, WorkerCall), event
-        calls.append(event)
-        status, headers, body = worker(event.method, event.path, event.headers, event.body)
-        if not event.stream:
-            ex.receive(status, headers, b"".join(_chunks(body)))
+    sent = bytearray()
+    while (call := driver.next_call()) is not None:
+        calls.append(call)
+        status, headers, body = worker(call.method, call.path, call.headers, call.body)
+        if not call.stream:
+            driver.answered(status, headers, b"".join(_chunks(body)))
             continue
-        ex.receive_stream_head(status, headers)
-        out = bytearray()
-        head: ClientStream | None = None
-        for chunk in _chunks(body):
-            piece = ex.feed(chunk)
-            if head is None:
-                now = ex.next_event()
-                if isinstance(now, ClientReply):
-                    assert piece == b""
-                    return Outcome(now.status, dict(now.headers), now.body, calls)
-                if isinstance(now, ClientStream):
-                    head = now
-                    out += now.first
-                else:
-                    assert isinstance(now, NeedData)
-                    assert piece == b""  # nothing reaches the client before its head
-            out += piece
-        tail = ex.end_of_stream()
-        final = ex.next_event()
-        if isinstance(final, ClientReply):
-            assert head is None
-            return Outcome(final.status, dict(final.headers), final.body, calls)
-        assert isinstance(final, ClientStream)
-        if head is None:
-            out += final.first
-        out += tail
-        return Outcome(final.status, dict(final.headers), bytes(out), calls, streamed=True)
+        driver.stream_opened(status, headers)
+        for chunk in (*_chunks(body), None):
+            opening = driver.opening
+            if not (opening or driver.relaying):
+                break
+            piece = driver.chunk(chunk)
+            assert not (opening and piece), "nothing reaches the client before its head"
+            sent += piece
+    reply = driver.reply()
+    if isinstance(reply, ClientReply):
+        assert not sent
+        return Outcome(reply.status, dict(reply.headers), reply.body, calls)
+    assert ex.reply_over, "the worker's stream was read to its end"
+    body = reply.first + bytes(sent)
+    return Outcome(reply.status, dict(reply.headers), body, calls, streamed=True)
 
 
 def fixture_bytes(name: str) -> bytes:

@@ -17,9 +17,9 @@ import httpx
 import httpx2
 
 from disagg_transforms import (
-    NEED_DATA,
     ClientReply,
     ClientStream,
+    Driver,
     Exchange,
     Step,
     StepParams,
@@ -63,11 +63,11 @@ class SimulatedRouter:
         body: bytes,
     ) -> tuple[int, list[tuple[str, str]], bytes]:
         """The exchange loop (docs/router.md), the client's reply collected whole."""
-        ex = Exchange(self.config, path, headers, body)
+        drive = Driver(Exchange(self.config, path, headers, body))
         transport = httpx.ASGITransport(app=self.worker)
         sent = bytearray()
         async with httpx.AsyncClient(transport=transport, base_url="http://worker") as http:
-            while isinstance(call := ex.next_event(), WorkerCall):
+            while (call := drive.next_call()) is not None:
                 self.calls.append(call)
                 extra = {}
                 if self.fault is not None and call.step == self.fault_step:
@@ -81,16 +81,15 @@ class SimulatedRouter:
                 answer = await http.send(request, stream=call.stream)
                 try:
                     if not call.stream:
-                        ex.receive(answer.status_code, answer.headers.raw, await answer.aread())
+                        drive.answered(answer.status_code, answer.headers.raw, await answer.aread())
                         continue
-                    ex.receive_stream_head(answer.status_code, answer.headers.raw)
-                    async for chunk in answer.aiter_raw():
-                        sent += ex.feed(chunk)
-                    sent += ex.end_of_stream()
+                    drive.stream_opened(answer.status_code, answer.headers.raw)
+                    chunks = answer.aiter_raw()
+                    while drive.opening or drive.relaying:
+                        sent += drive.chunk(await anext(chunks, None))
                 finally:
                     await answer.aclose()
-        reply = ex.next_event()
-        assert reply is not NEED_DATA
+        reply = drive.reply()
         if isinstance(reply, ClientReply):
             return reply.status, list(reply.headers), reply.body
         assert isinstance(reply, ClientStream)

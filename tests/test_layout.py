@@ -87,3 +87,85 @@ def test_importing_the_package_imports_no_io_library() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
     )
     assert result.stdout.strip() == ""
+
+
+def test_the_integrations_import_only_public_names() -> None:
+    # An integration is a client of the library, as a router is: a private module it needed
+    # would be a name every router needs too (docs/architecture.md, "The import rules").
+    files = _modules_under("integrations")
+    assert files
+    for path in files:
+        private = {
+            name for name in _imports(path) if any(p.startswith("_") for p in name.split("."))
+        }
+        assert not private, f"{path.name} imports {sorted(private)}"
+
+
+def _module_graph() -> dict[str, set[str]]:
+    """Each package module and the package modules it imports, type-checking imports aside."""
+    modules = {
+        ".".join(("disagg_transforms", *path.relative_to(PACKAGE).with_suffix("").parts)): path
+        for path in PACKAGE.rglob("*.py")
+    }
+    graph = {}
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        checking = {
+            id(node)
+            for block in ast.walk(tree)
+            if isinstance(block, ast.If) and "TYPE_CHECKING" in ast.unparse(block.test)
+            for statement in block.body
+            for node in ast.walk(statement)
+        }
+        found: set[str] = set()
+        for node in ast.walk(tree):
+            if id(node) in checking:
+                continue
+            if isinstance(node, ast.Import):
+                found.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                found.add(node.module)
+                found.update(f"{node.module}.{alias.name}" for alias in node.names)
+        own = name.removesuffix(".__init__")
+        # A package's own __init__ is loaded before any of its modules: importing a name from
+        # it (the root's public names) is no circle.
+        graph[own] = {
+            target
+            for target in (m.removesuffix(".__init__") for m in modules)
+            if target in found and not f"{own}.".startswith(f"{target}.")
+        }
+    return graph
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    done: set[str] = set()
+
+    def visit(node: str, path: list[str]) -> list[str] | None:
+        if node in path:
+            return [*path[path.index(node) :], node]
+        if node in done:
+            return None
+        for target in sorted(graph.get(node, ())):
+            found = visit(target, [*path, node])
+            if found:
+                return found
+        done.add(node)
+        return None
+
+    for node in sorted(graph):
+        found = visit(node, [])
+        if found:
+            return found
+    return None
+
+
+def test_no_import_circle() -> None:
+    # Function-level imports count: the CLI's main and serve once dodged a circle that way.
+    graph = _module_graph()
+    assert "disagg_transforms._cli.config" in graph["disagg_transforms._cli.serve"]
+    assert _cycle(graph) is None, _cycle(graph)
+
+
+def test_the_circle_finder_sees_a_circle() -> None:
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set()}) is None

@@ -18,7 +18,7 @@ from typing import Any, Final
 import msgspec
 
 from disagg_transforms._config import StepParams, parse_pipeline_params
-from disagg_transforms.exchange import ClientReply, ClientStream, Exchange, WorkerCall
+from disagg_transforms.exchange import ClientStream, Driver, Exchange, WorkerCall
 
 # Each number ends at a comma or the bracket: with an optional comma a run of digits could be
 # split many ways, and a long number in a non-matching array took exponential time.
@@ -187,21 +187,20 @@ async def _exchange(app: AsgiApp, request: _Request, request_id: str) -> _Run:
     """One client request through the exchange, every worker call answered by ``app``."""
     config = parse_pipeline_params(request.steps, use_openai_format=False)
     body = msgspec.json.encode(request.body)
-    ex = Exchange(config, request.path, {"x-request-id": request_id}, body)
+    drive = Driver(Exchange(config, request.path, {"x-request-id": request_id}, body))
     legs: list[_Leg] = []
     sent = b""
-    while isinstance(call := ex.next_event(), WorkerCall):
+    while (call := drive.next_call()) is not None:
         answer = await _call(app, call)
         legs.append(_Leg(call, answer))
         if not call.stream:
-            ex.receive(answer.status, answer.headers, b"".join(answer.chunks))
+            drive.answered(answer.status, answer.headers, b"".join(answer.chunks))
             continue
-        ex.receive_stream_head(answer.status, answer.headers)
-        sent = b"".join(ex.feed(chunk) for chunk in answer.chunks) + ex.end_of_stream()
-    reply = ex.next_event()
+        drive.stream_opened(answer.status, answer.headers)
+        sent = drive.relay_all(answer.chunks)
+    reply = drive.reply()
     if isinstance(reply, ClientStream):
         return _Run(request, legs, reply.status, reply.headers, reply.first + sent)
-    assert isinstance(reply, ClientReply)  # noqa: S101 - the calls are over
     return _Run(request, legs, reply.status, reply.headers, reply.body)
 
 

@@ -11,7 +11,6 @@ import argparse
 import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import NoReturn
 
 import msgspec
@@ -40,17 +39,23 @@ from disagg_transforms import (
     wrap_responses_response,
 )
 from disagg_transforms._cli.commands import EXIT_USAGE, PROG, CliError, Handler, add_command
+from disagg_transforms._cli.config import (
+    config_errors,
+    one_line,
+    parse_document,
+    read_config,
+    read_json,
+    source_name,
+)
 from disagg_transforms._cli.demo import demo_text, indented_json, params_json
+from disagg_transforms._cli.serve import add_commands
 from disagg_transforms._coordinator import MIB, coordinator_config_errors, is_coordinator_document
 from disagg_transforms._wire.describe import describe
 from disagg_transforms.errors import ConfigError, DisaggTransformError
 
-_STDIN = "-"
-_TOP_LEVEL_KEYS = ("steps", "use_openai_format")
 # `--token-ids 1,2,3`: integers and commas only, so it can never be taken for a file name that
 # needs reading (docs/cli.md: ./NAME reads a file named like that).
 _INLINE_IDS = re.compile(r"\s*-?\d+(\s*,\s*-?\d+)*\s*")
-_YAML_HINT = " (if it is YAML, pass --format yaml)"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -61,125 +66,6 @@ class _Parser(argparse.ArgumentParser):
         raise CliError(msg)
 
 
-def _one_line(error: BaseException) -> str:
-    return " ".join(str(error).split())
-
-
-def _source_name(source: str) -> str:
-    return "<stdin>" if source == _STDIN else source
-
-
-def _read_bytes(source: str) -> bytes:
-    """The bytes of a file, or of stdin when ``source`` is ``-``."""
-    if source == _STDIN:
-        return sys.stdin.buffer.read()
-    try:
-        return Path(source).read_bytes()
-    except OSError as exc:
-        msg = f"cannot read {source}: {exc.strerror or _one_line(exc)}"
-        raise CliError(msg) from None
-
-
-def _decode(
-    source: str,
-    kind: str,
-    loads: Callable[[bytes], object],
-    errors: type[Exception],
-    hint: str = "",
-) -> object:
-    return _parse(_source_name(source), kind, lambda: loads(_read_bytes(source)), errors, hint)
-
-
-def _parse(
-    name: str, kind: str, parse: Callable[[], object], errors: type[Exception], hint: str = ""
-) -> object:
-    """``parse()``'s document; a failure is a `CliError` naming ``name`` (a source or option).
-
-    A document nested past the interpreter's stack is refused like any other (docs/cli.md).
-    """
-    try:
-        return parse()
-    except errors as exc:
-        msg = f"{name}: not valid {kind}: {_one_line(exc)}{hint}"
-    except RecursionError:
-        msg = f"{name}: not valid {kind}: nested too deep"
-    raise CliError(msg)
-
-
-def _read_json(source: str, hint: str = "") -> object:
-    """Parse the JSON document in a file or on stdin (``-``); a failure is a `CliError`.
-
-    msgspec, not orjson: it reads an integer beyond 64 bits exactly (orjson makes it a float).
-    ``hint`` ends the message of a document that does not parse.
-    """
-    return _decode(source, "JSON", msgspec.json.decode, msgspec.DecodeError, hint)
-
-
-def _read_yaml(source: str) -> object:
-    try:
-        import yaml  # noqa: PLC0415 - optional: only this command, and only for YAML, needs it
-    except ImportError:
-        msg = (
-            f"{_source_name(source)}: reading YAML needs PyYAML (pip install pyyaml); "
-            "or give the config as JSON"
-        )
-        raise CliError(msg) from None
-    return _decode(source, "YAML", yaml.safe_load, yaml.YAMLError)
-
-
-def _read_config(source: str, fmt: str) -> object:
-    if fmt != "auto":
-        return _read_yaml(source) if fmt == "yaml" else _read_json(source)
-    if Path(source).suffix.lower() in {".yaml", ".yml"}:
-        return _read_yaml(source)
-    # JSON is only the guess here (stdin, or a name without .yaml): say how to ask for YAML.
-    return _read_json(source, _YAML_HINT)
-
-
-def _collect(errors: list[ConfigError], steps: object, use_openai_format: object = None) -> bool:
-    try:
-        parse_pipeline_params(steps, use_openai_format=use_openai_format)  # type: ignore[arg-type]
-    except ConfigError as error:
-        errors.append(error)
-        return False
-    return True
-
-
-def _config_errors(document: object) -> list[ConfigError]:
-    """Every error in a pipeline config document, each key checked on its own.
-
-    ``parse_pipeline_params`` stops at the first error; an operator fixing a file wants them
-    all, so each step name and each key is run through it separately (no rule spans two keys).
-    """
-    if not isinstance(document, Mapping):
-        msg = f'$: expected an object with a "steps" key, got {describe(document)}'
-        return [ConfigError(msg, param="$")]
-    errors: list[ConfigError] = []
-    for key in document:
-        if key not in _TOP_LEVEL_KEYS:
-            msg = (
-                f"{key}: unknown top-level key {describe(key)}; accepted: steps, use_openai_format"
-            )
-            errors.append(ConfigError(msg, param=str(key)))
-    _collect(errors, {}, document.get("use_openai_format"))
-    if "steps" not in document:
-        errors.append(ConfigError('steps: the "steps" key is missing', param="steps"))
-        return errors
-    steps = document["steps"]
-    if not isinstance(steps, Mapping):
-        _collect(errors, steps)
-        return errors
-    for name, params in steps.items():
-        if not _collect(errors, {name: {}}):
-            continue  # an unknown step name: its keys mean nothing
-        if not isinstance(params, Mapping):
-            _collect(errors, {name: params})
-            continue
-        for key, value in params.items():
-            _collect(errors, {name: {key: value}})
-    return errors
-
-
 def _check_config(args: argparse.Namespace) -> int:
     """Validate a pipeline's step params (JSON, or YAML with PyYAML).
 
@@ -187,10 +73,10 @@ def _check_config(args: argparse.Namespace) -> int:
     error with its key. Exit code 0 when valid, 2 when not.
     """
     source: str = args.file
-    document = _read_config(source, args.format)
+    document = read_config(source, args.format)
     if is_coordinator_document(document):
-        return _check_coordinator(document, _source_name(source))
-    errors = _config_errors(document)
+        return _check_coordinator(document, source_name(source))
+    errors = config_errors(document)
     if not errors and isinstance(document, Mapping):
         try:
             parsed = parse_pipeline_params(
@@ -200,12 +86,12 @@ def _check_config(args: argparse.Namespace) -> int:
             errors = [error]
         else:
             _print_steps(parsed)
-            name = _source_name(source)
+            name = source_name(source)
             sys.stderr.writelines(
                 f"{name}: warning: {line}\n" for line in pipeline_warnings(parsed)
             )
             return 0
-    name = _source_name(source)
+    name = source_name(source)
     sys.stderr.writelines(f"{name}: {error.message}\n" for error in errors)
     return EXIT_USAGE
 
@@ -257,7 +143,7 @@ def _run_demo(args: argparse.Namespace) -> int:
 
 
 def _json_option(text: str, option: str) -> object:
-    return _parse(option, "JSON", lambda: msgspec.json.decode(text), msgspec.DecodeError)
+    return parse_document(option, "JSON", lambda: msgspec.json.decode(text), msgspec.DecodeError)
 
 
 def _token_ids(value: str | None) -> object:
@@ -268,11 +154,11 @@ def _token_ids(value: str | None) -> object:
         return [int(item) for item in value.split(",")]
     if value.lstrip().startswith("["):
         return _json_option(value, "--token-ids")
-    return _read_json(value)
+    return read_json(value)
 
 
 def _build_leg(args: argparse.Namespace) -> Leg:
-    body: object = _read_json(args.file)
+    body: object = read_json(args.file)
     step = Step(args.step)
     params = parse_step_params(step.value, _params_option(args.params))
     common: dict[str, object] = {
@@ -326,8 +212,8 @@ def _response(args: argparse.Namespace) -> int:
 
     Read a generate response (JSON); print the envelope rebuilt from it.
     """
-    response = _read_json(args.file)
-    client_body = None if args.client_body is None else _read_json(args.client_body)
+    response = read_json(args.file)
+    client_body = None if args.client_body is None else read_json(args.client_body)
     wrap = _ENVELOPES[args.envelope]
     envelope = wrap(response, requested=OutputMode(args.mode), client_body=client_body)
     sys.stdout.write(indented_json(envelope) + "\n")
@@ -374,10 +260,7 @@ def _parser() -> argparse.ArgumentParser:
         default="auto",
         help="auto (the default): YAML for .yaml/.yml files, JSON otherwise",
     )
-    # serve and simulate (the proxy extra) live in their own module.
-    from disagg_transforms._cli.serve import add_commands  # noqa: PLC0415 - it imports this one
-
-    add_commands(commands)
+    add_commands(commands)  # serve and simulate (the proxy extra), in their own module
     return parser
 
 
@@ -388,5 +271,5 @@ def main(argv: Sequence[str] | None = None) -> int:
         handler: Handler = args.handler
         return handler(args)
     except (CliError, DisaggTransformError) as error:
-        sys.stderr.write(f"{PROG}: error: {_one_line(error)}\n")
+        sys.stderr.write(f"{PROG}: error: {one_line(error)}\n")
         return EXIT_USAGE

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import orjson
 
 from disagg_transforms._cli.commands import EXIT_USAGE, PROG, CliError, add_command
+from disagg_transforms._cli.config import config_errors, read_config
 from disagg_transforms._wire.limits import DEFAULT_LIMITS
 
 if TYPE_CHECKING:
@@ -163,11 +164,6 @@ def _serve(args: argparse.Namespace) -> int:
 
     Serve the five client routes, calling vLLM workers through the exchange.
     """
-    from disagg_transforms._cli.main import (  # noqa: PLC0415 - main imports this module
-        _config_errors,
-        _read_config,
-    )
-
     _need_the_extra()
     urls = {step: getattr(args, f"{step}_url") for step in _STEP_URLS}
     if args.simulate and any(urls.values()):
@@ -180,9 +176,9 @@ def _serve(args: argparse.Namespace) -> int:
         document: object = _default_document(prefill=args.simulate or bool(urls["prefill"]))
         source = "<default config>"
     else:
-        document = _read_config(args.config, "auto")
+        document = read_config(args.config, "auto")
         source = args.config
-    problems = [f"{source}: {error.message}" for error in _config_errors(document)]
+    problems = [f"{source}: {error.message}" for error in config_errors(document)]
     if problems:
         sys.stderr.writelines(line + "\n" for line in problems)
         return EXIT_USAGE

@@ -6,20 +6,58 @@ h11 keeps its events apart from its connection. See ``docs/exchange.md``.
 
 from __future__ import annotations
 
+import enum
 from typing import TypeAlias
 
 import msgspec
 
-__all__ = ("NEED_DATA", "ClientReply", "ClientStream", "Event", "Headers", "NeedData", "WorkerCall")
+__all__ = (
+    "NEED_DATA",
+    "ClientReply",
+    "ClientStream",
+    "Event",
+    "Headers",
+    "NeedData",
+    "Phase",
+    "WorkerCall",
+)
 
 Headers: TypeAlias = tuple[tuple[str, str], ...]
+
+
+class Phase(str, enum.Enum):
+    """Where an exchange is: one of its worker calls, the client's stream, or replied.
+
+    The one name of a step in worker calls, errors, hooks (``Step(phase)`` for a leg) and logs.
+    A ``str`` that compares, prints and formats as its name (``"render"``), so a router's
+    ``call.step == "render"`` or ``urls[call.step]`` reads it as the name it is.
+    """
+
+    RENDER = "render"
+    CONDITIONAL_DECODE = "conditional-decode"
+    ENCODE = "encode"
+    PREFILL = "prefill"
+    DECODE = "decode"
+    STREAMING = "streaming"
+    """The client's stream has started; the decode worker's is relayed."""
+    REPLIED = "replied"
+    """The client's reply is complete (or, a stream, has ended)."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+    def __repr__(self) -> str:
+        return repr(self.value)
 
 
 class WorkerCall(msgspec.Struct, frozen=True, kw_only=True):
     """Send this request to the worker of ``step``; feed its answer back."""
 
-    step: str
-    """``"render"``, ``"encode"``, ``"prefill"`` or ``"decode"``: which worker to call."""
+    step: Phase
+    """Which worker to call: :attr:`Phase.RENDER`, ``ENCODE``, ``PREFILL`` or ``DECODE``."""
     method: str
     path: str
     headers: Headers
@@ -39,7 +77,9 @@ class ClientReply(msgspec.Struct, frozen=True, kw_only=True):
 class ClientStream(msgspec.Struct, frozen=True, kw_only=True):
     """Start the client's streamed reply: this status and headers, then ``first``.
 
-    Then send what each later ``feed`` and ``end_of_stream`` returns.
+    ``first`` holds every byte the client is owed so far: the ``feed`` (or ``end_of_stream``)
+    call that started the stream returned ``b""``. Then send what each later ``feed``,
+    ``end_of_stream`` and ``worker_failed`` returns.
     """
 
     status: int

@@ -2,15 +2,33 @@
 
 In the manner of h11: no I/O, no clock of its own but for ``created`` stamps, no threads. The
 router asks :meth:`Exchange.next_event` what to do, does it, and feeds what it got back. See
-``docs/exchange.md``.
+``docs/exchange.md`` (its "Phases" drawing is this machine).
+
+The rules of the machine:
+
+1. An exchange is in one :class:`Phase` at a time and holds that phase's data (``_at``: the
+   call to make, the stream being read, the client's stream, the reply), beside what the
+   answers so far hand the legs (``_gathered``). Nothing else says what happens next.
+2. The worker calls are the rows of one table, ``Exchange._plan``, in order. A row says when
+   its phase runs for this request (``runs``; else the next row is tried), how its call is
+   built (``build``) and how its answer is read (``read``). Adding a phase is one row, its
+   builder and its reader.
+3. A reader returns the phase to go to: ``None`` for the next row that runs, ``REPLIED`` once
+   it made the client's reply (the decode row's reader, always).
+4. An answer whose status its row does not read, a failure the router reports, or an error
+   raised while building or reading ends in ``REPLIED`` with an error in the client API's own
+   shape; once the client's stream has started, with its in-stream error event.
+5. A streamed answer keeps its phase until its first client bytes are known: then
+   ``STREAMING`` (the client's stream started, carrying them all) or ``REPLIED`` (an error, or
+   the stream ended at once). ``STREAMING`` ends in ``REPLIED``; ``REPLIED`` is final.
 """
 
 from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Callable, Iterable, Mapping
-from typing import Any, ClassVar, Final, Literal, TypeAlias
+from collections.abc import Callable, Container, Iterable, Mapping
+from typing import Any, ClassVar, Final, Literal, NamedTuple, TypeAlias
 
 import msgspec
 from msgspec import UNSET
@@ -29,17 +47,19 @@ from disagg_transforms._exchange.events import (
     ClientStream,
     Event,
     Headers,
+    Phase,
     WorkerCall,
 )
+from disagg_transforms._request.client import ClientRequest, read_client_request
 from disagg_transforms._request.legs import (
     DecodeLeg,
     Leg,
-    build_decode_request,
-    build_encode_request,
-    build_prefill_request,
-    check_client_request,
+    LegInputs,
+    decode_leg,
+    single_token_leg,
     strip_transfer_params,
 )
+from disagg_transforms._response.dispatch import ENVELOPE_ROUTES
 from disagg_transforms._routes import Route, detect_route, resolve_format
 from disagg_transforms._wire import keys as w
 from disagg_transforms._wire import limits as _limits
@@ -55,9 +75,16 @@ from disagg_transforms.errors import (
     UpstreamContractError,
     error_body,
 )
-from disagg_transforms.hooks import LegInputs, Pipeline, TransformContext
+from disagg_transforms.hooks import Pipeline, TransformContext
 
-__all__ = ("Exchange", "ExchangeSettings", "ExchangeStateError", "StreamEnd")
+__all__ = (
+    "Exchange",
+    "ExchangeSettings",
+    "ExchangeStateError",
+    "PlanRow",
+    "StreamEnd",
+    "pipeline_phases",
+)
 
 StreamEnd: TypeAlias = Literal["complete", "worker-failed", "contract-broken"]
 """How the client's stream ended (:attr:`Exchange.stream_end`)."""
@@ -65,8 +92,6 @@ StreamEnd: TypeAlias = Literal["complete", "worker-failed", "contract-broken"]
 _LegParams: TypeAlias = EncodeParams | PrefillParams | DecodeParams
 _LEG_PARAMS = (EncodeParams, PrefillParams, DecodeParams)
 _REQUEST_ID = re.compile(r"[A-Za-z0-9-]{1,128}")
-_RENDERED_ROUTES = (Route.CHAT_COMPLETIONS, Route.RESPONSES, Route.MESSAGES)
-_ORDER = ("render", "encode", "prefill", "decode")  # the worker calls, each made when needed
 # Never forwarded from the client to a worker: hop-by-hop, framing, and what the exchange sets.
 _NOT_FORWARDED = frozenset(
     {
@@ -125,20 +150,31 @@ def _header_pairs(headers: object) -> list[tuple[str, str]]:
     return pairs
 
 
-def _worker_error(body: bytes) -> tuple[str | None, str | None, str | None]:
-    """(message, type, param) of a worker's error body, whatever API shape it came in."""
+class _Detail(NamedTuple):
+    """What an error reply's body names besides its message."""
+
+    error_type: str | None = None
+    param: str | None = None
+
+
+_NO_DETAIL: Final = _Detail()
+
+
+def _worker_error(body: bytes) -> tuple[str | None, _Detail]:
+    """The message, type and param of a worker's error body, whatever API shape it came in."""
     try:
         value = msgspec.json.decode(body[:_MAX_ERROR_BYTES])
     except (msgspec.DecodeError, RecursionError):
-        return None, None, None
+        return None, _NO_DETAIL
     if not isinstance(value, dict):
-        return None, None, None
+        return None, _NO_DETAIL
     error = value.get(w.ERROR)
     if isinstance(error, dict):
-        return _text(error.get(w.MESSAGE)), _text(error.get(w.TYPE)), _text(error.get(w.PARAM))
+        detail = _Detail(_text(error.get(w.TYPE)), _text(error.get(w.PARAM)))
+        return _text(error.get(w.MESSAGE)), detail
     if isinstance(error, str):
-        return error, None, None
-    return _text(value.get(w.DETAIL)), None, None
+        return error, _NO_DETAIL
+    return _text(value.get(w.DETAIL)), _NO_DETAIL
 
 
 def _text(value: object) -> str | None:
@@ -165,6 +201,78 @@ class ExchangeSettings(msgspec.Struct, frozen=True, kw_only=True):
 _DEFAULT_SETTINGS: Final = ExchangeSettings()
 
 
+# -- the data of each phase --------------------------------------------------------------------
+
+
+class _Calling:
+    """A worker call to make, its answer not read yet."""
+
+    __slots__ = ("call", "leg")
+
+    def __init__(self, call: WorkerCall, leg: DecodeLeg | None = None) -> None:
+        self.call = call
+        self.leg = leg
+        """The decode leg, whose answer makes the client's reply."""
+
+
+class _Reading:
+    """A streamed answer being read before the client's reply is known."""
+
+    __slots__ = ("error_body", "relay", "status")
+
+    def __init__(self, relay: _reply.Relay | None, status: int) -> None:
+        self.relay = relay
+        """``None``: the worker answered a non-2xx status; its body is kept to quote it."""
+        self.status = status
+        self.error_body = bytearray()
+
+
+class _Streaming:
+    """The client's stream has started: the worker's is relayed."""
+
+    __slots__ = ("head", "relay")
+
+    def __init__(self, head: ClientStream, relay: _reply.Relay) -> None:
+        self.head = head
+        self.relay = relay
+
+
+class _Replied:
+    """The client's reply is complete."""
+
+    __slots__ = ("drops_stream", "event", "stream_end")
+
+    def __init__(
+        self,
+        event: ClientReply | ClientStream,
+        *,
+        drops_stream: bool,
+        stream_end: StreamEnd | None = None,
+    ) -> None:
+        self.event = event
+        self.drops_stream = drops_stream
+        """A worker stream was open: what the router feeds of it from now on is dropped."""
+        self.stream_end = stream_end
+        """How the client's stream ended; ``None`` for a whole reply."""
+
+
+_At: TypeAlias = _Calling | _Reading | _Streaming | _Replied
+
+
+class PlanRow(NamedTuple):
+    """One worker-call phase of the plan: when it runs, how its call is built and answer read."""
+
+    runs: Callable[[Exchange], bool]
+    """Whether this request makes the call (else the next row is tried)."""
+    build: Callable[[Exchange], _Calling]
+    """The call, and the decode leg when the answer makes the client's reply."""
+    read: Callable[[Exchange, int, bytes], Phase | None]
+    """Reads an answer with one of ``statuses``: the phase to go to next, ``None`` for the next
+    row, :attr:`Phase.REPLIED` once the reply is made."""
+    statuses: Container[int] = range(200, 300)
+    """The statuses the reader reads; any other is the worker failing (an error reply)."""
+
+
 class Exchange:
     """One client request through render, encode, prefill and decode and back, without I/O.
 
@@ -180,6 +288,11 @@ class Exchange:
     Raises:
         ConfigError: the pipeline has no decode step, or has conditional-decode.
     """
+
+    _phase: Phase
+    _at: _At
+    """The data of ``_phase`` (rule 1 of the module's docstring)."""
+    _client: ClientRequest
 
     def __init__(
         self,
@@ -197,8 +310,7 @@ class Exchange:
         if not isinstance(untyped_path, str):
             msg = f"client_path: expected the client's request path, got {describe(client_path)}"
             raise ConfigError(msg, param="client_path")
-        self._path = client_path
-        self._route = detect_route(client_path)
+        route = detect_route(client_path)
         headers = _header_pairs(client_headers)
         given = next((v for k, v in headers if k == "x-request-id"), None)
         if given is not None and _REQUEST_ID.fullmatch(given):
@@ -211,35 +323,22 @@ class Exchange:
             ("x-request-id", self.request_id),
         )
         self._hooks = settings.hooks
-        self._limits = settings.limits
-        self._rendered: Mapping[str, Any] | None = None
-        self._ec: Mapping[str, Any] | None = None
-        self._kv: Mapping[str, Any] | None = None
-        self._decode: DecodeLeg | None = None
-        self._call: WorkerCall | None = None
-        self._final: ClientReply | ClientStream | None = None
-        self._relay: _reply.Relay | None = None
-        self._reading: str | None = None  # the step whose stream is being read
-        self._error_status = 0  # a streamed answer's non-2xx status, its body being collected
-        self._error_body = bytearray()
-        self._done = False
-        self._stream_end: StreamEnd | None = None
-        self._step = "client"  # the step whose answer is being read, named in errors
-        self._members: _raw.RawMembers = _raw.RawMembers(b"{}", RequestError, "", token_ids_key="")
-        routes = {
-            step: resolve_format(params.use_openai_format, client_path)
-            for step, params in self._params.items()
-        }
-        self._render = self._route in _RENDERED_ROUTES and Route.GENERATE in routes.values()
+        self._gathered = LegInputs(limits=settings.limits)
+        """What the answers so far hand the legs (render's answer, transfer params)."""
+        self._client = ClientRequest(body={}, path=client_path, route=route)  # until it is read
         try:
-            self._members = self._client_members(client_body)
+            members = self._client_members(client_body)
             # Every leg's refusals of the client's own fields come before the first call.
-            check_client_request(
-                self._members, client_path=client_path, steps=self._params.values()
+            self._client = read_client_request(
+                members,
+                client_path,
+                limits=settings.limits,
+                steps=self._params.values(),
+                every_field=True,
             )
-            self._next("render" if self._render else "encode")
+            self._go(next(iter(self._plan)))
         except DisaggTransformError as error:
-            self._fail(error)
+            self._reply(self._error_reply(error, None), drops_stream=False)
 
     # -- what the router asks -------------------------------------------------------------
 
@@ -248,22 +347,19 @@ class Exchange:
 
         Asking again without feeding anything returns the same event.
         """
-        if self._final is not None:
-            return self._final
-        if self._call is not None:
-            return self._call
-        return NEED_DATA
+        at = self._at
+        if isinstance(at, _Calling):
+            return at.call
+        if isinstance(at, _Reading):
+            return NEED_DATA
+        if isinstance(at, _Streaming):
+            return at.head
+        return at.event
 
     @property
-    def reply_over(self) -> bool:
-        """Whether the client's reply is complete: nothing fed from now on adds a byte to it.
-
-        True once :meth:`next_event` is a :class:`ClientReply`, or once a client stream has
-        ended (the worker's stream ended, broke the contract, or failed). A router still
-        sends the bytes the last call returned, then closes the worker's stream at once: the
-        rest of it would only be dropped.
-        """
-        return self._done or isinstance(self._final, ClientReply)
+    def phase(self) -> Phase:
+        """Where the exchange is: the worker call in flight, ``STREAMING`` or ``REPLIED``."""
+        return self._phase
 
     @property
     def stream_end(self) -> StreamEnd | None:
@@ -276,96 +372,107 @@ class Exchange:
         stream ended with the API's error event. A client that went away is the router's to
         know: the exchange never hears of it.
         """
-        return self._stream_end
+        at = self._at
+        return at.stream_end if isinstance(at, _Replied) else None
+
+    @property
+    def reply_over(self) -> bool:
+        """Whether the client's reply is complete: nothing fed from now on adds a byte to it.
+
+        True once :meth:`next_event` is a :class:`ClientReply`, or once a client stream has
+        ended (the worker's stream ended, broke the contract, or failed). A router still
+        sends the bytes the last call returned, then closes the worker's stream at once: the
+        rest of it would only be dropped.
+        """
+        return self._phase is Phase.REPLIED
 
     def receive(self, status: int, headers: object, body: bytes) -> None:
         """Feed the whole answer to the current (non-streamed) worker call."""
         del headers  # nothing in a worker's headers changes the flow
-        call = self._take_call(stream=False)
+        phase = self._take_call(stream=False).call.step
         _check_status(status)
         untyped: object = body
         if not isinstance(untyped, (bytes, bytearray, memoryview)):
             msg = f"body: expected bytes, got {describe(untyped)}"
             raise ExchangeStateError(msg, param="body")
-        if not 200 <= status < 300:
-            self._fail_worker(call.step, status, bytes(body))
+        row = self._plan[phase]
+        if status not in row.statuses:
+            self._fail_worker(status, bytes(body), drops_stream=False)
             return
         try:
-            self._answered(call.step, bytes(body))
+            following = row.read(self, status, bytes(body))
+            if following is not Phase.REPLIED:
+                self._go(following)
         except DisaggTransformError as error:
             self._fail(error)
 
     def receive_stream_head(self, status: int, headers: object) -> None:
         """The status and headers of the current streamed worker call's answer."""
         del headers
-        call = self._take_call(stream=True)
-        _check_status(status)
-        self._reading = call.step
-        if not 200 <= status < 300:
-            self._error_status = status
-            return
-        leg = self._decode
+        leg = self._take_call(stream=True).leg
         assert leg is not None  # noqa: S101 - only the decode leg streams
+        _check_status(status)
+        if not 200 <= status < 300:
+            self._at = _Reading(None, status)
+            return
+        rendered = self._gathered.rendered
         try:
-            self._relay = _reply.stream_relay(
+            relay = _reply.stream_relay(
                 self._shape(leg),
-                client_route=self._route,
+                client=self._client,
                 requested=leg.output_mode,
-                client_body=self._members,
-                model=None if self._rendered is None else self._rendered.get(w.MODEL),
+                model=None if rendered is None else rendered.get(w.MODEL),
             )
         except DisaggTransformError as error:
-            self._fail(error)
-            self._done = True
+            self._fail(error, drops_stream=True)
+            return
+        self._at = _Reading(relay, status)
 
     def feed(self, data: bytes) -> bytes:
         """Feed the next bytes of the worker's stream (split anywhere); returns client bytes.
 
         Before the client's stream has started this returns ``b""``: check
-        :meth:`next_event`, which turns into a :class:`ClientStream` (carrying the bytes held
-        so far) or a :class:`ClientReply` (an error with a clean status).
+        :meth:`next_event`, which turns into a :class:`ClientStream` (carrying every byte the
+        client is owed so far) or a :class:`ClientReply` (an error with a clean status).
         """
-        if self._done:
+        at = self._reading()
+        if at is None:
             return b""  # the client's reply is over; the rest of the worker's stream is dropped
-        self._check_reading()
         untyped: object = data
         if not isinstance(untyped, (bytes, bytearray, memoryview)):
             msg = f"data: expected bytes, got {describe(untyped)}"
             raise ExchangeStateError(msg, param="data")
-        if self._relay is None:
-            room = _MAX_ERROR_BYTES - len(self._error_body)
-            self._error_body += bytes(data[:room])
+        if at.relay is None:
+            assert isinstance(at, _Reading)  # noqa: S101 - a started stream has its relay
+            room = _MAX_ERROR_BYTES - len(at.error_body)
+            at.error_body += bytes(data[:room])
             return b""
-        sent = []
+        out = bytearray()
+        broken = None
         # Event by event: what the events before a broken one gave the client is not lost.
         for piece in _pieces(bytes(data)):
             try:
-                out = self._relay.feed(piece)
+                given = at.relay.feed(piece)
             except DisaggTransformError as error:
-                sent.append(self._broken(error))
+                broken = error
                 break
-            sent.append(self._emit(out))
-        return b"".join(sent)
+            out += given
+        return self._relayed(bytes(out), broken=broken, ended=False)
 
     def end_of_stream(self) -> bytes:
         """The worker's stream ended; returns the client's last bytes."""
-        if self._done:
+        at = self._reading()
+        if at is None:
             return b""
-        step = self._check_reading()
-        self._done = True
-        if self._relay is None:
-            self._fail_worker(step, self._error_status, bytes(self._error_body))
+        if at.relay is None:
+            assert isinstance(at, _Reading)  # noqa: S101 - a started stream has its relay
+            self._fail_worker(at.status, bytes(at.error_body), drops_stream=True)
             return b""
         try:
-            out = self._emit(self._relay.close())
+            out = at.relay.close()
         except DisaggTransformError as error:
-            return self._broken(error)
-        if self._final is None:
-            msg = f"$: {step} ended its stream before sending any event"
-            self._fail(UpstreamContractError(msg, param="$"))
-        else:
-            self._stream_end = "worker-failed" if self._relay.worker_error else "complete"
-        return out
+            return self._relayed(b"", broken=error, ended=True)
+        return self._relayed(out, broken=None, ended=True)
 
     def worker_failed(self, step: str, reason: str, *, timed_out: bool = False) -> bytes:
         """The router could not get the worker's answer (connection, timeout).
@@ -376,177 +483,126 @@ class Exchange:
         """
         message = f"{step} failed: {reason}"
         status = 504 if timed_out else 502
-        if isinstance(self._final, ClientStream):
-            if self._done:
-                return b""
-            self._done = True
-            self._stream_end = "worker-failed"
-            return self._stream_error(message, status)
-        if self._final is not None:
+        at = self._at
+        if isinstance(at, _Streaming):
+            self._reply(at.head, drops_stream=True, stream_end="worker-failed")
+            return at.relay.error_event(message, status=status)
+        if isinstance(at, _Replied):
             return b""
-        if self._call is None and self._reading is None:
-            msg = "worker_failed: no worker call is in flight"
-            raise ExchangeStateError(msg)
-        self._call = None
-        self._done = True
-        self._reply_error(status, message, retry=True)
+        self._reply(self._error(status, message, retry=True), drops_stream=True)
         return b""
 
-    # -- the flow -------------------------------------------------------------------------
+    # -- the plan -------------------------------------------------------------------------
 
-    def _client_members(self, body: object) -> _raw.RawMembers:
-        if isinstance(body, (bytes, bytearray, memoryview)):
-            _limits.check_body_size(bytes(body), self._limits, error=RequestTooLargeError)
-        members = _raw.RawMembers(
-            body, RequestError, "the client body", token_ids_key=self._token_ids_key()
-        )
-        _limits.check_client_body(members, self._limits)
-        return members
+    def _go(self, phase: Phase | None) -> None:
+        """Make the call of the first row from ``phase`` on that this request runs.
 
-    def _token_ids_key(self) -> str:
-        # A host's transforms get plain JSON values (bodies, the client's in their context):
-        # no token IDs kept as bytes then.
-        hooks = self._hooks
-        has_hooks = hooks is not None and bool(hooks.request or hooks.response)
-        return "" if has_hooks else w.TOKEN_IDS
+        ``None``: from the row after the current one.
+        """
+        order = list(self._plan)
+        start = order.index(self._phase) + 1 if phase is None else order.index(phase)
+        for candidate in order[start:]:
+            row = self._plan[candidate]
+            if row.runs(self):
+                self._phase = candidate
+                self._at = row.build(self)
+                return
+        msg = "the plan ran out of phases before the client's reply"  # decode always runs
+        raise ExchangeStateError(msg)
 
-    def _next(self, step: str) -> None:
-        """Make the call of ``step``, or of the step after it when this request skips it."""
-        if step == "encode" and not self._has_features():
-            step = "prefill"
-        if step == "prefill" and Step.PREFILL not in self._params:
-            step = "decode"
-        self._call = self._worker_call(step)
+    def _renders(self) -> bool:
+        # vLLM renders the APIs whose envelope is rebuilt, for a generate leg.
+        client = self._client
+        return client.route in ENVELOPE_ROUTES and client.generate
 
-    def _after(self, step: str) -> None:
-        self._next(_ORDER[_ORDER.index(step) + 1])
-
-    def _has_features(self) -> bool:
+    def _encodes(self) -> bool:
         if Step.ENCODE not in self._params:
             return False
-        source = self._rendered if self._rendered is not None else self._members
+        rendered = self._gathered.rendered
+        source = rendered if rendered is not None else self._client.body
         return source.get(w.FEATURES) is not None
 
-    def _worker_call(self, step: str) -> WorkerCall:
-        if step == "render":
-            stripped = self._members.encode(strip_transfer_params(self._members))
-            path = f"{self._route.value}/render"
-            return WorkerCall(
-                step=step,
+    def _prefills(self) -> bool:
+        return Step.PREFILL in self._params
+
+    def _decodes(self) -> bool:
+        return True  # a decode step is required: it answers the client
+
+    def _render_call(self) -> _Calling:
+        body = self._client.body
+        assert isinstance(body, _raw.RawMembers)  # noqa: S101 - the exchange parsed it
+        return _Calling(
+            WorkerCall(
+                step=Phase.RENDER,
                 method="POST",
-                path=path,
+                path=f"{self._client.route.value}/render",
                 headers=self._forward,
-                body=stripped,
+                body=body.encode(strip_transfer_params(body)),
                 stream=False,
             )
-        leg = self._build(step)
-        stream = isinstance(leg, DecodeLeg) and leg.stream
-        if isinstance(leg, DecodeLeg):
-            self._decode = leg
-        body = self._run_hooks(step, leg.body)
-        return WorkerCall(
-            step=step,
+        )
+
+    def _leg_call(self) -> _Calling:
+        phase = self._phase
+        step = Step(phase.value)
+        params = self._params[step]
+        gathered = self._gathered
+        leg: Leg
+        if isinstance(params, DecodeParams):
+            # Decode takes prefill's KV params; the encoder cache went to prefill.
+            inputs = msgspec.structs.replace(gathered, ec_transfer_params=None)
+            leg = decode_leg(self._client, params, inputs)
+        else:
+            # Encode and prefill take nothing of decode's; prefill takes encode's params.
+            leg = single_token_leg(
+                self._client, params, msgspec.structs.replace(gathered, kv_transfer_params=None)
+            )
+        body = self._client.body
+        assert isinstance(body, _raw.RawMembers)  # noqa: S101 - the exchange parsed it
+        call = WorkerCall(
+            step=phase,
             method="POST",
             path=leg.path,
             headers=self._forward,
-            body=self._members.encode(body),
-            stream=stream,
+            body=body.encode(self._run_hooks(step, leg.body)),
+            stream=isinstance(leg, DecodeLeg) and leg.stream,
         )
+        return _Calling(call, leg if isinstance(leg, DecodeLeg) else None)
 
-    def _build(self, step: str) -> Leg:
-        params = self._params[Step(step)]
-        if isinstance(params, EncodeParams):
-            return build_encode_request(
-                self._members, client_path=self._path, params=params, inputs=self._inputs()
-            )
-        if isinstance(params, PrefillParams):
-            return build_prefill_request(
-                self._members,
-                client_path=self._path,
-                params=params,
-                inputs=self._inputs(ec_transfer_params=self._ec),
-            )
-        assert isinstance(params, DecodeParams)  # noqa: S101 - the config was checked
-        return build_decode_request(
-            self._members,
-            client_path=self._path,
-            params=params,
-            inputs=self._inputs(kv_transfer_params=self._kv),
+    def _read_render(self, status: int, body: bytes) -> Phase | None:
+        del status
+        rendered = _raw.RawMembers(
+            body, UpstreamContractError, "the render answer", token_ids_key=self._token_ids_key()
         )
+        self._gathered = msgspec.structs.replace(self._gathered, rendered=rendered)
+        return None
 
-    def _inputs(
-        self,
-        *,
-        kv_transfer_params: Mapping[str, Any] | None = None,
-        ec_transfer_params: Mapping[str, Any] | None = None,
-    ) -> LegInputs:
-        # What every leg gets (render's answer, the bounds), and what only its step hands on.
-        return LegInputs(
-            kv_transfer_params=kv_transfer_params,
-            ec_transfer_params=ec_transfer_params,
-            rendered=self._rendered,
-            limits=self._limits,
-        )
+    def _read_encode(self, status: int, body: bytes) -> Phase | None:
+        del status
+        value = _transfer_params(Phase.ENCODE, body)
+        # An encode answer may have no encoder cache to hand on.
+        if isinstance(value, dict) or value in (None, UNSET):
+            ec = value or None
+            self._gathered = msgspec.structs.replace(self._gathered, ec_transfer_params=ec)
+            return None
+        raise _no_transfer_object(Phase.ENCODE, value)
 
-    def _context(self, step: Step) -> TransformContext:
-        return TransformContext(
-            client_path=self._path,
-            step=step,
-            params=self._params.get(step),
-            client_body=self._members,
-            inputs=LegInputs(
-                kv_transfer_params=self._kv,
-                rendered=self._rendered,
-                request_id=self.request_id,
-            ),
-        )
-
-    def _run_hooks(self, step: str, body: dict[str, Any]) -> dict[str, Any]:
-        if self._hooks is None or not self._hooks.request:
-            return body
-        return self._hooks.run_request(body, self._context(Step(step)))
-
-    def _answered(self, step: str, body: bytes) -> None:
-        if step == "render":
-            self._rendered = _raw.RawMembers(
-                body,
-                UpstreamContractError,
-                "the render answer",
-                token_ids_key=self._token_ids_key(),
-            )
-        elif step in {"encode", "prefill"}:
-            self._transfer(step, body)
-        else:
-            self._whole_reply(body)
-            return
-        self._after(step)
-
-    def _transfer(self, step: str, body: bytes) -> None:
-        try:
-            view = msgspec.json.decode(body, type=_TransferView)
-        except (msgspec.DecodeError, RecursionError) as error:
-            msg = f"$: the {step} answer is not a JSON object: {error}"
-            raise UpstreamContractError(msg, param="$") from None
-        key = w.KV_TRANSFER_PARAMS if step == "prefill" else w.EC_TRANSFER_PARAMS
-        value = view.kv_transfer_params if step == "prefill" else view.ec_transfer_params
+    def _read_prefill(self, status: int, body: bytes) -> Phase | None:
+        del status
+        value = _transfer_params(Phase.PREFILL, body)
         # Decode pulls the prompt's KV with what prefill answered: without it there is nothing
-        # to pull. An encode answer may have no encoder cache to hand on.
-        if isinstance(value, dict) or (step == "encode" and value in (None, UNSET)):
-            if step == "prefill":
-                self._kv = value
-            else:
-                self._ec = value or None
-            return
-        shown = "nothing" if value is UNSET else describe(value)
-        msg = f"$.{key}: the {step} answer must carry an object, got {shown}"
-        raise UpstreamContractError(msg, param=f"$.{key}")
+        # to pull.
+        if isinstance(value, dict):
+            self._gathered = msgspec.structs.replace(self._gathered, kv_transfer_params=value)
+            return None
+        raise _no_transfer_object(Phase.PREFILL, value)
 
-    def _shape(self, leg: DecodeLeg) -> _reply.Shape:
-        return _reply.reply_shape(self._route, leg.route, wrap=leg.wrap_chat_completion)
-
-    def _whole_reply(self, answer: bytes) -> None:
-        leg = self._decode
-        assert leg is not None  # noqa: S101 - decode is the last call
+    def _read_decode(self, status: int, body: bytes) -> Phase | None:
+        del status
+        at = self._at
+        assert isinstance(at, _Calling)  # noqa: S101 - the reader reads the call's answer
+        leg = at.leg
+        assert leg is not None  # noqa: S101 - the decode call carries its leg
         hook = None
         hooks = self._hooks
         if hooks is not None and hooks.response:
@@ -555,10 +611,62 @@ class Exchange:
             def hook(body: dict[str, Any]) -> dict[str, Any]:
                 return hooks.run_response(body, context)
 
-        body, content_type = _reply.whole_reply(
-            self._shape(leg), answer, leg=leg, client_body=self._members, hook=hook
+        reply, content_type = _reply.whole_reply(
+            self._shape(leg),
+            body,
+            leg=leg,
+            client=self._client,
+            hook=hook,
         )
-        self._final = ClientReply(status=200, headers=self._reply_headers(content_type), body=body)
+        headers = self._reply_headers(content_type)
+        self._reply(ClientReply(status=200, headers=headers, body=reply), drops_stream=False)
+        return Phase.REPLIED
+
+    # The plan (rule 2): the worker-call phases in order. Below the methods its rows name.
+    _plan: ClassVar[Mapping[Phase, PlanRow]] = {
+        Phase.RENDER: PlanRow(runs=_renders, build=_render_call, read=_read_render),
+        Phase.ENCODE: PlanRow(runs=_encodes, build=_leg_call, read=_read_encode),
+        Phase.PREFILL: PlanRow(runs=_prefills, build=_leg_call, read=_read_prefill),
+        Phase.DECODE: PlanRow(runs=_decodes, build=_leg_call, read=_read_decode),
+    }
+
+    # -- what the phases share ------------------------------------------------------------
+
+    def _client_members(self, body: object) -> _raw.RawMembers:
+        if isinstance(body, (bytes, bytearray, memoryview)):
+            _limits.check_body_size(bytes(body), self._gathered.limits, error=RequestTooLargeError)
+        return _raw.RawMembers(
+            body, RequestError, "the client body", token_ids_key=self._token_ids_key()
+        )
+
+    def _token_ids_key(self) -> str:
+        # A host's transforms get plain JSON values (bodies, the client's in their context):
+        # no token IDs kept as bytes then.
+        hooks = self._hooks
+        has_hooks = hooks is not None and bool(hooks.request or hooks.response)
+        return "" if has_hooks else w.TOKEN_IDS
+
+    def _context(self, step: Step) -> TransformContext:
+        gathered = self._gathered
+        return TransformContext(
+            client_path=self._client.path,
+            step=step,
+            params=self._params.get(step),
+            client_body=self._client.body,
+            inputs=LegInputs(
+                kv_transfer_params=gathered.kv_transfer_params,
+                rendered=gathered.rendered,
+                request_id=self.request_id,
+            ),
+        )
+
+    def _run_hooks(self, step: Step, body: dict[str, Any]) -> dict[str, Any]:
+        if self._hooks is None or not self._hooks.request:
+            return body
+        return self._hooks.run_request(body, self._context(step))
+
+    def _shape(self, leg: DecodeLeg) -> _reply.Shape:
+        return _reply.reply_shape(self._client.route, leg.route, wrap=leg.wrap_chat_completion)
 
     # -- client bytes and failures --------------------------------------------------------
 
@@ -570,85 +678,153 @@ class Exchange:
             headers = (*headers, ("x-should-retry", "false"))
         return headers
 
-    def _emit(self, out: bytes) -> bytes:
-        if self._final is not None or not out:
-            return out
-        self._final = ClientStream(status=200, headers=self._reply_headers(_reply.SSE), first=out)
-        return b""
+    def _reply(
+        self,
+        event: ClientReply | ClientStream,
+        *,
+        drops_stream: bool,
+        stream_end: StreamEnd | None = None,
+    ) -> None:
+        self._phase = Phase.REPLIED
+        self._at = _Replied(event, drops_stream=drops_stream, stream_end=stream_end)
 
-    def _stream_error(self, message: str, status: int = 502) -> bytes:
-        assert self._relay is not None  # noqa: S101 - a started stream has its relay
-        return self._relay.error_event(message, status=status)
+    def _relayed(self, out: bytes, *, broken: DisaggTransformError | None, ended: bool) -> bytes:
+        """The client bytes a worker stream gave, moving the phase on.
 
-    def _broken(self, error: DisaggTransformError) -> bytes:
-        """A contract break in the worker's stream: an in-stream error, or a clean 502."""
-        self._done = True
-        if isinstance(self._final, ClientStream):
-            self._stream_end = "contract-broken"
-            return self._stream_error(f"{self._step} broke the contract: {error.message}")
-        self._fail(error)
-        return b""
+        Before the client's stream started they go into its head, so the router gets them all
+        with it.
+        """
+        at = self._at
+        assert isinstance(at, (_Reading, _Streaming))  # noqa: S101 - a stream is read
+        assert at.relay is not None  # noqa: S101 - an error status collects, relays nothing
+        step = self._streamed_phase()
+        if isinstance(at, _Reading) and not out:
+            if broken is None and ended:
+                msg = f"$: {step} ended its stream before sending any event"
+                broken = UpstreamContractError(msg, param="$")
+            if broken is not None:
+                self._fail(broken, drops_stream=True)  # a clean error status
+            return b""
+        if broken is not None:
+            message = f"{step} broke the contract: {broken.message}"
+            out += at.relay.error_event(message, status=502)
+        head = at.head if isinstance(at, _Streaming) else None
+        if head is None:
+            head = ClientStream(status=200, headers=self._reply_headers(_reply.SSE), first=out)
+            out = b""
+        if broken is not None:
+            self._reply(head, drops_stream=True, stream_end="contract-broken")
+        elif ended:
+            end: StreamEnd = "worker-failed" if at.relay.worker_error else "complete"
+            self._reply(head, drops_stream=True, stream_end=end)
+        else:
+            self._phase = Phase.STREAMING
+            self._at = _Streaming(head, at.relay)
+        return out
 
-    def _take_call(self, *, stream: bool) -> WorkerCall:
-        call = self._call
-        if call is None or self._final is not None:
+    def _streamed_phase(self) -> Phase:
+        return Phase.DECODE if self._phase is Phase.STREAMING else self._phase
+
+    def _reading(self) -> _Reading | _Streaming | None:
+        """The worker stream being read; ``None`` once the reply is over and drops it."""
+        at = self._at
+        if isinstance(at, (_Reading, _Streaming)):
+            return at
+        if isinstance(at, _Replied) and at.drops_stream:
+            return None
+        msg = "no worker stream is open (call receive_stream_head first)"
+        raise ExchangeStateError(msg)
+
+    def _take_call(self, *, stream: bool) -> _Calling:
+        at = self._at
+        if not isinstance(at, _Calling):
             msg = "no worker call is waiting for an answer"
             raise ExchangeStateError(msg)
-        if call.stream is not stream:
-            how = "receive_stream_head" if call.stream else "receive"
-            msg = f"the {call.step} call's answer is read with {how}"
+        if at.call.stream is not stream:
+            how = "receive_stream_head" if at.call.stream else "receive"
+            msg = f"the {at.call.step} call's answer is read with {how}"
             raise ExchangeStateError(msg)
-        self._call = None
-        self._step = call.step
-        return call
+        return at
 
-    def _check_reading(self) -> str:
-        if self._reading is None:
-            msg = "no worker stream is open (call receive_stream_head first)"
-            raise ExchangeStateError(msg)
-        return self._reading
+    def _fail(self, error: DisaggTransformError, *, drops_stream: bool = False) -> None:
+        self._reply(self._error_reply(error, self._streamed_phase()), drops_stream=drops_stream)
 
-    def _fail(self, error: DisaggTransformError) -> None:
-        self._call = None
-        status = error.status_hint
-        step = self._step
+    def _error_reply(self, error: DisaggTransformError, phase: Phase | None) -> ClientReply:
         message = error.message
         if isinstance(error, UpstreamContractError):
-            message = f"{step} broke the contract: {message}"
-        self._reply_error(
-            status, message, param=error.param, error_type=error.error_type, retry=False
-        )
+            message = f"{phase} broke the contract: {message}"
+        detail = _Detail(error.error_type, error.param)
+        return self._error(error.status_hint, message, retry=False, detail=detail)
 
-    def _fail_worker(self, step: str, status: int, body: bytes) -> None:
-        message, error_type, param = _worker_error(body)
+    def _fail_worker(self, status: int, body: bytes, *, drops_stream: bool) -> None:
+        step = self._streamed_phase()
+        message, detail = _worker_error(body)
         said = _quote(message) if message else f"HTTP {status}"
         if 400 <= status < 500:
             text = f"{step} rejected the request: {said}"
-            self._reply_error(status, text, param=param, error_type=error_type, retry=False)
+            reply = self._error(status, text, retry=False, detail=detail)
         elif 500 <= status < 600:
-            self._reply_error(502, f"{step} failed with HTTP {status}: {said}", retry=True)
+            reply = self._error(502, f"{step} failed with HTTP {status}: {said}", retry=True)
         else:
-            text = f"{step} broke the contract: it answered HTTP {status}"
-            self._reply_error(502, text, retry=False)
+            reply = self._error(
+                502, f"{step} broke the contract: it answered HTTP {status}", retry=False
+            )
+        self._reply(reply, drops_stream=drops_stream)
 
-    def _reply_error(
-        self,
-        status: int,
-        message: str,
-        *,
-        param: str | None = None,
-        error_type: str | None = None,
-        retry: bool,
-    ) -> None:
+    def _error(
+        self, status: int, message: str, *, retry: bool, detail: _Detail = _NO_DETAIL
+    ) -> ClientReply:
+        error_type, param = detail
         body = _raw.encode(
             error_body(
-                self._route, status=status, message=message, param=param, error_type=error_type
+                self._client.route,
+                status=status,
+                message=message,
+                param=param,
+                error_type=error_type,
             )
         )
         # Only a 4xx says nothing about retrying: the SDKs do not retry those anyway.
         retryable = retry or status < 500
         headers = self._reply_headers(_reply.JSON, retry=retryable)
-        self._final = ClientReply(status=status, headers=headers, body=body)
+        return ClientReply(status=status, headers=headers, body=body)
+
+
+def _transfer_params(phase: Phase, body: bytes) -> Any:  # noqa: ANN401 - any JSON value
+    """The one value read from an encode or prefill answer: its step's transfer params."""
+    try:
+        view = msgspec.json.decode(body, type=_TransferView)
+    except (msgspec.DecodeError, RecursionError) as error:
+        msg = f"$: the {phase} answer is not a JSON object: {error}"
+        raise UpstreamContractError(msg, param="$") from None
+    return view.kv_transfer_params if phase is Phase.PREFILL else view.ec_transfer_params
+
+
+def _no_transfer_object(phase: Phase, value: object) -> UpstreamContractError:
+    key = w.KV_TRANSFER_PARAMS if phase is Phase.PREFILL else w.EC_TRANSFER_PARAMS
+    shown = "nothing" if value is UNSET else describe(value)
+    msg = f"$.{key}: the {phase} answer must carry an object, got {shown}"
+    return UpstreamContractError(msg, param=f"$.{key}")
+
+
+def pipeline_phases(config: Mapping[Step, StepParams]) -> dict[Phase, str]:
+    """The worker calls a pipeline may make, in order, each with the worker it is sent to.
+
+    Render when a leg speaks the generate route (it renders a chat, Responses or Messages
+    client), then each leg the pipeline configures; each call of a request is made when that
+    request needs it (``docs/exchange.md``, "The order of the calls"). The worker is named as
+    :attr:`WorkerCall.step` names it, the key of a router's table of worker URLs. Steps the
+    exchange does not run (conditional-decode) are left out.
+    """
+    generate = any(
+        resolve_format(params.use_openai_format, Route.CHAT_COMPLETIONS.value) is Route.GENERATE
+        for params in config.values()
+        if isinstance(params, _LEG_PARAMS)
+    )
+    configured = {Phase(step.value) for step in config if step is not Step.CONDITIONAL_DECODE}
+    if generate:
+        configured.add(Phase.RENDER)
+    return {phase: phase.value for phase in Exchange._plan if phase in configured}  # noqa: SLF001
 
 
 def _pieces(data: bytes) -> list[bytes]:

@@ -1,8 +1,9 @@
 """The client's reply built from the decode answer: the one place that calls the envelopes.
 
 Which envelope a client gets follows from its route, the leg's route and mode, and streaming
-(``docs/exchange.md``, "Which reply"). Every call to a wrap, a single frame or a stream
-converter is in this module.
+(``docs/exchange.md``, "Which reply"): one row per client route (:data:`REPLY_SHAPES`), one
+small function per shape for a whole answer, one relay per shape for a stream. Every call to a
+wrap, a single frame or a stream converter is in this module.
 """
 
 from __future__ import annotations
@@ -11,15 +12,17 @@ import enum
 import re
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, Final, Protocol
+from typing import Any, Final, NamedTuple, Protocol, TypeAlias
 
 import msgspec
 from msgspec import UNSET
 
 from disagg_transforms._config import OutputMode
+from disagg_transforms._request.client import ClientRequest
 from disagg_transforms._request.legs import DecodeLeg
 from disagg_transforms._response.chat import wrap_chat_completion_bytes
 from disagg_transforms._response.dispatch import (
+    ENVELOPE_ROUTES,
     single_frame_stream,
     stream_converter,
     wrap_envelope,
@@ -42,7 +45,7 @@ from disagg_transforms._wire.sse import (
 )
 from disagg_transforms.errors import UpstreamContractError, error_body
 
-__all__ = ("Relay", "Shape", "reply_shape", "stream_relay", "whole_reply")
+__all__ = ("REPLY_SHAPES", "Relay", "Shape", "reply_shape", "stream_relay", "whole_reply")
 
 JSON = "application/json"
 SSE = "text/event-stream"
@@ -59,33 +62,34 @@ class Shape(enum.Enum):
     PASS = "pass"  # noqa: S105 - not a secret
     """The leg spoke the client's own OpenAI-style route: the answer, minus transfer params."""
     GENERATE = "generate"
-    """A generate client: the generate envelope unchanged."""
-    CHAT = "chat"
-    """A chat client over the generate route with ``wrap_chat_completion`` on."""
+    """The generate envelope unchanged (a generate client)."""
+    ENVELOPE = "envelope"
+    """The client API's envelope rebuilt from the generate answer (``_response/dispatch.py``)."""
     UNWRAPPED = "unwrapped"
-    """A chat client over the generate route with it off: the envelope minus generate-only keys."""
-    RESPONSES = "responses"
-    MESSAGES = "messages"
+    """A chat client over the generate route with ``wrap_chat_completion`` off: the generate
+    envelope minus its generate-only keys."""
+
+
+REPLY_SHAPES: Mapping[Route, Shape] = {
+    **dict.fromkeys(ENVELOPE_ROUTES, Shape.ENVELOPE),
+    # resolve_format keeps a completions client on its own route: this row is never read today.
+    Route.COMPLETIONS: Shape.GENERATE,
+    Route.GENERATE: Shape.GENERATE,
+}
+"""One row per client route: the envelope it gets when its decode leg speaks the generate route.
+
+The rebuilt envelopes are the dispatch tables' routes; no route falls back to another's.
+"""
 
 
 def reply_shape(client_route: Route, leg_route: Route, *, wrap: bool) -> Shape:
     """The envelope for a client of ``client_route`` whose decode leg speaks ``leg_route``."""
     if leg_route is not Route.GENERATE:
         return Shape.PASS
-    if client_route is Route.CHAT_COMPLETIONS:
-        return Shape.CHAT if wrap else Shape.UNWRAPPED
-    return {
-        Route.RESPONSES: Shape.RESPONSES,
-        Route.MESSAGES: Shape.MESSAGES,
-    }.get(client_route, Shape.GENERATE)
-
-
-# The shapes whose envelope is rebuilt, and the client route that names that envelope.
-_REBUILT: Mapping[Shape, Route] = {
-    Shape.CHAT: Route.CHAT_COMPLETIONS,
-    Shape.RESPONSES: Route.RESPONSES,
-    Shape.MESSAGES: Route.MESSAGES,
-}
+    shape = REPLY_SHAPES[client_route]
+    if shape is Shape.ENVELOPE and client_route is Route.CHAT_COMPLETIONS and not wrap:
+        return Shape.UNWRAPPED
+    return shape
 
 
 class _Object(msgspec.Struct):
@@ -122,13 +126,87 @@ def _frame(body: bytes) -> bytes:
     return b"data: " + body + b"\n\n" + DONE_EVENT
 
 
-def whole_reply(  # noqa: PLR0911 - one branch per envelope, each a call
+Hook: TypeAlias = Callable[[dict[str, Any]], dict[str, Any]]
+"""The host's response transforms, run on a JSON reply."""
+
+
+class _Whole(NamedTuple):
+    """A non-streamed decode answer and what its reply is built with."""
+
+    answer: bytes
+    mode: OutputMode
+    single_frame: bool
+    client_route: Route
+    client_body: Mapping[str, Any]
+    hook: Hook | None
+
+
+def _hooked(whole: _Whole, body: dict[str, Any]) -> bytes:
+    return _raw.encode(body if whole.hook is None else whole.hook(body))
+
+
+def _pass_reply(whole: _Whole) -> tuple[bytes, str]:
+    if whole.hook is not None:
+        answer = _decode(whole.answer, "the decode answer")
+        return _hooked(whole, {k: v for k, v in answer.items() if k not in _TRANSFER}), JSON
+    members = _raw.split(whole.answer, UpstreamContractError, "the decode answer")
+    if not any(key in members for key in _TRANSFER):
+        return whole.answer, JSON
+    return _raw.encode({k: v for k, v in members.items() if k not in _TRANSFER}), JSON
+
+
+def _generate_reply(whole: _Whole) -> tuple[bytes, str]:
+    if whole.hook is None or whole.single_frame:
+        try:
+            view = msgspec.json.decode(whole.answer, type=_Object)
+        except (msgspec.DecodeError, RecursionError) as error:
+            msg = f"$: the decode answer is not a JSON object: {error}"
+            raise UpstreamContractError(msg, param="$") from None
+        check_echoed_mode(view.output_mode, whole.mode)
+        return (_frame(whole.answer), SSE) if whole.single_frame else (whole.answer, JSON)
+    answer = _decode(whole.answer, "the decode answer")
+    check_output_mode_echo(answer, whole.mode)
+    return _hooked(whole, answer), JSON
+
+
+def _unwrapped_reply(whole: _Whole) -> tuple[bytes, str]:
+    answer = _decode(whole.answer, "the decode answer")
+    check_output_mode_echo(answer, whole.mode)
+    if whole.single_frame:
+        return _frame(_raw.encode(_without_generate_only(answer))), SSE
+    return _hooked(whole, _without_generate_only(answer)), JSON
+
+
+def _envelope_reply(whole: _Whole) -> tuple[bytes, str]:
+    route, mode, client_body = whole.client_route, whole.mode, whole.client_body
+    if route is Route.CHAT_COMPLETIONS and not whole.single_frame and whole.hook is None:
+        return wrap_chat_completion_bytes(
+            whole.answer, requested=mode, client_body=client_body
+        ), JSON
+    answer = _decode(whole.answer, "the decode answer")
+    if whole.single_frame:
+        frame = single_frame_stream(route, answer, requested=mode, client_body=client_body)
+        return frame, SSE
+    return _hooked(
+        whole, wrap_envelope(route, answer, requested=mode, client_body=client_body)
+    ), JSON
+
+
+_WHOLE_REPLIES: Mapping[Shape, Callable[[_Whole], tuple[bytes, str]]] = {
+    Shape.PASS: _pass_reply,
+    Shape.GENERATE: _generate_reply,
+    Shape.UNWRAPPED: _unwrapped_reply,
+    Shape.ENVELOPE: _envelope_reply,
+}
+
+
+def whole_reply(
     shape: Shape,
     answer: bytes,
     *,
     leg: DecodeLeg,
-    client_body: Mapping[str, Any],
-    hook: Callable[[dict[str, Any]], dict[str, Any]] | None,
+    client: ClientRequest,
+    hook: Hook | None,
 ) -> tuple[bytes, str]:
     """The client's body and content type for ``leg``'s non-streamed answer.
 
@@ -138,48 +216,15 @@ def whole_reply(  # noqa: PLR0911 - one branch per envelope, each a call
     Raises:
         UpstreamContractError: the answer is not JSON, not an object, or breaks the contract.
     """
-    mode = leg.output_mode or OutputMode.TEXT
-    single_frame = leg.single_frame
-    if shape is Shape.PASS and hook is not None:
-        whole = _decode(answer, "the decode answer")
-        return _raw.encode(hook({k: v for k, v in whole.items() if k not in _TRANSFER})), JSON
-    if shape is Shape.PASS:
-        members = _raw.split(answer, UpstreamContractError, "the decode answer")
-        if not any(key in members for key in _TRANSFER):
-            return answer, JSON
-        return _raw.encode({k: v for k, v in members.items() if k not in _TRANSFER}), JSON
-    if shape is Shape.GENERATE:
-        if hook is None or single_frame:
-            try:
-                view = msgspec.json.decode(answer, type=_Object)
-            except (msgspec.DecodeError, RecursionError) as error:
-                msg = f"$: the decode answer is not a JSON object: {error}"
-                raise UpstreamContractError(msg, param="$") from None
-            check_echoed_mode(view.output_mode, mode)
-            return (_frame(answer), SSE) if single_frame else (answer, JSON)
-        whole = _decode(answer, "the decode answer")
-        check_output_mode_echo(whole, mode)
-        return _raw.encode(hook(whole)), JSON
-    if shape is Shape.CHAT and not single_frame and hook is None:
-        return wrap_chat_completion_bytes(answer, requested=mode, client_body=client_body), JSON
-    whole = _decode(answer, "the decode answer")
-    if single_frame:
-        return _single_frame(shape, whole, mode, client_body), SSE
-    if shape is Shape.UNWRAPPED:
-        check_output_mode_echo(whole, mode)
-        envelope = _without_generate_only(whole)
-    else:
-        envelope = wrap_envelope(_REBUILT[shape], whole, requested=mode, client_body=client_body)
-    return _raw.encode(hook(envelope) if hook is not None else envelope), JSON
-
-
-def _single_frame(
-    shape: Shape, whole: dict[str, Any], mode: OutputMode, client_body: Mapping[str, Any]
-) -> bytes:
-    if shape in _REBUILT:
-        return single_frame_stream(_REBUILT[shape], whole, requested=mode, client_body=client_body)
-    check_output_mode_echo(whole, mode)
-    return _frame(_raw.encode(_without_generate_only(whole)))
+    whole = _Whole(
+        answer=answer,
+        mode=leg.output_mode or OutputMode.TEXT,
+        single_frame=leg.single_frame,
+        client_route=client.route,
+        client_body=client.body,
+        hook=hook,
+    )
+    return _WHOLE_REPLIES[shape](whole)
 
 
 class Relay(Protocol):
@@ -389,12 +434,11 @@ def _check_fields(events: bytes) -> None:
             raise UpstreamContractError(msg, param="$")
 
 
-def stream_relay(  # noqa: PLR0913 - what each relay needs, all by keyword
+def stream_relay(
     shape: Shape,
     *,
-    client_route: Route,
+    client: ClientRequest,
     requested: OutputMode | None,
-    client_body: Mapping[str, Any],
     model: object,
     clock: Callable[[], float] = time.time,
 ) -> Relay:
@@ -402,23 +446,24 @@ def stream_relay(  # noqa: PLR0913 - what each relay needs, all by keyword
 
     Args:
         shape: the envelope (:func:`reply_shape`).
-        client_route: the client's route (the API of a relayed stream's error event).
+        client: the client's request (its API: the envelope :attr:`Shape.ENVELOPE` rebuilds, the
+            error event of a relayed stream).
         requested: the leg's ``output_mode`` (``None``: an OpenAI-format leg).
-        client_body: the client's request.
         model: the model to report when the client named none (the render answer's): stream
             chunks carry none.
         clock: gives ``created``.
     """
     mode = requested or OutputMode.TEXT
-    if shape in _REBUILT:
+    client_body = client.body
+    if shape is Shape.ENVELOPE:
         named = client_body.get(w.MODEL)
         fallback = model if isinstance(model, str) and not isinstance(named, str) else None
         return stream_converter(
-            _REBUILT[shape],
+            client.route,
             requested=mode,
             client_body=client_body,
             options=EnvelopeOptions(model=fallback, clock=clock),
         )
     if shape is Shape.PASS:
-        return _PassRelay(client_route)
+        return _PassRelay(client.route)
     return _GenerateRelay(strip=shape is Shape.UNWRAPPED)

@@ -33,14 +33,16 @@ _CAP_PRECEDENCE: Mapping[Route, tuple[str, ...]] = {
     Route.GENERATE: TOP_LEVEL_CAPS,
 }
 
-# The cap fields each route reads, set to 1 on a single-token leg. Chat also honours
-# `max_completion_tokens`, but only a body that carries it gets it (never added: a strict
-# server would refuse an undefined field).
-_SINGLE_TOKEN_CAP: Mapping[Route, str] = {
+# The top-level cap field each route reads, set to 1 on a single-token leg; None: the generate
+# route reads `sampling_params.max_tokens` only. Chat also honours `max_completion_tokens`, but
+# only a body that carries it gets it (never added: a strict server would refuse an undefined
+# field).
+_SINGLE_TOKEN_CAP: Mapping[Route, str | None] = {
     Route.CHAT_COMPLETIONS: w.MAX_TOKENS,
     Route.COMPLETIONS: w.MAX_TOKENS,
     Route.MESSAGES: w.MAX_TOKENS,
     Route.RESPONSES: w.MAX_OUTPUT_TOKENS,
+    Route.GENERATE: None,
 }
 
 
@@ -136,14 +138,15 @@ def apply_single_token_cap(body: Mapping[str, Any], route: Route) -> dict[str, A
     body = _validate.mapping(body, "$")
     result = {k: v for k, v in body.items() if k not in (w.MIN_TOKENS, w.STREAM_OPTIONS)}
     result[w.STREAM] = False
-    if route is Route.GENERATE:
+    cap_key = _SINGLE_TOKEN_CAP[route]
+    if cap_key is None:
         sampling = {k: v for k, v in _sampling_params(body).items() if k != w.MIN_TOKENS}
         sampling[w.MAX_TOKENS] = 1
         for key in TOP_LEVEL_CAPS:
             result.pop(key, None)
         result[w.SAMPLING_PARAMS] = sampling
         return result
-    result[_SINGLE_TOKEN_CAP[route]] = 1
+    result[cap_key] = 1
     if route is Route.CHAT_COMPLETIONS and w.MAX_COMPLETION_TOKENS in body:
         result[w.MAX_COMPLETION_TOKENS] = 1
     return result

@@ -9,7 +9,7 @@ with the client's cap and sampling fields where vLLM reads them (``sampling_para
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Generic, TypeAlias, TypeVar
 
 import msgspec
@@ -26,13 +26,10 @@ from disagg_transforms._request.caps import (
     apply_sampling_caps,
     apply_single_token_cap,
 )
-from disagg_transforms._request.chat import map_chat_request
-from disagg_transforms._request.completions import map_completions_request
-from disagg_transforms._request.fields import CARRIED_AS_IS, TRANSFER_KEYS, asks_for_tools
-from disagg_transforms._request.mapping import ClientMapper, ClientMapping
-from disagg_transforms._request.messages import map_messages_request
-from disagg_transforms._request.responses import map_responses_request
-from disagg_transforms._routes import Route, detect_route, resolve_format
+from disagg_transforms._request.client import ClientRequest, read_client_request
+from disagg_transforms._request.fields import CARRIED_AS_IS, TRANSFER_KEYS
+from disagg_transforms._request.mapping import ClientMapping
+from disagg_transforms._routes import Route, leg_route
 from disagg_transforms._wire import keys as w
 from disagg_transforms._wire import limits as _limits
 from disagg_transforms._wire import raw as _raw
@@ -53,27 +50,26 @@ __all__ = (
     "build_decode_request_bytes",
     "build_encode_request",
     "build_prefill_request",
-    "check_client_request",
-    "decode_output_mode",
+    "strip_transfer_params",
 )
-
-CLIENT_MAPPERS: Mapping[Route, ClientMapper] = {
-    Route.CHAT_COMPLETIONS: map_chat_request,
-    Route.COMPLETIONS: map_completions_request,
-    Route.RESPONSES: map_responses_request,
-    Route.MESSAGES: map_messages_request,
-}
-"""The one table a generate leg picks a non-generate client's field mapper from."""
 
 _PREFILL_KV: Mapping[str, Any] = {w.DO_REMOTE_DECODE: True, w.DO_REMOTE_PREFILL: False}
 # Where transfer params hide: the top level (None), sampling_params.extra_args, vllm_xargs.
 _Places: TypeAlias = tuple[tuple[str, str | None], ...]
 _XARGS: _Places = ((w.VLLM_XARGS, None),)
 _EVERYWHERE: _Places = ((w.SAMPLING_PARAMS, w.EXTRA_ARGS), *_XARGS)
-# Clients whose envelope always ends with usage (a Responses `response.completed`, an Anthropic
-# `message_delta`): their streamed leg asks for it (docs/request-legs.md, "Streaming").
-_USAGE_AT_END = frozenset({Route.RESPONSES, Route.MESSAGES})
+# Whether a client's envelope always ends with usage (a Responses `response.completed`, an
+# Anthropic `message_delta`): its streamed leg asks for it (docs/request-legs.md, "Streaming").
+USAGE_AT_END: Mapping[Route, bool] = {
+    Route.CHAT_COMPLETIONS: False,
+    Route.COMPLETIONS: False,
+    Route.RESPONSES: True,
+    Route.MESSAGES: True,
+    Route.GENERATE: False,
+}
 _DETOKENIZE = f"{w.SAMPLING_PARAMS}.{w.DETOKENIZE}"
+# What a generate client's body gives up to the leg's sampling_params (client_caps).
+_CAP_KEYS = frozenset({*TOP_LEVEL_CAPS, w.MIN_TOKENS})
 
 
 class LegInputs(msgspec.Struct, frozen=True, kw_only=True):
@@ -118,6 +114,7 @@ def _inputs(given: object, **keywords: Any) -> LegInputs:  # noqa: ANN401 - any 
 
 
 _BodyT = TypeVar("_BodyT")
+_LegParams: TypeAlias = EncodeParams | PrefillParams | DecodeParams
 
 
 class _LegFields(msgspec.Struct, Generic[_BodyT], frozen=True, kw_only=True):
@@ -198,11 +195,9 @@ class _Transfer(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class _Request(msgspec.Struct, frozen=True, kw_only=True):
-    """A client's request checked for one step: what every leg builder reads."""
+    """The client's request and how one step treats it: what every leg builder reads."""
 
-    body: Mapping[str, Any]
-    """The client's body, a JSON object within the limits."""
-    client_route: Route
+    client: ClientRequest
     route: Route
     """The route the leg speaks."""
     inputs: LegInputs
@@ -210,13 +205,6 @@ class _Request(msgspec.Struct, frozen=True, kw_only=True):
     """The step keeps the client's own transfer params (else they are stripped)."""
     flags: Mapping[str, Any] | None
     """The prefill step's KV flags, winning over every other value; ``None`` on other steps."""
-
-
-def _client_route(client_path: object) -> Route:
-    if not isinstance(client_path, str):
-        msg = f"client_path: expected the client's request path, got {describe(client_path)}"
-        raise RequestError(msg, param="client_path")
-    return detect_route(client_path)
 
 
 def _router_object(value: object, name: str) -> Mapping[str, Any] | None:
@@ -292,7 +280,7 @@ def _transfer(request: _Request, where: _Places) -> _Transfer:
     The prefill flags win, then the router's values, then the client's (kept only when the step
     trusts them; else reported as stripped). See ``docs/request-legs.md``, "Transfer params".
     """
-    found, paths = _find_transfer(request.body, where)
+    found, paths = _find_transfer(request.client.body, where)
     client = (
         {key: _validate.mapping(value, path) for key, (value, path) in found.items()}
         if request.trusted
@@ -356,29 +344,20 @@ class _Core(msgspec.Struct, frozen=True, kw_only=True):
     transfer: _Transfer
 
 
-def _client_caps(body: Mapping[str, Any], client_route: Route) -> dict[str, Any]:
-    """The client's own cap and ``min_tokens``, as ``sampling_params`` fields.
-
-    The rules are those of ``docs/request-legs.md``, "Caps and errors".
-    """
-    caps = {k: body[k] for k in (*TOP_LEVEL_CAPS, w.MIN_TOKENS) if k in body}
-    sampling: dict[str, Any] = apply_sampling_caps(caps, client_route)[w.SAMPLING_PARAMS]
-    return sampling
-
-
 def _generate_core(request: _Request) -> _Core:
-    body, client_route, inputs = request.body, request.client_route, request.inputs
+    client, inputs = request.client, request.inputs
+    body, mapping, caps = client.body, client.mapping, client.caps
+    assert caps is not None  # noqa: S101 - the request was read for a generate leg
     features = _router_object(inputs.features, w.FEATURES)
     rendered = _router_object(inputs.rendered, "rendered")
-    mapping = None
     where = _EVERYWHERE
-    if client_route is Route.GENERATE:
-        leg = apply_sampling_caps(body, Route.GENERATE)
+    if client.route is Route.GENERATE:
+        leg = {k: v for k, v in body.items() if k not in _CAP_KEYS}
+        leg[w.SAMPLING_PARAMS] = dict(caps)
     else:
-        mapping = CLIENT_MAPPERS[client_route](body)
+        assert mapping is not None  # noqa: S101 - every other route has its mapper
         # A non-generate client's `sampling_params` is an unknown key (dropped), not a hiding place.
         where = _XARGS
-        caps = _client_caps(body, client_route)
         if rendered is not None:
             # Render's sampling_params are the base; the client's cap is written over render's
             # max_tokens, which render leaves out when it equals the engine default (16).
@@ -427,7 +406,7 @@ def _stream_options(
     own = client_route in (Route.CHAT_COMPLETIONS, Route.GENERATE)
     if options is None and own:
         options = body.get(w.STREAM_OPTIONS)
-    if client_route in _USAGE_AT_END:
+    if USAGE_AT_END[client_route]:
         given = {} if options is None else _validate.mapping(options, f"$.{w.STREAM_OPTIONS}")
         options = {**given, w.INCLUDE_USAGE: True}
     if streams and options is not None:
@@ -437,14 +416,14 @@ def _stream_options(
 
 
 def _decode_generate(
-    body: Mapping[str, Any],
-    client_route: Route,
+    client: ClientRequest,
     params: DecodeParams,
     core: _Core,
     parse_context: Mapping[str, Any] | None,
 ) -> tuple[dict[str, Any], OutputMode, bool, bool, tuple[str, ...]]:
+    body, client_route, mode = client.body, client.route, client.output_mode
+    assert mode is not None  # noqa: S101 - the request was read for a generate decode leg
     leg = _place_generate(core.body, core.transfer, params.kv_transfer_placement)
-    mode = _chosen_mode(params, _tools_context(body, core.mapping))
     streams, client_streams = _leg_stream(body, mode)
     dropped = list(core.transfer.stripped)
     leg[w.OUTPUT_MODE] = mode.value
@@ -471,35 +450,6 @@ def _decode_generate(
     elif mapping is not None:
         dropped.extend(mapping.context_keys)
     return leg, mode, streams, client_streams, tuple(dict.fromkeys(dropped))
-
-
-def _tools_context(
-    body: Mapping[str, Any], mapping: ClientMapping | None
-) -> Mapping[str, Any] | None:
-    """Where the client asks for tools: its mapped ``parse_context`` (a generate client's own)."""
-    return _validate.obj(body, w.PARSE_CONTEXT) if mapping is None else mapping.parse_context
-
-
-def _chosen_mode(params: DecodeParams, tools_context: Mapping[str, Any] | None) -> OutputMode:
-    """The decode leg's ``output_mode`` for this request (``docs/routes-and-config.md``).
-
-    ``auto`` is ``derender`` when the client asks for tools, else ``text``; a text step refuses
-    a client that asks for tools (the worker's tool parser runs only in derender), rather than
-    answer it with its tools dropped.
-    """
-    mode = params.output_mode
-    wants_tools = asks_for_tools(tools_context)
-    if mode is OutputMode.AUTO:
-        return OutputMode.DERENDER if wants_tools else OutputMode.TEXT
-    if mode is OutputMode.TEXT and wants_tools:
-        param = f"$.{w.TOOLS}"
-        msg = (
-            f'{param}: the request asks for tools, but the decode step\'s output_mode is "text", '
-            "which cannot return tool calls; configure the decode step with output_mode: auto "
-            "(or derender)"
-        )
-        raise RequestError(msg, param=param)
-    return mode
 
 
 def build_decode_request(  # noqa: PLR0913 - the documented keyword front; `inputs=` is the one shape
@@ -553,14 +503,13 @@ def build_decode_request(  # noqa: PLR0913 - the documented keyword front; `inpu
         parse_context=parse_context,
         limits=limits,
     )
-    return _decode(client_body, client_path, params, given)
+    return decode_leg(_read(client_body, client_path, params, given), params, given)
 
 
-def _decode(
-    client_body: Mapping[str, Any], client_path: str, params: DecodeParams, inputs: LegInputs
-) -> DecodeLeg:
-    request = _checked_request(client_body, client_path, params, inputs)
-    body, client_route, route = request.body, request.client_route, request.route
+def decode_leg(client: ClientRequest, params: DecodeParams, inputs: LegInputs) -> DecodeLeg:
+    """The decode leg of a request read once (what :func:`build_decode_request` returns)."""
+    request = _step_request(client, params, inputs)
+    body, client_route, route = client.body, client.route, request.route
     generate = route is Route.GENERATE
     mode = None
     if not generate:
@@ -572,7 +521,7 @@ def _decode(
     else:
         core = _generate_core(request)
         leg, mode, streams, client_streams, dropped = _decode_generate(
-            body, client_route, params, core, _router_object(inputs.parse_context, w.PARSE_CONTEXT)
+            client, params, core, _router_object(inputs.parse_context, w.PARSE_CONTEXT)
         )
         _check_generate(leg)
         _limits.check_token_count(leg, inputs.limits)
@@ -619,7 +568,7 @@ def build_decode_request_bytes(
     members = _raw.RawMembers(
         client_body, RequestError, "the client body", token_ids_key=w.TOKEN_IDS
     )
-    leg = _decode(members, client_path, params, given)
+    leg = decode_leg(_read(members, client_path, params, given), params, given)
     # The bytes leg has the dict leg's fields, its body written as JSON bytes.
     fields = {**msgspec.structs.asdict(leg), "body": members.encode(leg.body)}
     if isinstance(leg, GenerateDecodeLeg):
@@ -627,70 +576,18 @@ def build_decode_request_bytes(
     return DecodeLegBytes(**fields)
 
 
-def check_client_request(
-    client_body: Mapping[str, Any],
-    *,
-    client_path: str,
-    steps: Iterable[EncodeParams | PrefillParams | DecodeParams],
-) -> None:
-    """Refuse what a leg of the pipeline ``steps`` would refuse in the client's body.
-
-    What the leg builders read of the client alone, read by the same readers before any leg is
-    built: the client API's mapper (every sampling field), the cap and ``min_tokens``, ``stream``
-    and, when decode is a generate leg, whether its ``output_mode`` can answer the client's
-    tools. Fields the generate route cannot honour are refused only when some leg is a generate
-    leg. What needs the router's inputs (the prompt, render's answer) is the builders' own.
-
-    Raises:
-        RequestError: as the leg builders would, with the same ``param`` and message.
-    """
-    body = _validate.client_object(client_body)
-    client_route = _client_route(client_path)
-    _validate.typed(body, w.STREAM, bool)
-    legs = tuple(steps)
-    routes = [resolve_format(params.use_openai_format, client_path) for params in legs]
-    mapping = None
-    if client_route is Route.GENERATE:
-        apply_sampling_caps(body, Route.GENERATE)
-    else:
-        mapping = CLIENT_MAPPERS[client_route](body, generate_leg=Route.GENERATE in routes)
-        _client_caps(body, client_route)
-    for params, route in zip(legs, routes, strict=True):
-        if isinstance(params, DecodeParams) and route is Route.GENERATE:
-            _chosen_mode(params, _tools_context(body, mapping))
+def _read(
+    client_body: object, client_path: object, params: _LegParams, inputs: LegInputs
+) -> ClientRequest:
+    """The client's request read for the one leg a public builder builds."""
+    return read_client_request(client_body, client_path, limits=inputs.limits, steps=(params,))
 
 
-def decode_output_mode(
-    client_body: Mapping[str, Any], *, client_path: str, params: DecodeParams
-) -> OutputMode:
-    """The ``output_mode`` a generate decode leg asks the worker for, for this client request.
-
-    The step's own mode, or for ``auto`` the one chosen for the request (``derender`` when the
-    client asks for tools, else ``text``): what :attr:`GenerateDecodeLeg.output_mode` holds.
-
-    Raises:
-        RequestError: the body is not a JSON object, or asks for tools of a ``text`` step.
-    """
-    body = _validate.client_object(client_body)
-    client_route = _client_route(client_path)
-    mapping = None if client_route is Route.GENERATE else CLIENT_MAPPERS[client_route](body)
-    return _chosen_mode(params, _tools_context(body, mapping))
-
-
-def _checked_request(
-    client_body: Mapping[str, Any],
-    client_path: str,
-    params: EncodeParams | PrefillParams | DecodeParams,
-    inputs: LegInputs,
-) -> _Request:
-    """The client's request, checked, and how the step treats it (every builder's start)."""
-    body = _validate.mapping(client_body, "$")
-    _limits.check_client_body(body, inputs.limits)
-    client_route = _client_route(client_path)
+def _step_request(client: ClientRequest, params: _LegParams, inputs: LegInputs) -> _Request:
+    """How one step treats the client's request (every builder's start)."""
     return _Request(
-        body=body,
-        client_route=client_route,
-        route=resolve_format(params.use_openai_format, client_path),
+        client=client,
+        route=leg_route(params.use_openai_format, client.route),
         inputs=inputs,
         trusted=params.trust_client_transfer_params,
         # The prefill flags win over every other value (docs/request-legs.md, "Transfer params").
@@ -700,7 +597,7 @@ def _checked_request(
 
 def _openai_leg(request: _Request) -> tuple[dict[str, Any], _Transfer]:
     transfer = _transfer(request, _EVERYWHERE)
-    leg = _strip_transfer(request.body)
+    leg = _strip_transfer(request.client.body)
     if request.route is Route.COMPLETIONS:
         ids = _token_ids(request.inputs.token_ids, None, required=False)
         if ids:
@@ -708,13 +605,11 @@ def _openai_leg(request: _Request) -> tuple[dict[str, Any], _Transfer]:
     return leg, transfer
 
 
-def _single_token_leg(
-    client_body: Mapping[str, Any],
-    client_path: str,
-    params: EncodeParams | PrefillParams,
-    inputs: LegInputs,
+def single_token_leg(
+    client: ClientRequest, params: EncodeParams | PrefillParams, inputs: LegInputs
 ) -> Leg:
-    request = _checked_request(client_body, client_path, params, inputs)
+    """The prefill or encode leg of a request read once (what their builders return)."""
+    request = _step_request(client, params, inputs)
     route = request.route
     if route is not Route.GENERATE:
         leg, transfer = _openai_leg(request)
@@ -752,7 +647,7 @@ def build_prefill_request(
     not read: prefill answers carry no text).
     """
     given = _inputs(inputs)
-    return _single_token_leg(client_body, client_path, params, given)
+    return single_token_leg(_read(client_body, client_path, params, given), params, given)
 
 
 def build_encode_request(
@@ -770,4 +665,4 @@ def build_encode_request(
     them.
     """
     given = _inputs(inputs)
-    return _single_token_leg(client_body, client_path, params, given)
+    return single_token_leg(_read(client_body, client_path, params, given), params, given)

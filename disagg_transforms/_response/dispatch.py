@@ -31,16 +31,20 @@ from disagg_transforms._routes import Route
 from disagg_transforms._wire.describe import describe
 from disagg_transforms.errors import ConfigError
 
-__all__ = ("StreamConverter", "single_frame_stream", "stream_converter", "wrap_envelope")
+__all__ = (
+    "ENVELOPE_ROUTES",
+    "StreamConverter",
+    "single_frame_stream",
+    "stream_converter",
+    "wrap_envelope",
+)
 
 StreamConverter = ChatStreamConverter | ResponsesStreamConverter | AnthropicStreamConverter
 """What :func:`stream_converter` returns: each has ``feed``, ``close`` and ``error_event``."""
 
-_REBUILT = (Route.CHAT_COMPLETIONS, Route.RESPONSES, Route.MESSAGES)
-
 
 def _no_envelope(client_route: object) -> ConfigError:
-    names = ", ".join(route.value for route in _REBUILT)
+    names = ", ".join(route.value for route in ENVELOPE_ROUTES)
     msg = (
         f"client_route: the generate answer is rebuilt only for {names} clients, got "
         f"{describe(client_route)}; a completions or generate client keeps its own route"
@@ -70,6 +74,10 @@ _SINGLE_FRAMES: Mapping[Route, _Wrap] = {
     Route.RESPONSES: single_frame_responses_stream,
     Route.MESSAGES: single_frame_anthropic_stream,
 }
+
+
+ENVELOPE_ROUTES: tuple[Route, ...] = tuple(_WRAPS)
+"""The client routes whose envelope is rebuilt from a generate answer (one row in each table)."""
 
 
 def _pick(table: Mapping[Route, _Wrap], client_route: object) -> _Wrap:

@@ -25,10 +25,10 @@ per provider.
 from __future__ import annotations
 
 import asyncio
+import reprlib
 import threading
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
-from contextlib import contextmanager
 from typing import Any, Final, NamedTuple, NoReturn, TypeAlias, final
 
 import httpx
@@ -39,21 +39,19 @@ from litellm.llms.custom_llm import CustomLLM, CustomLLMError
 from litellm.types.utils import GenericStreamingChunk, ModelResponse
 from typing_extensions import override
 
-from disagg_transforms._config import DecodeParams, OutputMode, PrefillParams, Step, StepParams
-from disagg_transforms._request.caps import apply_sampling_caps
-from disagg_transforms._request.legs import strip_transfer_params
-from disagg_transforms._routes import Route
-from disagg_transforms._wire import keys as w
-from disagg_transforms._wire.describe import describe
-from disagg_transforms._wire.sse import SseParser
-from disagg_transforms.errors import ConfigError, DisaggTransformError
-from disagg_transforms.exchange import (
-    NEED_DATA,
-    ClientReply,
-    ClientStream,
-    Exchange,
-    WorkerCall,
+from disagg_transforms import (
+    DecodeParams,
+    OutputMode,
+    PrefillParams,
+    Route,
+    SseParser,
+    Step,
+    StepParams,
+    apply_sampling_caps,
+    strip_transfer_params,
 )
+from disagg_transforms.errors import ConfigError, DisaggTransformError
+from disagg_transforms.exchange import ClientReply, ClientStream, Driver, Exchange, WorkerCall
 
 __all__ = (
     "PREFILL_API_BASE",
@@ -95,7 +93,7 @@ def _json_default(value: object) -> object:
     dump = getattr(value, "model_dump", None)
     if callable(dump):
         return dump(exclude_none=True)
-    msg = f"not JSON: {describe(value)}"
+    msg = f"not JSON: {reprlib.repr(value)}"
     raise TypeError(msg)
 
 
@@ -113,15 +111,15 @@ def _chat_body(
             "constructor"
         )
         raise _llm_error(400, msg)
-    body: dict[str, Any] = {w.MODEL: model, w.MESSAGES: messages}
+    body: dict[str, Any] = {"model": model, "messages": messages}
     body.update((k, v) for k, v in optional_params.items() if k not in _LITELLM_ONLY)
     extra = optional_params.get("extra_body")
     if isinstance(extra, Mapping):
         body.update(extra)
     if stream:
-        body[w.STREAM] = True
+        body["stream"] = True
     else:
-        body.pop(w.STREAM, None)
+        body.pop("stream", None)
     try:
         return orjson.dumps(body, default=_json_default)
     except TypeError as error:
@@ -130,7 +128,7 @@ def _chat_body(
 
 def _base_url(api_base: object, what: str) -> str:
     if not isinstance(api_base, str) or not api_base.strip():
-        msg = f"{what}: the vLLM worker's URL is required, got {describe(api_base)}"
+        msg = f"{what}: the vLLM worker's URL is required, got {reprlib.repr(api_base)}"
         raise _llm_error(400, msg)
     return api_base.strip().rstrip("/")
 
@@ -156,11 +154,15 @@ def _reason(error: httpx.TransportError) -> str:
     return f"{type(error).__name__}: {detail}" if detail else type(error).__name__
 
 
+def _timed_out(error: httpx.TransportError) -> bool:
+    return isinstance(error, httpx.TimeoutException)
+
+
 def _reply_error(reply: ClientReply) -> CustomLLMError:
     """The exchange's error reply (OpenAI's shape: the client is a chat client) for LiteLLM."""
     try:
-        error = orjson.loads(reply.body).get(w.ERROR)
-        message = str(error[w.MESSAGE])
+        error = orjson.loads(reply.body).get("error")
+        message = str(error["message"])
     except (orjson.JSONDecodeError, AttributeError, KeyError, TypeError):
         message = reply.body.decode("utf-8", "replace")
     return _llm_error(reply.status, message)
@@ -175,46 +177,46 @@ def _reply_bytes(reply: ClientReply | ClientStream) -> bytes:
 
 def _with_reasoning_content(message: Mapping[str, Any]) -> dict[str, Any]:
     # The exchange writes vLLM's `reasoning`; LiteLLM's clients read `reasoning_content`.
-    reasoning = message.get(w.REASONING)
-    if reasoning is None or w.REASONING_CONTENT in message:
+    reasoning = message.get("reasoning")
+    if reasoning is None or "reasoning_content" in message:
         return dict(message)
-    return {**message, w.REASONING_CONTENT: reasoning}
+    return {**message, "reasoning_content": reasoning}
 
 
 def _model_response(body: bytes) -> ModelResponse:
     """The exchange's ``chat.completion`` bytes as LiteLLM's ``ModelResponse`` (one parse)."""
     completion = orjson.loads(body)
-    completion[w.CHOICES] = [
-        {**choice, w.MESSAGE: _with_reasoning_content(choice.get(w.MESSAGE) or {})}
-        for choice in completion.get(w.CHOICES) or []
+    completion["choices"] = [
+        {**choice, "message": _with_reasoning_content(choice.get("message") or {})}
+        for choice in completion.get("choices") or []
     ]
     return ModelResponse(**completion)
 
 
 def _generic_chunks(chunk: Mapping[str, Any]) -> list[GenericStreamingChunk]:
     """One ``chat.completion.chunk`` as LiteLLM's streaming chunks (one per choice, tool call)."""
-    usage = chunk.get(w.USAGE)
-    choices: list[Mapping[str, Any]] = chunk.get(w.CHOICES) or []
+    usage = chunk.get("usage")
+    choices: list[Mapping[str, Any]] = chunk.get("choices") or []
     if not choices:  # the usage-only chunk
         return [GenericStreamingChunk(text="", is_finished=False, finish_reason="", usage=usage)]
     out: list[GenericStreamingChunk] = []
     for choice in choices:
-        delta: Mapping[str, Any] = choice.get(w.DELTA) or {}
-        finish = choice.get(w.FINISH_REASON)
-        calls: list[Any] = delta.get(w.TOOL_CALLS) or [None]
+        delta: Mapping[str, Any] = choice.get("delta") or {}
+        finish = choice.get("finish_reason")
+        calls: list[Any] = delta.get("tool_calls") or [None]
         for position, call in enumerate(calls):
             last = position == len(calls) - 1
             item = GenericStreamingChunk(
-                text=(delta.get(w.CONTENT) or "") if position == 0 else "",
+                text=(delta.get("content") or "") if position == 0 else "",
                 tool_use=call,
                 is_finished=last and finish is not None,
                 finish_reason=(finish or "") if last else "",
                 usage=usage if last else None,
-                index=choice.get(w.INDEX, 0),
+                index=choice.get("index", 0),
             )
-            reasoning = delta.get(w.REASONING)
+            reasoning = delta.get("reasoning")
             if position == 0 and reasoning:
-                item["provider_specific_fields"] = {w.REASONING_CONTENT: reasoning}
+                item["provider_specific_fields"] = {"reasoning_content": reasoning}
             out.append(item)
     return out
 
@@ -239,14 +241,14 @@ class _ChatChunks:
     def _chunks(payloads: list[bytes]) -> list[GenericStreamingChunk]:
         out: list[GenericStreamingChunk] = []
         for payload in payloads:
-            if payload == w.SSE_DONE:
+            if payload == b"[DONE]":
                 continue
             chunk = orjson.loads(payload)
-            error = chunk.get(w.ERROR)
+            error = chunk.get("error")
             if error is not None:  # the in-stream error event that ends the client's stream
-                code = error.get(w.CODE)
+                code = error.get("code")
                 status = code if isinstance(code, int) and code >= httpx.codes.BAD_REQUEST else 502
-                raise _llm_error(status, str(error.get(w.MESSAGE)))
+                raise _llm_error(status, str(error.get("message")))
             out.extend(_generic_chunks(chunk))
         return out
 
@@ -298,93 +300,33 @@ class _Plan:
         )
 
 
-@final
-class _Drive:
-    """The I/O-free half of driving one exchange to its end (the loop of ``docs/router.md``).
-
-    :func:`_exchange_bytes` and :func:`_aexchange_bytes` make the HTTP calls and hand every
-    answer here, so the exchange's steps are written once and the two loops differ only where
-    one of them awaits.
-    """
-
-    __slots__ = ("_ex", "_pending", "streams")
-
-    def __init__(self, exchange: Exchange) -> None:
-        self._ex = exchange
-        self._pending = b""  # client bytes written before the reply's head (or the stream's end)
-        self.streams = False  # the reply is a stream: after reply(), relay the decode stream
-
-    def next_call(self) -> WorkerCall | None:
-        event = self._ex.next_event()
-        return event if isinstance(event, WorkerCall) else None
-
-    @contextmanager
-    def failover(self, step: str) -> Iterator[None]:
-        """A transport failure inside the block is the step's worker failing."""
-        try:
-            yield
-        except httpx.TransportError as error:
-            timed_out = isinstance(error, httpx.TimeoutException)
-            self._pending += self._ex.worker_failed(step, _reason(error), timed_out=timed_out)
-
-    def answered(self, call: WorkerCall, answer: httpx.Response) -> bool:
-        """Hand the exchange a worker's answer: whether it is a stream, still to be opened."""
-        if not call.stream:  # httpx read the whole body in send()
-            self._ex.receive(answer.status_code, answer.headers.raw, answer.content)
-            return False
-        self._ex.receive_stream_head(answer.status_code, answer.headers.raw)
-        return True
-
-    def opening(self, chunk: bytes) -> bool:
-        """Feed a chunk of the stream being opened: whether its first event passed its checks."""
-        self._pending += self._ex.feed(chunk)
-        return self._ex.next_event() is not NEED_DATA
-
-    def ended(self) -> None:
-        """The worker's stream has ended."""
-        self._pending += self._ex.end_of_stream()
-
-    def reply(self) -> bytes:
-        """The client's reply so far; raises ``CustomLLMError`` when it is an error status."""
-        reply = self._ex.next_event()
-        assert isinstance(reply, (ClientReply, ClientStream))  # noqa: S101 - the loop ran out
-        self.streams = isinstance(reply, ClientStream)
-        return _reply_bytes(reply) + self.pending()
-
-    def relay(self, chunk: bytes) -> bytes:
-        return self._ex.feed(chunk)
-
-    def pending(self) -> bytes:
-        pending, self._pending = self._pending, b""
-        return pending
-
-
 def _exchange_bytes(http: httpx.Client, plan: _Plan) -> Iterator[bytes]:
     """Drive the plan's exchange to its end over ``http``: the client's reply bytes, as they come.
 
     Raises ``CustomLLMError`` (before any byte) when the reply is an error status.
     """
-    drive = _Drive(plan.exchange)
+    drive = Driver(plan.exchange)
     answer: httpx.Response | None = None
     chunks: Iterator[bytes] = iter(())  # the decode stream, once it is open
     try:
         while (call := drive.next_call()) is not None:
-            with drive.failover(call.step):
+            try:
                 answer = http.send(plan.request(http, call), stream=call.stream)
-                if drive.answered(call, answer):
-                    chunks = answer.iter_bytes()
-                    for chunk in chunks:  # until the first event passed its checks
-                        if drive.opening(chunk):
-                            break
-                    else:
-                        drive.ended()
-        yield drive.reply()
-        if drive.streams:
-            with drive.failover("decode"):
-                for chunk in chunks:
-                    yield drive.relay(chunk)
-                drive.ended()
-            yield drive.pending()
+                if not call.stream:  # httpx read the whole body in send()
+                    drive.answered(answer.status_code, answer.headers.raw, answer.content)
+                    continue
+                drive.stream_opened(answer.status_code, answer.headers.raw)
+                chunks = answer.iter_bytes()
+                while drive.opening:
+                    drive.chunk(next(chunks, None))
+            except httpx.TransportError as error:
+                drive.failed(_reason(error), timed_out=_timed_out(error))
+        yield _reply_bytes(drive.reply())
+        try:
+            while drive.relaying:
+                yield drive.chunk(next(chunks, None))
+        except httpx.TransportError as error:
+            yield drive.failed(_reason(error), timed_out=_timed_out(error))
     finally:
         if answer is not None:
             answer.close()
@@ -392,27 +334,28 @@ def _exchange_bytes(http: httpx.Client, plan: _Plan) -> Iterator[bytes]:
 
 async def _aexchange_bytes(http: httpx.AsyncClient, plan: _Plan) -> AsyncIterator[bytes]:
     """:func:`_exchange_bytes` over an ``httpx.AsyncClient``."""
-    drive = _Drive(plan.exchange)
+    drive = Driver(plan.exchange)
     answer: httpx.Response | None = None
     chunks: AsyncIterator[bytes] | None = None  # the decode stream, once it is open
     try:
         while (call := drive.next_call()) is not None:
-            with drive.failover(call.step):
+            try:
                 answer = await http.send(plan.request(http, call), stream=call.stream)
-                if drive.answered(call, answer):
-                    chunks = answer.aiter_bytes()
-                    async for chunk in chunks:  # until the first event passed its checks
-                        if drive.opening(chunk):
-                            break
-                    else:
-                        drive.ended()
-        yield drive.reply()
-        if drive.streams and chunks is not None:
-            with drive.failover("decode"):
-                async for chunk in chunks:
-                    yield drive.relay(chunk)
-                drive.ended()
-            yield drive.pending()
+                if not call.stream:
+                    drive.answered(answer.status_code, answer.headers.raw, answer.content)
+                    continue
+                drive.stream_opened(answer.status_code, answer.headers.raw)
+                chunks = answer.aiter_bytes()
+                while drive.opening:
+                    drive.chunk(await anext(chunks, None))
+            except httpx.TransportError as error:
+                drive.failed(_reason(error), timed_out=_timed_out(error))
+        yield _reply_bytes(drive.reply())
+        try:
+            while drive.relaying and chunks is not None:
+                yield drive.chunk(await anext(chunks, None))
+        except httpx.TransportError as error:
+            yield drive.failed(_reason(error), timed_out=_timed_out(error))
     finally:
         if answer is not None:
             await answer.aclose()
@@ -422,7 +365,7 @@ def _checked_url(value: object, param: str) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str) or not value.strip():
-        msg = f"VllmGenerateLLM: {param} must be a worker URL or None, got {describe(value)}"
+        msg = f"VllmGenerateLLM: {param} must be a worker URL or None, got {reprlib.repr(value)}"
         raise ConfigError(msg, param=param)
     return value.strip().rstrip("/")
 
@@ -491,7 +434,8 @@ class VllmGenerateLLM(CustomLLM):
             PrefillParams(use_openai_format=False) if prefill_params is None else prefill_params
         )
         if not isinstance(prefill, PrefillParams):
-            msg = f"VllmGenerateLLM: prefill_params must be PrefillParams, got {describe(prefill)}"
+            shown = reprlib.repr(prefill)
+            msg = f"VllmGenerateLLM: prefill_params must be PrefillParams, got {shown}"
             raise ConfigError(msg, param="prefill_params")
         self._params = msgspec.structs.replace(params, wrap_chat_completion=True)
         self._pipelines: Mapping[bool, Mapping[Step, StepParams]] = {
@@ -640,7 +584,7 @@ class SamplingCapsCallback(CustomLogger):
         super().__init__()
         untyped: object = route  # a proxy YAML may hand over anything
         if untyped is not None and not isinstance(untyped, Route):
-            msg = f"SamplingCapsCallback: route must be a Route or None, got {describe(route)}"
+            msg = f"SamplingCapsCallback: route must be a Route or None, got {reprlib.repr(route)}"
             raise ConfigError(msg, param="route")
         self._route = route
 

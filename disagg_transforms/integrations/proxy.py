@@ -27,23 +27,21 @@ from starlette.routing import Route as HttpRoute
 
 from disagg_transforms import (
     DEFAULT_LIMITS,
-    ConditionalDecodeParams,
     Limits,
     Route,
     Step,
     StepParams,
     detect_route,
     parse_pipeline_params,
-    resolve_format,
 )
 from disagg_transforms.errors import ConfigError, error_body
 from disagg_transforms.exchange import (
-    NEED_DATA,
     ClientReply,
-    ClientStream,
+    Driver,
     Exchange,
     ExchangeSettings,
     WorkerCall,
+    pipeline_phases,
 )
 from disagg_transforms.hooks import Pipeline
 
@@ -52,13 +50,7 @@ __all__ = ("Timeouts", "create_app", "url_errors")
 ACCESS_LOG = logging.getLogger("disagg_transforms.proxy")
 """One line per client request: its id, route, status, and each worker call's status and time."""
 
-_CLIENT_ROUTES = (
-    Route.CHAT_COMPLETIONS,
-    Route.COMPLETIONS,
-    Route.RESPONSES,
-    Route.MESSAGES,
-    Route.GENERATE,
-)
+_CLIENT_ROUTES = tuple(Route)  # every client API is served, each through the exchange
 
 
 # vLLM's routes the render worker answers, relayed as they are (docs/proxy.md).
@@ -95,7 +87,8 @@ def url_errors(
     """Every worker URL the proxy cannot call and every mismatch of steps and URLs, one each.
 
     A configured step needs its URL and a URL needs its step; render is needed when a leg
-    speaks the generate route (its URL defaults to the decode URL).
+    speaks the generate route (its URL defaults to the decode URL). The calls a pipeline makes
+    are the exchange's to say (:func:`~disagg_transforms.pipeline_phases`).
     """
     given = {
         "decode": decode_url,
@@ -111,20 +104,20 @@ def url_errors(
     if Step.CONDITIONAL_DECODE in config:
         msg = "conditional-decode: the proxy does not run it; leave it out of the pipeline"
         errors.append(ConfigError(msg, param="conditional-decode"))
-    for step, url in ((Step.DECODE, decode_url), (Step.PREFILL, prefill_url)):
-        if step in config and url is None:
-            msg = f"{step.value}: the pipeline has a {step.value} step but no --{step.value}-url"
-            errors.append(ConfigError(msg, param=step.value))
+    workers = set(pipeline_phases(config).values())
+    urls = {"encode": encode_url, "prefill": prefill_url, "decode": decode_url}
+    for worker, url in urls.items():
+        if worker in workers and url is None:
+            article = "an" if worker[0] in "aeiou" else "a"
+            msg = f"{worker}: the pipeline has {article} {worker} step but no --{worker}-url"
+            errors.append(ConfigError(msg, param=worker))
     if Step.DECODE not in config:
         errors.append(ConfigError("decode: the pipeline has no decode step", param="decode"))
-    if Step.ENCODE in config and encode_url is None:
-        msg = "encode: the pipeline has an encode step but no --encode-url"
-        errors.append(ConfigError(msg, param="encode"))
-    for step, url in ((Step.PREFILL, prefill_url), (Step.ENCODE, encode_url)):
-        if url is not None and step not in config:
-            msg = f"--{step.value}-url: the pipeline has no {step.value} step to send there"
-            errors.append(ConfigError(msg, param=step.value))
-    if render_url is not None and not _renders(config):
+    for worker, url in urls.items():
+        if url is not None and worker != "decode" and worker not in workers:
+            msg = f"--{worker}-url: the pipeline has no {worker} step to send there"
+            errors.append(ConfigError(msg, param=worker))
+    if render_url is not None and "render" not in workers:
         msg = "--render-url: no leg speaks the generate route, so nothing is rendered"
         errors.append(ConfigError(msg, param="render"))
     return errors
@@ -142,16 +135,6 @@ def _url_problem(url: str) -> str:
     except ValueError as error:
         return f"has a bad port ({error})"
     return ""
-
-
-def _renders(config: Mapping[Step, StepParams]) -> bool:
-    # A chat, Responses or Messages client is rendered when any leg speaks the generate route.
-    path = Route.CHAT_COMPLETIONS.value
-    return any(
-        resolve_format(params.use_openai_format, path) is Route.GENERATE
-        for params in config.values()
-        if not isinstance(params, ConditionalDecodeParams)
-    )
 
 
 @dataclass
@@ -328,19 +311,19 @@ class _Proxy:
         ex = Exchange(
             self.rendered, Route.MESSAGES.value, request.headers.raw, body, settings=self.settings
         )
-        event = ex.next_event()
-        if isinstance(event, WorkerCall):
-            await self._call(ex, event, log)
-            event = ex.next_event()
-        if isinstance(event, WorkerCall):
-            count = len(msgspec.json.decode(event.body, type=_TokenIds).token_ids)
+        drive = Driver(ex)
+        if (call := drive.next_call()) is not None:
+            await self._call(drive, call, log)
+        if (call := drive.next_call()) is not None:  # the leg after render: not sent
+            count = len(msgspec.json.decode(call.body, type=_TokenIds).token_ids)
             log.write(ex.request_id, 200)
             answer = {"input_tokens": count, "context_management": {"original_input_tokens": count}}
             headers = {"x-request-id": ex.request_id}
             return Response(orjson.dumps(answer), media_type="application/json", headers=headers)
-        assert isinstance(event, ClientReply)  # noqa: S101 - no stream was asked for
-        log.write(ex.request_id, event.status)
-        return Response(event.body, status_code=event.status, headers=dict(event.headers))
+        reply = drive.reply()
+        assert isinstance(reply, ClientReply)  # noqa: S101 - no stream was asked for
+        log.write(ex.request_id, reply.status)
+        return Response(reply.body, status_code=reply.status, headers=dict(reply.headers))
 
     async def serve(self, request: Request) -> Response:
         log = _Log(request)
@@ -355,24 +338,21 @@ class _Proxy:
             client_body,
             settings=self.settings,
         )
+        drive = Driver(ex)
         stream: _Worker | None = None
-        held = b""
-        while isinstance(call := ex.next_event(), WorkerCall):
-            stream, held = await self._call(ex, call, log)
-        reply = ex.next_event()
+        while (call := drive.next_call()) is not None:
+            stream = await self._call(drive, call, log)
+        reply = drive.reply()
         if isinstance(reply, ClientReply):
             if stream is not None:
                 await stream.answer.aclose()
             log.write(ex.request_id, reply.status)
             return Response(reply.body, status_code=reply.status, headers=dict(reply.headers))
-        assert isinstance(reply, ClientStream)  # noqa: S101 - the calls are over
         assert stream is not None  # noqa: S101 - a client stream relays a worker stream
-        body = self._relay(ex, stream, reply.first + held, log, reply.status)
-        return StreamingResponse(body, status_code=reply.status, headers=dict(reply.headers))
+        body_stream = self._relay(drive, stream, reply.first, log, reply.status)
+        return StreamingResponse(body_stream, status_code=reply.status, headers=dict(reply.headers))
 
-    async def _call(
-        self, ex: Exchange, call: WorkerCall, log: _Log
-    ) -> tuple[_Worker | None, bytes]:
+    async def _call(self, drive: Driver, call: WorkerCall, log: _Log) -> _Worker | None:
         """Make one worker call and feed its answer (a stream until the client's reply is known)."""
         url = self.urls[call.step] + call.path
         since = time.monotonic()
@@ -380,51 +360,41 @@ class _Proxy:
             call.method, url, headers=call.headers, content=call.body
         )
         stream: _Worker | None = None
-        held = b""
         try:
             with anyio.fail_after(self.timeouts.first_byte):
                 answer = await self._client().send(request, stream=call.stream)
             if not call.stream:
-                ex.receive(answer.status_code, answer.headers.raw, answer.content)
+                drive.answered(answer.status_code, answer.headers.raw, answer.content)
                 log.leg(call.step, answer.status_code, since)
-                return None, b""
+                return None
             stream = _Worker(answer, self.timeouts)
-            ex.receive_stream_head(answer.status_code, answer.headers.raw)
-            while ex.next_event() is NEED_DATA:
-                chunk = await stream.chunk()
-                held += ex.feed(chunk) if chunk is not None else ex.end_of_stream()
-                if chunk is None:
-                    break
+            drive.stream_opened(answer.status_code, answer.headers.raw)
+            while drive.opening:
+                drive.chunk(await stream.chunk())
         except _FAILURES as error:
-            ex.worker_failed(call.step, _reason(error, self.timeouts), timed_out=_timed_out(error))
+            drive.failed(_reason(error, self.timeouts), timed_out=_timed_out(error))
             log.leg(call.step, "failed", since)
             if stream is not None:
                 await stream.answer.aclose()
-            return None, b""
+            return None
         log.leg(call.step, answer.status_code, since)
-        return stream, held
+        return stream
 
     async def _relay(
-        self, ex: Exchange, stream: _Worker, first: bytes, log: _Log, status: int
+        self, drive: Driver, stream: _Worker, first: bytes, log: _Log, status: int
     ) -> AsyncIterator[bytes]:
         """The client's stream, relayed as the worker's comes; closes the worker's at the end."""
         ended: str | None = None  # how it ended when the exchange cannot know (the client left)
         detail = ""
         try:
             yield first
-            while (chunk := await stream.chunk()) is not None:
-                if out := ex.feed(chunk):
+            while drive.relaying:
+                if out := drive.chunk(await stream.chunk()):  # an empty one still costs a send
                     yield out
-                if ex.reply_over:
-                    # The worker broke the contract mid-stream: the client's stream has ended
-                    # with the error event, and the worker's is closed below, unread.
-                    return
-            if tail := ex.end_of_stream():  # an empty chunk would still cost the server a send
-                yield tail
         except _FAILURES as error:
             reason = _reason(error, self.timeouts)
             detail = f" ({reason})"
-            yield ex.worker_failed("decode", reason, timed_out=_timed_out(error))
+            yield drive.failed(reason, timed_out=_timed_out(error))
         except BaseException:
             # Starlette cancels the relay when the client goes away: the worker's stream is
             # closed below, so the worker stops generating for nobody.
@@ -433,7 +403,8 @@ class _Proxy:
         finally:
             with anyio.CancelScope(shield=True):
                 await stream.answer.aclose()
-            log.write(ex.request_id, status, f" stream={ended or ex.stream_end}{detail}")
+            end = drive.exchange.stream_end
+            log.write(drive.exchange.request_id, status, f" stream={ended or end}{detail}")
 
 
 class _TokenIds(msgspec.Struct):

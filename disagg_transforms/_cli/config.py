@@ -1,0 +1,152 @@
+"""Reading a pipeline config document (JSON, or YAML with PyYAML) for the commands that take one.
+
+``check-config`` and ``serve`` read the same document the same way; every failure is a
+:class:`CliError` of one line (``docs/cli.md``).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import msgspec
+
+from disagg_transforms import parse_pipeline_params
+from disagg_transforms._cli.commands import CliError
+from disagg_transforms._wire.describe import describe
+from disagg_transforms.errors import ConfigError
+
+__all__ = (
+    "config_errors",
+    "one_line",
+    "parse_document",
+    "read_config",
+    "read_json",
+    "source_name",
+)
+
+_STDIN = "-"
+_TOP_LEVEL_KEYS = ("steps", "use_openai_format")
+_YAML_HINT = " (if it is YAML, pass --format yaml)"
+
+
+def one_line(error: BaseException) -> str:
+    return " ".join(str(error).split())
+
+
+def source_name(source: str) -> str:
+    return "<stdin>" if source == _STDIN else source
+
+
+def _read_bytes(source: str) -> bytes:
+    """The bytes of a file, or of stdin when ``source`` is ``-``."""
+    if source == _STDIN:
+        return sys.stdin.buffer.read()
+    try:
+        return Path(source).read_bytes()
+    except OSError as exc:
+        msg = f"cannot read {source}: {exc.strerror or one_line(exc)}"
+        raise CliError(msg) from None
+
+
+def _decode(
+    source: str,
+    kind: str,
+    loads: Callable[[bytes], object],
+    errors: type[Exception],
+    hint: str = "",
+) -> object:
+    return parse_document(
+        source_name(source), kind, lambda: loads(_read_bytes(source)), errors, hint
+    )
+
+
+def parse_document(
+    name: str, kind: str, parse: Callable[[], object], errors: type[Exception], hint: str = ""
+) -> object:
+    """``parse()``'s document; a failure is a `CliError` naming ``name`` (a source or option).
+
+    A document nested past the interpreter's stack is refused like any other (docs/cli.md).
+    """
+    try:
+        return parse()
+    except errors as exc:
+        msg = f"{name}: not valid {kind}: {one_line(exc)}{hint}"
+    except RecursionError:
+        msg = f"{name}: not valid {kind}: nested too deep"
+    raise CliError(msg)
+
+
+def read_json(source: str, hint: str = "") -> object:
+    """Parse the JSON document in a file or on stdin (``-``); a failure is a `CliError`.
+
+    msgspec, not orjson: it reads an integer beyond 64 bits exactly (orjson makes it a float).
+    ``hint`` ends the message of a document that does not parse.
+    """
+    return _decode(source, "JSON", msgspec.json.decode, msgspec.DecodeError, hint)
+
+
+def _read_yaml(source: str) -> object:
+    try:
+        import yaml  # noqa: PLC0415 - optional: only this command, and only for YAML, needs it
+    except ImportError:
+        msg = (
+            f"{source_name(source)}: reading YAML needs PyYAML (pip install pyyaml); "
+            "or give the config as JSON"
+        )
+        raise CliError(msg) from None
+    return _decode(source, "YAML", yaml.safe_load, yaml.YAMLError)
+
+
+def read_config(source: str, fmt: str) -> object:
+    if fmt != "auto":
+        return _read_yaml(source) if fmt == "yaml" else read_json(source)
+    if Path(source).suffix.lower() in {".yaml", ".yml"}:
+        return _read_yaml(source)
+    # JSON is only the guess here (stdin, or a name without .yaml): say how to ask for YAML.
+    return read_json(source, _YAML_HINT)
+
+
+def _collect(errors: list[ConfigError], steps: object, use_openai_format: object = None) -> bool:
+    try:
+        parse_pipeline_params(steps, use_openai_format=use_openai_format)  # type: ignore[arg-type]
+    except ConfigError as error:
+        errors.append(error)
+        return False
+    return True
+
+
+def config_errors(document: object) -> list[ConfigError]:
+    """Every error in a pipeline config document, each key checked on its own.
+
+    ``parse_pipeline_params`` stops at the first error; an operator fixing a file wants them
+    all, so each step name and each key is run through it separately (no rule spans two keys).
+    """
+    if not isinstance(document, Mapping):
+        msg = f'$: expected an object with a "steps" key, got {describe(document)}'
+        return [ConfigError(msg, param="$")]
+    errors: list[ConfigError] = []
+    for key in document:
+        if key not in _TOP_LEVEL_KEYS:
+            msg = (
+                f"{key}: unknown top-level key {describe(key)}; accepted: steps, use_openai_format"
+            )
+            errors.append(ConfigError(msg, param=str(key)))
+    _collect(errors, {}, document.get("use_openai_format"))
+    if "steps" not in document:
+        errors.append(ConfigError('steps: the "steps" key is missing', param="steps"))
+        return errors
+    steps = document["steps"]
+    if not isinstance(steps, Mapping):
+        _collect(errors, steps)
+        return errors
+    for name, params in steps.items():
+        if not _collect(errors, {name: {}}):
+            continue  # an unknown step name: its keys mean nothing
+        if not isinstance(params, Mapping):
+            _collect(errors, {name: params})
+            continue
+        for key, value in params.items():
+            _collect(errors, {name: {key: value}})
+    return errors
