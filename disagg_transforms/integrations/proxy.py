@@ -1,4 +1,4 @@
-"""The reference proxy: the exchange served over HTTP with Starlette and one pooled httpx client.
+"""The reference proxy: the exchange served over HTTP with Starlette and one pooled aiohttp client.
 
 ``pip install 'disagg_transforms[proxy]'``; ``disagg-transforms serve`` runs it (see
 ``docs/proxy.md``). :func:`create_app` builds the ASGI app: every client request is one
@@ -8,15 +8,16 @@ answers relayed to the client as they come. The library's core never imports thi
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
+import sys
 import time
 import urllib.parse
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 
-import anyio
-import httpx
+import aiohttp
 import msgspec
 import orjson
 from starlette.applications import Starlette
@@ -47,6 +48,11 @@ from disagg_transforms.exchange import (
 )
 from disagg_transforms.hooks import Pipeline
 
+if sys.version_info >= (3, 11):
+    from asyncio import timeout as _deadline
+else:  # aiohttp's own dependency there
+    from async_timeout import timeout as _deadline
+
 __all__ = ("Timeouts", "create_app", "url_errors")
 
 ACCESS_LOG = logging.getLogger("disagg_transforms.proxy")
@@ -66,6 +72,9 @@ _RENDER_WORKER_ROUTES = (("/tokenize", "POST"), ("/detokenize", "POST"), ("/vers
 _COUNT_TOKENS = "/v1/messages/count_tokens"
 # What a relayed call passes on of the client's headers.
 _RELAYED_HEADERS = frozenset({"authorization", "content-type", "x-request-id"})
+# What aiohttp would add to a call: a worker gets the headers the exchange gives, and Host and
+# Content-Length (no Accept-Encoding: the answers are read undecoded).
+_AUTO_HEADERS = ("User-Agent", "Accept", "Accept-Encoding", "Content-Type")
 
 
 @dataclass(frozen=True)
@@ -182,37 +191,64 @@ def _ms(since: float) -> int:
     return round((time.monotonic() - since) * 1000)
 
 
-class _Worker:
-    """The worker stream being read: its chunks, each awaited under the right timeout."""
+class _Stream:
+    """A worker's streamed answer, read under one deadline per phase (docs/proxy.md).
 
-    def __init__(self, answer: httpx.Response, timeouts: Timeouts) -> None:
+    The first read waits until the call's first-byte deadline, each later one at most the idle
+    timeout. One timer per stream checks the deadline when it fires and re-arms itself, so a
+    read costs no timer of its own; a read past its deadline fails with ``TimeoutError``.
+    """
+
+    def __init__(self, answer: aiohttp.ClientResponse, first_byte_due: float, idle: float) -> None:
         self.answer = answer
-        self._chunks = answer.aiter_bytes()
-        self._timeouts = timeouts
+        self._content = answer.content
+        self._loop = asyncio.get_running_loop()
+        self._idle = idle
+        self._due = first_byte_due  # the deadline of the read in progress (or the next)
         self._first = True
+        self._reading = False
+        self._timer = self._loop.call_at(min(first_byte_due, self._loop.time() + idle), self._check)
 
-    async def chunk(self) -> bytes | None:
-        """The next chunk, or ``None`` at the end; raises ``TimeoutError`` when none comes."""
-        limit = self._timeouts.first_byte if self._first else self._timeouts.idle
-        self._first = False
+    async def read(self) -> bytes:
+        """All the bytes the worker's stream holds now, at least one; ``b""`` at its end."""
+        if self._first:
+            self._first = False
+        else:
+            self._due = self._loop.time() + self._idle
+        self._reading = True
         try:
-            with anyio.fail_after(limit):
-                return await self._chunks.__anext__()
-        except StopAsyncIteration:
-            return None
+            return await self._content.readany()
+        finally:
+            self._reading = False
+
+    def _check(self) -> None:
+        now = self._loop.time()
+        if self._reading and now >= self._due:
+            self._content.set_exception(TimeoutError())
+            return
+        # At most one idle period apart, so a read started since is checked on its deadline.
+        then = min(self._due, now + self._idle) if self._reading else now + self._idle
+        self._timer = self._loop.call_at(then, self._check)
+
+    def close(self) -> None:
+        """Stop the deadline; close the worker's answer (its connection stays pooled if read)."""
+        self._timer.cancel()
+        self.answer.close()
 
 
-# anyio.fail_after raises the builtin TimeoutError (asyncio's own on Python 3.10 is another).
-_FAILURES = (httpx.TransportError, httpx.InvalidURL, TimeoutError)
+# asyncio's TimeoutError is the builtin one from Python 3.11 on (another class on 3.10).
+_TIMEOUTS = (TimeoutError, asyncio.TimeoutError)
+_FAILURES = (aiohttp.ClientError, *_TIMEOUTS)
 
 
 def _timed_out(error: BaseException) -> bool:
-    # httpx's own timeouts: a connect or pool timeout under the client's connect limit.
-    return isinstance(error, (TimeoutError, httpx.TimeoutException))
+    # aiohttp's own timeouts (a connection not opened or taken from the pool in time) are
+    # asyncio's TimeoutError too.
+    return isinstance(error, _TIMEOUTS)
 
 
 def _reason(error: BaseException, timeouts: Timeouts) -> str:
-    if isinstance(error, TimeoutError):
+    if isinstance(error, _TIMEOUTS) and not isinstance(error, aiohttp.ClientError):
         return (
             f"no answer within the timeout ({timeouts.first_byte:g}s first byte,"
             f" {timeouts.idle:g}s idle)"
@@ -248,23 +284,32 @@ class _Proxy:
         self.rendered = parse_pipeline_params(
             {"decode": {"output_mode": "auto"}}, use_openai_format=False
         )
-        self.http: httpx.AsyncClient | None = None
+        self.http: aiohttp.ClientSession | None = None
 
     @contextlib.asynccontextmanager
     async def lifespan(self, _app: Starlette) -> AsyncIterator[None]:
-        # One pooled client per process; its connect timeout also bounds waiting for the pool.
-        timeout = httpx.Timeout(None, connect=self.timeouts.connect, pool=self.timeouts.connect)
-        limits = httpx.Limits(
-            max_connections=None,
-            max_keepalive_connections=256,
-            keepalive_expiry=self.worker_keep_alive,
+        # One pooled session per process, with no limit on connections; its connect timeout
+        # also bounds taking a connection from the pool. Nothing is added to the exchange's
+        # calls (no cookies, no default headers, no proxy from the environment), and the
+        # worker's bytes reach the exchange as they came.
+        connector = aiohttp.TCPConnector(
+            limit=0,
+            keepalive_timeout=self.worker_keep_alive or None,
+            force_close=not self.worker_keep_alive,
         )
-        async with httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False) as http:
+        async with aiohttp.ClientSession(
+            connector=connector,
+            timeout=aiohttp.ClientTimeout(total=None, connect=self.timeouts.connect),
+            cookie_jar=aiohttp.DummyCookieJar(),
+            skip_auto_headers=_AUTO_HEADERS,
+            auto_decompress=False,
+            trust_env=False,
+        ) as http:
             self.http = http
             yield
         self.http = None
 
-    def _client(self) -> httpx.AsyncClient:
+    def _client(self) -> aiohttp.ClientSession:
         assert self.http is not None  # noqa: S101 - requests are served only inside the lifespan
         return self.http
 
@@ -282,15 +327,19 @@ class _Proxy:
         url = self.urls[step] + request.url.path
         headers = {k: v for k, v in request.headers.items() if k in _RELAYED_HEADERS}
         try:
-            with anyio.fail_after(self.timeouts.first_byte):
+            async with _deadline(self.timeouts.first_byte):
                 answer = await self._client().request(
-                    request.method, url, headers=headers, content=await request.body()
+                    request.method, url, headers=headers, data=await request.body() or None
                 )
+                try:
+                    body = await answer.read()
+                finally:
+                    answer.release()
         except _FAILURES as error:
             message = f"{step} failed: {_reason(error, self.timeouts)}"
             return _openai_error(502, message)
         kind = answer.headers.get("content-type", "application/json")
-        return Response(answer.content, status_code=answer.status_code, media_type=kind)
+        return Response(body, status_code=answer.status, media_type=kind)
 
     async def count_tokens(self, request: Request) -> Response:
         """``POST /v1/messages/count_tokens``, as vLLM: the token IDs of the request's render.
@@ -353,14 +402,14 @@ class _Proxy:
             client_body,
             settings=self.settings,
         )
-        stream: _Worker | None = None
+        stream: _Stream | None = None
         held = b""
         while isinstance(call := ex.next_event(), WorkerCall):
             stream, held = await self._call(ex, call, log)
         reply = ex.next_event()
         if isinstance(reply, ClientReply):
             if stream is not None:
-                await stream.answer.aclose()
+                stream.close()
             log.write(ex.request_id, reply.status)
             return Response(reply.body, status_code=reply.status, headers=dict(reply.headers))
         assert isinstance(reply, ClientStream)  # noqa: S101 - the calls are over
@@ -370,54 +419,63 @@ class _Proxy:
 
     async def _call(
         self, ex: Exchange, call: WorkerCall, log: _Log
-    ) -> tuple[_Worker | None, bytes]:
+    ) -> tuple[_Stream | None, bytes]:
         """Make one worker call and feed its answer (a stream until the client's reply is known)."""
         url = self.urls[call.step] + call.path
         since = time.monotonic()
-        request = self._client().build_request(
-            call.method, url, headers=call.headers, content=call.body
-        )
-        stream: _Worker | None = None
+        stream: _Stream | None = None
         held = b""
+        first_byte_due = asyncio.get_running_loop().time() + self.timeouts.first_byte
         try:
-            with anyio.fail_after(self.timeouts.first_byte):
-                answer = await self._client().send(request, stream=call.stream)
+            async with _deadline(self.timeouts.first_byte):
+                answer = await self._client().request(
+                    call.method, url, headers=call.headers, data=call.body
+                )
+                if not call.stream:
+                    try:
+                        body = await answer.read()
+                    finally:
+                        answer.release()
             if not call.stream:
-                ex.receive(answer.status_code, answer.headers.raw, answer.content)
-                log.leg(call.step, answer.status_code, since)
+                ex.receive(answer.status, answer.raw_headers, body)
+                log.leg(call.step, answer.status, since)
                 return None, b""
-            stream = _Worker(answer, self.timeouts)
-            ex.receive_stream_head(answer.status_code, answer.headers.raw)
+            stream = _Stream(answer, first_byte_due, self.timeouts.idle)
+            ex.receive_stream_head(answer.status, answer.raw_headers)
             while ex.next_event() is NEED_DATA:
-                chunk = await stream.chunk()
-                held += ex.feed(chunk) if chunk is not None else ex.end_of_stream()
-                if chunk is None:
+                data = await stream.read()
+                held += ex.feed(data) if data else ex.end_of_stream()
+                if not data:
                     break
         except _FAILURES as error:
             ex.worker_failed(call.step, _reason(error, self.timeouts), timed_out=_timed_out(error))
             log.leg(call.step, "failed", since)
             if stream is not None:
-                await stream.answer.aclose()
+                stream.close()
             return None, b""
-        log.leg(call.step, answer.status_code, since)
+        log.leg(call.step, answer.status, since)
         return stream, held
 
     async def _relay(
-        self, ex: Exchange, stream: _Worker, first: bytes, log: _Log, status: int
+        self, ex: Exchange, stream: _Stream, first: bytes, log: _Log, status: int
     ) -> AsyncIterator[bytes]:
-        """The client's stream, relayed as the worker's comes; closes the worker's at the end."""
+        """The client's stream, relayed as the worker's comes; closes the worker's at the end.
+
+        Everything one read of the worker's stream brings is fed at once, and what the exchange
+        gives back is one write to the client (none when it gives nothing).
+        """
         ended: str | None = None  # how it ended when the exchange cannot know (the client left)
         detail = ""
         try:
             yield first
-            while (chunk := await stream.chunk()) is not None:
-                if out := ex.feed(chunk):
+            while data := await stream.read():
+                if out := ex.feed(data):
                     yield out
                 if ex.reply_over:
                     # The worker broke the contract mid-stream: the client's stream has ended
                     # with the error event, and the worker's is closed below, unread.
                     return
-            if tail := ex.end_of_stream():  # an empty chunk would still cost the server a send
+            if tail := ex.end_of_stream():
                 yield tail
         except _FAILURES as error:
             reason = _reason(error, self.timeouts)
@@ -429,8 +487,7 @@ class _Proxy:
             ended = "client-disconnected"
             raise
         finally:
-            with anyio.CancelScope(shield=True):
-                await stream.answer.aclose()
+            stream.close()
             log.write(ex.request_id, status, f" stream={ended or ex.stream_end}{detail}")
 
 
