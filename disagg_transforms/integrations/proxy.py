@@ -15,7 +15,7 @@ import sys
 import time
 import urllib.parse
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import aiohttp
 import msgspec
@@ -163,26 +163,34 @@ def _renders(config: Mapping[Step, StepParams]) -> bool:
     )
 
 
-@dataclass
 class _Log:
-    """What the access log line of one client request says."""
+    """What the access log line of one client request says; nothing is kept when it is off."""
 
-    request: Request
-    started: float = field(default_factory=time.monotonic)
-    legs: list[str] = field(default_factory=list)
+    __slots__ = ("_legs", "_on", "_request", "_started")
+
+    def __init__(self, request: Request) -> None:
+        self._on = ACCESS_LOG.isEnabledFor(logging.INFO)
+        self._request = request
+        self._started = time.monotonic()
+        self._legs: list[str] = []
 
     def leg(self, step: str, outcome: object, since: float) -> None:
-        self.legs.append(f"{step}={outcome}/{_ms(since)}ms")
+        if self._on:
+            self._legs.append(f"{step}={outcome}/{_ms(since)}ms")
 
-    def write(self, request_id: str, status: int, end: str = "") -> None:
+    def write(self, request_id: str, status: int, stream: str | None = None, why: str = "") -> None:
+        """Write the line; a stream's says how it ended (``why`` it failed, if it did)."""
+        if not self._on:
+            return
+        end = "" if stream is None else f" stream={stream}{why and f' ({why})'}"
         ACCESS_LOG.info(
             "%s %s %s %d %s total=%dms%s",
             request_id,
-            self.request.method,
-            self.request.url.path,
+            self._request.method,
+            self._request.scope["path"],
             status,
-            " ".join(self.legs) or "-",
-            _ms(self.started),
+            " ".join(self._legs) or "-",
+            _ms(self._started),
             end,
         )
 
@@ -382,12 +390,14 @@ class _Proxy:
         declared = request.headers.get("content-length", "")
         if declared.isdigit() and int(declared) > limit:
             return _too_large(request, limit)
-        body = bytearray()
+        chunks: list[bytes] = []
+        size = 0
         async for chunk in request.stream():
-            body += chunk
-            if len(body) > limit:
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > limit:
                 return _too_large(request, limit)
-        return bytes(body)
+        return b"".join(chunks)  # one chunk, the usual body, is returned as it is
 
     async def serve(self, request: Request) -> Response:
         log = _Log(request)
@@ -397,7 +407,7 @@ class _Proxy:
             return client_body
         ex = Exchange(
             self.config,
-            request.url.path,
+            request.scope["path"],
             request.headers.raw,
             client_body,
             settings=self.settings,
@@ -465,7 +475,7 @@ class _Proxy:
         gives back is one write to the client (none when it gives nothing).
         """
         ended: str | None = None  # how it ended when the exchange cannot know (the client left)
-        detail = ""
+        why = ""
         try:
             yield first
             while data := await stream.read():
@@ -478,9 +488,8 @@ class _Proxy:
             if tail := ex.end_of_stream():
                 yield tail
         except _FAILURES as error:
-            reason = _reason(error, self.timeouts)
-            detail = f" ({reason})"
-            yield ex.worker_failed("decode", reason, timed_out=_timed_out(error))
+            why = _reason(error, self.timeouts)
+            yield ex.worker_failed("decode", why, timed_out=_timed_out(error))
         except BaseException:
             # Starlette cancels the relay when the client goes away: the worker's stream is
             # closed below, so the worker stops generating for nobody.
@@ -488,7 +497,7 @@ class _Proxy:
             raise
         finally:
             stream.close()
-            log.write(ex.request_id, status, f" stream={ended or ex.stream_end}{detail}")
+            log.write(ex.request_id, status, str(ended or ex.stream_end), why)
 
 
 class _TokenIds(msgspec.Struct):
