@@ -2,18 +2,17 @@
 
 Usage: ``python benchmarks/proxy.py [--quick] [--no-write] [--vllm-router PATH]``. Starts one
 simulated worker (``SimulatedWorker`` generating a 256-token answer, answering at once) and, each
-its own process pinned to one core: the pass-through (this file with ``--passthrough``: it
-forwards the body to the worker and the answer back, nothing else, on the Starlette + httpx +
-uvicorn stack the proxy uses), ``disagg-transforms serve`` twice (decode only, with
-``use_openai_format: true``: one worker call like the pass-through; and the default pipeline:
-render, prefill, decode, three calls) and vllm-router in its P/D mode (two calls; skipped with a
-message when ``vllm-router`` is not on the PATH). A load generator (aiohttp) sends a
-chat request whose user message renders to 1k tokens to each in turn, whole and streamed, at
-1, 16 and 64 requests in flight, rounds interleaved. It prints, per target: requests per
-second, the latency and (streams) time to first token each adds over calling the worker
-directly (p50, p99), the CPU time of the target's process tree per request and per streamed
-chunk (psutil), checks the floors (docs/performance.md) and writes the figures into the last
-section of ``docs/performance.md``.
+its own process pinned to one core: the pass-through (this file with ``--passthrough``: it forwards
+the body to the worker and the answer back, nothing else, on Starlette + uvicorn as the proxy, with
+httpx as its worker client where the proxy has aiohttp), ``disagg-transforms serve`` twice (decode
+only, with ``use_openai_format: true``: one worker call like the pass-through; and the default
+pipeline: render, prefill, decode, three calls) and vllm-router in its P/D mode (two calls; skipped
+with a message when ``vllm-router`` is not on the PATH). A load generator (aiohttp) sends a chat
+request whose user message renders to 1k tokens to each in turn, whole and streamed, at 1, 16 and 64
+requests in flight, rounds interleaved. It prints, per target: requests per second, the latency and
+(streams) time to first token each adds over calling the worker directly (p50, p99), the CPU time of
+the target's process tree per request and per streamed chunk (psutil), checks the floors
+(docs/performance.md) and writes the figures into the last section of ``docs/performance.md``.
 """
 
 from __future__ import annotations
@@ -426,21 +425,20 @@ def section(results: Sequence[Result], command: str) -> str:
     return f"""{SECTION_START}
 ## The reference proxy against a pass-through and vllm-router
 
-`{command}` ({platform.python_implementation()} {platform.python_version()}, {os.cpu_count()}
-CPUs shared with other work, so treat the figures as indicative). One simulated worker answering
-at once ({MAX_TOKENS}-token answers); each target its own process (tree) pinned to one core: a
-minimal pass-through proxy on the Starlette + httpx + uvicorn stack `serve` uses (uvicorn on
-{_uvicorn_picks()}, as installed for this run); `{ONE_CALL}`: `disagg-transforms serve` decoding
-with `use_openai_format: true`, one worker call on the client's own route, like the
-pass-through; `{GENERATE}`: `serve`'s default pipeline with a prefill URL: render, prefill, then
-a text-mode generate decode wrapped into a `chat.completion`, three worker calls; `{ROUTER}`:
-{router}, prefill then decode, two calls. The request: `POST {PATH}`, one user message rendering
-to {PROMPT_TOKENS} prompt tokens, `max_tokens` {MAX_TOKENS}; "whole": one JSON answer; "stream":
-the worker's chunks, one a token. "Added" is the latency (and for streams the time to the first
-chunk) over calling the worker directly. "CPU ms/request" is the CPU time of the target's
-process and its children per request (psutil; the median of the rounds); "CPU us/chunk" is a
-stream request's CPU over its chunks. CPU moves far less than requests per second when the
-machine is shared.
+`{command}` ({platform.python_implementation()} {platform.python_version()}, {os.cpu_count()} CPUs
+shared with other work, so treat the figures as indicative). One simulated worker answering at once
+({MAX_TOKENS}-token answers); each target its own process (tree) pinned to one core: a minimal
+pass-through proxy on Starlette + uvicorn, as `serve`, with an httpx worker client (`serve`'s is
+aiohttp; uvicorn on {_uvicorn_picks()}, as installed for this run); `{ONE_CALL}`: `disagg-transforms
+serve` decoding with `use_openai_format: true`, one worker call on the client's own route, like the
+pass-through; `{GENERATE}`: `serve`'s default pipeline with a prefill URL: render, prefill, then a
+text-mode generate decode wrapped into a `chat.completion`, three worker calls; `{ROUTER}`:
+{router}, prefill then decode, two calls. The request: `POST {PATH}`, one user message rendering to
+{PROMPT_TOKENS} prompt tokens, `max_tokens` {MAX_TOKENS}; "whole": one JSON answer; "stream": the
+worker's chunks, one a token. "Added" is the latency (and for streams the time to the first chunk)
+over calling the worker directly. "CPU ms/request" is the CPU time of the target's process and its
+children per request (psutil; the median of the rounds); "CPU us/chunk" is a stream request's CPU
+over its chunks. CPU moves far less than requests per second when the machine is shared.
 
 {table(results)}
 """
