@@ -207,6 +207,8 @@ def _spawn_router(
         "--prefill", f"http://localhost:{worker_port}", "--decode", worker_url,
         "--policy", "round_robin", "--log-level", "error", "--disable-retries",
         "--disable-circuit-breaker", "--max-concurrent-requests", "1024",
+        # its metrics listener's default port (29000) may be another program's
+        "--prometheus-port", str(_free_port()),
     ]  # fmt: skip
     process = _start(command, core)
     deadline = time.monotonic() + 60
