@@ -203,8 +203,9 @@ class _Stream:
     """A worker's streamed answer, read under one deadline per phase (docs/proxy.md).
 
     The first read waits until the call's first-byte deadline, each later one at most the idle
-    timeout. One timer per stream checks the deadline when it fires and re-arms itself, so a
-    read costs no timer of its own; a read past its deadline fails with ``TimeoutError``.
+    timeout. One timer checks the read in progress when it fires and re-arms itself (never more
+    than an idle period ahead), so a read costs no timer of its own; a read past its deadline
+    fails with ``TimeoutError``.
     """
 
     def __init__(self, answer: aiohttp.ClientResponse, first_byte_due: float, idle: float) -> None:
@@ -212,17 +213,20 @@ class _Stream:
         self._content = answer.content
         self._loop = asyncio.get_running_loop()
         self._idle = idle
-        self._due = first_byte_due  # the deadline of the read in progress (or the next)
+        self._due = first_byte_due  # the deadline of the read in progress
         self._first = True
         self._reading = False
-        self._timer = self._loop.call_at(min(first_byte_due, self._loop.time() + idle), self._check)
+        self._timer: asyncio.TimerHandle | None = None
 
     async def read(self) -> bytes:
         """All the bytes the worker's stream holds now, at least one; ``b""`` at its end."""
+        now = self._loop.time()
         if self._first:
             self._first = False
         else:
-            self._due = self._loop.time() + self._idle
+            self._due = now + self._idle
+        if self._timer is None:
+            self._timer = self._loop.call_at(min(self._due, now + self._idle), self._check)
         self._reading = True
         try:
             return await self._content.readany()
@@ -230,17 +234,20 @@ class _Stream:
             self._reading = False
 
     def _check(self) -> None:
+        self._timer = None
+        if not self._reading:
+            return  # the next read arms it again
         now = self._loop.time()
-        if self._reading and now >= self._due:
+        if now >= self._due:
             self._content.set_exception(TimeoutError())
             return
-        # At most one idle period apart, so a read started since is checked on its deadline.
-        then = min(self._due, now + self._idle) if self._reading else now + self._idle
-        self._timer = self._loop.call_at(then, self._check)
+        # At most an idle period ahead: a read started before it fires has a later deadline.
+        self._timer = self._loop.call_at(min(self._due, now + self._idle), self._check)
 
     def close(self) -> None:
         """Stop the deadline; close the worker's answer (its connection stays pooled if read)."""
-        self._timer.cancel()
+        if self._timer is not None:
+            self._timer.cancel()
         self.answer.close()
 
 
@@ -463,6 +470,10 @@ class _Proxy:
             if stream is not None:
                 stream.close()
             return None, b""
+        except BaseException:  # cancelled (the server stops): the worker's stream goes too
+            if stream is not None:
+                stream.close()
+            raise
         log.leg(call.step, answer.status, since)
         return stream, held
 
