@@ -29,6 +29,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -445,7 +446,7 @@ def first_chunk_note(results: Sequence[Result]) -> str:
             return "-"
         return f"{row.ttft_p50_ms - base.ttft_p50_ms:.1f}"
 
-    return (
+    return textwrap.fill(
         "**Time to the first chunk** at c1 is latency more than CPU here: the simulated worker"
         " builds its whole stream before its first byte, and the worker and each proxy share the"
         " machine's loaded cores, so each hop costs what the scheduler gives it. In this run the"
@@ -455,7 +456,10 @@ def first_chunk_note(results: Sequence[Result]) -> str:
         f" (its whole answers at c1 add {added(GENERATE, 'whole')} ms p50 for the three calls)."
         " What would meet 3 ms: a machine whose cores are not shared, the worker on one of its own;"
         " in the proxy, nothing large is left on that path (its CPU for a whole default request,"
-        " three calls and the wrap, is in the table).\n"
+        " three calls and the wrap, is in the table).",
+        100,
+        break_long_words=False,
+        break_on_hyphens=False,
     )
 
 
@@ -489,7 +493,8 @@ over its chunks. CPU moves far less than requests per second when the machine is
 {table(results)}
 
 {PROFILE}
-{first_chunk_note(results)}"""
+{first_chunk_note(results)}
+"""
 
 
 def write(results: Sequence[Result], command: str = "python benchmarks/proxy.py") -> None:

@@ -83,7 +83,7 @@ def test_the_floors_of_the_issue_are_the_ratios_of_the_right_rows() -> None:
 
 
 def test_the_first_chunk_note_quotes_each_hop_of_this_run() -> None:
-    note = bench.first_chunk_note(_figures(router=True))
+    note = " ".join(bench.first_chunk_note(_figures(router=True)).split())  # as wrapped
     # the worker's first chunk at 1 ms; the pass-through's and decode only's at 2, default's at 5.5
     assert "the pass-through, which only relays, adds 1.0 ms" in note
     assert "`serve` decode only 1.0 ms; `serve` default adds 4.5 ms" in note
