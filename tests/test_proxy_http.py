@@ -2,7 +2,7 @@
 
 Each verdict has a wide margin: a connection kept 75 s is reused after 5 s, a pooled worker
 connection kept 1 s is not reused after 3 s, and a body 8 times the limit is refused with the
-proxy's memory growing by less than the limit.
+proxy's peak memory growing by less than 1.5 times the limit.
 """
 
 from __future__ import annotations
@@ -167,12 +167,13 @@ def _memory_kb(pid: int, field: str) -> int:
 
 
 @pytest.mark.skipif(not pathlib.Path("/proc/self/status").exists(), reason="reads /proc")
-def test_a_body_8_times_the_limit_costs_the_proxy_about_the_limit(proxy: Server) -> None:
+def test_a_body_8_times_the_limit_costs_the_proxy_the_limit_at_most(proxy: Server) -> None:
     pid = proxy.process.pid  # --workers 1: the server runs in this process
     before = _memory_kb(pid, "VmRSS")
     pathlib.Path(f"/proc/{pid}/clear_refs").write_text("5")  # VmHWM, the peak, starts over
     with _connect(proxy) as sock:
         _send_chunked(sock, "/v1/chat/completions", 8 * LIMIT)
     assert httpx.get(proxy.url + "/health", timeout=30).status_code == 200  # done with it
-    # The proxy buffers at most the limit; the allocator may keep that much after it is freed.
-    assert (_memory_kb(pid, "VmHWM") - before) * 1024 < 2 * LIMIT
+    # At its peak the proxy held the limit (and uvicorn's small buffers), not 8 times it. The
+    # allocator may keep that much after it is freed, so the peak is what is measured.
+    assert (_memory_kb(pid, "VmHWM") - before) * 1024 < 1.5 * LIMIT

@@ -397,13 +397,14 @@ class _Proxy:
         declared = request.headers.get("content-length", "")
         if declared.isdigit() and int(declared) > limit:
             return _too_large(request, limit)
+        # Chunks joined once at the end: a growing buffer would copy itself as it grows.
         chunks: list[bytes] = []
         size = 0
         async for chunk in request.stream():
-            chunks.append(chunk)
             size += len(chunk)
             if size > limit:
                 return _too_large(request, limit)
+            chunks.append(chunk)
         return b"".join(chunks)  # one chunk, the usual body, is returned as it is
 
     async def serve(self, request: Request) -> Response:
