@@ -2,18 +2,17 @@
 
 Usage: ``python benchmarks/proxy.py [--quick] [--no-write] [--vllm-router PATH]``. Starts one
 simulated worker (``SimulatedWorker`` generating a 256-token answer, answering at once) and, each
-its own process pinned to one core: the pass-through (this file with ``--passthrough``: it
-forwards the body to the worker and the answer back, nothing else, on the Starlette + httpx +
-uvicorn stack the proxy uses), ``disagg-transforms serve`` twice (decode only, with
-``use_openai_format: true``: one worker call like the pass-through; and the default pipeline:
-render, prefill, decode, three calls) and vllm-router in its P/D mode (two calls; skipped with a
-message when ``vllm-router`` is not on the PATH). A load generator (aiohttp) sends a
-chat request whose user message renders to 1k tokens to each in turn, whole and streamed, at
-1, 16 and 64 requests in flight, rounds interleaved. It prints, per target: requests per
-second, the latency and (streams) time to first token each adds over calling the worker
-directly (p50, p99), the CPU time of the target's process tree per request and per streamed
-chunk (psutil), checks the floors (docs/performance.md) and writes the figures into the last
-section of ``docs/performance.md``.
+its own process pinned to one core: the pass-through (this file with ``--passthrough``: it forwards
+the body to the worker and the answer back, nothing else, on Starlette + uvicorn as the proxy, with
+httpx as its worker client where the proxy has aiohttp), ``disagg-transforms serve`` twice (decode
+only, with ``use_openai_format: true``: one worker call like the pass-through; and the default
+pipeline: render, prefill, decode, three calls) and vllm-router in its P/D mode (two calls; skipped
+with a message when ``vllm-router`` is not on the PATH). A load generator (aiohttp) sends a chat
+request whose user message renders to 1k tokens to each in turn, whole and streamed, at 1, 16 and 64
+requests in flight, rounds interleaved. It prints, per target: requests per second, the latency and
+(streams) time to first token each adds over calling the worker directly (p50, p99), the CPU time of
+the target's process tree per request and per streamed chunk (psutil), checks the floors
+(docs/performance.md) and writes the figures into the last section of ``docs/performance.md``.
 """
 
 from __future__ import annotations
@@ -30,6 +29,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -208,6 +208,8 @@ def _spawn_router(
         "--prefill", f"http://localhost:{worker_port}", "--decode", worker_url,
         "--policy", "round_robin", "--log-level", "error", "--disable-retries",
         "--disable-circuit-breaker", "--max-concurrent-requests", "1024",
+        # its metrics listener's default port (29000) may be another program's
+        "--prometheus-port", str(_free_port()),
     ]  # fmt: skip
     process = _start(command, core)
     deadline = time.monotonic() + 60
@@ -361,18 +363,18 @@ def table(results: Sequence[Result]) -> str:
     return "\n".join(lines) + "\n\n" + floors(results)
 
 
+def _row(results: Sequence[Result], target: str, mode: str, concurrency: int) -> Result | None:
+    return next(
+        (r for r in results if (r.target, r.mode, r.concurrency) == (target, mode, concurrency)),
+        None,
+    )
+
+
 def floors(results: Sequence[Result]) -> str:
     """The figures the issue sets floors on, each against its floor."""
 
     def get(target: str, mode: str, concurrency: int) -> Result | None:
-        return next(
-            (
-                r
-                for r in results
-                if (r.target, r.mode, r.concurrency) == (target, mode, concurrency)
-            ),
-            None,
-        )
+        return _row(results, target, mode, concurrency)
 
     def ratio(a: float | None, b: float | None) -> float | None:
         return None if a is None or b is None or b == 0 else a / b
@@ -414,6 +416,53 @@ def floors(results: Sequence[Result]) -> str:
     return "\n".join(lines)
 
 
+PROFILE = """\
+**Where `serve`'s CPU goes** (a py-spy profile at 500 Hz of `serve`'s default pipeline at c16 on
+the simulated worker, once `serve` called its workers with aiohttp; written when it was made, a
+rerun keeps it). Whole answers, 1.4 ms a request: 45% is the sockets and the event loop
+(uvicorn's writes to the client, aiohttp's to the worker, uvloop's reads and wake-ups), 21%
+aiohttp's Python (building each call, parsing its answer, the pool), 17% the library (the
+exchange, its legs and the envelope; the exchange alone, driven with in-memory answers, costs
+about 0.22 ms a request), 6% Starlette's and uvicorn's Python, 6% `proxy.py` itself and 4% the
+access log. Streams, 4.1 ms a request of 256 chunks: 41% the sockets and the loop, 28% the
+library (the stream converter and the SSE parser), 18% aiohttp, 10% Starlette and uvicorn. Left
+to cut in the exchange: the client's body is split into members, checked (size, depth) and
+mapped three times a request, once by the exchange's check before its first call and once per
+leg it builds (prefill, decode).
+"""
+"""Where the CPU went, by a profile made after the move to aiohttp (a rerun keeps it)."""
+
+
+def first_chunk_note(results: Sequence[Result]) -> str:
+    """What the time to the first chunk at c1 is made of, in this run's figures."""
+
+    def added(target: str, mode: str) -> str:
+        row, base = _row(results, target, mode, 1), _row(results, WORKER, mode, 1)
+        if row is None or base is None:
+            return "-"
+        if mode == "whole":
+            return f"{row.p50_ms - base.p50_ms:.1f}"
+        if row.ttft_p50_ms is None or base.ttft_p50_ms is None:
+            return "-"
+        return f"{row.ttft_p50_ms - base.ttft_p50_ms:.1f}"
+
+    return textwrap.fill(
+        "**Time to the first chunk** at c1 is latency more than CPU here: the simulated worker"
+        " builds its whole stream before its first byte, and the worker and each proxy share the"
+        " machine's loaded cores, so each hop costs what the scheduler gives it. In this run the"
+        f" pass-through, which only relays, adds {added(PASS_THROUGH, 'stream')} ms to the first"
+        f" chunk and `serve` decode only {added(ONE_CALL, 'stream')} ms; `serve` default adds"
+        f" {added(GENERATE, 'stream')} ms, its render and prefill calls coming before the decode"
+        f" (its whole answers at c1 add {added(GENERATE, 'whole')} ms p50 for the three calls)."
+        " What would meet 3 ms: a machine whose cores are not shared, the worker on one of its own;"
+        " in the proxy, nothing large is left on that path (its CPU for a whole default request,"
+        " three calls and the wrap, is in the table).",
+        100,
+        break_long_words=False,
+        break_on_hyphens=False,
+    )
+
+
 def _uvicorn_picks() -> str:
     """The event loop and HTTP parser uvicorn's ``auto`` settings pick here (the installed)."""
     loop = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
@@ -426,23 +475,25 @@ def section(results: Sequence[Result], command: str) -> str:
     return f"""{SECTION_START}
 ## The reference proxy against a pass-through and vllm-router
 
-`{command}` ({platform.python_implementation()} {platform.python_version()}, {os.cpu_count()}
-CPUs shared with other work, so treat the figures as indicative). One simulated worker answering
-at once ({MAX_TOKENS}-token answers); each target its own process (tree) pinned to one core: a
-minimal pass-through proxy on the Starlette + httpx + uvicorn stack `serve` uses (uvicorn on
-{_uvicorn_picks()}, as installed for this run); `{ONE_CALL}`: `disagg-transforms serve` decoding
-with `use_openai_format: true`, one worker call on the client's own route, like the
-pass-through; `{GENERATE}`: `serve`'s default pipeline with a prefill URL: render, prefill, then
-a text-mode generate decode wrapped into a `chat.completion`, three worker calls; `{ROUTER}`:
-{router}, prefill then decode, two calls. The request: `POST {PATH}`, one user message rendering
-to {PROMPT_TOKENS} prompt tokens, `max_tokens` {MAX_TOKENS}; "whole": one JSON answer; "stream":
-the worker's chunks, one a token. "Added" is the latency (and for streams the time to the first
-chunk) over calling the worker directly. "CPU ms/request" is the CPU time of the target's
-process and its children per request (psutil; the median of the rounds); "CPU us/chunk" is a
-stream request's CPU over its chunks. CPU moves far less than requests per second when the
-machine is shared.
+`{command}` ({platform.python_implementation()} {platform.python_version()}, {os.cpu_count()} CPUs
+shared with other work, so treat the figures as indicative). One simulated worker answering at once
+({MAX_TOKENS}-token answers); each target its own process (tree) pinned to one core: a minimal
+pass-through proxy on Starlette + uvicorn, as `serve`, with an httpx worker client (`serve`'s is
+aiohttp; uvicorn on {_uvicorn_picks()}, as installed for this run); `{ONE_CALL}`: `disagg-transforms
+serve` decoding with `use_openai_format: true`, one worker call on the client's own route, like the
+pass-through; `{GENERATE}`: `serve`'s default pipeline with a prefill URL: render, prefill, then a
+text-mode generate decode wrapped into a `chat.completion`, three worker calls; `{ROUTER}`:
+{router}, prefill then decode, two calls. The request: `POST {PATH}`, one user message rendering to
+{PROMPT_TOKENS} prompt tokens, `max_tokens` {MAX_TOKENS}; "whole": one JSON answer; "stream": the
+worker's chunks, one a token. "Added" is the latency (and for streams the time to the first chunk)
+over calling the worker directly. "CPU ms/request" is the CPU time of the target's process and its
+children per request (psutil; the median of the rounds); "CPU us/chunk" is a stream request's CPU
+over its chunks. CPU moves far less than requests per second when the machine is shared.
 
 {table(results)}
+
+{PROFILE}
+{first_chunk_note(results)}
 """
 
 

@@ -82,6 +82,16 @@ def test_the_floors_of_the_issue_are_the_ratios_of_the_right_rows() -> None:
     assert "over the worker, c1, p50 (ms) | 4.50 | <= 3 ms | **no** |" in floors
 
 
+def test_the_first_chunk_note_quotes_each_hop_of_this_run() -> None:
+    note = " ".join(bench.first_chunk_note(_figures(router=True)).split())  # as wrapped
+    # the worker's first chunk at 1 ms; the pass-through's and decode only's at 2, default's at 5.5
+    assert "the pass-through, which only relays, adds 1.0 ms" in note
+    assert "`serve` decode only 1.0 ms; `serve` default adds 4.5 ms" in note
+    assert "its whole answers at c1 add 0.0 ms p50" in note
+    # a run without a stream row says so instead of failing
+    assert "adds - ms" in bench.first_chunk_note(_figures(router=True)[:3])
+
+
 def test_without_vllm_router_its_floors_are_not_judged() -> None:
     floors = bench.floors(_figures(router=False))
     assert "| `serve` default / vllm-router P/D, CPU per request, c16 | - | <= 12x | - |" in floors

@@ -1,8 +1,9 @@
 """The ``proxy`` extra alone runs the proxy, with nothing its HTTP stack tries to import missing.
 
-A module httpx, httpcore, anyio, starlette or uvicorn tries on each request and the extra does
-not install fails to import every time (a failed import is not cached), at the cost of a path
-search: httpcore tries ``sniffio`` on each use of its pool (docs/performance.md). CI (.ci/run)
+A module aiohttp, anyio, starlette or uvicorn tries on each request and the extra does not
+install fails to import every time (a failed import is not cached), at the cost of a path search:
+httpcore, the proxy's worker client before aiohttp, tried ``sniffio`` on each use of its pool
+(docs/performance.md). CI (.ci/run)
 builds a venv holding only ``disagg_transforms[proxy]`` from the wheel and names its interpreter
 in ``DISAGG_TRANSFORMS_PROXY_PYTHON``; without it the probe runs under this interpreter only,
 which checks the serving but not what the extra declares.
@@ -61,7 +62,8 @@ def test_the_proxy_venv_holds_the_extra_and_not_the_test_tools() -> None:
     found = _run(
         PROXY_PYTHON,
         "-c",
-        "import importlib.util as u; print(*(m for m in ('sniffio', 'pytest', 'openai', 'litellm')"
-        " if u.find_spec(m)))",
+        "import importlib.util as u; print(*(m for m in"
+        " ('aiohttp', 'httpx', 'pytest', 'openai', 'litellm') if u.find_spec(m)))",
     )
-    assert found.split() == ["sniffio"]
+    # Without httpx: nothing the proxy or the simulated worker runs needs it.
+    assert found.split() == ["aiohttp"]

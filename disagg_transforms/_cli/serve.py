@@ -1,6 +1,6 @@
 """``serve`` (the reference proxy) and ``simulate`` (one simulated worker): see docs/proxy.md.
 
-Only argparse is imported here at first: starlette, uvicorn and httpx (the ``proxy`` extra) are
+Only argparse is imported here at first: starlette, uvicorn and aiohttp (the ``proxy`` extra) are
 imported when one of these commands runs, so the other commands work without them.
 """
 
@@ -146,7 +146,7 @@ def _seconds(text: str) -> float:
 
 def _need_the_extra() -> None:
     """A one-line error, not a traceback, when the proxy extra is not installed."""
-    for module in ("httpx", "starlette", "uvicorn"):
+    for module in ("aiohttp", "starlette", "uvicorn"):
         if importlib.util.find_spec(module) is None:
             msg = f"this command needs {module}: pip install 'disagg_transforms[proxy]'"
             raise CliError(msg)
@@ -363,7 +363,6 @@ def _configure_logging() -> None:
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # the access log names every call
 
 
 def _ready(sock: socket.socket) -> None:

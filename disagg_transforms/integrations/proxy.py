@@ -1,4 +1,4 @@
-"""The reference proxy: the exchange served over HTTP with Starlette and one pooled httpx client.
+"""The reference proxy: the exchange served over HTTP with Starlette and one pooled aiohttp client.
 
 ``pip install 'disagg_transforms[proxy]'``; ``disagg-transforms serve`` runs it (see
 ``docs/proxy.md``). :func:`create_app` builds the ASGI app: every client request is one
@@ -8,15 +8,16 @@ answers relayed to the client as they come. The library's core never imports thi
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
+import sys
 import time
 import urllib.parse
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-import anyio
-import httpx
+import aiohttp
 import msgspec
 import orjson
 from starlette.applications import Starlette
@@ -45,6 +46,11 @@ from disagg_transforms.exchange import (
 )
 from disagg_transforms.hooks import Pipeline
 
+if sys.version_info >= (3, 11):
+    from asyncio import timeout as _deadline
+else:  # aiohttp's own dependency there
+    from async_timeout import timeout as _deadline
+
 __all__ = ("Timeouts", "create_app", "url_errors")
 
 ACCESS_LOG = logging.getLogger("disagg_transforms.proxy")
@@ -58,6 +64,9 @@ _RENDER_WORKER_ROUTES = (("/tokenize", "POST"), ("/detokenize", "POST"), ("/vers
 _COUNT_TOKENS = "/v1/messages/count_tokens"
 # What a relayed call passes on of the client's headers.
 _RELAYED_HEADERS = frozenset({"authorization", "content-type", "x-request-id"})
+# What aiohttp would add to a call: a worker gets the headers the exchange gives, and Host and
+# Content-Length (no Accept-Encoding: the answers are read undecoded).
+_AUTO_HEADERS = ("User-Agent", "Accept", "Accept-Encoding", "Content-Type")
 
 
 @dataclass(frozen=True)
@@ -137,26 +146,34 @@ def _url_problem(url: str) -> str:
     return ""
 
 
-@dataclass
 class _Log:
-    """What the access log line of one client request says."""
+    """What the access log line of one client request says; nothing is kept when it is off."""
 
-    request: Request
-    started: float = field(default_factory=time.monotonic)
-    legs: list[str] = field(default_factory=list)
+    __slots__ = ("_legs", "_on", "_request", "_started")
+
+    def __init__(self, request: Request) -> None:
+        self._on = ACCESS_LOG.isEnabledFor(logging.INFO)
+        self._request = request
+        self._started = time.monotonic()
+        self._legs: list[str] = []
 
     def leg(self, step: str, outcome: object, since: float) -> None:
-        self.legs.append(f"{step}={outcome}/{_ms(since)}ms")
+        if self._on:
+            self._legs.append(f"{step}={outcome}/{_ms(since)}ms")
 
-    def write(self, request_id: str, status: int, end: str = "") -> None:
+    def write(self, request_id: str, status: int, stream: str | None = None, why: str = "") -> None:
+        """Write the line; a stream's says how it ended (``why`` it failed, if it did)."""
+        if not self._on:
+            return
+        end = "" if stream is None else f" stream={stream}{why and f' ({why})'}"
         ACCESS_LOG.info(
             "%s %s %s %d %s total=%dms%s",
             request_id,
-            self.request.method,
-            self.request.url.path,
+            self._request.method,
+            self._request.scope["path"],
             status,
-            " ".join(self.legs) or "-",
-            _ms(self.started),
+            " ".join(self._legs) or "-",
+            _ms(self._started),
             end,
         )
 
@@ -165,37 +182,71 @@ def _ms(since: float) -> int:
     return round((time.monotonic() - since) * 1000)
 
 
-class _Worker:
-    """The worker stream being read: its chunks, each awaited under the right timeout."""
+class _Stream:
+    """A worker's streamed answer, read under one deadline per phase (docs/proxy.md).
 
-    def __init__(self, answer: httpx.Response, timeouts: Timeouts) -> None:
+    The first read waits until the call's first-byte deadline, each later one at most the idle
+    timeout. One timer checks the read in progress when it fires and re-arms itself (never more
+    than an idle period ahead), so a read costs no timer of its own; a read past its deadline
+    fails with ``TimeoutError``.
+    """
+
+    def __init__(self, answer: aiohttp.ClientResponse, first_byte_due: float, idle: float) -> None:
         self.answer = answer
-        self._chunks = answer.aiter_bytes()
-        self._timeouts = timeouts
+        self._content = answer.content
+        self._loop = asyncio.get_running_loop()
+        self._idle = idle
+        self._due = first_byte_due  # the deadline of the read in progress
         self._first = True
+        self._reading = False
+        self._timer: asyncio.TimerHandle | None = None
 
-    async def chunk(self) -> bytes | None:
-        """The next chunk, or ``None`` at the end; raises ``TimeoutError`` when none comes."""
-        limit = self._timeouts.first_byte if self._first else self._timeouts.idle
-        self._first = False
+    async def read(self) -> bytes:
+        """All the bytes the worker's stream holds now, at least one; ``b""`` at its end."""
+        now = self._loop.time()
+        if self._first:
+            self._first = False
+        else:
+            self._due = now + self._idle
+        if self._timer is None:
+            self._timer = self._loop.call_at(min(self._due, now + self._idle), self._check)
+        self._reading = True
         try:
-            with anyio.fail_after(limit):
-                return await self._chunks.__anext__()
-        except StopAsyncIteration:
-            return None
+            return await self._content.readany()
+        finally:
+            self._reading = False
+
+    def _check(self) -> None:
+        self._timer = None
+        if not self._reading:
+            return  # the next read arms it again
+        now = self._loop.time()
+        if now >= self._due:
+            self._content.set_exception(TimeoutError())
+            return
+        # At most an idle period ahead: a read started before it fires has a later deadline.
+        self._timer = self._loop.call_at(min(self._due, now + self._idle), self._check)
+
+    def close(self) -> None:
+        """Stop the deadline; close the worker's answer (its connection stays pooled if read)."""
+        if self._timer is not None:
+            self._timer.cancel()
+        self.answer.close()
 
 
-# anyio.fail_after raises the builtin TimeoutError (asyncio's own on Python 3.10 is another).
-_FAILURES = (httpx.TransportError, httpx.InvalidURL, TimeoutError)
+# asyncio's TimeoutError is the builtin one from Python 3.11 on (another class on 3.10).
+_TIMEOUTS = (TimeoutError, asyncio.TimeoutError)
+_FAILURES = (aiohttp.ClientError, *_TIMEOUTS)
 
 
 def _timed_out(error: BaseException) -> bool:
-    # httpx's own timeouts: a connect or pool timeout under the client's connect limit.
-    return isinstance(error, (TimeoutError, httpx.TimeoutException))
+    # aiohttp's own timeouts (a connection not opened or taken from the pool in time) are
+    # asyncio's TimeoutError too.
+    return isinstance(error, _TIMEOUTS)
 
 
 def _reason(error: BaseException, timeouts: Timeouts) -> str:
-    if isinstance(error, TimeoutError):
+    if isinstance(error, _TIMEOUTS) and not isinstance(error, aiohttp.ClientError):
         return (
             f"no answer within the timeout ({timeouts.first_byte:g}s first byte,"
             f" {timeouts.idle:g}s idle)"
@@ -231,23 +282,32 @@ class _Proxy:
         self.rendered = parse_pipeline_params(
             {"decode": {"output_mode": "auto"}}, use_openai_format=False
         )
-        self.http: httpx.AsyncClient | None = None
+        self.http: aiohttp.ClientSession | None = None
 
     @contextlib.asynccontextmanager
     async def lifespan(self, _app: Starlette) -> AsyncIterator[None]:
-        # One pooled client per process; its connect timeout also bounds waiting for the pool.
-        timeout = httpx.Timeout(None, connect=self.timeouts.connect, pool=self.timeouts.connect)
-        limits = httpx.Limits(
-            max_connections=None,
-            max_keepalive_connections=256,
-            keepalive_expiry=self.worker_keep_alive,
+        # One pooled session per process, with no limit on connections; its connect timeout
+        # also bounds taking a connection from the pool. Nothing is added to the exchange's
+        # calls (no cookies, no default headers, no proxy from the environment), and the
+        # worker's bytes reach the exchange as they came.
+        connector = aiohttp.TCPConnector(
+            limit=0,
+            keepalive_timeout=self.worker_keep_alive or None,
+            force_close=not self.worker_keep_alive,
         )
-        async with httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False) as http:
+        async with aiohttp.ClientSession(
+            connector=connector,
+            timeout=aiohttp.ClientTimeout(total=None, connect=self.timeouts.connect),
+            cookie_jar=aiohttp.DummyCookieJar(),
+            skip_auto_headers=_AUTO_HEADERS,
+            auto_decompress=False,
+            trust_env=False,
+        ) as http:
             self.http = http
             yield
         self.http = None
 
-    def _client(self) -> httpx.AsyncClient:
+    def _client(self) -> aiohttp.ClientSession:
         assert self.http is not None  # noqa: S101 - requests are served only inside the lifespan
         return self.http
 
@@ -265,15 +325,19 @@ class _Proxy:
         url = self.urls[step] + request.url.path
         headers = {k: v for k, v in request.headers.items() if k in _RELAYED_HEADERS}
         try:
-            with anyio.fail_after(self.timeouts.first_byte):
+            async with _deadline(self.timeouts.first_byte):
                 answer = await self._client().request(
-                    request.method, url, headers=headers, content=await request.body()
+                    request.method, url, headers=headers, data=await request.body() or None
                 )
+                try:
+                    body = await answer.read()
+                finally:
+                    answer.release()
         except _FAILURES as error:
             message = f"{step} failed: {_reason(error, self.timeouts)}"
             return _openai_error(502, message)
         kind = answer.headers.get("content-type", "application/json")
-        return Response(answer.content, status_code=answer.status_code, media_type=kind)
+        return Response(body, status_code=answer.status, media_type=kind)
 
     async def _client_body(self, request: Request) -> bytes | Response:
         """The client's body, or the 413 that refuses it as soon as it is over the limit.
@@ -293,7 +357,7 @@ class _Proxy:
             if size > limit:
                 return _too_large(request, limit)
             chunks.append(chunk)
-        return b"".join(chunks)
+        return b"".join(chunks)  # one chunk, the usual body, is returned as it is
 
     async def count_tokens(self, request: Request) -> Response:
         """``POST /v1/messages/count_tokens``, as vLLM: the token IDs of the request's render.
@@ -306,6 +370,7 @@ class _Proxy:
         log = _Log(request)
         read = await self._client_body(request)
         if isinstance(read, Response):
+            log.write("-", read.status_code)
             return read
         body = _with_max_tokens(read)
         ex = Exchange(
@@ -333,78 +398,91 @@ class _Proxy:
             return client_body
         ex = Exchange(
             self.config,
-            request.url.path,
+            request.scope["path"],
             request.headers.raw,
             client_body,
             settings=self.settings,
         )
         drive = Driver(ex)
-        stream: _Worker | None = None
+        stream: _Stream | None = None
         while (call := drive.next_call()) is not None:
             stream = await self._call(drive, call, log)
         reply = drive.reply()
         if isinstance(reply, ClientReply):
             if stream is not None:
-                await stream.answer.aclose()
+                stream.close()
             log.write(ex.request_id, reply.status)
             return Response(reply.body, status_code=reply.status, headers=dict(reply.headers))
         assert stream is not None  # noqa: S101 - a client stream relays a worker stream
         body_stream = self._relay(drive, stream, reply.first, log, reply.status)
         return StreamingResponse(body_stream, status_code=reply.status, headers=dict(reply.headers))
 
-    async def _call(self, drive: Driver, call: WorkerCall, log: _Log) -> _Worker | None:
+    async def _call(self, drive: Driver, call: WorkerCall, log: _Log) -> _Stream | None:
         """Make one worker call and feed its answer (a stream until the client's reply is known)."""
         url = self.urls[call.step] + call.path
         since = time.monotonic()
-        request = self._client().build_request(
-            call.method, url, headers=call.headers, content=call.body
-        )
-        stream: _Worker | None = None
+        stream: _Stream | None = None
+        first_byte_due = asyncio.get_running_loop().time() + self.timeouts.first_byte
         try:
-            with anyio.fail_after(self.timeouts.first_byte):
-                answer = await self._client().send(request, stream=call.stream)
+            async with _deadline(self.timeouts.first_byte):
+                answer = await self._client().request(
+                    call.method, url, headers=call.headers, data=call.body
+                )
+                if not call.stream:
+                    try:
+                        body = await answer.read()
+                    finally:
+                        answer.release()
             if not call.stream:
-                drive.answered(answer.status_code, answer.headers.raw, answer.content)
-                log.leg(call.step, answer.status_code, since)
+                drive.answered(answer.status, answer.raw_headers, body)
+                log.leg(call.step, answer.status, since)
                 return None
-            stream = _Worker(answer, self.timeouts)
-            drive.stream_opened(answer.status_code, answer.headers.raw)
+            stream = _Stream(answer, first_byte_due, self.timeouts.idle)
+            drive.stream_opened(answer.status, answer.raw_headers)
             while drive.opening:
-                drive.chunk(await stream.chunk())
+                drive.chunk(await stream.read() or None)  # b"": the stream's end
         except _FAILURES as error:
             drive.failed(_reason(error, self.timeouts), timed_out=_timed_out(error))
             log.leg(call.step, "failed", since)
             if stream is not None:
-                await stream.answer.aclose()
+                stream.close()
             return None
-        log.leg(call.step, answer.status_code, since)
+        except BaseException:  # cancelled (the server stops): the worker's stream goes too
+            if stream is not None:
+                stream.close()
+            raise
+        log.leg(call.step, answer.status, since)
         return stream
 
     async def _relay(
-        self, drive: Driver, stream: _Worker, first: bytes, log: _Log, status: int
+        self, drive: Driver, stream: _Stream, first: bytes, log: _Log, status: int
     ) -> AsyncIterator[bytes]:
-        """The client's stream, relayed as the worker's comes; closes the worker's at the end."""
+        """The client's stream, relayed as the worker's comes; closes the worker's at the end.
+
+        Everything one read of the worker's stream brings is fed at once, and what the exchange
+        gives back is one write to the client (none when it gives nothing).
+        """
         ended: str | None = None  # how it ended when the exchange cannot know (the client left)
-        detail = ""
+        why = ""
         try:
             yield first
             while drive.relaying:
-                if out := drive.chunk(await stream.chunk()):  # an empty one still costs a send
+                # b"" is the stream's end; the client's stream may end first (a broken
+                # contract: its error event went out, and the worker's is closed below, unread).
+                if out := drive.chunk(await stream.read() or None):
                     yield out
         except _FAILURES as error:
-            reason = _reason(error, self.timeouts)
-            detail = f" ({reason})"
-            yield drive.failed(reason, timed_out=_timed_out(error))
+            why = _reason(error, self.timeouts)
+            yield drive.failed(why, timed_out=_timed_out(error))
         except BaseException:
             # Starlette cancels the relay when the client goes away: the worker's stream is
             # closed below, so the worker stops generating for nobody.
             ended = "client-disconnected"
             raise
         finally:
-            with anyio.CancelScope(shield=True):
-                await stream.answer.aclose()
-            end = drive.exchange.stream_end
-            log.write(drive.exchange.request_id, status, f" stream={ended or end}{detail}")
+            stream.close()
+            ex = drive.exchange
+            log.write(ex.request_id, status, str(ended or ex.stream_end), why)
 
 
 class _TokenIds(msgspec.Struct):
