@@ -6,6 +6,7 @@ Every error is a :class:`DisaggTransformError`; catch that one class to catch th
     ├── ConfigError             ValueError too; bad step params, raised at startup    (500)
     │   └── PluginLoadError     a transform plugin named by the host cannot be loaded (500)
     ├── RequestError            ValueError too; the client's body cannot be served   (400)
+    │   └── RequestTooLargeError    the client's body is over Limits.max_body_bytes       (413)
     ├── TransformError          a pipeline transform failed with a foreign error      (500)
     └── UpstreamContractError   a worker answered outside the contract                (502)
 
@@ -32,6 +33,7 @@ __all__ = (
     "DisaggTransformError",
     "PluginLoadError",
     "RequestError",
+    "RequestTooLargeError",
     "TransformError",
     "UpstreamContractError",
     "anthropic_error_body",
@@ -86,6 +88,12 @@ class RequestError(DisaggTransformError, ValueError):
 
     status_hint: ClassVar[int] = 400
     error_type: ClassVar[str] = "BadRequestError"
+
+
+class RequestTooLargeError(RequestError):
+    """The client's body is larger than ``Limits.max_body_bytes``; refused before it is parsed."""
+
+    status_hint: ClassVar[int] = 413
 
 
 class UpstreamContractError(DisaggTransformError):

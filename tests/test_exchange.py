@@ -19,6 +19,7 @@ from golden import load_fixture, load_stream
 
 from disagg_transforms import (
     ConfigError,
+    Limits,
     Pipeline,
     RequestError,
     Step,
@@ -298,6 +299,18 @@ def test_a_bad_messages_body_is_a_400_in_anthropic_shape() -> None:
     body = json.loads(event.body)
     assert body["type"] == "error"
     assert body["error"]["type"] == "invalid_request_error"
+
+
+@pytest.mark.parametrize(("path", "kind"), [(CHAT, "BadRequestError"), ("/v1/messages", "")])
+def test_a_body_over_the_limit_is_a_413_in_the_clients_shape(path: str, kind: str) -> None:
+    body = b'{"messages": [], "model": "m"}'
+    settings = ExchangeSettings(limits=Limits(max_body_bytes=len(body) - 1))
+    event = Exchange(GENERATE_PD, path, {}, body, settings=settings).next_event()
+    assert isinstance(event, ClientReply)
+    assert event.status == 413
+    error = json.loads(event.body)["error"]
+    assert error["type"] == (kind or "request_too_large")
+    assert "Limits.max_body_bytes" in error["message"]
 
 
 def test_a_workers_4xx_keeps_its_status_and_names_the_step() -> None:

@@ -350,6 +350,7 @@ def test_bytes_entry_points_hold_the_body_size_limit_at_and_past() -> None:
         )
     assert caught.value.param == "$"
     assert "Limits.max_body_bytes" in str(caught.value)
+    assert caught.value.status_hint == 413
 
     answer = (
         b'{"request_id":"generate-tokens-r","model":"m","created":1,"output_mode":"text",'

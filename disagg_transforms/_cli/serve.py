@@ -19,6 +19,7 @@ import orjson
 
 from disagg_transforms._cli.commands import EXIT_USAGE, PROG, CliError, add_command
 from disagg_transforms._cli.config import config_errors, read_config
+from disagg_transforms._wire.limits import DEFAULT_LIMITS
 
 if TYPE_CHECKING:
     import uvicorn
@@ -63,6 +64,24 @@ def add_commands(commands: argparse._SubParsersAction[_ParserT]) -> None:
         help="seconds between two chunks of a worker stream (default 60)",
     )
     serve.add_argument(
+        "--keep-alive",
+        type=int,
+        default=75,
+        help="seconds an idle client connection stays open (default 75)",
+    )
+    serve.add_argument(
+        "--worker-keep-alive",
+        type=_seconds,
+        default=2.0,
+        help="seconds an idle pooled worker connection stays open (default 2)",
+    )
+    serve.add_argument(
+        "--max-body-bytes",
+        type=_positive_int,
+        default=DEFAULT_LIMITS.max_body_bytes,
+        help=f"largest client body; a larger one is 413 (default {DEFAULT_LIMITS.max_body_bytes})",
+    )
+    serve.add_argument(
         "--drain-timeout",
         type=int,
         default=60,
@@ -74,6 +93,12 @@ def add_commands(commands: argparse._SubParsersAction[_ParserT]) -> None:
     simulate.add_argument("--fault", help="a fault for every request (x-simulate-fault modes)")
     simulate.add_argument(
         "--stream-delay", type=_seconds, default=0.0, help="seconds between stream events"
+    )
+    simulate.add_argument(
+        "--first-byte-delay",
+        type=_seconds,
+        default=0.5,
+        help="seconds the slow-first-byte fault waits (default 0.5)",
     )
     simulate.add_argument(
         "--gateway",
@@ -173,6 +198,8 @@ def _serve(args: argparse.Namespace) -> int:
             "first_byte": args.first_byte_timeout,
             "idle": args.idle_timeout,
         },
+        "worker_keep_alive": args.worker_keep_alive,
+        "max_body_bytes": args.max_body_bytes,
     }
     _, warnings, problems = _pipeline(settings)
     if problems:
@@ -181,7 +208,7 @@ def _serve(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     sys.stderr.writelines(f"{source}: warning: {line}\n" for line in warnings)
     os.environ[_SETTINGS] = orjson.dumps(settings).decode()
-    _run(_FACTORY, sock, workers=args.workers, drain=args.drain_timeout)
+    _run(_FACTORY, sock, workers=args.workers, drain=args.drain_timeout, keep_alive=args.keep_alive)
     return 0
 
 
@@ -209,13 +236,19 @@ def _url_arguments(settings: Mapping[str, Any]) -> dict[str, Any]:
 
 def app_from_settings() -> ASGIApp:
     """The proxy app of the settings ``serve`` wrote: uvicorn's factory, in every process."""
+    from disagg_transforms import Limits  # noqa: PLC0415
     from disagg_transforms.integrations.proxy import Timeouts, create_app  # noqa: PLC0415
 
     _configure_logging()
     settings = orjson.loads(os.environ[_SETTINGS])
     config, _, _ = _pipeline(settings)  # the parent checked it before starting the server
-    timeouts = Timeouts(**settings["timeouts"])
-    app = create_app(config, **_url_arguments(settings), timeouts=timeouts)
+    app = create_app(
+        config,
+        **_url_arguments(settings),
+        timeouts=Timeouts(**settings["timeouts"]),
+        limits=Limits(max_body_bytes=settings["max_body_bytes"]),
+        worker_keep_alive=settings["worker_keep_alive"],
+    )
     if not settings["simulate"]:
         return app
     return _WithSimulated(app, _simulated_worker(settings))
@@ -255,6 +288,7 @@ def _simulate(args: argparse.Namespace) -> int:
     settings = {
         "fault": args.fault,
         "stream_delay": args.stream_delay,
+        "first_byte_delay": args.first_byte_delay,
         "served_model_names": args.served_model_name or [],
         "gateway": args.gateway,
         "pool_size": args.pool_size,
@@ -293,7 +327,12 @@ def _simulated_worker(settings: Mapping[str, Any]) -> ASGIApp:
             routing=settings["routing"],
             stream_delay=stream_delay,
         )
-    return SimulatedWorker(worker, fault=settings.get("fault"), stream_delay=stream_delay)
+    return SimulatedWorker(
+        worker,
+        fault=settings.get("fault"),
+        stream_delay=stream_delay,
+        first_byte_delay=settings.get("first_byte_delay", 0.5),
+    )
 
 
 def _reachable(host: str) -> str:
@@ -333,8 +372,14 @@ def _ready(sock: socket.socket) -> None:
     sys.stdout.flush()
 
 
-def _run(factory: str, sock: socket.socket, *, workers: int, drain: int) -> None:
-    """Serve ``factory``'s app on ``sock``; print the readiness line; drain on SIGTERM."""
+def _run(
+    factory: str, sock: socket.socket, *, workers: int, drain: int, keep_alive: int = 5
+) -> None:
+    """Serve ``factory``'s app on ``sock``; print the readiness line; drain on SIGTERM.
+
+    ``keep_alive`` is how long an idle client connection stays open: 5 s for a simulated
+    worker, as vLLM's own uvicorn server; more for the proxy (docs/proxy.md).
+    """
     import uvicorn  # noqa: PLC0415
     from uvicorn.supervisors import Multiprocess  # noqa: PLC0415
 
@@ -347,6 +392,7 @@ def _run(factory: str, sock: socket.socket, *, workers: int, drain: int) -> None
         access_log=False,  # the proxy writes its own, with the legs
         server_header=False,
         timeout_graceful_shutdown=drain,
+        timeout_keep_alive=keep_alive,
     )
     # uvicorn re-raises the signal that stopped it once drained; these handlers make that a
     # clean exit 0 instead of a death by signal.

@@ -71,6 +71,7 @@ from disagg_transforms.errors import (
     ConfigError,
     DisaggTransformError,
     RequestError,
+    RequestTooLargeError,
     UpstreamContractError,
     error_body,
 )
@@ -633,7 +634,7 @@ class Exchange:
 
     def _client_members(self, body: object) -> _raw.RawMembers:
         if isinstance(body, (bytes, bytearray, memoryview)):
-            _limits.check_body_size(bytes(body), self._gathered.limits, error=RequestError)
+            _limits.check_body_size(bytes(body), self._gathered.limits, error=RequestTooLargeError)
         return _raw.RawMembers(
             body, RequestError, "the client body", token_ids_key=self._token_ids_key()
         )

@@ -37,7 +37,7 @@ from disagg_transforms._wire import validate as _validate
 from disagg_transforms._wire.describe import describe
 from disagg_transforms._wire.limits import DEFAULT_LIMITS, Limits
 from disagg_transforms.envelopes import GenerateRequest
-from disagg_transforms.errors import RequestError
+from disagg_transforms.errors import RequestError, RequestTooLargeError
 
 __all__ = (
     "DecodeLeg",
@@ -558,12 +558,13 @@ def build_decode_request_bytes(
 
     Raises:
         RequestError: as :func:`build_decode_request`; also ``param`` ``$`` when the body is not
-            bytes, not valid JSON, not a JSON object, not UTF-8, or over
+            bytes, not valid JSON, not a JSON object or not UTF-8;
+            :class:`~disagg_transforms.errors.RequestTooLargeError` (413) when it is over
             ``inputs.limits.max_body_bytes``.
     """
     given = _inputs(inputs)
     if isinstance(client_body, bytes):
-        _limits.check_body_size(client_body, given.limits, error=RequestError)
+        _limits.check_body_size(client_body, given.limits, error=RequestTooLargeError)
     members = _raw.RawMembers(
         client_body, RequestError, "the client body", token_ids_key=w.TOKEN_IDS
     )

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+import urllib.parse
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 
@@ -24,7 +25,15 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route as HttpRoute
 
-from disagg_transforms import Route, Step, StepParams, parse_pipeline_params
+from disagg_transforms import (
+    DEFAULT_LIMITS,
+    Limits,
+    Route,
+    Step,
+    StepParams,
+    detect_route,
+    parse_pipeline_params,
+)
 from disagg_transforms.errors import ConfigError, error_body
 from disagg_transforms.exchange import (
     ClientReply,
@@ -75,13 +84,23 @@ def url_errors(
     encode_url: str | None = None,
     render_url: str | None = None,
 ) -> list[ConfigError]:
-    """Every mismatch between the pipeline's steps and the worker URLs, one error each.
+    """Every worker URL the proxy cannot call and every mismatch of steps and URLs, one each.
 
     A configured step needs its URL and a URL needs its step; render is needed when a leg
     speaks the generate route (its URL defaults to the decode URL). The calls a pipeline makes
     are the exchange's to say (:func:`~disagg_transforms.pipeline_phases`).
     """
-    errors: list[ConfigError] = []
+    given = {
+        "decode": decode_url,
+        "prefill": prefill_url,
+        "encode": encode_url,
+        "render": render_url,
+    }
+    errors = [
+        ConfigError(f"--{step}-url: {url!r} {why}", param=step)
+        for step, url in given.items()
+        if url is not None and (why := _url_problem(url))
+    ]
     if Step.CONDITIONAL_DECODE in config:
         msg = "conditional-decode: the proxy does not run it; leave it out of the pipeline"
         errors.append(ConfigError(msg, param="conditional-decode"))
@@ -102,6 +121,20 @@ def url_errors(
         msg = "--render-url: no leg speaks the generate route, so nothing is rendered"
         errors.append(ConfigError(msg, param="render"))
     return errors
+
+
+def _url_problem(url: str) -> str:
+    """Why ``url`` cannot be a worker's base URL, or ``""``: the checks a call would fail on."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in {"http", "https"}:
+        return "has no scheme the proxy calls (expected http:// or https://, e.g. http://host:8000)"
+    if not parts.hostname:
+        return "has no host (expected http://host:port)"
+    try:
+        parts.port  # noqa: B018 - reading it checks it
+    except ValueError as error:
+        return f"has a bad port ({error})"
+    return ""
 
 
 @dataclass
@@ -170,19 +203,29 @@ def _reason(error: BaseException, timeouts: Timeouts) -> str:
     return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
 
 
+def _too_large(request: Request, limit: int) -> Response:
+    message = f"$: the body is over the limit of {limit} bytes (Limits.max_body_bytes)"
+    route = detect_route(request.url.path)
+    body = orjson.dumps(error_body(route, status=413, message=message, param="$"))
+    # The rest of the body is never read, so the connection cannot carry another request.
+    headers = {"connection": "close"}
+    return Response(body, status_code=413, media_type="application/json", headers=headers)
+
+
 class _Proxy:
     def __init__(
         self,
         config: Mapping[Step, StepParams],
         urls: Mapping[str, str],
         timeouts: Timeouts,
-        hooks: Pipeline | None,
+        settings: ExchangeSettings,
+        worker_keep_alive: float,
     ) -> None:
         self.config = config
         self.urls = urls
         self.timeouts = timeouts
-        # One settings object for every exchange this proxy runs.
-        self.settings = ExchangeSettings(hooks=hooks)
+        self.worker_keep_alive = worker_keep_alive
+        self.settings = settings  # one settings object for every exchange this proxy runs
         # A count_tokens request is rendered whatever the pipeline: its exchange's first call.
         # Its decode never runs; auto, so a count request with tools is counted, not refused.
         self.rendered = parse_pipeline_params(
@@ -194,7 +237,11 @@ class _Proxy:
     async def lifespan(self, _app: Starlette) -> AsyncIterator[None]:
         # One pooled client per process; its connect timeout also bounds waiting for the pool.
         timeout = httpx.Timeout(None, connect=self.timeouts.connect, pool=self.timeouts.connect)
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
+        limits = httpx.Limits(
+            max_connections=None,
+            max_keepalive_connections=256,
+            keepalive_expiry=self.worker_keep_alive,
+        )
         async with httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False) as http:
             self.http = http
             yield
@@ -228,6 +275,26 @@ class _Proxy:
         kind = answer.headers.get("content-type", "application/json")
         return Response(answer.content, status_code=answer.status_code, media_type=kind)
 
+    async def _client_body(self, request: Request) -> bytes | Response:
+        """The client's body, or the 413 that refuses it as soon as it is over the limit.
+
+        A declared length is judged before any byte is read, a chunked body as it comes: one
+        body costs at most the limit (twice, briefly, as it becomes bytes; docs/proxy.md).
+        """
+        limit = self.settings.limits.max_body_bytes
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            return _too_large(request, limit)
+        # Chunks joined once at the end: a growing buffer would copy itself as it grows.
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                return _too_large(request, limit)
+            chunks.append(chunk)
+        return b"".join(chunks)
+
     async def count_tokens(self, request: Request) -> Response:
         """``POST /v1/messages/count_tokens``, as vLLM: the token IDs of the request's render.
 
@@ -237,7 +304,10 @@ class _Proxy:
         ``token_ids``. A refusal or a failed render is the exchange's Anthropic error.
         """
         log = _Log(request)
-        body = _with_max_tokens(await request.body())
+        read = await self._client_body(request)
+        if isinstance(read, Response):
+            return read
+        body = _with_max_tokens(read)
         ex = Exchange(
             self.rendered, Route.MESSAGES.value, request.headers.raw, body, settings=self.settings
         )
@@ -257,11 +327,15 @@ class _Proxy:
 
     async def serve(self, request: Request) -> Response:
         log = _Log(request)
+        client_body = await self._client_body(request)
+        if isinstance(client_body, Response):
+            log.write("-", client_body.status_code)
+            return client_body
         ex = Exchange(
             self.config,
             request.url.path,
             request.headers.raw,
-            await request.body(),
+            client_body,
             settings=self.settings,
         )
         drive = Driver(ex)
@@ -370,7 +444,7 @@ async def _no_route(request: Request, exc: Exception) -> Response:
     return _openai_error(exc.status_code, message, exc.headers)
 
 
-def create_app(  # noqa: PLR0913 - one URL per step, all by keyword
+def create_app(  # noqa: PLR0913 - one URL per step and the settings, all by keyword
     config: Mapping[Step, StepParams],
     *,
     decode_url: str,
@@ -379,6 +453,8 @@ def create_app(  # noqa: PLR0913 - one URL per step, all by keyword
     render_url: str | None = None,
     timeouts: Timeouts = Timeouts(),
     hooks: Pipeline | None = None,
+    limits: Limits = DEFAULT_LIMITS,
+    worker_keep_alive: float = 2.0,
 ) -> Starlette:
     """The proxy as a Starlette app: the client routes and vLLM's others (``docs/proxy.md``).
 
@@ -396,6 +472,11 @@ def create_app(  # noqa: PLR0913 - one URL per step, all by keyword
         render_url: where render calls go (default: the decode URL).
         timeouts: how long to wait on a worker.
         hooks: the host's :class:`~disagg_transforms.Pipeline`, run by each exchange.
+        limits: the bounds on a client's body; a body over ``max_body_bytes`` is a 413, refused
+            while it is read.
+        worker_keep_alive: seconds a pooled worker connection may stay idle before it is
+            closed; well under a uvicorn-served vLLM worker's 5 s, so the proxy never sends on
+            a connection the worker is closing (docs/proxy.md).
 
     Raises:
         ConfigError: the first of :func:`url_errors`.
@@ -411,7 +492,9 @@ def create_app(  # noqa: PLR0913 - one URL per step, all by keyword
         raise errors[0]
     urls = {"decode": decode_url, "render": render_url or decode_url}
     urls.update({k: v for k, v in (("prefill", prefill_url), ("encode", encode_url)) if v})
-    proxy = _Proxy(config, {k: v.rstrip("/") for k, v in urls.items()}, timeouts, hooks)
+    stripped = {k: v.rstrip("/") for k, v in urls.items()}
+    settings = ExchangeSettings(hooks=hooks, limits=limits)
+    proxy = _Proxy(config, stripped, timeouts, settings, worker_keep_alive)
     routes = [HttpRoute(route.value, proxy.serve, methods=["POST"]) for route in _CLIENT_ROUTES]
     routes += [
         HttpRoute("/health", proxy.health, methods=["GET"]),
