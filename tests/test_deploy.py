@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -178,6 +179,14 @@ def test_the_container_build_installs_the_proxy_extra() -> None:
     assert "'.[proxy]'" in dockerfile
     assert 'ENTRYPOINT ["disagg-transforms"]' in dockerfile
     assert "push" not in dockerfile
+
+
+@pytest.mark.skipif(
+    os.environ.get("DISAGG_TRANSFORMS_TEST_WHEEL") == "1",
+    reason="the package's sources are not beside the installed wheel's test run",
+)
+def test_the_container_build_copies_files_the_repository_has() -> None:
+    dockerfile = (DEPLOY / "Dockerfile").read_text()
     for line in dockerfile.splitlines():
         if line.startswith("COPY "):
             *sources, _ = line.split()[1:]
