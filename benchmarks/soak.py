@@ -60,13 +60,12 @@ def mix() -> list[tuple[str, str, bytes, dict[str, str]]]:
             round_.append((name, path, orjson.dumps(body), {}))
             streamed = orjson.dumps({**body, "stream": True})
             round_.append((f"{name} stream", path, streamed, {}))
-    for index, (name, path, body) in enumerate(_CALLS):
+    for index, (_, path, body) in enumerate(_CALLS):
         round_.append(("bad: not JSON", path, b'{"model": "m", ', {}))
         if index % 2:
-            refused = {key: value for key, value in body.items() if key not in ("messages",)}
-            refused["max_tokens"] = "many"
+            refused = {**body, "max_tokens": "many"}
             round_.append(("bad: refused", path, orjson.dumps(refused), {}))
-    for fault, (name, path, body) in zip(_FAULTS, _CALLS):
+    for fault, (_, path, body) in zip(_FAULTS, _CALLS, strict=True):
         streamed = orjson.dumps({**body, "stream": True})
         round_.append((f"fault {fault}", path, streamed, {"x-simulate-fault": fault}))
     return round_
@@ -89,7 +88,7 @@ def serving_pids(pid: int) -> list[int]:
 
 @contextmanager
 def spawned(args: Sequence[str]) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
-    """``python -m disagg_transforms ARGS`` until its readiness line; stopped by SIGTERM at the end."""
+    """``python -m disagg_transforms ARGS``, once it is ready; SIGTERM at the end."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_ROOT), env.get("PYTHONPATH")]))
     process = subprocess.Popen(  # noqa: S603 - our own interpreter and command
@@ -99,7 +98,7 @@ def spawned(args: Sequence[str]) -> Iterator[tuple[subprocess.Popen[bytes], str]
         env=env,
     )
     try:
-        assert process.stdout is not None  # noqa: S101 - Popen with stdout=PIPE
+        assert process.stdout is not None
         ready, _, _ = select.select([process.stdout], [], [], 60)
         line = process.stdout.readline().decode() if ready else ""
         if not line.startswith("listening on "):
@@ -174,7 +173,7 @@ def verdict(rows: Sequence[tuple[int, float, list[float], float]], warmup: int) 
     end = rows[-1]
     good = True
     print(f"\nproxy RSS after {after_warmup[0]} requests and at the end ({end[0]}):")
-    for index, (first, last) in enumerate(zip(after_warmup[2], end[2])):
+    for index, (first, last) in enumerate(zip(after_warmup[2], end[2], strict=True)):
         growth = (last - first) / first
         within = growth <= TOLERANCE
         good = good and within
