@@ -20,6 +20,7 @@ import asyncio
 import collections
 import os
 import select
+import signal
 import subprocess
 import sys
 import time
@@ -81,9 +82,17 @@ def rss_mb(pid: int) -> float:
 
 
 def serving_pids(pid: int) -> list[int]:
-    """The processes that serve requests: ``pid`` itself, or its children (``--workers N``)."""
+    """The processes that serve requests: ``pid`` itself, or its workers (``--workers N``).
+
+    The workers are the children multiprocessing spawned (not its resource tracker).
+    """
     children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    return [int(child) for child in children] or [pid]
+    workers = [
+        int(child)
+        for child in children
+        if b"spawn_main" in Path(f"/proc/{child}/cmdline").read_bytes()
+    ]
+    return workers or [pid]
 
 
 @contextmanager
@@ -194,6 +203,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.warmup >= args.requests:
         parser.error("--warmup must be less than --requests")
+    # Stopped by a signal, the run still stops the servers it started (``spawned``'s finally).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
     simulate = ["simulate", "--port", "0", "--first-byte-delay", "0.01"]
     with spawned(simulate) as (worker, worker_url):
         serve = ["serve", "--port", "0", "--workers", str(args.workers)]
