@@ -10,12 +10,10 @@ from __future__ import annotations
 import pathlib
 import signal
 import socket
-import threading
 import time
 
-import httpx
 import pytest
-from proxy_helpers import running, start, wait_ready
+from proxy_helpers import read_stream, running, start, wait_ready
 
 pytest.importorskip("uvicorn")
 
@@ -68,24 +66,13 @@ def test_sigterm_refuses_new_connections_and_drains_the_streams_in_flight(
             while server.log().count("Application startup complete.") < int(workers):
                 assert time.monotonic() < deadline, server.log()
                 time.sleep(0.1)
-            got: list[bytes] = []
-            first = threading.Event()
-
-            def read() -> None:
-                body = {"model": "m", "messages": [{"role": "user", "content": "Hi"}]}
-                url = server.url + "/v1/chat/completions"
-                with httpx.stream("POST", url, json={**body, "stream": True}, timeout=60) as s:
-                    for chunk in s.iter_bytes():
-                        got.append(chunk)
-                        first.set()
-
-            reader = threading.Thread(target=read)
-            reader.start()
-            assert first.wait(30)
+            body = {"model": "m", "messages": [{"role": "user", "content": "Hi"}]}
+            reader = read_stream(server.url + "/v1/chat/completions", body, timeout=60)
+            assert reader.first.wait(30)
             server.process.send_signal(signal.SIGTERM)
             outcomes = attempts_after_sigterm(port)
-            stream_in_flight = reader.is_alive()
-            reader.join(60)
+            stream_in_flight = reader.thread.is_alive()
+            reader.thread.join(60)
             assert server.process.wait(timeout=60) == 0
         finally:
             server.stop()
@@ -94,6 +81,6 @@ def test_sigterm_refuses_new_connections_and_drains_the_streams_in_flight(
     assert set(outcomes[outcomes.index("refused") :]) == {"refused"}, outcomes
     # The refusals came while the stream still ran: the drain was under way, not over.
     assert stream_in_flight
-    text = b"".join(got).decode()
+    text = reader.text()
     assert text.endswith("data: [DONE]\n\n"), text
     assert '"finish_reason":"stop"' in text
