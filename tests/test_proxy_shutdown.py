@@ -76,11 +76,14 @@ def test_sigterm_refuses_new_connections_and_drains_the_streams_in_flight(
             assert server.process.wait(timeout=60) == 0
         finally:
             server.stop()
-    assert "broken" not in outcomes, outcomes
     assert "refused" in outcomes, outcomes
-    assert set(outcomes[outcomes.index("refused") :]) == {"refused"}, outcomes
-    # The refusals came while the stream still ran: the drain was under way, not over.
-    assert stream_in_flight
+    first_refusal = outcomes.index("refused")
+    assert set(outcomes[first_refusal:]) == {"refused"}, outcomes
+    # Answered until then, but for the attempt that may have been waiting in the socket's queue
+    # as the last process closed it: the kernel resets those (docs/proxy.md).
+    assert "broken" not in outcomes[: first_refusal - 1], outcomes
+    # The refusals came while the stream still ran: at once, not once the drain was over.
+    assert stream_in_flight, outcomes
     text = reader.text()
     assert text.endswith("data: [DONE]\n\n"), text
     assert '"finish_reason":"stop"' in text
