@@ -44,7 +44,9 @@ _DOC = _ROOT / "docs" / "performance.md"
 SECTION_START = "<!-- proxy benchmark: written by benchmarks/proxy.py -->"
 """Opens this benchmark's section (``run.py`` keeps it and all after it on a rerun)."""
 STACKS_SECTION_START = "<!-- stacks benchmark: written by benchmarks/stacks.py -->"
-"""Opens ``stacks.py``'s section, the last of the page (this benchmark keeps it on a rerun)."""
+"""Opens ``stacks.py``'s section (this benchmark keeps it and all after it on a rerun)."""
+SOAK_SECTION_START = "<!-- soak: figures of a run of benchmarks/soak.py, written by hand -->"
+"""Opens the last section of the page (``stacks.py`` keeps it on a rerun)."""
 FLOOR = 0.8
 PROMPT_TOKENS = 1024
 # The simulated worker's chat template around one user message: <|im_start|>user\n ...

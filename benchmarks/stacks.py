@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from proxy import STACKS_SECTION_START, _free_port, _spawn, serve_announced
+from proxy import SOAK_SECTION_START, STACKS_SECTION_START, _free_port, _spawn, serve_announced
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "performance.md"
 CHUNKS = 256
@@ -508,9 +508,11 @@ runs, as when the package is not installed).
 
 def write(figures: dict[str, Figures], command: str, repeats: int) -> None:
     text = DOC.read_text(encoding="utf-8")
+    soak = text[text.index(SOAK_SECTION_START) :] if SOAK_SECTION_START in text else ""
     if STACKS_SECTION_START in text:
         text = text[: text.index(STACKS_SECTION_START)].rstrip("\n") + "\n"
-    DOC.write_text(text + "\n" + section(figures, command, repeats), encoding="utf-8")
+    stacks = section(figures, command, repeats)
+    DOC.write_text(text + "\n" + stacks + ("\n" + soak if soak else ""), encoding="utf-8")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -140,3 +140,33 @@ def served(app: Any) -> Iterator[str]:
         server.should_exit = True
         thread.join(10)
         sock.close()
+
+
+@dataclass
+class StreamRead:
+    """A client's stream read in a thread: the chunks so far, set ``first`` at the first."""
+
+    thread: threading.Thread
+    chunks: list[bytes]
+    first: threading.Event
+
+    def text(self) -> str:
+        return b"".join(self.chunks).decode()
+
+
+def read_stream(url: str, body: dict[str, Any], timeout: float) -> StreamRead:
+    """POST ``body`` with ``stream: true`` to ``url``; the stream is read in a started thread."""
+    import httpx  # noqa: PLC0415 - only the tests that stream need it
+
+    chunks: list[bytes] = []
+    first = threading.Event()
+
+    def run() -> None:
+        with httpx.stream("POST", url, json={**body, "stream": True}, timeout=timeout) as stream:
+            for chunk in stream.iter_bytes():
+                chunks.append(chunk)
+                first.set()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return StreamRead(thread, chunks, first)

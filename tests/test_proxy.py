@@ -24,7 +24,16 @@ import httpx
 import openai
 import pytest
 from golden import load_stream
-from proxy_helpers import Server, command, environment, running, served, start, wait_ready
+from proxy_helpers import (
+    Server,
+    command,
+    environment,
+    read_stream,
+    running,
+    served,
+    start,
+    wait_ready,
+)
 
 pytest.importorskip("uvicorn")
 pytest.importorskip("starlette")
@@ -434,27 +443,16 @@ def test_sigterm_drains_a_stream_in_flight_then_exits_0(
     slow_url = _decode_url_of(fleet)
     server = wait_ready(start(["serve", "--port", "0", "--decode-url", slow_url], tmp_path / "t"))
     try:
-        got: list[bytes] = []
-        first = threading.Event()
-
-        def read() -> None:
-            body = {"model": "m", "messages": CHAT, "stream": True}
-            url = server.url + "/v1/chat/completions"
-            with httpx.stream("POST", url, json=body, timeout=20) as stream:
-                for chunk in stream.iter_bytes():
-                    got.append(chunk)
-                    first.set()
-
-        reader = threading.Thread(target=read)
-        reader.start()
-        assert first.wait(10)
+        body = {"model": "m", "messages": CHAT}
+        reader = read_stream(server.url + "/v1/chat/completions", body, timeout=20)
+        assert reader.first.wait(10)
         server.process.send_signal(signal.SIGTERM)
-        reader.join(20)
-        assert not reader.is_alive()
+        reader.thread.join(20)
+        assert not reader.thread.is_alive()
         assert server.process.wait(timeout=20) == 0
     finally:
         server.stop()
-    text = b"".join(got).decode()
+    text = reader.text()
     assert text.endswith("data: [DONE]\n\n")
     assert '"finish_reason":"stop"' in text
     log = server.log()

@@ -132,6 +132,28 @@ def test_a_rerun_keeps_the_stacks_section_last(
     assert text.endswith("\n\n" + stacks)
 
 
+def test_a_rerun_of_the_stacks_benchmark_keeps_the_soak_section_last(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "proxy", bench)  # what stacks.py imports as ``proxy``
+    spec = importlib.util.spec_from_file_location("stacks_benchmark", _PATH.with_stem("stacks"))
+    assert spec is not None
+    assert spec.loader is not None
+    stacks = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, stacks)
+    spec.loader.exec_module(stacks)
+    doc = tmp_path / "performance.md"
+    soak = f"{bench.SOAK_SECTION_START}\n## Memory over a long run\n\nthe figures\n"
+    old = f"# Performance\n\n{bench.STACKS_SECTION_START}\nan older run\n\n{soak}"
+    doc.write_text(old, encoding="utf-8")
+    monkeypatch.setattr(stacks, "DOC", doc)
+    monkeypatch.setattr(stacks, "section", lambda *_: f"{bench.STACKS_SECTION_START}\nnew\n")
+    stacks.write({}, "cmd", 1)
+    text = doc.read_text(encoding="utf-8")
+    assert "an older run" not in text
+    assert text == f"# Performance\n\n{bench.STACKS_SECTION_START}\nnew\n\n{soak}"
+
+
 def test_each_target_answers_a_256_token_stream_and_its_cpu_is_read(tmp_path: Path) -> None:
     payload = bench.body(stream=True)
     with bench.servers(tmp_path, None) as targets:

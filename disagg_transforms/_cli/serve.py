@@ -7,6 +7,7 @@ imported when one of these commands runs, so the other commands work without the
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import os
 import signal
@@ -24,6 +25,7 @@ from disagg_transforms._wire.limits import DEFAULT_LIMITS
 if TYPE_CHECKING:
     import uvicorn
     from starlette.types import ASGIApp, Receive, Scope, Send
+    from uvicorn.supervisors import Multiprocess
 
 _ParserT = TypeVar("_ParserT", bound=argparse.ArgumentParser)
 
@@ -380,7 +382,6 @@ def _run(
     worker, as vLLM's own uvicorn server; more for the proxy (docs/proxy.md).
     """
     import uvicorn  # noqa: PLC0415
-    from uvicorn.supervisors import Multiprocess  # noqa: PLC0415
 
     _configure_logging()
     config = uvicorn.Config(
@@ -401,9 +402,41 @@ def _run(
         # The socket listens from here on: connections wait in its backlog for a worker.
         sock.listen(config.backlog)
         _ready(sock)
-        Multiprocess(config, sockets=[sock]).run()
+        _supervisor(config, sock).run()
         return
     _ready_server(config).run(sockets=[sock])
+
+
+def _supervisor(config: uvicorn.Config, sock: socket.socket) -> Multiprocess:
+    """The supervisor of ``--workers`` processes (uvicorn's), which stops listening on a signal.
+
+    The kernel refuses new connections only when every process has closed its copy of the
+    listening socket: the parent closes its own at once (uvicorn keeps it until every worker has
+    drained, and the connections queued meanwhile are then reset) and passes SIGTERM on to the
+    workers at once (uvicorn looks at its signals every half second), which close theirs within
+    a tenth of a second (docs/proxy.md).
+    """
+    from uvicorn.supervisors import Multiprocess  # noqa: PLC0415
+
+    class Supervisor(Multiprocess):
+        def __init__(self) -> None:
+            super().__init__(config, sockets=[sock])
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(sig, self.stop_listening)
+
+        def stop_listening(self, sig: int, _frame: object) -> None:
+            sock.close()
+            for process in self.processes:
+                if process.pid is not None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(process.pid, signal.SIGTERM)
+            self.signal_queue.append(sig)  # the supervisor's own stop: terminate, then join
+
+        def keep_subprocess_alive(self) -> None:
+            if sock.fileno() != -1:  # closed: stopping, a worker that is done is not replaced
+                super().keep_subprocess_alive()
+
+    return Supervisor()
 
 
 def _ready_server(config: uvicorn.Config) -> uvicorn.Server:
