@@ -7,11 +7,12 @@ that is no error has none. :attr:`Exchange.client_model` is the body's ``model``
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
+from typing import Any
 
 import pytest
 
 from disagg_transforms import TransformContext, parse_pipeline_params
-from disagg_transforms.errors import TransformError
 from disagg_transforms.exchange import ErrorKind, Exchange, ExchangeSettings, WorkerCall
 from disagg_transforms.hooks import Pipeline
 
@@ -126,10 +127,10 @@ def test_a_stream_that_ends_badly_is_upstream_5xx_and_a_complete_one_no_error() 
 
 
 def test_a_host_hooks_bug_is_internal() -> None:
-    def broken(body: dict[str, object], context: TransformContext) -> dict[str, object]:
+    def broken(body: Mapping[str, Any], context: TransformContext) -> dict[str, Any]:
         del body, context
         msg = "the hook broke"
-        raise TransformError(msg)
+        raise ValueError(msg)
 
     settings = ExchangeSettings(hooks=Pipeline(request=[broken]))
     ex = Exchange(OPENAI_PD, "/v1/chat/completions", {}, CHAT, settings=settings)
