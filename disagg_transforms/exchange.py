@@ -19,6 +19,7 @@ from disagg_transforms._exchange.events import (
     WorkerCall,
 )
 from disagg_transforms._exchange.flow import (
+    ErrorKind,
     Exchange,
     ExchangeSettings,
     ExchangeStateError,
@@ -30,6 +31,7 @@ __all__ = (
     "ClientReply",
     "ClientStream",
     "Driver",
+    "ErrorKind",
     "Event",
     "Exchange",
     "ExchangeSettings",

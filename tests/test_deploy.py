@@ -163,7 +163,6 @@ def test_every_serve_flag_in_the_manifests_exists(flag: str, serve_help: str) ->
     assert f" {flag}" in serve_help
 
 
-@pytest.mark.xfail(strict=True, reason="/healthz and /readyz are not served yet (docs/llm-d.md)")
 def test_the_probe_paths_are_served(tmp_path: Path) -> None:
     args = ["serve", "--simulate", "--port", "0"]
     with running((args, tmp_path / "serve.log")) as (proxy,):

@@ -13,7 +13,8 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import Mapping
+import tempfile
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import orjson
@@ -34,6 +35,8 @@ _ParserT = TypeVar("_ParserT", bound=argparse.ArgumentParser)
 _SETTINGS = "DISAGG_TRANSFORMS_SERVE_SETTINGS"
 _FACTORY = "disagg_transforms._cli.serve:app_from_settings"
 _SIMULATED = "/simulated"  # where ``serve --simulate`` mounts its worker on its own server
+# prometheus_client's multiprocess mode: every server process writes its metrics there.
+_METRICS_DIR = "PROMETHEUS_MULTIPROC_DIR"
 _STEP_URLS = ("render", "encode", "prefill", "decode")
 
 
@@ -203,15 +206,40 @@ def _serve(args: argparse.Namespace) -> int:
         "worker_keep_alive": args.worker_keep_alive,
         "max_body_bytes": args.max_body_bytes,
     }
-    _, warnings, problems = _pipeline(settings)
-    if problems:
-        sock.close()
-        sys.stderr.writelines(f"{PROG}: error: {line}\n" for line in problems)
-        return EXIT_USAGE
-    sys.stderr.writelines(f"{source}: warning: {line}\n" for line in warnings)
-    os.environ[_SETTINGS] = orjson.dumps(settings).decode()
-    _run(_FACTORY, sock, workers=args.workers, drain=args.drain_timeout, keep_alive=args.keep_alive)
+    with _metrics_dir():  # before the proxy, and so prometheus_client, is imported
+        _, warnings, problems = _pipeline(settings)
+        if problems:
+            sock.close()
+            sys.stderr.writelines(f"{PROG}: error: {line}\n" for line in problems)
+            return EXIT_USAGE
+        sys.stderr.writelines(f"{source}: warning: {line}\n" for line in warnings)
+        os.environ[_SETTINGS] = orjson.dumps(settings).decode()
+        _run(
+            _FACTORY,
+            sock,
+            workers=args.workers,
+            drain=args.drain_timeout,
+            keep_alive=args.keep_alive,
+        )
     return 0
+
+
+@contextlib.contextmanager
+def _metrics_dir() -> Iterator[None]:
+    """Where the server's processes write their metrics for ``/metrics`` to sum (docs/proxy.md).
+
+    The user's ``PROMETHEUS_MULTIPROC_DIR`` when set (theirs to empty between runs), else a
+    fresh directory, removed at exit.
+    """
+    if os.environ.get(_METRICS_DIR):
+        yield
+        return
+    with tempfile.TemporaryDirectory(prefix="disagg-transforms-metrics-") as path:
+        os.environ[_METRICS_DIR] = path
+        try:
+            yield
+        finally:
+            del os.environ[_METRICS_DIR]
 
 
 def _pipeline(settings: Mapping[str, Any]) -> tuple[Any, list[str], list[str]]:

@@ -80,6 +80,7 @@ from disagg_transforms.hooks import Pipeline, TransformContext
 __all__ = (
     "Exchange",
     "ExchangeSettings",
+    "ErrorKind",
     "ExchangeStateError",
     "PlanRow",
     "StreamEnd",
@@ -88,6 +89,9 @@ __all__ = (
 
 StreamEnd: TypeAlias = Literal["complete", "worker-failed", "contract-broken"]
 """How the client's stream ended (:attr:`Exchange.stream_end`)."""
+
+ErrorKind: TypeAlias = Literal["bad_request", "upstream_4xx", "upstream_5xx", "internal"]
+"""Whose fault an error reply is (:attr:`Exchange.error_kind`)."""
 
 _LegParams: TypeAlias = EncodeParams | PrefillParams | DecodeParams
 _LEG_PARAMS = (EncodeParams, PrefillParams, DecodeParams)
@@ -240,7 +244,7 @@ class _Streaming:
 class _Replied:
     """The client's reply is complete."""
 
-    __slots__ = ("drops_stream", "event", "stream_end")
+    __slots__ = ("drops_stream", "error_kind", "event", "stream_end")
 
     def __init__(
         self,
@@ -248,12 +252,15 @@ class _Replied:
         *,
         drops_stream: bool,
         stream_end: StreamEnd | None = None,
+        error_kind: ErrorKind | None = None,
     ) -> None:
         self.event = event
         self.drops_stream = drops_stream
         """A worker stream was open: what the router feeds of it from now on is dropped."""
         self.stream_end = stream_end
         """How the client's stream ended; ``None`` for a whole reply."""
+        self.error_kind = error_kind
+        """Whose fault an error reply is; ``None`` for a reply that is no error."""
 
 
 _At: TypeAlias = _Calling | _Reading | _Streaming | _Replied
@@ -326,8 +333,10 @@ class Exchange:
         self._gathered = LegInputs(limits=settings.limits)
         """What the answers so far hand the legs (render's answer, transfer params)."""
         self._client = ClientRequest(body={}, path=client_path, route=route)  # until it is read
+        self._client_model: str | None = None
         try:
             members = self._client_members(client_body)
+            self._client_model = _text(members.get(w.MODEL))
             # Every leg's refusals of the client's own fields come before the first call.
             self._client = read_client_request(
                 members,
@@ -338,7 +347,7 @@ class Exchange:
             )
             self._go(next(iter(self._plan)))
         except DisaggTransformError as error:
-            self._reply(self._error_reply(error, None), drops_stream=False)
+            self._reply(self._error_reply(error, None), drops_stream=False, error_kind=_kind(error))
 
     # -- what the router asks -------------------------------------------------------------
 
@@ -374,6 +383,28 @@ class Exchange:
         """
         at = self._at
         return at.stream_end if isinstance(at, _Replied) else None
+
+    @property
+    def error_kind(self) -> ErrorKind | None:
+        """Whose fault the client's error reply is, for a router's metrics; ``None`` otherwise.
+
+        ``"bad_request"``: the client's (its body refused). ``"upstream_4xx"``: a worker
+        answered 4xx. ``"upstream_5xx"``: a worker answered 5xx, failed (:meth:`worker_failed`),
+        broke the contract, or ended the client's stream otherwise than ``"complete"``.
+        ``"internal"``: anything else (a host hook's bug). ``None`` while the exchange runs and
+        for a reply that is no error.
+        """
+        at = self._at
+        if not isinstance(at, _Replied):
+            return None
+        if at.stream_end not in (None, "complete"):
+            return "upstream_5xx"
+        return at.error_kind
+
+    @property
+    def client_model(self) -> str | None:
+        """The client body's ``model``; ``None`` when it has none (or the body is not JSON)."""
+        return self._client_model
 
     @property
     def reply_over(self) -> bool:
@@ -489,7 +520,8 @@ class Exchange:
             return at.relay.error_event(message, status=status)
         if isinstance(at, _Replied):
             return b""
-        self._reply(self._error(status, message, retry=True), drops_stream=True)
+        reply = self._error(status, message, retry=True)
+        self._reply(reply, drops_stream=True, error_kind="upstream_5xx")
         return b""
 
     # -- the plan -------------------------------------------------------------------------
@@ -684,9 +716,12 @@ class Exchange:
         *,
         drops_stream: bool,
         stream_end: StreamEnd | None = None,
+        error_kind: ErrorKind | None = None,
     ) -> None:
         self._phase = Phase.REPLIED
-        self._at = _Replied(event, drops_stream=drops_stream, stream_end=stream_end)
+        self._at = _Replied(
+            event, drops_stream=drops_stream, stream_end=stream_end, error_kind=error_kind
+        )
 
     def _relayed(self, out: bytes, *, broken: DisaggTransformError | None, ended: bool) -> bytes:
         """The client bytes a worker stream gave, moving the phase on.
@@ -747,7 +782,8 @@ class Exchange:
         return at
 
     def _fail(self, error: DisaggTransformError, *, drops_stream: bool = False) -> None:
-        self._reply(self._error_reply(error, self._streamed_phase()), drops_stream=drops_stream)
+        reply = self._error_reply(error, self._streamed_phase())
+        self._reply(reply, drops_stream=drops_stream, error_kind=_kind(error))
 
     def _error_reply(self, error: DisaggTransformError, phase: Phase | None) -> ClientReply:
         message = error.message
@@ -760,16 +796,18 @@ class Exchange:
         step = self._streamed_phase()
         message, detail = _worker_error(body)
         said = _quote(message) if message else f"HTTP {status}"
+        kind: ErrorKind = "upstream_5xx"
         if 400 <= status < 500:
             text = f"{step} rejected the request: {said}"
             reply = self._error(status, text, retry=False, detail=detail)
+            kind = "upstream_4xx"
         elif 500 <= status < 600:
             reply = self._error(502, f"{step} failed with HTTP {status}: {said}", retry=True)
         else:
             reply = self._error(
                 502, f"{step} broke the contract: it answered HTTP {status}", retry=False
             )
-        self._reply(reply, drops_stream=drops_stream)
+        self._reply(reply, drops_stream=drops_stream, error_kind=kind)
 
     def _error(
         self, status: int, message: str, *, retry: bool, detail: _Detail = _NO_DETAIL
@@ -788,6 +826,15 @@ class Exchange:
         retryable = retry or status < 500
         headers = self._reply_headers(_reply.JSON, retry=retryable)
         return ClientReply(status=status, headers=headers, body=body)
+
+
+def _kind(error: DisaggTransformError) -> ErrorKind:
+    """Whose fault a library error that ends the exchange is."""
+    if isinstance(error, RequestError):
+        return "bad_request"
+    if isinstance(error, UpstreamContractError):
+        return "upstream_5xx"
+    return "internal"
 
 
 def _transfer_params(phase: Phase, body: bytes) -> Any:  # noqa: ANN401 - any JSON value

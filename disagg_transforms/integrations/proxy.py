@@ -11,15 +11,29 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import signal
 import sys
+import threading
 import time
 import urllib.parse
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
+from types import FrameType
+from typing import TypeAlias
 
 import aiohttp
 import msgspec
 import orjson
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+    values,
+)
+from prometheus_client.multiprocess import MultiProcessCollector
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -39,8 +53,10 @@ from disagg_transforms.errors import ConfigError, error_body
 from disagg_transforms.exchange import (
     ClientReply,
     Driver,
+    ErrorKind,
     Exchange,
     ExchangeSettings,
+    Phase,
     WorkerCall,
     pipeline_phases,
 )
@@ -146,23 +162,190 @@ def _url_problem(url: str) -> str:
     return ""
 
 
+# Seconds: from a millisecond render call to a long generation.
+_DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+
+
+class _Metrics:
+    """The coordinator's metrics (docs/proxy.md), as this process counts them.
+
+    Under ``--workers N`` prometheus_client runs in its multiprocess mode (``serve`` names its
+    directory before the processes start): each process writes its values to files there, and
+    ``/metrics`` sums every process's. Otherwise this app's own registry holds them.
+    """
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        into: CollectorRegistry | None = self.registry
+        if values.ValueClass is not values.MutexValue:  # the mode prometheus_client chose
+            MultiProcessCollector(self.registry)  # type: ignore[no-untyped-call]
+            into = None
+        model = ("model_name",)
+        prefix = "llm_d_coordinator_"
+        self.requests = Counter(
+            prefix + "request_total",
+            "Client requests, refused ones included.",
+            model,
+            registry=into,
+        )
+        self.errors = Counter(
+            prefix + "request_error_total",
+            "Client requests answered with an error.",
+            (*model, "error_code"),
+            registry=into,
+        )
+        self.duration = Histogram(
+            prefix + "request_duration_seconds",
+            "Client requests, to the reply's last byte.",
+            model,
+            buckets=_DURATION_BUCKETS,
+            registry=into,
+        )
+        self.running = Gauge(
+            prefix + "request_running",
+            "Client requests in flight.",
+            model,
+            multiprocess_mode="livesum",
+            registry=into,
+        )
+        self.decisions = Counter(
+            prefix + "disagg_decision_total",
+            "Client requests by the legs chosen for them.",
+            (*model, "decision_type"),
+            registry=into,
+        )
+        self.calls = Counter(
+            prefix + "upstream_request_total",
+            "Worker calls made, retries included.",
+            ("phase",),
+            registry=into,
+        )
+        self.steps = Histogram(
+            prefix + "pipeline_step_duration_seconds",
+            "Worker calls, to their answer's last byte.",
+            ("step",),
+            buckets=_DURATION_BUCKETS,
+            registry=into,
+        )
+        self.cache_lookups = Counter(
+            prefix + "decode_cache_lookups_total",
+            "Conditional decode calls: hit (2xx) or miss (412).",
+            ("result",),
+            registry=into,
+        )
+        self.first_token = Histogram(
+            "disagg_transforms_time_to_first_token_seconds",
+            "Client streams, from the request to their first bytes.",
+            model,
+            buckets=_DURATION_BUCKETS,
+            registry=into,
+        )
+
+
 class _Log:
-    """What the access log line of one client request says; nothing is kept when it is off."""
+    """One client request's access log line and metrics; no line is kept when the log is off."""
 
-    __slots__ = ("_legs", "_on", "_request", "_started")
+    __slots__ = (
+        "_cache_hit",
+        "_legs",
+        "_metrics",
+        "_model",
+        "_on",
+        "_open",
+        "_request",
+        "_started",
+        "_steps",
+        "_written",
+    )
 
-    def __init__(self, request: Request) -> None:
+    def __init__(self, request: Request, metrics: _Metrics) -> None:
         self._on = ACCESS_LOG.isEnabledFor(logging.INFO)
         self._request = request
+        self._metrics = metrics
         self._started = time.monotonic()
         self._legs: list[str] = []
+        self._model: str | None = None  # known once the request is counted
+        self._steps: set[str] = set()  # the calls made
+        self._cache_hit = False
+        self._open: tuple[str, object, float, float] | None = None  # a stream read on
+        self._written = False
 
-    def leg(self, step: str, outcome: object, since: float) -> None:
+    def begin(self, model: str | None) -> None:
+        """The request is counted, under its body's ``model``."""
+        self._model = model or "unknown"
+        self._metrics.requests.labels(self._model).inc()
+        self._metrics.running.labels(self._model).inc()
+
+    def calling(self, step: str) -> float:
+        """A worker call is made: it is counted; its start."""
+        self._metrics.calls.labels(step).inc()
+        self._steps.add(step)
+        return time.monotonic()
+
+    def leg(self, step: str, outcome: object, since: float, first: float | None = None) -> None:
+        """A call is over: its status (``failed``: no answer) and when its answer's head came."""
+        self._open = None  # a stream that failed before the client's reply began ends here
+        self._over(step, outcome, since, first, time.monotonic())
+
+    def streaming(self, step: str, status: int, since: float) -> None:
+        """A streamed call's first events are read; it is over when the reply is."""
+        self._open = (step, status, since, time.monotonic())
+
+    def _over(
+        self, step: str, outcome: object, since: float, first: float | None, end: float
+    ) -> None:
+        metrics = self._metrics
+        metrics.steps.labels(step).observe(end - since)
+        if step == Phase.CONDITIONAL_DECODE and isinstance(outcome, int):
+            if outcome == 412:  # the decode worker does not hold the prompt's KV
+                metrics.cache_lookups.labels("miss").inc()
+            elif 200 <= outcome < 300:
+                metrics.cache_lookups.labels("hit").inc()
+                self._cache_hit = True
         if self._on:
-            self._legs.append(f"{step}={outcome}/{_ms(since)}ms")
+            shown = "-" if first is None else f"{_ms(since, first)}ms"
+            self._legs.append(f"{step}={outcome}/{shown}/{_ms(since, end)}ms")
 
-    def write(self, request_id: str, status: int, stream: str | None = None, why: str = "") -> None:
-        """Write the line; a stream's says how it ended (``why`` it failed, if it did)."""
+    def first_bytes(self) -> None:
+        """The client's stream sends its first bytes (its first token)."""
+        model = self._model or "unknown"
+        self._metrics.first_token.labels(model).observe(time.monotonic() - self._started)
+
+    def _decision(self) -> str | None:
+        steps = self._steps
+        if Phase.ENCODE in steps:
+            return "encode-prefill-decode"
+        if Phase.PREFILL in steps:
+            return "prefill-decode"
+        if Phase.DECODE in steps or self._cache_hit:
+            return "decode-only"
+        return None  # refused, or answered before any leg was chosen
+
+    def write(
+        self,
+        request_id: str,
+        status: int,
+        stream: str | None = None,
+        why: str = "",
+        error: ErrorKind | None = None,
+    ) -> None:
+        """The reply is over: count it, and write the line (a stream's says how it ended)."""
+        if self._written:
+            return
+        self._written = True
+        if self._open is not None:
+            self._over(*self._open, time.monotonic())
+        if self._model is None:
+            self.begin(None)
+        model = self._model
+        assert model is not None  # noqa: S101 - begin sets it
+        metrics = self._metrics
+        metrics.running.labels(model).dec()
+        metrics.duration.labels(model).observe(time.monotonic() - self._started)
+        if error is not None:
+            metrics.errors.labels(model, error).inc()
+        if (decision := self._decision()) is not None:
+            metrics.decisions.labels(model, decision).inc()
         if not self._on:
             return
         end = "" if stream is None else f" stream={stream}{why and f' ({why})'}"
@@ -178,8 +361,8 @@ class _Log:
         )
 
 
-def _ms(since: float) -> int:
-    return round((time.monotonic() - since) * 1000)
+def _ms(since: float, until: float | None = None) -> int:
+    return round(((time.monotonic() if until is None else until) - since) * 1000)
 
 
 class _Stream:
@@ -239,6 +422,9 @@ _TIMEOUTS = (TimeoutError, asyncio.TimeoutError)
 _FAILURES = (aiohttp.ClientError, *_TIMEOUTS)
 
 
+_SignalHandler: TypeAlias = Callable[[int, FrameType | None], object]
+
+
 def _timed_out(error: BaseException) -> bool:
     # aiohttp's own timeouts (a connection not opened or taken from the pool in time) are
     # asyncio's TimeoutError too.
@@ -283,9 +469,48 @@ class _Proxy:
             {"decode": {"output_mode": "auto"}}, use_openai_format=False
         )
         self.http: aiohttp.ClientSession | None = None
+        self.metrics = _Metrics()
+        self.draining = False
+        """A stop signal has come: ``/readyz`` answers 503 from now on."""
 
     @contextlib.asynccontextmanager
     async def lifespan(self, _app: Starlette) -> AsyncIterator[None]:
+        with self._draining_on_stop_signals():
+            async with self._pooled_client():
+                yield
+
+    @contextlib.contextmanager
+    def _draining_on_stop_signals(self) -> Iterator[None]:
+        """Chain a handler before the server's own for SIGTERM and SIGINT, until the app stops.
+
+        The server (uvicorn) stops on them: this process closes its listener and drains. Only
+        a signal the server handles itself is chained, so the app never takes one over; a
+        server that does not handle signals in the main thread leaves ``/readyz`` at 200.
+        """
+        chained: list[tuple[signal.Signals, _SignalHandler, _SignalHandler]] = []
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                server = signal.getsignal(sig)
+                if callable(server):
+                    handler = self._draining_then(server)
+                    signal.signal(sig, handler)
+                    chained.append((sig, handler, server))
+        try:
+            yield
+        finally:
+            for sig, handler, server in chained:
+                if signal.getsignal(sig) is handler:  # else another handler came after ours
+                    signal.signal(sig, server)
+
+    def _draining_then(self, server: _SignalHandler) -> _SignalHandler:
+        def handler(signum: int, frame: FrameType | None) -> object:
+            self.draining = True
+            return server(signum, frame)
+
+        return handler
+
+    @contextlib.asynccontextmanager
+    async def _pooled_client(self) -> AsyncIterator[None]:
         # One pooled session per process, with no limit on connections; its connect timeout
         # also bounds taking a connection from the pool. Nothing is added to the exchange's
         # calls (no cookies, no default headers, no proxy from the environment), and the
@@ -313,6 +538,29 @@ class _Proxy:
 
     async def health(self, _request: Request) -> Response:
         return Response(b"", status_code=200)
+
+    async def alive(self, _request: Request) -> Response:
+        return Response(b"ok", media_type="text/plain")
+
+    async def ready(self, _request: Request) -> Response:
+        if self.draining:
+            return Response(b"draining", status_code=503, media_type="text/plain")
+        return Response(b"ok", media_type="text/plain")
+
+    async def metrics_text(self, _request: Request) -> Response:
+        return Response(generate_latest(self.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    async def _logged(
+        self, request: Request, handler: Callable[[Request, _Log], Awaitable[Response]]
+    ) -> Response:
+        """``handler``'s reply to a client request, which it logs and counts (``_Log``)."""
+        log = _Log(request, self.metrics)
+        try:
+            return await handler(request, log)
+        except BaseException as error:
+            # A bug (Starlette answers 500), or the task cancelled: still counted, and logged.
+            log.write("-", 500, error="internal" if isinstance(error, Exception) else None)
+            raise
 
     async def models(self, request: Request) -> Response:
         return await self._relayed(request, "decode")
@@ -360,6 +608,9 @@ class _Proxy:
         return b"".join(chunks)  # one chunk, the usual body, is returned as it is
 
     async def count_tokens(self, request: Request) -> Response:
+        return await self._logged(request, self._count_tokens)
+
+    async def _count_tokens(self, request: Request, log: _Log) -> Response:
         """``POST /v1/messages/count_tokens``, as vLLM: the token IDs of the request's render.
 
         The body runs through an exchange as a Messages request (with a ``max_tokens``, which
@@ -367,15 +618,15 @@ class _Proxy:
         (headers, request id, transfer params), and the leg after it carries the render's
         ``token_ids``. A refusal or a failed render is the exchange's Anthropic error.
         """
-        log = _Log(request)
         read = await self._client_body(request)
         if isinstance(read, Response):
-            log.write("-", read.status_code)
+            log.write("-", read.status_code, error="bad_request")
             return read
         body = _with_max_tokens(read)
         ex = Exchange(
             self.rendered, Route.MESSAGES.value, request.headers.raw, body, settings=self.settings
         )
+        log.begin(ex.client_model)
         drive = Driver(ex)
         if (call := drive.next_call()) is not None:
             await self._call(drive, call, log)
@@ -387,14 +638,16 @@ class _Proxy:
             return Response(orjson.dumps(answer), media_type="application/json", headers=headers)
         reply = drive.reply()
         assert isinstance(reply, ClientReply)  # noqa: S101 - no stream was asked for
-        log.write(ex.request_id, reply.status)
+        log.write(ex.request_id, reply.status, error=ex.error_kind)
         return Response(reply.body, status_code=reply.status, headers=dict(reply.headers))
 
     async def serve(self, request: Request) -> Response:
-        log = _Log(request)
+        return await self._logged(request, self._serve)
+
+    async def _serve(self, request: Request, log: _Log) -> Response:
         client_body = await self._client_body(request)
         if isinstance(client_body, Response):
-            log.write("-", client_body.status_code)
+            log.write("-", client_body.status_code, error="bad_request")
             return client_body
         ex = Exchange(
             self.config,
@@ -403,6 +656,7 @@ class _Proxy:
             client_body,
             settings=self.settings,
         )
+        log.begin(ex.client_model)
         drive = Driver(ex)
         stream: _Stream | None = None
         while (call := drive.next_call()) is not None:
@@ -411,7 +665,7 @@ class _Proxy:
         if isinstance(reply, ClientReply):
             if stream is not None:
                 stream.close()
-            log.write(ex.request_id, reply.status)
+            log.write(ex.request_id, reply.status, error=ex.error_kind)
             return Response(reply.body, status_code=reply.status, headers=dict(reply.headers))
         assert stream is not None  # noqa: S101 - a client stream relays a worker stream
         body_stream = self._relay(drive, stream, reply.first, log, reply.status)
@@ -420,7 +674,7 @@ class _Proxy:
     async def _call(self, drive: Driver, call: WorkerCall, log: _Log) -> _Stream | None:
         """Make one worker call and feed its answer (a stream until the client's reply is known)."""
         url = self.urls[call.step] + call.path
-        since = time.monotonic()
+        since = log.calling(call.step)
         stream: _Stream | None = None
         first_byte_due = asyncio.get_running_loop().time() + self.timeouts.first_byte
         try:
@@ -429,13 +683,14 @@ class _Proxy:
                     call.method, url, headers=call.headers, data=call.body
                 )
                 if not call.stream:
+                    head = time.monotonic()
                     try:
                         body = await answer.read()
                     finally:
                         answer.release()
             if not call.stream:
                 drive.answered(answer.status, answer.raw_headers, body)
-                log.leg(call.step, answer.status, since)
+                log.leg(call.step, answer.status, since, head)
                 return None
             stream = _Stream(answer, first_byte_due, self.timeouts.idle)
             drive.stream_opened(answer.status, answer.raw_headers)
@@ -451,7 +706,7 @@ class _Proxy:
             if stream is not None:
                 stream.close()
             raise
-        log.leg(call.step, answer.status, since)
+        log.streaming(call.step, answer.status, since)
         return stream
 
     async def _relay(
@@ -465,6 +720,7 @@ class _Proxy:
         ended: str | None = None  # how it ended when the exchange cannot know (the client left)
         why = ""
         try:
+            log.first_bytes()
             yield first
             while drive.relaying:
                 # b"" is the stream's end; the client's stream may end first (a broken
@@ -482,7 +738,7 @@ class _Proxy:
         finally:
             stream.close()
             ex = drive.exchange
-            log.write(ex.request_id, status, str(ended or ex.stream_end), why)
+            log.write(ex.request_id, status, str(ended or ex.stream_end), why, ex.error_kind)
 
 
 class _TokenIds(msgspec.Struct):
@@ -576,6 +832,9 @@ def create_app(  # noqa: PLR0913 - one URL per step and the settings, all by key
     routes = [HttpRoute(route.value, proxy.serve, methods=["POST"]) for route in _CLIENT_ROUTES]
     routes += [
         HttpRoute("/health", proxy.health, methods=["GET"]),
+        HttpRoute("/healthz", proxy.alive, methods=["GET"]),
+        HttpRoute("/readyz", proxy.ready, methods=["GET"]),
+        HttpRoute("/metrics", proxy.metrics_text, methods=["GET"]),
         HttpRoute("/v1/models", proxy.models, methods=["GET"]),
         HttpRoute(_COUNT_TOKENS, proxy.count_tokens, methods=["POST"]),
     ]
