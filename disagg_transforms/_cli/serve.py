@@ -33,6 +33,7 @@ _SETTINGS = "DISAGG_TRANSFORMS_SERVE_SETTINGS"
 _FACTORY = "disagg_transforms._cli.serve:app_from_settings"
 _SIMULATED = "/simulated"  # where ``serve --simulate`` mounts its worker on its own server
 _STEP_URLS = ("render", "encode", "prefill", "decode")
+_URLS = (*_STEP_URLS, "gateway")
 
 
 def add_commands(commands: argparse._SubParsersAction[_ParserT]) -> None:
@@ -41,6 +42,11 @@ def add_commands(commands: argparse._SubParsersAction[_ParserT]) -> None:
     serve.add_argument("--config", help="the pipeline document check-config reads")
     for step in _STEP_URLS:
         serve.add_argument(f"--{step}-url", help=f"the {step} worker's base URL")
+    serve.add_argument(
+        "--gateway-url",
+        help="llm-d's gateway: every encode, prefill and decode leg goes there with its "
+        "EPP-Profile header (give no other worker URL but --render-url)",
+    )
     serve.add_argument(
         "--simulate",
         action="store_true",
@@ -165,7 +171,7 @@ def _serve(args: argparse.Namespace) -> int:
     Serve the five client routes, calling vLLM workers through the exchange.
     """
     _need_the_extra()
-    urls = {step: getattr(args, f"{step}_url") for step in _STEP_URLS}
+    urls = {step: getattr(args, f"{step}_url") for step in _URLS}
     if args.simulate and any(urls.values()):
         msg = "--simulate calls its own simulated worker: give no worker URL with it"
         raise CliError(msg)
@@ -173,7 +179,9 @@ def _serve(args: argparse.Namespace) -> int:
         msg = "--served-model-name names the simulated worker's models: give it with --simulate"
         raise CliError(msg)
     if args.config is None:
-        document: object = _default_document(prefill=args.simulate or bool(urls["prefill"]))
+        # Gateway mode runs prefill as llm-d's coordinator does: the gateway has the pools.
+        prefill = args.simulate or bool(urls["prefill"] or urls["gateway"])
+        document: object = _default_document(prefill=prefill)
         source = "<default config>"
     else:
         document = read_config(args.config, "auto")
@@ -187,7 +195,7 @@ def _serve(args: argparse.Namespace) -> int:
     if args.simulate:
         base = f"http://{_reachable(args.host)}:{sock.getsockname()[1]}{_SIMULATED}"
         steps = document["steps"]
-        urls = {step: base if step == "decode" or step in steps else None for step in _STEP_URLS}
+        urls = {step: base if step == "decode" or step in steps else None for step in _URLS}
     settings = {
         "document": document,
         "urls": urls,
@@ -231,7 +239,7 @@ def _pipeline(settings: Mapping[str, Any]) -> tuple[Any, list[str], list[str]]:
 
 def _url_arguments(settings: Mapping[str, Any]) -> dict[str, Any]:
     """The settings' worker URLs as ``url_errors`` and ``create_app`` take them (``decode_url``)."""
-    return {f"{step}_url": settings["urls"][step] for step in _STEP_URLS}
+    return {f"{step}_url": settings["urls"][step] for step in _URLS}
 
 
 def app_from_settings() -> ASGIApp:

@@ -1,0 +1,156 @@
+"""``serve --gateway-url``: llm-d's coordinator seat, against a simulated gateway (docs/llm-d.md).
+
+The gateway runs in this process (its call log is an in-process list); the proxy and the render
+worker are separate processes, driven with the official SDKs.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("uvicorn")
+import anthropic
+import openai
+from proxy_helpers import Server, command, environment, running, served
+
+from disagg_transforms import parse_pipeline_params
+from disagg_transforms.integrations.proxy import url_errors
+from disagg_transforms.testing import SimulatedGateway
+
+MESSAGES: list[Any] = [{"role": "user", "content": "Hi"}]
+CLIENT_PROFILE = {"EPP-Profile": "encode"}  # a client's own: never reaches a worker
+
+
+@pytest.fixture
+def gateway() -> Iterator[tuple[SimulatedGateway, str]]:
+    simulated = SimulatedGateway()
+    with served(simulated) as url:
+        yield simulated, url
+
+
+@contextmanager
+def _serve(tmp_path: Path, gateway_url: str, *extra: str) -> Iterator[Server]:
+    """The proxy in gateway mode, render sent to a simulated worker of its own."""
+    render = (["simulate", "--port", "0"], tmp_path / "render.log")
+    with running(render) as (renderer,):
+        args = ["serve", "--port", "0", "--gateway-url", gateway_url]
+        with running(([*args, "--render-url", renderer.url, *extra], tmp_path / "serve.log")) as (
+            proxy,
+        ):
+            yield proxy
+
+
+def _legs(gateway: SimulatedGateway) -> list[tuple[str, str, str | None, str | None]]:
+    """Each call the gateway got: its path, the EPP-Profile and Prefer it carried."""
+    return [
+        (call.path, call.profile, call.headers.get("epp-profile"), call.headers.get("prefer"))
+        for call in gateway.calls
+    ]
+
+
+def test_every_leg_reaches_the_gateway_with_its_profile(
+    tmp_path: Path, gateway: tuple[SimulatedGateway, str]
+) -> None:
+    simulated, gateway_url = gateway
+    with _serve(tmp_path, gateway_url) as proxy:
+        client = openai.OpenAI(base_url=proxy.url + "/v1", api_key="unused", max_retries=0)
+        with client:
+            reply = client.chat.completions.create(
+                model="m", messages=MESSAGES, max_tokens=8, extra_headers=CLIENT_PROFILE
+            )
+            chunks = list(
+                client.chat.completions.create(
+                    model="m", messages=MESSAGES, max_tokens=8, stream=True
+                )
+            )
+        messages = anthropic.Anthropic(base_url=proxy.url, api_key="unused", max_retries=0)
+        with messages:
+            message = messages.messages.create(
+                model="m", messages=MESSAGES, max_tokens=8, extra_headers=CLIENT_PROFILE
+            )
+    assert reply.choices[0].message.content == "Hello!"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "Hello!"
+    assert message.content[0].type == "text"
+    generate = "/inference/v1/generate"
+    # Render went to the render worker: the gateway got the prefill and decode legs only.
+    assert (
+        _legs(simulated)
+        == [
+            (generate, "prefill", "prefill", None),
+            (generate, "decode", "decode", None),
+        ]
+        * 3
+    )
+    for worker in (*simulated.pools["prefill"], *simulated.pools["decode"]):
+        for call in worker.calls:
+            assert call.headers["epp-profile"] in {"prefill", "decode"}
+
+
+def test_a_conditional_decode_answers_a_warm_prompt_alone(
+    tmp_path: Path, gateway: tuple[SimulatedGateway, str]
+) -> None:
+    simulated, gateway_url = gateway
+    config = tmp_path / "pipeline.json"
+    steps = {"conditional-decode": {}, "prefill": {}, "decode": {"wrap_chat_completion": True}}
+    config.write_text(json.dumps({"use_openai_format": False, "steps": steps}))
+    with _serve(tmp_path, gateway_url, "--config", str(config)) as proxy:
+        client = openai.OpenAI(base_url=proxy.url + "/v1", api_key="unused", max_retries=0)
+        with client:
+            cold = client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=8)
+            cold_legs = _legs(simulated)
+            simulated.calls.clear()
+            warm = client.chat.completions.create(
+                model="m", messages=MESSAGES, max_tokens=8, extra_headers=CLIENT_PROFILE
+            )
+    chat, generate = "/v1/chat/completions", "/inference/v1/generate"
+    assert cold_legs == [
+        (chat, "decode", "decode", "if-available"),
+        (generate, "prefill", "prefill", None),
+        (generate, "decode", "decode", None),
+    ]
+    assert [call.status for call in simulated.calls] == [200]
+    assert _legs(simulated) == [(chat, "decode", "decode", "if-available")]
+    assert cold.choices[0].message.content == warm.choices[0].message.content == "Hello!"
+
+
+def test_gateway_url_with_a_worker_url_is_one_line(tmp_path: Path) -> None:
+    del tmp_path
+    done = subprocess.run(  # noqa: S603 - our own interpreter and command
+        command(
+            "serve",
+            "--gateway-url",
+            "http://g:80",
+            "--render-url",
+            "http://r:80",
+            "--decode-url",
+            "http://d:80",
+            "--port",
+            "0",
+        ),
+        capture_output=True,
+        text=True,
+        env=environment(),
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2
+    [line] = done.stderr.splitlines()
+    assert "--gateway-url: give no --decode-url with it" in line
+
+
+def test_gateway_mode_needs_a_render_url_for_a_generate_leg() -> None:
+    generate = parse_pipeline_params({"prefill": {}, "decode": {}}, use_openai_format=False)
+    [error] = url_errors(generate, gateway_url="http://g")
+    assert error.message.startswith("--render-url: a leg speaks the generate route")
+    assert url_errors(generate, gateway_url="http://g", render_url="http://r") == []
+    openai_format = parse_pipeline_params({"prefill": {}, "decode": {}})
+    assert url_errors(openai_format, gateway_url="http://g") == []
+    both = url_errors(openai_format, gateway_url="http://g", prefill_url="http://p")
+    assert [error.param for error in both] == ["gateway"]
