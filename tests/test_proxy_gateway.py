@@ -109,15 +109,24 @@ def test_a_conditional_decode_answers_a_warm_prompt_alone(
             warm = client.chat.completions.create(
                 model="m", messages=MESSAGES, max_tokens=8, extra_headers=CLIENT_PROFILE
             )
+            warm_legs = _legs(simulated)
+            simulated.calls.clear()
+            other: list[Any] = [{"role": "user", "content": "Another prompt"}]
+            chunks = list(
+                client.chat.completions.create(model="m", messages=other, max_tokens=8, stream=True)
+            )
     chat, generate = "/v1/chat/completions", "/inference/v1/generate"
     assert cold_legs == [
         (chat, "decode", "decode", "if-available"),
         (generate, "prefill", "prefill", None),
         (generate, "decode", "decode", None),
     ]
-    assert [call.status for call in simulated.calls] == [200]
-    assert _legs(simulated) == [(chat, "decode", "decode", "if-available")]
+    assert warm_legs == [(chat, "decode", "decode", "if-available")]
     assert cold.choices[0].message.content == warm.choices[0].message.content == "Hello!"
+    # A streamed request: the 412 is read whole, then the legs run and decode streams.
+    assert _legs(simulated) == cold_legs
+    assert [call.status for call in simulated.calls] == [412, 200, 200]
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "Hello!"
 
 
 def test_gateway_url_with_a_worker_url_is_one_line(tmp_path: Path) -> None:

@@ -487,6 +487,9 @@ class _Proxy:
                 stream.close()
             raise
         log.leg(call.step, answer.status, since)
+        if isinstance(drive.exchange.next_event(), WorkerCall):
+            stream.close()  # read whole and the plan goes on (a conditional decode's 412)
+            return None
         return stream
 
     async def _relay(
