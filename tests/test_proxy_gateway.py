@@ -163,3 +163,89 @@ def test_gateway_mode_needs_a_render_url_for_a_generate_leg() -> None:
     assert url_errors(openai_format, gateway_url="http://g") == []
     both = url_errors(openai_format, gateway_url="http://g", prefill_url="http://p")
     assert [error.param for error in both] == ["gateway"]
+
+
+# ---- serve --config with llm-d's coordinator document ------------------------------------
+
+LLM_D = Path(__file__).parent / "fixtures" / "llm-d"
+
+
+def test_a_coordinator_document_from_llm_d_starts_it(tmp_path: Path) -> None:
+    args = ["serve", "--config", str(LLM_D / "pd-only.yaml"), "--host", "127.0.0.1", "--port", "0"]
+    with running((args, tmp_path / "serve.log")) as (proxy,):
+        log = proxy.log()
+    warnings = [line for line in log.splitlines() if ": warning: " in line]
+    ignored = "warning: log_level: ignored, the proxy logs at INFO, one access line per request"
+    assert any(line.endswith(f"pd-only.yaml: {ignored}") for line in warnings)
+    assert len(warnings) == 5  # log_level, two server timeouts, two gateway pool keys
+
+
+def test_a_coordinator_document_runs_the_coordinators_seat(
+    tmp_path: Path, gateway: tuple[SimulatedGateway, str]
+) -> None:
+    simulated, gateway_url = gateway
+    document = tmp_path / "coordinator.yaml"
+    document.write_text(
+        f"""
+server:
+  listen_addr: "127.0.0.1:0"
+  max_request_body_size: 1
+  shutdown_timeout: 5s
+gateway:
+  address: "{gateway_url}"
+  timeout: 30s
+pipeline:
+  kv_connector: kv-shared-storage
+  steps:
+    - type: conditional-decode
+    - type: prefill
+    - type: decode
+"""
+    )
+    with running((["serve", "--config", str(document)], tmp_path / "serve.log")) as (proxy,):
+        client = openai.OpenAI(base_url=proxy.url + "/v1", api_key="unused", max_retries=0)
+        with client:
+            reply = client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=8)
+            with pytest.raises(openai.APIStatusError) as caught:
+                client.chat.completions.create(
+                    model="m",
+                    messages=[{"role": "user", "content": "x" * (1024 * 1024)}],
+                    max_tokens=8,
+                )
+    assert proxy.url.startswith("http://127.0.0.1:")  # the document's listen address
+    assert reply.choices[0].message.content == "Hello!"
+    assert caught.value.status_code == 413  # over the document's 1 MiB
+    chat = "/v1/chat/completions"
+    assert _legs(simulated) == [
+        (chat, "decode", "decode", "if-available"),
+        (chat, "prefill", "prefill", None),
+        (chat, "decode", "decode", None),
+    ]
+    [decode] = [c for c in simulated.pools["decode"][0].calls if "prefer" not in c.headers]
+    shared = {"do_remote_decode": False, "do_remote_prefill": True}
+    assert decode.body["kv_transfer_params"] == shared
+
+
+def test_a_coordinator_step_not_carried_out_stops_it(tmp_path: Path) -> None:
+    document = tmp_path / "coordinator.yaml"
+    document.write_text(
+        """
+gateway:
+  address: "http://gateway:80"
+pipeline:
+  steps:
+    - type: replace-media-urls
+    - type: decode
+"""
+    )
+    done = subprocess.run(  # noqa: S603 - our own interpreter and command
+        command("serve", "--config", str(document), "--port", "0"),
+        capture_output=True,
+        text=True,
+        env=environment(),
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2
+    [line] = done.stderr.splitlines()
+    assert line.startswith(f"{document}: pipeline.steps[0].type: replace-media-urls")

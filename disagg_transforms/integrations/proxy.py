@@ -28,6 +28,8 @@ from starlette.routing import Route as HttpRoute
 
 from disagg_transforms import (
     DEFAULT_LIMITS,
+    EcConnector,
+    KvConnector,
     Limits,
     Route,
     Step,
@@ -572,6 +574,8 @@ def create_app(  # noqa: PLR0913 - one URL per step and the settings, all by key
     hooks: Pipeline | None = None,
     limits: Limits = DEFAULT_LIMITS,
     worker_keep_alive: float = 2.0,
+    kv_connector: KvConnector = KvConnector.NIXL,
+    ec_connector: EcConnector = EcConnector.NIXL,
 ) -> Starlette:
     """The proxy as a Starlette app: the client routes and vLLM's others (``docs/proxy.md``).
 
@@ -598,6 +602,10 @@ def create_app(  # noqa: PLR0913 - one URL per step and the settings, all by key
         worker_keep_alive: seconds a pooled worker connection may stay idle before it is
             closed; well under a uvicorn-served vLLM worker's 5 s, so the proxy never sends on
             a connection the worker is closing (docs/proxy.md).
+        kv_connector: how prefill hands the prompt's KV to decode
+            (:attr:`~disagg_transforms.ExchangeSettings.kv_connector`).
+        ec_connector: how encode hands its encoder cache to prefill
+            (:attr:`~disagg_transforms.ExchangeSettings.ec_connector`).
 
     Raises:
         ConfigError: the first of :func:`url_errors`.
@@ -624,7 +632,9 @@ def create_app(  # noqa: PLR0913 - one URL per step and the settings, all by key
         urls.update({k: v for k, v in (("prefill", prefill_url), ("encode", encode_url)) if v})
         profiles = {}
     stripped = {k: v.rstrip("/") for k, v in urls.items()}
-    settings = ExchangeSettings(hooks=hooks, limits=limits)
+    settings = ExchangeSettings(
+        hooks=hooks, limits=limits, kv_connector=kv_connector, ec_connector=ec_connector
+    )
     proxy = _Proxy(config, stripped, timeouts, settings, worker_keep_alive, profiles=profiles)
     routes = [HttpRoute(route.value, proxy.serve, methods=["POST"]) for route in _CLIENT_ROUTES]
     routes += [
