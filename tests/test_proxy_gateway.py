@@ -129,20 +129,10 @@ def test_a_conditional_decode_answers_a_warm_prompt_alone(
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "Hello!"
 
 
-def test_gateway_url_with_a_worker_url_is_one_line(tmp_path: Path) -> None:
-    del tmp_path
+def _refused(*args: str) -> str:
+    """The one line ``serve ARGS`` stops with (exit code 2)."""
     done = subprocess.run(  # noqa: S603 - our own interpreter and command
-        command(
-            "serve",
-            "--gateway-url",
-            "http://g:80",
-            "--render-url",
-            "http://r:80",
-            "--decode-url",
-            "http://d:80",
-            "--port",
-            "0",
-        ),
+        command("serve", *args, "--port", "0"),
         capture_output=True,
         text=True,
         env=environment(),
@@ -151,6 +141,12 @@ def test_gateway_url_with_a_worker_url_is_one_line(tmp_path: Path) -> None:
     )
     assert done.returncode == 2
     [line] = done.stderr.splitlines()
+    return line
+
+
+def test_gateway_url_with_a_worker_url_is_one_line() -> None:
+    urls = ("--gateway-url", "http://g:80", "--render-url", "http://r:80")
+    line = _refused(*urls, "--decode-url", "http://d:80")
     assert "--gateway-url: give no --decode-url with it" in line
 
 
@@ -238,14 +234,20 @@ pipeline:
     - type: decode
 """
     )
-    done = subprocess.run(  # noqa: S603 - our own interpreter and command
-        command("serve", "--config", str(document), "--port", "0"),
-        capture_output=True,
-        text=True,
-        env=environment(),
-        timeout=60,
-        check=False,
-    )
-    assert done.returncode == 2
-    [line] = done.stderr.splitlines()
+    line = _refused("--config", str(document))
     assert line.startswith(f"{document}: pipeline.steps[0].type: replace-media-urls")
+
+
+def test_outside_gateway_mode_a_conditional_decode_goes_to_the_decode_url(tmp_path: Path) -> None:
+    # The simulated worker does not know Prefer: it simply answers, and that is the reply.
+    config = tmp_path / "pipeline.json"
+    steps = {"conditional-decode": {}, "decode": {}}
+    config.write_text(json.dumps({"steps": steps}))
+    args = ["serve", "--simulate", "--config", str(config), "--port", "0"]
+    with running((args, tmp_path / "serve.log")) as (proxy,):
+        client = openai.OpenAI(base_url=proxy.url + "/v1", api_key="unused", max_retries=0)
+        with client:
+            reply = client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=8)
+        log = proxy.wait_for_log("conditional-decode=200")
+    assert reply.choices[0].message.content == "Hello!"
+    assert " decode=" not in log  # answered by the conditional decode alone
