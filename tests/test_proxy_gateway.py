@@ -241,7 +241,7 @@ pipeline:
 def test_outside_gateway_mode_a_conditional_decode_goes_to_the_decode_url(tmp_path: Path) -> None:
     # The simulated worker does not know Prefer: it simply answers, and that is the reply.
     config = tmp_path / "pipeline.json"
-    steps = {"conditional-decode": {}, "decode": {}}
+    steps: dict[str, Any] = {"conditional-decode": {}, "decode": {}}
     config.write_text(json.dumps({"steps": steps}))
     args = ["serve", "--simulate", "--config", str(config), "--port", "0"]
     with running((args, tmp_path / "serve.log")) as (proxy,):
