@@ -164,6 +164,16 @@ def test_a_streamed_conditional_decode_answer_is_the_clients_stream() -> None:
     assert out.body == b"".join(stream)
 
 
+def test_a_conditional_decode_stream_that_breaks_is_named_in_its_error_event() -> None:
+    good = b"data: " + HIT_CHUNK + b"\n\n"
+    stream = iter([good, b"data: {not json\n\n"])
+    body = _client_body(stream=True)
+    out = drive(Exchange(CONDITIONAL_PD, CHAT, {}, body), _holding((200, {}, stream)))
+    assert out.streamed
+    assert out.body.startswith(good)
+    assert b"conditional-decode broke the contract" in out.body
+
+
 def test_a_streamed_conditional_decode_412_goes_on_with_the_plan() -> None:
     body = _client_body(stream=True)
     missed = _holding((412, {}, iter([b'{"error": "not here"}'])))

@@ -246,11 +246,13 @@ class _Reading:
 class _Streaming:
     """The client's stream has started: the worker's is relayed."""
 
-    __slots__ = ("head", "relay")
+    __slots__ = ("head", "relay", "step")
 
-    def __init__(self, head: ClientStream, relay: _reply.Relay) -> None:
+    def __init__(self, head: ClientStream, relay: _reply.Relay, step: Phase) -> None:
         self.head = head
         self.relay = relay
+        self.step = step
+        """The call whose stream it is (decode, or a conditional decode)."""
 
 
 class _Replied:
@@ -785,11 +787,12 @@ class Exchange:
             self._reply(head, drops_stream=True, stream_end=end)
         else:
             self._phase = Phase.STREAMING
-            self._at = _Streaming(head, at.relay)
+            self._at = _Streaming(head, at.relay, step)
         return out
 
     def _streamed_phase(self) -> Phase:
-        return Phase.DECODE if self._phase is Phase.STREAMING else self._phase
+        at = self._at
+        return at.step if isinstance(at, _Streaming) else self._phase
 
     def _reading(self) -> _Reading | _Streaming | None:
         """The worker stream being read; ``None`` once the reply is over and drops it."""
