@@ -148,6 +148,14 @@ def test_a_conditional_decode_runs_first_with_the_client_body_on_its_own_route()
     assert out.json()["choices"][0]["message"]["content"] == "Hello!"
 
 
+def test_a_conditional_decode_that_trusts_the_client_sends_its_transfer_params() -> None:
+    trusting = parse_pipeline_params(
+        {"conditional-decode": {"trust_client_transfer_params": True}, "decode": {}}
+    )
+    out = drive(Exchange(trusting, CHAT, {}, _client_body()), _holding((200, {}, HIT)))
+    assert json.loads(out.call("conditional-decode").body) == json.loads(_client_body())
+
+
 def test_a_conditional_decode_answer_is_the_reply() -> None:
     out = drive(Exchange(CONDITIONAL_PD, CHAT, {}, _client_body()), _holding((200, {}, HIT)))
     assert [c.step for c in out.calls] == ["conditional-decode"]

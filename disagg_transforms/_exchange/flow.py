@@ -556,11 +556,11 @@ class Exchange:
     def _decodes(self) -> bool:
         return True  # a decode step is required: it answers the client
 
-    def _client_body_as_sent(self) -> bytes:
-        """The client's body, its transfer params removed."""
+    def _client_body_as_sent(self, *, trusted: bool = False) -> bytes:
+        """The client's body, its transfer params removed unless the step trusts them."""
         body = self._client.body
         assert isinstance(body, _raw.RawMembers)  # noqa: S101 - the exchange parsed it
-        return body.encode(strip_transfer_params(body))
+        return body.encode(dict(body) if trusted else strip_transfer_params(body))
 
     def _render_call(self) -> _Calling:
         return _Calling(
@@ -584,7 +584,9 @@ class Exchange:
             method="POST",
             path=self._client.route.value,
             headers=(*self._forward, ("prefer", "if-available")),
-            body=self._client_body_as_sent(),
+            body=self._client_body_as_sent(
+                trusted=self._params[Step.CONDITIONAL_DECODE].trust_client_transfer_params
+            ),
             stream=leg.stream,
         )
         return _Calling(call, leg)
