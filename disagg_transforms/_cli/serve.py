@@ -223,7 +223,8 @@ def _serve(args: argparse.Namespace) -> int:
     sock = _bind(process["host"], process["port"])
     if args.simulate:
         base = f"http://{_reachable(process['host'])}:{sock.getsockname()[1]}{_SIMULATED}"
-        steps = {step.value for step in _parsed(document)}
+        # A Step is the str of its name: either mapping answers "prefill" in steps.
+        steps = parse_coordinator_config(document).pipeline if coordinator else document["steps"]
         urls = {step: base if step == "decode" or step in steps else None for step in _URLS}
     settings = {
         "document": document,
