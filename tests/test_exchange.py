@@ -19,6 +19,8 @@ from golden import load_fixture, load_stream
 
 from disagg_transforms import (
     ConfigError,
+    EcConnector,
+    KvConnector,
     Limits,
     Pipeline,
     RequestError,
@@ -427,9 +429,7 @@ def test_a_transport_failure_the_router_reports_is_a_retryable_502() -> None:
     assert json.loads(reply.body)["error"]["message"] == "render failed: connect timeout"
 
 
-def test_conditional_decode_and_a_pipeline_without_decode_are_refused() -> None:
-    with pytest.raises(ConfigError, match="conditional-decode"):
-        Exchange(parse_pipeline_params({"conditional-decode": {}, "decode": {}}), CHAT, {}, b"{}")
+def test_a_pipeline_without_decode_is_refused() -> None:
     with pytest.raises(ConfigError, match="decode step is required"):
         Exchange(parse_pipeline_params({"prefill": {}}), CHAT, {}, b"{}")
 
@@ -751,3 +751,51 @@ def test_a_relayed_stream_ends_with_vllms_error_event_after_a_failure(
     assert (error["code"], error["type"]) == (502, "BadGatewayError")
     assert error["message"] == "decode failed: connection reset"
     assert ex.reply_over
+
+
+# ---- connectors --------------------------------------------------------------------------
+
+
+def test_kv_shared_storage_gives_decode_the_two_flags_and_reads_no_prefill_answer() -> None:
+    # Prefill's KV went to the shared storage: decode reads it there, whatever prefill answered.
+    worker = _worker(prefill=(200, {}, b"not even JSON"))
+    out = _run(
+        CHAT,
+        _body("render-chat-request.json"),
+        worker,
+        kv_connector=KvConnector.SHARED_STORAGE,
+    )
+    assert [c.step for c in out.calls] == ["render", "prefill", "decode"]
+    flags = {"do_remote_decode": True, "do_remote_prefill": False}
+    assert out.leg("prefill")["kv_transfer_params"] == flags
+    shared = {"do_remote_decode": False, "do_remote_prefill": True}
+    assert out.leg("decode")["kv_transfer_params"] == shared
+    assert out.status == 200
+
+
+def test_kv_nixl_is_the_default_and_hands_the_prefill_answers_params_to_decode() -> None:
+    answer = b'{"kv_transfer_params": {"remote_host": "10.0.0.7"}}'
+    for settings in ({}, {"kv_connector": KvConnector.NIXL}):
+        out = _run(
+            CHAT,
+            _body("render-chat-request.json"),
+            _worker(prefill=(200, {}, answer)),
+            **settings,
+        )
+        assert out.leg("decode")["kv_transfer_params"] == {"remote_host": "10.0.0.7"}
+
+
+def test_ec_shared_storage_puts_ec_params_on_no_leg() -> None:
+    rendered = {"token_ids": [1, 2, 3], "features": FEATURES, "sampling_params": {}}
+    worker = _worker(render=(200, {}, json.dumps(rendered).encode()))
+
+    def with_encode(method: str, path: str, headers: Any, body: bytes) -> Any:
+        if json.loads(body).get("features") and "kv_transfer_params" not in json.loads(body):
+            return (200, {}, b'{"ec_transfer_params": {"h1": {"host": "10.0.0.9"}}}')
+        return worker(method, path, headers, body)
+
+    body = _body("render-chat-request.json")
+    out = _run(CHAT, body, with_encode, config=WITH_ENCODE, ec_connector=EcConnector.SHARED_STORAGE)
+    assert [c.step for c in out.calls] == ["render", "encode", "prefill", "decode"]
+    assert not any("ec_transfer_params" in json.loads(call.body) for call in out.calls)
+    assert out.status == 200

@@ -12,13 +12,13 @@ from typing import Any
 
 import pytest
 from exchange_driver import drive, fixture_bytes, scripted
+from golden import load_stream
 
 from disagg_transforms import ConfigError, OutputMode, Route, parse_pipeline_params
 from disagg_transforms._exchange import reply
-from disagg_transforms._exchange.flow import PlanRow, _Calling
 from disagg_transforms._request import caps, client, legs
 from disagg_transforms._response import dispatch
-from disagg_transforms.exchange import ClientReply, Exchange, Phase, WorkerCall, pipeline_phases
+from disagg_transforms.exchange import Exchange, Phase, pipeline_phases
 from disagg_transforms.integrations import proxy
 
 CHAT = "/v1/chat/completions"
@@ -105,66 +105,123 @@ def test_pipeline_phases_names_each_call_and_its_worker() -> None:
     ]
 
 
-# ---- adding a phase: one row, its builder and its reader -----------------------------------
+# ---- adding a phase: one row, its builder and its reader (the conditional decode's) ---------
+
+CONDITIONAL_PD = parse_pipeline_params(
+    {"conditional-decode": {}, "prefill": {}, "decode": {"wrap_chat_completion": True}},
+    use_openai_format=False,
+)
+HIT = (
+    b'{"id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "m", "choices": []}'
+)
+HIT_CHUNK = fixture_bytes("chat-completion-chunk-coupled.json")
 
 
-def _probe_call(ex: Exchange) -> _Calling:
-    """A conditional decode's call: the client's body on its own route, if a worker has it."""
-    request = ex._client
-    return _Calling(
-        WorkerCall(
-            step=Phase.CONDITIONAL_DECODE,
-            method="POST",
-            path=request.route.value,
-            headers=(*ex._forward, ("prefer", "if-available")),
-            body=json.dumps(dict(request.body)).encode(),
-            stream=False,
-        )
+def _holding(answer: tuple[int, Any, Any]) -> Any:
+    """A worker answering a conditional decode with ``answer``, any other call as WORKER."""
+
+    def answering(method: str, path: str, headers: Any, sent: bytes) -> Any:
+        if dict(headers).get("prefer") == "if-available":
+            return answer
+        return WORKER(method, path, headers, sent)
+
+    return answering
+
+
+def _client_body(**fields: Any) -> bytes:
+    body = json.loads(fixture_bytes("render-chat-request.json"))
+    body["kv_transfer_params"] = {"remote_host": "client's own"}
+    return json.dumps({**body, **fields}).encode()
+
+
+def test_a_conditional_decode_runs_first_with_the_client_body_on_its_own_route() -> None:
+    out = drive(Exchange(CONDITIONAL_PD, CHAT, {}, _client_body()), _holding((412, {}, b"")))
+    assert [c.step for c in out.calls] == ["conditional-decode", "render", "prefill", "decode"]
+    first = out.call("conditional-decode")
+    assert (first.path, first.stream) == (CHAT, False)
+    assert dict(first.headers)["prefer"] == "if-available"
+    sent = json.loads(_client_body())
+    del sent["kv_transfer_params"]  # the client's transfer params are never sent on
+    assert json.loads(first.body) == sent
+    # 412: no decode worker holds the prompt's KV; the plan goes on as configured.
+    assert out.status == 200
+    assert out.json()["choices"][0]["message"]["content"] == "Hello!"
+
+
+def test_a_conditional_decode_that_trusts_the_client_sends_its_transfer_params() -> None:
+    trusting = parse_pipeline_params(
+        {"conditional-decode": {"trust_client_transfer_params": True}, "decode": {}}
     )
+    out = drive(Exchange(trusting, CHAT, {}, _client_body()), _holding((200, {}, HIT)))
+    assert json.loads(out.call("conditional-decode").body) == json.loads(_client_body())
 
 
-def _read_probe(ex: Exchange, status: int, body: bytes) -> Phase | None:
-    if status == 412:  # no decode worker holds this prompt: go on with the plan
-        return None
-    headers = (("content-type", "application/json"), ("x-request-id", ex.request_id))
-    ex._reply(ClientReply(status=status, headers=headers, body=body), drops_stream=False)
-    return Phase.REPLIED
+def test_a_conditional_decode_answer_is_the_reply() -> None:
+    out = drive(Exchange(CONDITIONAL_PD, CHAT, {}, _client_body()), _holding((200, {}, HIT)))
+    assert [c.step for c in out.calls] == ["conditional-decode"]
+    assert (out.status, json.loads(out.body)) == (200, json.loads(HIT))
 
 
-class _Probing(Exchange):
-    _plan = {  # noqa: RUF012 - the class's plan, as Exchange's
-        Phase.CONDITIONAL_DECODE: PlanRow(
-            runs=lambda _: True,
-            build=_probe_call,
-            read=_read_probe,
-            statuses={*range(200, 300), 412},
-        ),
-        **Exchange._plan,
+def test_a_streamed_conditional_decode_answer_is_the_clients_stream() -> None:
+    stream = [b"data: " + HIT_CHUNK + b"\n\n", b"data: [DONE]\n\n"]
+    body = _client_body(stream=True)
+    out = drive(Exchange(CONDITIONAL_PD, CHAT, {}, body), _holding((200, {}, iter(stream))))
+    assert [c.step for c in out.calls] == ["conditional-decode"]
+    assert out.calls[0].stream
+    assert out.streamed
+    assert out.body == b"".join(stream)
+
+
+def test_a_conditional_decode_stream_that_breaks_is_named_in_its_error_event() -> None:
+    good = b"data: " + HIT_CHUNK + b"\n\n"
+    stream = iter([good, b"data: {not json\n\n"])
+    body = _client_body(stream=True)
+    out = drive(Exchange(CONDITIONAL_PD, CHAT, {}, body), _holding((200, {}, stream)))
+    assert out.streamed
+    assert out.body.startswith(good)
+    assert b"conditional-decode broke the contract" in out.body
+
+
+def test_a_streamed_conditional_decode_412_goes_on_with_the_plan() -> None:
+    body = _client_body(stream=True)
+    missed = _holding((412, {}, iter([b'{"error": "not here"}'])))
+    generate_stream = load_stream("generate-stream-usage.sse")
+
+    def worker(method: str, path: str, headers: Any, sent: bytes) -> Any:
+        if path == "/inference/v1/generate" and json.loads(sent).get("stream"):
+            return (200, {}, iter([generate_stream]))
+        return missed(method, path, headers, sent)
+
+    out = drive(Exchange(CONDITIONAL_PD, CHAT, {}, body), worker)
+    assert [c.step for c in out.calls] == ["conditional-decode", "render", "prefill", "decode"]
+    assert out.streamed
+    assert out.status == 200
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_conditional_decode_5xx_is_a_502_in_the_clients_shape(stream: bool) -> None:
+    ex = Exchange(CONDITIONAL_PD, CHAT, {}, _client_body(stream=stream))
+    out = drive(ex, _holding((503, {}, iter([b'{"error": {"message": "busy"}}']))))
+    assert [c.step for c in out.calls] == ["conditional-decode"]
+    assert out.status == 502
+    message = out.json()["error"]["message"]
+    assert message == "conditional-decode failed with HTTP 503: busy"
+
+
+def test_a_conditional_decode_4xx_is_relayed_as_the_clients_error() -> None:
+    error = b'{"error": {"message": "bad", "type": "BadRequestError", "param": "x"}}'
+    out = drive(Exchange(CONDITIONAL_PD, CHAT, {}, _client_body()), _holding((400, {}, error)))
+    assert out.status == 400
+    assert out.json()["error"]["param"] == "x"
+
+
+def test_pipeline_phases_sends_a_conditional_decode_to_the_decode_worker() -> None:
+    assert pipeline_phases(CONDITIONAL_PD) == {
+        Phase.CONDITIONAL_DECODE: "decode",
+        Phase.RENDER: "render",
+        Phase.PREFILL: "prefill",
+        Phase.DECODE: "decode",
     }
-
-
-def test_a_phase_is_one_row_its_builder_and_its_reader() -> None:
-    body = fixture_bytes("render-chat-request.json")
-    hit = b'{"id": "chatcmpl-1", "object": "chat.completion", "choices": []}'
-
-    def worker(answer: tuple[int, Any, bytes]) -> Any:
-        def answering(method: str, path: str, headers: Any, sent: bytes) -> Any:
-            if dict(headers).get("prefer") == "if-available":
-                return answer
-            return WORKER(method, path, headers, sent)
-
-        return answering
-
-    missed = drive(_Probing(GENERATE_PD, CHAT, {}, body), worker((412, {}, b"")))
-    assert [c.step for c in missed.calls] == ["conditional-decode", "render", "prefill", "decode"]
-    assert missed.status == 200
-    assert missed.json()["choices"][0]["message"]["content"] == "Hello!"
-    found = drive(_Probing(GENERATE_PD, CHAT, {}, body), worker((200, {}, hit)))
-    assert [c.step for c in found.calls] == ["conditional-decode"]
-    assert (found.status, found.body) == (200, hit)
-    failed = drive(_Probing(GENERATE_PD, CHAT, {}, body), worker((503, {}, b"")))
-    assert failed.status == 502
-    assert failed.json()["error"]["message"].startswith("conditional-decode failed with HTTP 503")
 
 
 def test_the_phase_follows_the_calls() -> None:

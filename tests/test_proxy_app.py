@@ -21,8 +21,13 @@ from disagg_transforms.integrations.proxy import create_app, url_errors
 
 
 def _expected_problems(config: dict[Step, Any], urls: dict[str, str | None]) -> int:
-    problems = int(Step.CONDITIONAL_DECODE in config)
-    problems += int(Step.DECODE not in config or urls["decode_url"] is None)
+    problems = int(Step.DECODE not in config or urls["decode_url"] is None)
+    # A conditional decode asks the decode worker: it needs the decode URL too.
+    problems += int(
+        Step.CONDITIONAL_DECODE in config
+        and Step.DECODE not in config
+        and urls["decode_url"] is None
+    )
     for step in (Step.ENCODE, Step.PREFILL):
         problems += int((step in config) != (urls[f"{step.value}_url"] is not None))
     generate = any(

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib.util
+import math
 import os
 import signal
 import socket
@@ -21,6 +22,12 @@ import orjson
 
 from disagg_transforms._cli.commands import EXIT_USAGE, PROG, CliError, add_command
 from disagg_transforms._cli.config import config_errors, read_config
+from disagg_transforms._config import Step, StepParams, parse_pipeline_params
+from disagg_transforms._coordinator import (
+    coordinator_config_errors,
+    is_coordinator_document,
+    parse_coordinator_config,
+)
 from disagg_transforms._wire.limits import DEFAULT_LIMITS
 
 if TYPE_CHECKING:
@@ -38,28 +45,48 @@ _SIMULATED = "/simulated"  # where ``serve --simulate`` mounts its worker on its
 # prometheus_client's multiprocess mode: every server process writes its metrics there.
 _METRICS_DIR = "PROMETHEUS_MULTIPROC_DIR"
 _STEP_URLS = ("render", "encode", "prefill", "decode")
+_URLS = (*_STEP_URLS, "gateway")
+# The process settings a coordinator document may give; a flag wins over both.
+_PROCESS_DEFAULTS: Mapping[str, Any] = {
+    "host": "127.0.0.1",
+    "port": 8000,
+    "first_byte_timeout": 300.0,
+    "max_body_bytes": DEFAULT_LIMITS.max_body_bytes,
+    "drain_timeout": 60,
+}
+# The coordinator's "0s" first-byte timeout, no limit: a year stands in for it.
+_NO_LIMIT = 365 * 24 * 3600.0
 
 
 def add_commands(commands: argparse._SubParsersAction[_ParserT]) -> None:
     """Add ``serve`` and ``simulate`` to the command line's subcommands."""
     serve = add_command(commands, "serve", _serve)
-    serve.add_argument("--config", help="the pipeline document check-config reads")
+    serve.add_argument(
+        "--config",
+        help="the pipeline document check-config reads (or llm-d's coordinator YAML)",
+    )
     for step in _STEP_URLS:
         serve.add_argument(f"--{step}-url", help=f"the {step} worker's base URL")
+    serve.add_argument(
+        "--gateway-url",
+        help="llm-d's gateway: every encode, prefill and decode leg goes there with its "
+        "EPP-Profile header (give no other worker URL but --render-url)",
+    )
     serve.add_argument(
         "--simulate",
         action="store_true",
         help="call a simulated vLLM worker served by this same server (no URLs)",
     )
     _add_served_model_name(serve, "with --simulate: ")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000, help="0 picks a free port")
+    # The flags below without a default here take the coordinator document's value, else theirs
+    # (_PROCESS_DEFAULTS).
+    serve.add_argument("--host", help="default 127.0.0.1")
+    serve.add_argument("--port", type=int, help="0 picks a free port (default 8000)")
     serve.add_argument("--workers", type=_positive_int, default=1, help="server processes")
     serve.add_argument("--connect-timeout", type=_seconds, default=5.0, help="seconds (default 5)")
     serve.add_argument(
         "--first-byte-timeout",
         type=_seconds,
-        default=300.0,
         help="seconds to a whole answer or a stream's first chunk (default 300)",
     )
     serve.add_argument(
@@ -83,13 +110,11 @@ def add_commands(commands: argparse._SubParsersAction[_ParserT]) -> None:
     serve.add_argument(
         "--max-body-bytes",
         type=_positive_int,
-        default=DEFAULT_LIMITS.max_body_bytes,
         help=f"largest client body; a larger one is 413 (default {DEFAULT_LIMITS.max_body_bytes})",
     )
     serve.add_argument(
         "--drain-timeout",
         type=int,
-        default=60,
         help="seconds SIGTERM waits for replies in flight (default 60)",
     )
     simulate = add_command(commands, "simulate", _simulate)
@@ -170,7 +195,7 @@ def _serve(args: argparse.Namespace) -> int:
     Serve the five client routes, calling vLLM workers through the exchange.
     """
     _need_the_extra()
-    urls = {step: getattr(args, f"{step}_url") for step in _STEP_URLS}
+    urls = {step: getattr(args, f"{step}_url") for step in _URLS}
     if args.simulate and any(urls.values()):
         msg = "--simulate calls its own simulated worker: give no worker URL with it"
         raise CliError(msg)
@@ -178,21 +203,34 @@ def _serve(args: argparse.Namespace) -> int:
         msg = "--served-model-name names the simulated worker's models: give it with --simulate"
         raise CliError(msg)
     if args.config is None:
-        document: object = _default_document(prefill=args.simulate or bool(urls["prefill"]))
+        # Gateway mode runs prefill as llm-d's coordinator does: the gateway has the pools.
+        prefill = args.simulate or bool(urls["prefill"] or urls["gateway"])
+        document: object = _default_document(prefill=prefill)
         source = "<default config>"
     else:
         document = read_config(args.config, "auto")
         source = args.config
-    problems = [f"{source}: {error.message}" for error in config_errors(document)]
+    coordinator = is_coordinator_document(document)
+    errors = coordinator_config_errors(document) if coordinator else config_errors(document)
+    problems = [f"{source}: {error.message}" for error in errors]
     if problems:
         sys.stderr.writelines(line + "\n" for line in problems)
         return EXIT_USAGE
     assert isinstance(document, Mapping)  # noqa: S101 - config_errors refuses anything else
-    sock = _bind(args.host, args.port)
+    given = _document_settings(document) if coordinator else {}
+    for key, url in given.pop("urls", {}).items():
+        urls[key] = urls[key] or url
+    process = {
+        key: value if (value := getattr(args, key)) is not None else given.get(key, default)
+        for key, default in _PROCESS_DEFAULTS.items()
+    }
+    sys.stderr.writelines(f"{source}: warning: {line}\n" for line in given.get("warnings", ()))
+    sock = _bind(process["host"], process["port"])
     if args.simulate:
-        base = f"http://{_reachable(args.host)}:{sock.getsockname()[1]}{_SIMULATED}"
-        steps = document["steps"]
-        urls = {step: base if step == "decode" or step in steps else None for step in _STEP_URLS}
+        base = f"http://{_reachable(process['host'])}:{sock.getsockname()[1]}{_SIMULATED}"
+        # A Step is the str of its name: either mapping answers "prefill" in steps.
+        steps = parse_coordinator_config(document).pipeline if coordinator else document["steps"]
+        urls = {step: base if step == "decode" or step in steps else None for step in _URLS}
     settings = {
         "document": document,
         "urls": urls,
@@ -200,11 +238,12 @@ def _serve(args: argparse.Namespace) -> int:
         "served_model_names": args.served_model_name or [],
         "timeouts": {
             "connect": args.connect_timeout,
-            "first_byte": args.first_byte_timeout,
+            "first_byte": process["first_byte_timeout"],
             "idle": args.idle_timeout,
         },
         "worker_keep_alive": args.worker_keep_alive,
-        "max_body_bytes": args.max_body_bytes,
+        "max_body_bytes": process["max_body_bytes"],
+        "connectors": given.get("connectors", {}),
     }
     with _metrics_dir():  # before the proxy, and so prometheus_client, is imported
         _, warnings, problems = _pipeline(settings)
@@ -214,13 +253,8 @@ def _serve(args: argparse.Namespace) -> int:
             return EXIT_USAGE
         sys.stderr.writelines(f"{source}: warning: {line}\n" for line in warnings)
         os.environ[_SETTINGS] = orjson.dumps(settings).decode()
-        _run(
-            _FACTORY,
-            sock,
-            workers=args.workers,
-            drain=args.drain_timeout,
-            keep_alive=args.keep_alive,
-        )
+        drain = math.ceil(process["drain_timeout"])
+        _run(_FACTORY, sock, workers=args.workers, drain=drain, keep_alive=args.keep_alive)
     return 0
 
 
@@ -244,40 +278,68 @@ def _metrics_dir() -> Iterator[None]:
 
 def _pipeline(settings: Mapping[str, Any]) -> tuple[Any, list[str], list[str]]:
     """The parsed pipeline, its warnings, and every problem (one line each) that stops it."""
-    from disagg_transforms import ConfigError, parse_pipeline_params  # noqa: PLC0415
+    from disagg_transforms import ConfigError  # noqa: PLC0415
     from disagg_transforms.exchange import pipeline_warnings  # noqa: PLC0415
     from disagg_transforms.integrations.proxy import url_errors  # noqa: PLC0415
 
-    document = settings["document"]
     try:
-        config = parse_pipeline_params(
-            document["steps"], use_openai_format=document.get("use_openai_format")
-        )
+        config = _parsed(settings["document"])
     except ConfigError as error:  # a rule spanning keys would surface only here
         return None, [], [error.message]
     errors = url_errors(config, **_url_arguments(settings))
     return config, pipeline_warnings(config), [error.message for error in errors]
 
 
+def _parsed(document: Mapping[str, Any]) -> Mapping[Step, StepParams]:
+    """The pipeline of the project's own document or of llm-d's coordinator document."""
+    if is_coordinator_document(document):
+        return parse_coordinator_config(document).pipeline
+    return parse_pipeline_params(
+        document["steps"], use_openai_format=document.get("use_openai_format")
+    )
+
+
+def _document_settings(document: Mapping[str, Any]) -> dict[str, Any]:
+    """What a coordinator document sets beside its pipeline, as serve's settings."""
+    config = parse_coordinator_config(document)
+    first_byte = config.first_byte_timeout
+    return {
+        "urls": {"gateway": config.gateway_url, "render": config.render_url},
+        "host": config.host,
+        "port": config.port,
+        "max_body_bytes": config.max_request_body_bytes,
+        "first_byte_timeout": _NO_LIMIT if first_byte is None else first_byte,
+        "drain_timeout": config.drain_timeout,
+        "connectors": {
+            "kv_connector": config.kv_connector.value,
+            "ec_connector": config.ec_connector.value,
+        },
+        "warnings": config.warnings,
+    }
+
+
 def _url_arguments(settings: Mapping[str, Any]) -> dict[str, Any]:
     """The settings' worker URLs as ``url_errors`` and ``create_app`` take them (``decode_url``)."""
-    return {f"{step}_url": settings["urls"][step] for step in _STEP_URLS}
+    return {f"{step}_url": settings["urls"][step] for step in _URLS}
 
 
 def app_from_settings() -> ASGIApp:
     """The proxy app of the settings ``serve`` wrote: uvicorn's factory, in every process."""
-    from disagg_transforms import Limits  # noqa: PLC0415
+    from disagg_transforms import EcConnector, KvConnector, Limits  # noqa: PLC0415
     from disagg_transforms.integrations.proxy import Timeouts, create_app  # noqa: PLC0415
 
     _configure_logging()
     settings = orjson.loads(os.environ[_SETTINGS])
     config, _, _ = _pipeline(settings)  # the parent checked it before starting the server
+    connectors = settings["connectors"]  # a coordinator document's; else the exchange's default
     app = create_app(
         config,
         **_url_arguments(settings),
         timeouts=Timeouts(**settings["timeouts"]),
         limits=Limits(max_body_bytes=settings["max_body_bytes"]),
         worker_keep_alive=settings["worker_keep_alive"],
+        kv_connector=KvConnector(connectors.get("kv_connector", KvConnector.NIXL)),
+        ec_connector=EcConnector(connectors.get("ec_connector", EcConnector.NIXL)),
     )
     if not settings["simulate"]:
         return app

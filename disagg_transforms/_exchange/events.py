@@ -57,7 +57,8 @@ class WorkerCall(msgspec.Struct, frozen=True, kw_only=True):
     """Send this request to the worker of ``step``; feed its answer back."""
 
     step: Phase
-    """Which worker to call: :attr:`Phase.RENDER`, ``ENCODE``, ``PREFILL`` or ``DECODE``."""
+    """Which worker to call: :attr:`Phase.RENDER`, ``CONDITIONAL_DECODE`` (a decode worker),
+    ``ENCODE``, ``PREFILL`` or ``DECODE``."""
     method: str
     path: str
     headers: Headers

@@ -34,12 +34,14 @@ import msgspec
 from msgspec import UNSET
 
 from disagg_transforms._config import (
+    ConditionalDecodeParams,
     DecodeParams,
     EncodeParams,
     PrefillParams,
     Step,
     StepParams,
 )
+from disagg_transforms._coordinator import EcConnector, KvConnector
 from disagg_transforms._exchange import reply as _reply
 from disagg_transforms._exchange.events import (
     NEED_DATA,
@@ -95,6 +97,12 @@ ErrorKind: TypeAlias = Literal["bad_request", "upstream_4xx", "upstream_5xx", "i
 
 _LegParams: TypeAlias = EncodeParams | PrefillParams | DecodeParams
 _LEG_PARAMS = (EncodeParams, PrefillParams, DecodeParams)
+_STEP_PARAMS = (*_LEG_PARAMS, ConditionalDecodeParams)
+# A conditional decode's answer is read as a decode leg on the client's own route.
+_CLIENT_ROUTE_DECODE: Final = DecodeParams(use_openai_format=True)
+_NOT_HELD = 412  # a conditional decode's "no decode worker holds this prompt's KV"
+# What decode gets from a prefill whose KV went to shared storage (it reads it from there).
+_SHARED_STORAGE_KV: Final = {w.DO_REMOTE_DECODE: False, w.DO_REMOTE_PREFILL: True}
 _REQUEST_ID = re.compile(r"[A-Za-z0-9-]{1,128}")
 # Never forwarded from the client to a worker: hop-by-hop, framing, and what the exchange sets.
 _NOT_FORWARDED = frozenset(
@@ -113,6 +121,7 @@ _NOT_FORWARDED = frozenset(
         "accept-encoding",
         "x-request-id",
         "x-should-retry",
+        "epp-profile",  # names a leg's pool in llm-d: the router's to set (docs/llm-d.md)
     }
 )
 _MAX_ERROR_BYTES = 64 * 1024  # of a worker's error body kept to quote its message
@@ -200,6 +209,13 @@ class ExchangeSettings(msgspec.Struct, frozen=True, kw_only=True):
     hex)."""
     limits: Limits = DEFAULT_LIMITS
     """The bounds on the client's body (``docs/security.md``)."""
+    kv_connector: KvConnector = KvConnector.NIXL
+    """How prefill hands the prompt's KV to decode: ``NIXL``, decode gets the prefill answer's
+    ``kv_transfer_params``; ``SHARED_STORAGE``, decode gets only the two flags and the prefill
+    answer is not read (``docs/exchange.md``, "Connectors")."""
+    ec_connector: EcConnector = EcConnector.NIXL
+    """How encode hands its encoder cache to prefill: ``NIXL``, prefill gets the encode
+    answer's ``ec_transfer_params``; ``SHARED_STORAGE``, no leg carries any."""
 
 
 _DEFAULT_SETTINGS: Final = ExchangeSettings()
@@ -234,11 +250,13 @@ class _Reading:
 class _Streaming:
     """The client's stream has started: the worker's is relayed."""
 
-    __slots__ = ("head", "relay")
+    __slots__ = ("head", "relay", "step")
 
-    def __init__(self, head: ClientStream, relay: _reply.Relay) -> None:
+    def __init__(self, head: ClientStream, relay: _reply.Relay, step: Phase) -> None:
         self.head = head
         self.relay = relay
+        self.step = step
+        """The call whose stream it is (decode, or a conditional decode)."""
 
 
 class _Replied:
@@ -285,7 +303,7 @@ class Exchange:
 
     Args:
         config: the parsed pipeline (:func:`~disagg_transforms.parse_pipeline_params`); a
-            decode step is required, conditional-decode is refused.
+            decode step is required.
         client_path: the path the client called.
         client_headers: the client's headers (a mapping or ``(name, value)`` pairs).
         client_body: the client's body, as bytes.
@@ -293,7 +311,7 @@ class Exchange:
             means the defaults.
 
     Raises:
-        ConfigError: the pipeline has no decode step, or has conditional-decode.
+        ConfigError: the pipeline has no decode step.
     """
 
     _phase: Phase
@@ -330,6 +348,7 @@ class Exchange:
             ("x-request-id", self.request_id),
         )
         self._hooks = settings.hooks
+        self._connectors = (settings.kv_connector, settings.ec_connector)
         self._gathered = LegInputs(limits=settings.limits)
         """What the answers so far hand the legs (render's answer, transfer params)."""
         self._client = ClientRequest(body={}, path=client_path, route=route)  # until it is read
@@ -342,7 +361,7 @@ class Exchange:
                 members,
                 client_path,
                 limits=settings.limits,
-                steps=self._params.values(),
+                steps=self._legs(),
                 every_field=True,
             )
             self._go(next(iter(self._plan)))
@@ -426,12 +445,15 @@ class Exchange:
         if not isinstance(untyped, (bytes, bytearray, memoryview)):
             msg = f"body: expected bytes, got {describe(untyped)}"
             raise ExchangeStateError(msg, param="body")
-        row = self._plan[phase]
-        if status not in row.statuses:
+        if status not in self._plan[phase].statuses:
             self._fail_worker(status, bytes(body), drops_stream=False)
             return
+        self._read(status, bytes(body))
+
+    def _read(self, status: int, body: bytes) -> None:
+        """Read an answer with a status its row reads, and go where its reader says."""
         try:
-            following = row.read(self, status, bytes(body))
+            following = self._plan[self._phase].read(self, status, body)
             if following is not Phase.REPLIED:
                 self._go(following)
         except DisaggTransformError as error:
@@ -444,7 +466,7 @@ class Exchange:
         assert leg is not None  # noqa: S101 - only the decode leg streams
         _check_status(status)
         if not 200 <= status < 300:
-            self._at = _Reading(None, status)
+            self._at = _Reading(None, status)  # its body is read whole, then judged
             return
         rendered = self._gathered.rendered
         try:
@@ -497,6 +519,9 @@ class Exchange:
             return b""
         if at.relay is None:
             assert isinstance(at, _Reading)  # noqa: S101 - a started stream has its relay
+            if at.status in self._plan[self._phase].statuses:  # a non-2xx its row reads
+                self._read(at.status, bytes(at.error_body))
+                return b""
             self._fail_worker(at.status, bytes(at.error_body), drops_stream=True)
             return b""
         try:
@@ -542,6 +567,9 @@ class Exchange:
         msg = "the plan ran out of phases before the client's reply"  # decode always runs
         raise ExchangeStateError(msg)
 
+    def _decodes_if_available(self) -> bool:
+        return Step.CONDITIONAL_DECODE in self._params
+
     def _renders(self) -> bool:
         # vLLM renders the APIs whose envelope is rebuilt, for a generate leg.
         client = self._client
@@ -560,24 +588,46 @@ class Exchange:
     def _decodes(self) -> bool:
         return True  # a decode step is required: it answers the client
 
-    def _render_call(self) -> _Calling:
+    def _client_body_as_sent(self, *, trusted: bool = False) -> bytes:
+        """The client's body, its transfer params removed unless the step trusts them."""
         body = self._client.body
         assert isinstance(body, _raw.RawMembers)  # noqa: S101 - the exchange parsed it
+        return body.encode(dict(body) if trusted else strip_transfer_params(body))
+
+    def _render_call(self) -> _Calling:
         return _Calling(
             WorkerCall(
                 step=Phase.RENDER,
                 method="POST",
                 path=f"{self._client.route.value}/render",
                 headers=self._forward,
-                body=body.encode(strip_transfer_params(body)),
+                body=self._client_body_as_sent(),
                 stream=False,
             )
         )
+
+    def _conditional_decode_call(self) -> _Calling:
+        # The client's body as it sent it, on its own route: a decode worker that holds the
+        # prompt's KV answers it, as one vLLM server would (docs/exchange.md).
+        inputs = LegInputs(limits=self._gathered.limits)
+        leg = decode_leg(self._client, _CLIENT_ROUTE_DECODE, inputs)
+        call = WorkerCall(
+            step=Phase.CONDITIONAL_DECODE,
+            method="POST",
+            path=self._client.route.value,
+            headers=(*self._forward, ("prefer", "if-available")),
+            body=self._client_body_as_sent(
+                trusted=self._params[Step.CONDITIONAL_DECODE].trust_client_transfer_params
+            ),
+            stream=leg.stream,
+        )
+        return _Calling(call, leg)
 
     def _leg_call(self) -> _Calling:
         phase = self._phase
         step = Step(phase.value)
         params = self._params[step]
+        assert isinstance(params, _LEG_PARAMS)  # noqa: S101 - the leg phases' rows
         gathered = self._gathered
         leg: Leg
         if isinstance(params, DecodeParams):
@@ -611,6 +661,8 @@ class Exchange:
 
     def _read_encode(self, status: int, body: bytes) -> Phase | None:
         del status
+        if self._connectors[1] is EcConnector.SHARED_STORAGE:
+            return None  # prefill reads the encoder cache from the storage
         value = _transfer_params(Phase.ENCODE, body)
         # An encode answer may have no encoder cache to hand on.
         if isinstance(value, dict) or value in (None, UNSET):
@@ -621,6 +673,10 @@ class Exchange:
 
     def _read_prefill(self, status: int, body: bytes) -> Phase | None:
         del status
+        if self._connectors[0] is KvConnector.SHARED_STORAGE:
+            kv = dict(_SHARED_STORAGE_KV)
+            self._gathered = msgspec.structs.replace(self._gathered, kv_transfer_params=kv)
+            return None
         value = _transfer_params(Phase.PREFILL, body)
         # Decode pulls the prompt's KV with what prefill answered: without it there is nothing
         # to pull.
@@ -628,6 +684,11 @@ class Exchange:
             self._gathered = msgspec.structs.replace(self._gathered, kv_transfer_params=value)
             return None
         raise _no_transfer_object(Phase.PREFILL, value)
+
+    def _read_conditional_decode(self, status: int, body: bytes) -> Phase | None:
+        if status == _NOT_HELD:
+            return None
+        return self._read_decode(status, body)
 
     def _read_decode(self, status: int, body: bytes) -> Phase | None:
         del status
@@ -638,7 +699,7 @@ class Exchange:
         hook = None
         hooks = self._hooks
         if hooks is not None and hooks.response:
-            context = self._context(Step.DECODE)
+            context = self._context(Step(self._phase.value))
 
             def hook(body: dict[str, Any]) -> dict[str, Any]:
                 return hooks.run_response(body, context)
@@ -656,6 +717,12 @@ class Exchange:
 
     # The plan (rule 2): the worker-call phases in order. Below the methods its rows name.
     _plan: ClassVar[Mapping[Phase, PlanRow]] = {
+        Phase.CONDITIONAL_DECODE: PlanRow(
+            runs=_decodes_if_available,
+            build=_conditional_decode_call,
+            read=_read_conditional_decode,
+            statuses={*range(200, 300), _NOT_HELD},
+        ),
         Phase.RENDER: PlanRow(runs=_renders, build=_render_call, read=_read_render),
         Phase.ENCODE: PlanRow(runs=_encodes, build=_leg_call, read=_read_encode),
         Phase.PREFILL: PlanRow(runs=_prefills, build=_leg_call, read=_read_prefill),
@@ -663,6 +730,9 @@ class Exchange:
     }
 
     # -- what the phases share ------------------------------------------------------------
+
+    def _legs(self) -> list[_LegParams]:
+        return [params for params in self._params.values() if isinstance(params, _LEG_PARAMS)]
 
     def _client_members(self, body: object) -> _raw.RawMembers:
         if isinstance(body, (bytes, bytearray, memoryview)):
@@ -754,11 +824,12 @@ class Exchange:
             self._reply(head, drops_stream=True, stream_end=end)
         else:
             self._phase = Phase.STREAMING
-            self._at = _Streaming(head, at.relay)
+            self._at = _Streaming(head, at.relay, step)
         return out
 
     def _streamed_phase(self) -> Phase:
-        return Phase.DECODE if self._phase is Phase.STREAMING else self._phase
+        at = self._at
+        return at.step if isinstance(at, _Streaming) else self._phase
 
     def _reading(self) -> _Reading | _Streaming | None:
         """The worker stream being read; ``None`` once the reply is over and drops it."""
@@ -860,18 +931,23 @@ def pipeline_phases(config: Mapping[Step, StepParams]) -> dict[Phase, str]:
     Render when a leg speaks the generate route (it renders a chat, Responses or Messages
     client), then each leg the pipeline configures; each call of a request is made when that
     request needs it (``docs/exchange.md``, "The order of the calls"). The worker is named as
-    :attr:`WorkerCall.step` names it, the key of a router's table of worker URLs. Steps the
-    exchange does not run (conditional-decode) are left out.
+    :attr:`WorkerCall.step` names it, the key of a router's table of worker URLs: a conditional
+    decode is sent to the decode worker.
     """
     generate = any(
         resolve_format(params.use_openai_format, Route.CHAT_COMPLETIONS.value) is Route.GENERATE
         for params in config.values()
         if isinstance(params, _LEG_PARAMS)
     )
-    configured = {Phase(step.value) for step in config if step is not Step.CONDITIONAL_DECODE}
+    configured = {Phase(step.value) for step in config}
     if generate:
         configured.add(Phase.RENDER)
-    return {phase: phase.value for phase in Exchange._plan if phase in configured}  # noqa: SLF001
+    workers = {Phase.CONDITIONAL_DECODE: Phase.DECODE.value}
+    return {
+        phase: workers.get(phase, phase.value)
+        for phase in Exchange._plan  # noqa: SLF001
+        if phase in configured
+    }
 
 
 def _pieces(data: bytes) -> list[bytes]:
@@ -897,19 +973,13 @@ def _check_status(status: object) -> None:
         raise ExchangeStateError(msg, param="status")
 
 
-def _checked_config(config: object) -> dict[Step, _LegParams]:
+def _checked_config(config: object) -> dict[Step, StepParams]:
     if not isinstance(config, Mapping):
         msg = f"pipeline: expected parse_pipeline_params(...)'s result, got {describe(config)}"
         raise ConfigError(msg, param="pipeline")
-    params: dict[Step, _LegParams] = {}
+    params: dict[Step, StepParams] = {}
     for step, value in config.items():
-        if step is Step.CONDITIONAL_DECODE:
-            msg = (
-                "pipeline.conditional-decode: the exchange does not run conditional-decode; "
-                "leave it out of the pipeline the exchange is given (docs/exchange.md)"
-            )
-            raise ConfigError(msg, param="pipeline.conditional-decode")
-        if not isinstance(step, Step) or not isinstance(value, _LEG_PARAMS) or value.step != step:
+        if not isinstance(step, Step) or not isinstance(value, _STEP_PARAMS) or value.step != step:
             msg = f"pipeline: expected Step -> its StepParams, got {describe(step)}"
             raise ConfigError(msg, param="pipeline")
         params[step] = value

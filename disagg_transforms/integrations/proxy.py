@@ -42,6 +42,8 @@ from starlette.routing import Route as HttpRoute
 
 from disagg_transforms import (
     DEFAULT_LIMITS,
+    EcConnector,
+    KvConnector,
     Limits,
     Route,
     Step,
@@ -78,6 +80,14 @@ _CLIENT_ROUTES = tuple(Route)  # every client API is served, each through the ex
 # vLLM's routes the render worker answers, relayed as they are (docs/proxy.md).
 _RENDER_WORKER_ROUTES = (("/tokenize", "POST"), ("/detokenize", "POST"), ("/version", "GET"))
 _COUNT_TOKENS = "/v1/messages/count_tokens"
+# Gateway mode: the header naming a leg's pool, as llm-d's coordinator sends it (docs/llm-d.md).
+_PROFILE_HEADER = "epp-profile"
+_PROFILES: Mapping[str, str] = {
+    "encode": "encode",
+    "prefill": "prefill",
+    "decode": "decode",
+    "conditional-decode": "decode",
+}
 # What a relayed call passes on of the client's headers.
 _RELAYED_HEADERS = frozenset({"authorization", "content-type", "x-request-id"})
 # What aiohttp would add to a call: a worker gets the headers the exchange gives, and Host and
@@ -101,36 +111,39 @@ class Timeouts:
     """Between two chunks of a worker's stream."""
 
 
-def url_errors(
+def url_errors(  # noqa: PLR0913 - one URL per step, all by keyword
     config: Mapping[Step, StepParams],
     *,
-    decode_url: str | None,
+    decode_url: str | None = None,
     prefill_url: str | None = None,
     encode_url: str | None = None,
     render_url: str | None = None,
+    gateway_url: str | None = None,
 ) -> list[ConfigError]:
     """Every worker URL the proxy cannot call and every mismatch of steps and URLs, one each.
 
     A configured step needs its URL and a URL needs its step; render is needed when a leg
     speaks the generate route (its URL defaults to the decode URL). The calls a pipeline makes
-    are the exchange's to say (:func:`~disagg_transforms.pipeline_phases`).
+    are the exchange's to say (:func:`~disagg_transforms.pipeline_phases`). In gateway mode
+    (``gateway_url``) every leg goes to the gateway: no worker URL is given, and render needs
+    ``render_url``.
     """
     given = {
         "decode": decode_url,
         "prefill": prefill_url,
         "encode": encode_url,
         "render": render_url,
+        "gateway": gateway_url,
     }
     errors = [
         ConfigError(f"--{step}-url: {url!r} {why}", param=step)
         for step, url in given.items()
         if url is not None and (why := _url_problem(url))
     ]
-    if Step.CONDITIONAL_DECODE in config:
-        msg = "conditional-decode: the proxy does not run it; leave it out of the pipeline"
-        errors.append(ConfigError(msg, param="conditional-decode"))
     workers = set(pipeline_phases(config).values())
     urls = {"encode": encode_url, "prefill": prefill_url, "decode": decode_url}
+    if gateway_url is not None:
+        return errors + _gateway_errors(workers, urls, render_url)
     for worker, url in urls.items():
         if worker in workers and url is None:
             article = "an" if worker[0] in "aeiou" else "a"
@@ -144,6 +157,24 @@ def url_errors(
             errors.append(ConfigError(msg, param=worker))
     if render_url is not None and "render" not in workers:
         msg = "--render-url: no leg speaks the generate route, so nothing is rendered"
+        errors.append(ConfigError(msg, param="render"))
+    return errors
+
+
+def _gateway_errors(
+    workers: set[str], urls: Mapping[str, str | None], render_url: str | None
+) -> list[ConfigError]:
+    errors = [
+        ConfigError(
+            f"--gateway-url: give no --{worker}-url with it (the gateway picks every "
+            f"{worker} worker)",
+            param="gateway",
+        )
+        for worker, url in urls.items()
+        if url is not None
+    ]
+    if "render" in workers and render_url is None:
+        msg = "--render-url: a leg speaks the generate route, and render is not a gateway leg"
         errors.append(ConfigError(msg, param="render"))
     return errors
 
@@ -450,16 +481,19 @@ def _too_large(request: Request, limit: int) -> Response:
 
 
 class _Proxy:
-    def __init__(
+    def __init__(  # noqa: PLR0913 - what create_app was given, read once
         self,
         config: Mapping[Step, StepParams],
         urls: Mapping[str, str],
         timeouts: Timeouts,
         settings: ExchangeSettings,
         worker_keep_alive: float,
+        *,
+        profiles: Mapping[str, str],
     ) -> None:
         self.config = config
         self.urls = urls
+        self.profiles = profiles  # gateway mode: each leg's EPP-Profile
         self.timeouts = timeouts
         self.worker_keep_alive = worker_keep_alive
         self.settings = settings  # one settings object for every exchange this proxy runs
@@ -674,13 +708,16 @@ class _Proxy:
     async def _call(self, drive: Driver, call: WorkerCall, log: _Log) -> _Stream | None:
         """Make one worker call and feed its answer (a stream until the client's reply is known)."""
         url = self.urls[call.step] + call.path
+        headers = call.headers
+        if (profile := self.profiles.get(call.step)) is not None:
+            headers = (*headers, (_PROFILE_HEADER, profile))
         since = log.calling(call.step)
         stream: _Stream | None = None
         first_byte_due = asyncio.get_running_loop().time() + self.timeouts.first_byte
         try:
             async with _deadline(self.timeouts.first_byte):
                 answer = await self._client().request(
-                    call.method, url, headers=call.headers, data=call.body
+                    call.method, url, headers=headers, data=call.body
                 )
                 if not call.stream:
                     head = time.monotonic()
@@ -706,6 +743,10 @@ class _Proxy:
             if stream is not None:
                 stream.close()
             raise
+        if isinstance(drive.exchange.next_event(), WorkerCall):
+            stream.close()  # read whole and the plan goes on (a conditional decode's 412)
+            log.leg(call.step, answer.status, since)
+            return None
         log.streaming(call.step, answer.status, since)
         return stream
 
@@ -781,14 +822,17 @@ async def _no_route(request: Request, exc: Exception) -> Response:
 def create_app(  # noqa: PLR0913 - one URL per step and the settings, all by keyword
     config: Mapping[Step, StepParams],
     *,
-    decode_url: str,
+    decode_url: str | None = None,
     prefill_url: str | None = None,
     encode_url: str | None = None,
     render_url: str | None = None,
+    gateway_url: str | None = None,
     timeouts: Timeouts = Timeouts(),
     hooks: Pipeline | None = None,
     limits: Limits = DEFAULT_LIMITS,
     worker_keep_alive: float = 2.0,
+    kv_connector: KvConnector = KvConnector.NIXL,
+    ec_connector: EcConnector = EcConnector.NIXL,
 ) -> Starlette:
     """The proxy as a Starlette app: the client routes and vLLM's others (``docs/proxy.md``).
 
@@ -798,12 +842,16 @@ def create_app(  # noqa: PLR0913 - one URL per step and the settings, all by key
 
     Args:
         config: the pipeline (:func:`~disagg_transforms.parse_pipeline_params`); a decode step is
-            required, conditional-decode is refused.
+            required.
         decode_url: the decode worker's base URL (``http://host:port``); it also answers
             ``GET /v1/models``.
         prefill_url: the prefill worker's, required exactly when the pipeline has a prefill step.
         encode_url: the encode worker's, required exactly when it has an encode step.
-        render_url: where render calls go (default: the decode URL).
+        render_url: where render calls go (default: the decode URL, or the gateway URL).
+        gateway_url: gateway mode (llm-d's coordinator seat): every encode, prefill, decode
+            and conditional-decode call goes to this URL with the header ``EPP-Profile``
+            naming its pool; no worker URL is given with it, and render needs ``render_url``
+            when a leg speaks the generate route.
         timeouts: how long to wait on a worker.
         hooks: the host's :class:`~disagg_transforms.Pipeline`, run by each exchange.
         limits: the bounds on a client's body; a body over ``max_body_bytes`` is a 413, refused
@@ -811,6 +859,10 @@ def create_app(  # noqa: PLR0913 - one URL per step and the settings, all by key
         worker_keep_alive: seconds a pooled worker connection may stay idle before it is
             closed; well under a uvicorn-served vLLM worker's 5 s, so the proxy never sends on
             a connection the worker is closing (docs/proxy.md).
+        kv_connector: how prefill hands the prompt's KV to decode
+            (:attr:`~disagg_transforms.ExchangeSettings.kv_connector`).
+        ec_connector: how encode hands its encoder cache to prefill
+            (:attr:`~disagg_transforms.ExchangeSettings.ec_connector`).
 
     Raises:
         ConfigError: the first of :func:`url_errors`.
@@ -821,14 +873,26 @@ def create_app(  # noqa: PLR0913 - one URL per step and the settings, all by key
         prefill_url=prefill_url,
         encode_url=encode_url,
         render_url=render_url,
+        gateway_url=gateway_url,
     )
     if errors:
         raise errors[0]
-    urls = {"decode": decode_url, "render": render_url or decode_url}
-    urls.update({k: v for k, v in (("prefill", prefill_url), ("encode", encode_url)) if v})
+    if gateway_url is not None:
+        urls = dict.fromkeys(_PROFILES, gateway_url)
+        urls["render"] = render_url or gateway_url
+        profiles = _PROFILES
+    else:
+        assert decode_url is not None  # noqa: S101 - url_errors requires it
+        # A conditional decode asks the decode worker (pipeline_phases names the worker).
+        urls = {"decode": decode_url, "conditional-decode": decode_url}
+        urls["render"] = render_url or decode_url
+        urls.update({k: v for k, v in (("prefill", prefill_url), ("encode", encode_url)) if v})
+        profiles = {}
     stripped = {k: v.rstrip("/") for k, v in urls.items()}
-    settings = ExchangeSettings(hooks=hooks, limits=limits)
-    proxy = _Proxy(config, stripped, timeouts, settings, worker_keep_alive)
+    settings = ExchangeSettings(
+        hooks=hooks, limits=limits, kv_connector=kv_connector, ec_connector=ec_connector
+    )
+    proxy = _Proxy(config, stripped, timeouts, settings, worker_keep_alive, profiles=profiles)
     routes = [HttpRoute(route.value, proxy.serve, methods=["POST"]) for route in _CLIENT_ROUTES]
     routes += [
         HttpRoute("/health", proxy.health, methods=["GET"]),
