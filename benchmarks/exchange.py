@@ -72,15 +72,18 @@ async def _record_async(body: bytes) -> list[Answer]:
     return answers
 
 
-def _feed(drive: Driver, stream: bool, answer: Answer) -> None:
+def _feed(drive: Driver, stream: bool, answer: Answer) -> int:
+    """Hand the driver one call's answer; the count of client bytes it gave after the head."""
     if not stream:
         drive.answered(answer.status, answer.headers, answer.chunks[0])
-        return
+        return 0
     drive.stream_opened(answer.status, answer.headers)
+    sent = 0
     for chunk in (*answer.chunks, None):
         if not (drive.opening or drive.relaying):
             break
-        drive.chunk(chunk)
+        sent += len(drive.chunk(chunk))
+    return sent
 
 
 def record(*, stream: bool) -> tuple[bytes, list[Answer]]:
@@ -95,15 +98,7 @@ def run_exchange(body: bytes, answers: list[Answer]) -> int:
     sent = 0
     replayed = iter(answers)
     while (call := drive.next_call()) is not None:
-        answer = next(replayed)
-        if not call.stream:
-            drive.answered(answer.status, answer.headers, answer.chunks[0])
-            continue
-        drive.stream_opened(answer.status, answer.headers)
-        for chunk in (*answer.chunks, None):
-            if not (drive.opening or drive.relaying):
-                break
-            sent += len(drive.chunk(chunk))
+        sent += _feed(drive, call.stream, next(replayed))
     reply = drive.reply()
     if isinstance(reply, ClientStream):
         return sent + len(reply.first)
