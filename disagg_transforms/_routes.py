@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 
-__all__ = ("Route", "detect_route", "leg_route", "resolve_format")
+__all__ = ("ROUTE_PATH", "Route", "detect_route", "leg_route", "resolve_format")
 
 
 class Route(str, enum.Enum):
@@ -16,6 +16,9 @@ class Route(str, enum.Enum):
     MESSAGES = "/v1/messages"
     GENERATE = "/inference/v1/generate"
 
+
+ROUTE_PATH = {route: route.value for route in Route}
+"""Each route's path, read without the descriptor call a member's ``.value`` costs."""
 
 # Substring matches, as the llm-d coordinator does; chat is tested before completions because
 # its path contains the completions path.

@@ -62,7 +62,7 @@ from disagg_transforms._request.legs import (
     strip_transfer_params,
 )
 from disagg_transforms._response.dispatch import ENVELOPE_ROUTES
-from disagg_transforms._routes import Route, detect_route, resolve_format
+from disagg_transforms._routes import ROUTE_PATH, Route, detect_route, resolve_format
 from disagg_transforms._wire import keys as w
 from disagg_transforms._wire import limits as _limits
 from disagg_transforms._wire import raw as _raw
@@ -156,9 +156,9 @@ def _header_pairs(headers: object) -> list[tuple[str, str]]:
         if not (isinstance(item, tuple) and len(item) == 2):
             msg = f"headers: expected (name, value) pairs, got {describe(item)}"
             raise ExchangeStateError(msg, param="headers")
-        name, value = (
-            part.decode("latin-1") if isinstance(part, bytes) else str(part) for part in item
-        )
+        name, value = item  # no generator per header: a request has a dozen or more
+        name = name.decode("latin-1") if isinstance(name, bytes) else str(name)
+        value = value.decode("latin-1") if isinstance(value, bytes) else str(value)
         pairs.append((name.lower(), value))
     return pairs
 
@@ -219,6 +219,8 @@ class ExchangeSettings(msgspec.Struct, frozen=True, kw_only=True):
 
 
 _DEFAULT_SETTINGS: Final = ExchangeSettings()
+# The step whose params build each leg phase's call (an enum lookup by value costs more).
+_STEP_OF_PHASE: Final = {Phase(step.value): step for step in Step}
 
 
 # -- the data of each phase --------------------------------------------------------------------
@@ -500,17 +502,17 @@ class Exchange:
             room = _MAX_ERROR_BYTES - len(at.error_body)
             at.error_body += bytes(data[:room])
             return b""
-        out = bytearray()
+        given = []
         broken = None
         # Event by event: what the events before a broken one gave the client is not lost.
         for piece in _pieces(bytes(data)):
             try:
-                given = at.relay.feed(piece)
+                out = at.relay.feed(piece)
             except DisaggTransformError as error:
                 broken = error
                 break
-            out += given
-        return self._relayed(bytes(out), broken=broken, ended=False)
+            given.append(out)
+        return self._relayed(b"".join(given), broken=broken, ended=False)
 
     def end_of_stream(self) -> bytes:
         """The worker's stream ended; returns the client's last bytes."""
@@ -556,7 +558,7 @@ class Exchange:
 
         ``None``: from the row after the current one.
         """
-        order = list(self._plan)
+        order = list(self._plan)  # a subclass may add rows (docs/exchange.md)
         start = order.index(self._phase) + 1 if phase is None else order.index(phase)
         for candidate in order[start:]:
             row = self._plan[candidate]
@@ -599,7 +601,7 @@ class Exchange:
             WorkerCall(
                 step=Phase.RENDER,
                 method="POST",
-                path=f"{self._client.route.value}/render",
+                path=f"{ROUTE_PATH[self._client.route]}/render",
                 headers=self._forward,
                 body=self._client_body_as_sent(),
                 stream=False,
@@ -625,7 +627,7 @@ class Exchange:
 
     def _leg_call(self) -> _Calling:
         phase = self._phase
-        step = Step(phase.value)
+        step = _STEP_OF_PHASE[phase]
         params = self._params[step]
         assert isinstance(params, _LEG_PARAMS)  # noqa: S101 - the leg phases' rows
         gathered = self._gathered
@@ -802,16 +804,15 @@ class Exchange:
         at = self._at
         assert isinstance(at, (_Reading, _Streaming))  # noqa: S101 - a stream is read
         assert at.relay is not None  # noqa: S101 - an error status collects, relays nothing
-        step = self._streamed_phase()
         if isinstance(at, _Reading) and not out:
             if broken is None and ended:
-                msg = f"$: {step} ended its stream before sending any event"
+                msg = f"$: {self._streamed_phase()} ended its stream before sending any event"
                 broken = UpstreamContractError(msg, param="$")
             if broken is not None:
                 self._fail(broken, drops_stream=True)  # a clean error status
             return b""
         if broken is not None:
-            message = f"{step} broke the contract: {broken.message}"
+            message = f"{self._streamed_phase()} broke the contract: {broken.message}"
             out += at.relay.error_event(message, status=502)
         head = at.head if isinstance(at, _Streaming) else None
         if head is None:
@@ -955,6 +956,8 @@ def _pieces(data: bytes) -> list[bytes]:
     if data.find(b"\r") < 0:  # vLLM's framing: bytes searches, several times faster than the regex
         ends = []
         at = data.find(b"\n\n")
+        if at + 2 == len(data):  # one whole event, as vLLM writes each
+            return [data]
         while at >= 0:
             ends.append(at + 2)
             at = data.find(b"\n\n", at + 2)

@@ -18,7 +18,7 @@ from disagg_transforms._wire import validate as _validate
 from disagg_transforms._wire.describe import describe
 from disagg_transforms.errors import RequestError
 
-__all__ = ("TOP_LEVEL_CAPS", "apply_sampling_caps", "apply_single_token_cap")
+__all__ = ("TOP_LEVEL_CAPS", "apply_sampling_caps", "apply_single_token_cap", "sampling_caps")
 
 TOP_LEVEL_CAPS: tuple[str, ...] = (w.MAX_COMPLETION_TOKENS, w.MAX_TOKENS, w.MAX_OUTPUT_TOKENS)
 """Every top-level output-cap key of any API; none survives on a generate leg."""
@@ -83,6 +83,18 @@ def apply_sampling_caps(body: Mapping[str, Any], route: Route) -> dict[str, Any]
     {'sampling_params': {'max_tokens': 200}}
     """
     body = _validate.mapping(body, "$")
+    result = {k: v for k, v in body.items() if k not in TOP_LEVEL_CAPS and k != w.MIN_TOKENS}
+    result[w.SAMPLING_PARAMS] = sampling_caps(body, route)
+    return result
+
+
+def sampling_caps(body: Mapping[str, Any], route: Route) -> dict[str, Any]:
+    """The ``sampling_params`` :func:`apply_sampling_caps` writes, without copying the body.
+
+    Raises:
+        RequestError: as :func:`apply_sampling_caps`.
+    """
+    body = _validate.mapping(body, "$")
     sampling = _sampling_params(body)
     if w.MAX_TOKENS in sampling:
         cap_key, cap_path = w.MAX_TOKENS, f"$.{w.SAMPLING_PARAMS}.{w.MAX_TOKENS}"
@@ -109,9 +121,7 @@ def apply_sampling_caps(body: Mapping[str, Any], route: Route) -> dict[str, Any]
                 f"{cap_key} {cap} ({cap_path})"
             )
             raise RequestError(msg, param=min_path)
-    result = {k: v for k, v in body.items() if k not in TOP_LEVEL_CAPS and k != w.MIN_TOKENS}
-    result[w.SAMPLING_PARAMS] = sampling
-    return result
+    return sampling
 
 
 def apply_single_token_cap(body: Mapping[str, Any], route: Route) -> dict[str, Any]:

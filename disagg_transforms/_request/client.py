@@ -13,7 +13,7 @@ from typing import Any, TypeAlias
 import msgspec
 
 from disagg_transforms._config import DecodeParams, EncodeParams, OutputMode, PrefillParams
-from disagg_transforms._request.caps import TOP_LEVEL_CAPS, apply_sampling_caps
+from disagg_transforms._request.caps import TOP_LEVEL_CAPS, sampling_caps
 from disagg_transforms._request.chat import map_chat_request
 from disagg_transforms._request.completions import map_completions_request
 from disagg_transforms._request.fields import asks_for_tools
@@ -48,10 +48,9 @@ CLIENT_MAPPERS: Mapping[Route, ClientMapper | None] = {
 }
 """The one table a generate leg picks a client's field mapper from, one row per route."""
 
-# What the caps read: a generate client's own sampling_params too (another client's is an
-# unknown key, dropped).
+# What the caps read of a client of another API than generate (its sampling_params is an
+# unknown key, dropped); a generate client's caps read its whole body.
 _CAP_KEYS = (*TOP_LEVEL_CAPS, w.MIN_TOKENS)
-_GENERATE_CAP_KEYS = (*_CAP_KEYS, w.SAMPLING_PARAMS)
 
 
 class ClientRequest(msgspec.Struct, frozen=True, kw_only=True):
@@ -83,10 +82,9 @@ def client_caps(body: Mapping[str, Any], route: Route) -> dict[str, Any]:
     client of another API, its cap and ``min_tokens`` alone (``docs/request-legs.md``, "Caps
     and errors").
     """
-    keys = _GENERATE_CAP_KEYS if route is Route.GENERATE else _CAP_KEYS
-    caps = {k: body[k] for k in keys if k in body}
-    sampling: dict[str, Any] = apply_sampling_caps(caps, route)[w.SAMPLING_PARAMS]
-    return sampling
+    if route is Route.GENERATE:
+        return sampling_caps(body, route)
+    return sampling_caps({k: body[k] for k in _CAP_KEYS if k in body}, route)
 
 
 def read_client_request(
@@ -126,14 +124,21 @@ def read_client_request(
             decode = params if isinstance(params, DecodeParams) else decode
     if every_field:
         _validate.typed(body, w.STREAM, bool)
-    request = ClientRequest(body=body, path=path, route=route, generate=generate)
     if not (generate or every_field):
-        return request
+        return ClientRequest(body=body, path=path, route=route)
     mapper = CLIENT_MAPPERS[route]
     mapping = None if mapper is None else mapper(body, generate_leg=generate)
     caps = client_caps(body, route)
     mode = None if decode is None else chosen_output_mode(decode, _tools_context(body, mapping))
-    return msgspec.structs.replace(request, mapping=mapping, caps=caps, output_mode=mode)
+    return ClientRequest(
+        body=body,
+        path=path,
+        route=route,
+        mapping=mapping,
+        caps=caps,
+        generate=generate,
+        output_mode=mode,
+    )
 
 
 def _checked_path(client_path: object) -> str:

@@ -10,6 +10,7 @@ limit, the JSON path and the value.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any, Final
 
@@ -23,6 +24,7 @@ from disagg_transforms.errors import DisaggTransformError, RequestError, Upstrea
 MAX_CACHE_SALT_CHARS: Final = 128
 """vLLM's validator caps ``cache_salt`` at 128 characters (the schema says 1024)."""
 _CACHE_SALT_FORBIDDEN: Final = ("@", "/", "\\", "\x00")
+_CACHE_SALT_REFUSED: Final = re.compile("[" + re.escape("".join(_CACHE_SALT_FORBIDDEN)) + "]")
 _LEAF_TYPES: Final = frozenset({int, float, str, bool, type(None)})
 # What a mapping's walk skips by its exact type: scalars, and token IDs the bytes path proved flat.
 _NOT_NESTED: Final = _LEAF_TYPES | {RawTokenIds}
@@ -152,8 +154,8 @@ def _cache_salt(salt: object, path: str) -> None:
     if not 1 <= len(salt) <= MAX_CACHE_SALT_CHARS:
         why = f"expected 1 to {MAX_CACHE_SALT_CHARS} characters (vLLM's cache_salt limit)"
         raise _validate.refuse(salt, why, at=path)
-    bad = [char for char in _CACHE_SALT_FORBIDDEN if char in salt]
-    if bad:
+    if _CACHE_SALT_REFUSED.search(salt) is not None:
+        bad = [char for char in _CACHE_SALT_FORBIDDEN if char in salt]
         why = f"must not contain {bad[0]!r} (vLLM refuses @, /, \\ and NUL)"
         raise _validate.refuse(salt, why, at=path)
 
