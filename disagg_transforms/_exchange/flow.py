@@ -823,9 +823,9 @@ class Exchange:
         elif ended:
             end: StreamEnd = "worker-failed" if at.relay.worker_error else "complete"
             self._reply(head, drops_stream=True, stream_end=end)
-        else:
+        elif not isinstance(at, _Streaming):  # the client's stream starts with this head
+            self._at = _Streaming(head, at.relay, self._phase)  # the phase whose stream it is
             self._phase = Phase.STREAMING
-            self._at = _Streaming(head, at.relay, step)
         return out
 
     def _streamed_phase(self) -> Phase:
