@@ -115,6 +115,11 @@ def add_commands(commands: argparse._SubParsersAction[_ParserT]) -> None:
         help="with --gateway: how a pool's worker is chosen",
     )
     _add_served_model_name(simulate)
+    simulate.add_argument(
+        "--enable-prompt-tokens-details",
+        action="store_true",
+        help="as vLLM's flag: a prefill's usage reports its cached prompt tokens",
+    )
 
 
 def _add_served_model_name(parser: argparse.ArgumentParser, when: str = "") -> None:
@@ -290,6 +295,7 @@ def _simulate(args: argparse.Namespace) -> int:
         "stream_delay": args.stream_delay,
         "first_byte_delay": args.first_byte_delay,
         "served_model_names": args.served_model_name or [],
+        "prompt_tokens_details": args.enable_prompt_tokens_details,
         "gateway": args.gateway,
         "pool_size": args.pool_size,
         "routing": args.routing,
@@ -318,7 +324,10 @@ def _simulated_worker(settings: Mapping[str, Any]) -> ASGIApp:
         WorkerSettings,
     )
 
-    worker = WorkerSettings(served_model_names=tuple(settings["served_model_names"]))
+    worker = WorkerSettings(
+        served_model_names=tuple(settings["served_model_names"]),
+        prompt_tokens_details=settings.get("prompt_tokens_details", False),
+    )
     stream_delay = settings.get("stream_delay", 0.0)
     if settings.get("gateway"):
         return SimulatedGateway(

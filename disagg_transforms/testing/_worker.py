@@ -255,8 +255,18 @@ class SimulatedWorker:
         stream = request.get("stream") is True
         if fault == "stream-error" and not stream:
             return _json(500, _INTERNAL_ERROR)
+        earlier = (
+            call.body.get("token_ids")
+            for call in self.calls[:-1]
+            if call.path == GENERATE_PATH and isinstance(call.body, dict)
+        )
         answer = _generate.generate(
-            request, self.settings, header_id=header_id, legacy=legacy, sequence=len(self.calls)
+            request,
+            self.settings,
+            header_id=header_id,
+            legacy=legacy,
+            sequence=len(self.calls),
+            cached_tokens=_generate.cached_prefix(request["token_ids"], earlier),
         )
         if answer.events is not None:
             return _Reply(200, "text/event-stream; charset=utf-8", events=answer.events)
