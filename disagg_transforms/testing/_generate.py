@@ -853,16 +853,16 @@ def _stream(  # noqa: PLR0913 - the answer's parts, by keyword
             events.append(_event(chunk))
     if include_usage:
         completion = sum(len(choice.tokens) for choice in choices)
+        counts: dict[str, Any] = {
+            "prompt_tokens": prompt_len,
+            "total_tokens": prompt_len + completion,
+            "completion_tokens": completion,
+        }
+        # vLLM's last usage chunk names only the counts when it has no details.
         final: dict[str, Any] = {
             "request_id": request_id,
-            "usage": {
-                "prompt_tokens": prompt_len,
-                "total_tokens": prompt_len + completion,
-                "completion_tokens": completion,
-            },
+            "usage": counts if details is None else {**counts, "prompt_tokens_details": details},
         }
-        if details is not None:  # vLLM's last usage chunk names only the counts otherwise
-            final["usage"]["prompt_tokens_details"] = details
         if not legacy:
             final["output_mode"] = mode
         final["choices"] = []
