@@ -126,3 +126,81 @@ def test_a_decode_worker_alone_reports_none_of_the_prefills_cache(pd: PD) -> Non
     }
     answer = httpx.post(pd.decode.url + "/inference/v1/generate", json=body).json()
     assert answer["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
+
+
+# -- a failed prefill: retried only when asked and only when the worker was unavailable -------
+
+
+@dataclass
+class Retries:
+    flaky: Server  # prefill 503 once, then fine; --prefill-max-retries 1
+    refused: Server  # prefill always 400; --prefill-max-retries 3
+    down: Server  # prefill always 503; no retries
+
+
+@pytest.fixture(scope="module")
+def retries(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Retries]:
+    logs = tmp_path_factory.mktemp("retries")
+    simulate = ["simulate", "--port", "0"]
+    with running(
+        ([*simulate, "--fault", "http-503", "--fault-calls", "1"], logs / "flaky.log"),
+        ([*simulate, "--fault", "http-400"], logs / "refusing.log"),
+        ([*simulate, "--fault", "http-503"], logs / "down.log"),
+        (simulate, logs / "decode.log"),
+    ) as (flaky, refusing, down, decode):
+        serve = ["serve", "--port", "0", "--decode-url", decode.url]
+        with running(
+            ([*serve, "--prefill-url", flaky.url, "--prefill-max-retries", "1"], logs / "f.log"),
+            ([*serve, "--prefill-url", refusing.url, "--prefill-max-retries", "3"], logs / "r.log"),
+            ([*serve, "--prefill-url", down.url], logs / "d.log"),
+        ) as proxies:
+            yield Retries(*proxies)
+
+
+def _chat(proxy: Server, request_id: str) -> Any:
+    # No SDK retries: the proxy's own are what is judged.
+    client = openai.OpenAI(base_url=proxy.url + "/v1", api_key="unused", max_retries=0)
+    with client:
+        return client.chat.completions.create(
+            model="m", messages=CHAT, max_tokens=8, extra_headers={"x-request-id": request_id}
+        )
+
+
+def _legs(proxy: Server, line_start: str) -> list[str]:
+    """The worker calls of one access-log line: ``step=outcome`` each, in order."""
+    line = next(x for x in proxy.wait_for_log(line_start).splitlines() if line_start in x)
+    return [leg.split("/")[0] for leg in line.split() if "=" in leg and "/" in leg]
+
+
+def test_a_prefill_503_is_retried_when_asked(retries: Retries) -> None:
+    completion = _chat(retries.flaky, "retry-1")
+    assert completion.choices[0].message.content == "Hello!"
+    assert _legs(retries.flaky, "retry-1 POST /v1/chat/completions 200") == [
+        "render=200",
+        "prefill=503",
+        "prefill=200",
+        "decode=200",
+    ]
+
+
+def test_a_prefill_400_is_never_retried_and_no_decode_follows(retries: Retries) -> None:
+    with pytest.raises(openai.BadRequestError) as raised:
+        _chat(retries.refused, "retry-2")
+    assert "prefill rejected the request" in str(raised.value)
+    assert _legs(retries.refused, "retry-2 POST /v1/chat/completions 400") == [
+        "render=200",
+        "prefill=400",
+    ]
+
+
+def test_without_retries_a_failed_prefill_is_a_502_and_no_decode_follows(
+    retries: Retries,
+) -> None:
+    with pytest.raises(openai.InternalServerError) as raised:
+        _chat(retries.down, "retry-3")
+    assert raised.value.status_code == 502
+    assert "prefill failed with HTTP 503" in str(raised.value)
+    assert _legs(retries.down, "retry-3 POST /v1/chat/completions 502") == [
+        "render=200",
+        "prefill=503",
+    ]

@@ -76,6 +76,13 @@ def add_commands(commands: argparse._SubParsersAction[_ParserT]) -> None:
         help="seconds an idle pooled worker connection stays open (default 2)",
     )
     serve.add_argument(
+        "--prefill-max-retries",
+        type=_count,
+        default=0,
+        metavar="N",
+        help="retries of a prefill that failed with 502, 503, 504 or in transport (default 0)",
+    )
+    serve.add_argument(
         "--max-body-bytes",
         type=_positive_int,
         default=DEFAULT_LIMITS.max_body_bytes,
@@ -99,6 +106,12 @@ def add_commands(commands: argparse._SubParsersAction[_ParserT]) -> None:
         type=_seconds,
         default=0.5,
         help="seconds the slow-first-byte fault waits (default 0.5)",
+    )
+    simulate.add_argument(
+        "--fault-calls",
+        type=_count,
+        metavar="N",
+        help="--fault plays on the first N requests only (default: on every request)",
     )
     simulate.add_argument(
         "--gateway",
@@ -131,6 +144,14 @@ def _add_served_model_name(parser: argparse.ArgumentParser, when: str = "") -> N
         metavar="NAME",
         help=f"{when}the model names the simulated worker serves (default: any name)",
     )
+
+
+def _count(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        msg = f"expected 0 or more, got {text}"
+        raise argparse.ArgumentTypeError(msg)
+    return value
 
 
 def _positive_int(text: str) -> int:
@@ -204,6 +225,7 @@ def _serve(args: argparse.Namespace) -> int:
             "idle": args.idle_timeout,
         },
         "worker_keep_alive": args.worker_keep_alive,
+        "prefill_max_retries": args.prefill_max_retries,
         "max_body_bytes": args.max_body_bytes,
     }
     _, warnings, problems = _pipeline(settings)
@@ -253,6 +275,7 @@ def app_from_settings() -> ASGIApp:
         timeouts=Timeouts(**settings["timeouts"]),
         limits=Limits(max_body_bytes=settings["max_body_bytes"]),
         worker_keep_alive=settings["worker_keep_alive"],
+        prefill_max_retries=settings["prefill_max_retries"],
     )
     if not settings["simulate"]:
         return app
@@ -292,6 +315,7 @@ def _simulate(args: argparse.Namespace) -> int:
         raise CliError(msg)
     settings = {
         "fault": args.fault,
+        "fault_calls": args.fault_calls,
         "stream_delay": args.stream_delay,
         "first_byte_delay": args.first_byte_delay,
         "served_model_names": args.served_model_name or [],
@@ -341,6 +365,7 @@ def _simulated_worker(settings: Mapping[str, Any]) -> ASGIApp:
         fault=settings.get("fault"),
         stream_delay=stream_delay,
         first_byte_delay=settings.get("first_byte_delay", 0.5),
+        fault_calls=settings.get("fault_calls"),
     )
 
 

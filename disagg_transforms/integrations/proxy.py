@@ -41,6 +41,7 @@ from disagg_transforms.exchange import (
     Driver,
     Exchange,
     ExchangeSettings,
+    Phase,
     WorkerCall,
     pipeline_phases,
 )
@@ -239,6 +240,32 @@ _TIMEOUTS = (TimeoutError, asyncio.TimeoutError)
 _FAILURES = (aiohttp.ClientError, *_TIMEOUTS)
 
 
+# What a closed pooled connection looks like before any byte of the answer came.
+_IDLE_CLOSE = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
+# A prefill answer worth another try (--prefill-max-retries): the worker or its gateway was
+# unavailable; any other status is the answer.
+_RETRIED_STATUSES = frozenset({502, 503, 504})
+
+
+class _Reuse:
+    """Whether a call went out on a pooled connection (aiohttp's trace of that call says)."""
+
+    __slots__ = ("pooled",)
+
+    def __init__(self) -> None:
+        self.pooled = False
+
+
+async def _on_reuse(
+    _session: aiohttp.ClientSession,
+    context: object,
+    _params: aiohttp.TraceConnectionReuseconnParams,
+) -> None:
+    reuse = getattr(context, "trace_request_ctx", None)
+    if isinstance(reuse, _Reuse):
+        reuse.pooled = True
+
+
 def _timed_out(error: BaseException) -> bool:
     # aiohttp's own timeouts (a connection not opened or taken from the pool in time) are
     # asyncio's TimeoutError too.
@@ -264,15 +291,18 @@ def _too_large(request: Request, limit: int) -> Response:
 
 
 class _Proxy:
-    def __init__(
+    def __init__(  # noqa: PLR0913 - what create_app was given, set once
         self,
         config: Mapping[Step, StepParams],
         urls: Mapping[str, str],
         timeouts: Timeouts,
         settings: ExchangeSettings,
+        *,
         worker_keep_alive: float,
+        prefill_max_retries: int,
     ) -> None:
         self.config = config
+        self.prefill_max_retries = prefill_max_retries
         self.urls = urls
         self.timeouts = timeouts
         self.worker_keep_alive = worker_keep_alive
@@ -295,7 +325,10 @@ class _Proxy:
             keepalive_timeout=self.worker_keep_alive or None,
             force_close=not self.worker_keep_alive,
         )
+        reuse = aiohttp.TraceConfig()
+        reuse.on_connection_reuseconn.append(_on_reuse)
         async with aiohttp.ClientSession(
+            trace_configs=[reuse],
             connector=connector,
             timeout=aiohttp.ClientTimeout(total=None, connect=self.timeouts.connect),
             cookie_jar=aiohttp.DummyCookieJar(),
@@ -417,26 +450,36 @@ class _Proxy:
         body_stream = self._relay(drive, stream, reply.first, log, reply.status)
         return StreamingResponse(body_stream, status_code=reply.status, headers=dict(reply.headers))
 
+    async def _send(self, call: WorkerCall) -> aiohttp.ClientResponse:
+        """Send ``call``; its answer once its status and headers came.
+
+        A call that fails on a pooled connection before any byte of its answer came is sent
+        again: the worker closed that idle connection as the call went out, and never read it
+        (docs/proxy.md, "Keep-alive"). Each such failure closes that connection, so this ends
+        on a fresh one, whose failure is the call's.
+        """
+        url = self.urls[call.step] + call.path
+        while True:
+            reuse = _Reuse()
+            try:
+                return await self._client().request(
+                    call.method, url, headers=call.headers, data=call.body, trace_request_ctx=reuse
+                )
+            except _IDLE_CLOSE:
+                if not reuse.pooled:
+                    raise
+
     async def _call(self, drive: Driver, call: WorkerCall, log: _Log) -> _Stream | None:
         """Make one worker call and feed its answer (a stream until the client's reply is known)."""
-        url = self.urls[call.step] + call.path
+        if not call.stream:
+            await self._call_whole(drive, call, log)
+            return None
         since = time.monotonic()
         stream: _Stream | None = None
         first_byte_due = asyncio.get_running_loop().time() + self.timeouts.first_byte
         try:
             async with _deadline(self.timeouts.first_byte):
-                answer = await self._client().request(
-                    call.method, url, headers=call.headers, data=call.body
-                )
-                if not call.stream:
-                    try:
-                        body = await answer.read()
-                    finally:
-                        answer.release()
-            if not call.stream:
-                drive.answered(answer.status, answer.raw_headers, body)
-                log.leg(call.step, answer.status, since)
-                return None
+                answer = await self._send(call)
             stream = _Stream(answer, first_byte_due, self.timeouts.idle)
             drive.stream_opened(answer.status, answer.raw_headers)
             while drive.opening:
@@ -453,6 +496,34 @@ class _Proxy:
             raise
         log.leg(call.step, answer.status, since)
         return stream
+
+    async def _call_whole(self, drive: Driver, call: WorkerCall, log: _Log) -> None:
+        """Make a call whose answer is read whole, and feed it.
+
+        A prefill that failed with 502, 503, 504 or in transport is sent again, up to
+        ``--prefill-max-retries`` times; only the last try's outcome reaches the exchange, so
+        a failed prefill is the client's error and no decode call follows it.
+        """
+        retries = self.prefill_max_retries if call.step is Phase.PREFILL else 0
+        for retries_left in range(retries, -1, -1):
+            since = time.monotonic()
+            try:
+                async with _deadline(self.timeouts.first_byte):
+                    answer = await self._send(call)
+                    try:
+                        body = await answer.read()
+                    finally:
+                        answer.release()
+            except _FAILURES as error:
+                log.leg(call.step, "failed", since)
+                if not retries_left:
+                    drive.failed(_reason(error, self.timeouts), timed_out=_timed_out(error))
+                continue
+            log.leg(call.step, answer.status, since)
+            if retries_left and answer.status in _RETRIED_STATUSES:
+                continue
+            drive.answered(answer.status, answer.raw_headers, body)
+            return
 
     async def _relay(
         self, drive: Driver, stream: _Stream, first: bytes, log: _Log, status: int
@@ -533,6 +604,7 @@ def create_app(  # noqa: PLR0913 - one URL per step and the settings, all by key
     hooks: Pipeline | None = None,
     limits: Limits = DEFAULT_LIMITS,
     worker_keep_alive: float = 2.0,
+    prefill_max_retries: int = 0,
 ) -> Starlette:
     """The proxy as a Starlette app: the client routes and vLLM's others (``docs/proxy.md``).
 
@@ -555,6 +627,8 @@ def create_app(  # noqa: PLR0913 - one URL per step and the settings, all by key
         worker_keep_alive: seconds a pooled worker connection may stay idle before it is
             closed; well under a uvicorn-served vLLM worker's 5 s, so the proxy never sends on
             a connection the worker is closing (docs/proxy.md).
+        prefill_max_retries: how many more times a prefill that failed with 502, 503, 504 or
+            in transport is sent; never a decode-only fallback.
 
     Raises:
         ConfigError: the first of :func:`url_errors`.
@@ -572,7 +646,17 @@ def create_app(  # noqa: PLR0913 - one URL per step and the settings, all by key
     urls.update({k: v for k, v in (("prefill", prefill_url), ("encode", encode_url)) if v})
     stripped = {k: v.rstrip("/") for k, v in urls.items()}
     settings = ExchangeSettings(hooks=hooks, limits=limits)
-    proxy = _Proxy(config, stripped, timeouts, settings, worker_keep_alive)
+    if prefill_max_retries < 0:
+        msg = f"prefill_max_retries: expected 0 or more, got {prefill_max_retries}"
+        raise ConfigError(msg, param="prefill_max_retries")
+    proxy = _Proxy(
+        config,
+        stripped,
+        timeouts,
+        settings,
+        worker_keep_alive=worker_keep_alive,
+        prefill_max_retries=prefill_max_retries,
+    )
     routes = [HttpRoute(route.value, proxy.serve, methods=["POST"]) for route in _CLIENT_ROUTES]
     routes += [
         HttpRoute("/health", proxy.health, methods=["GET"]),
