@@ -8,6 +8,9 @@ the official SDKs.
 
 from __future__ import annotations
 
+import asyncio
+import pathlib
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -204,3 +207,106 @@ def test_without_retries_a_failed_prefill_is_a_502_and_no_decode_follows(
         "render=200",
         "prefill=503",
     ]
+
+
+# -- a pooled connection the worker closed: the call is sent again on a fresh one -------------
+
+_CHAT_ANSWER = (
+    b'{"id":"c","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,'
+    b'"message":{"role":"assistant","content":"Hi"},"finish_reason":"stop"}],'
+    b'"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}'
+)
+
+
+class ClosingWorker:
+    """A worker that answers the first request of each connection, then closes it under the next.
+
+    It never says ``Connection: close``: to the proxy the connection looks reusable, as a
+    worker's idle connection does until its close arrives, and the next call sent on it fails
+    before any byte of an answer (the worst timing of an idle close, made certain).
+    """
+
+    def __init__(self, *, answers: bool = True) -> None:
+        self.answers = answers  # False: every connection is closed under its first call
+        self.answered = 0
+        self.closed_under_a_call = 0
+        self.url = ""
+        self._ready = threading.Event()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> ClosingWorker:  # noqa: PYI034 - a test helper, never subclassed
+        self._thread.start()
+        self._ready.wait(10)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        server = self._loop.run_until_complete(
+            asyncio.start_server(self._connection, "127.0.0.1", 0)
+        )
+        self.url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        self._ready.set()
+        self._loop.run_forever()
+        server.close()
+        self._loop.run_until_complete(server.wait_closed())
+        self._loop.close()
+
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await self._read_request(reader)
+        if not self.answers:
+            self.closed_under_a_call += 1
+            writer.close()
+            return
+        head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
+        writer.write(head % len(_CHAT_ANSWER) + _CHAT_ANSWER)
+        await writer.drain()
+        self.answered += 1
+        if await reader.read(1):  # the next call came on this connection: closed under it
+            self.closed_under_a_call += 1
+        writer.close()
+
+    @staticmethod
+    async def _read_request(reader: asyncio.StreamReader) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = next(
+            int(line.split(b":")[1])
+            for line in head.lower().split(b"\r\n")
+            if line.startswith(b"content-length:")
+        )
+        await reader.readexactly(length)
+
+
+def test_a_call_on_a_connection_the_worker_closed_is_sent_again(tmp_path: pathlib.Path) -> None:
+    config = tmp_path / "openai.json"
+    config.write_text('{"use_openai_format": true, "steps": {"decode": {}}}')
+    with ClosingWorker() as worker:
+        serve = ["serve", "--port", "0", "--config", str(config), "--decode-url", worker.url]
+        with running(([*serve, "--worker-keep-alive", "30"], tmp_path / "proxy.log")) as (proxy,):
+            client = openai.OpenAI(base_url=proxy.url + "/v1", api_key="unused", max_retries=0)
+            with client:
+                answers = [
+                    client.chat.completions.create(model="m", messages=CHAT, max_tokens=2)
+                    for _ in range(3)
+                ]
+    assert [a.choices[0].message.content for a in answers] == ["Hi"] * 3
+    # Calls 2 and 3 each met a closed connection, and were answered on a fresh one.
+    assert (worker.closed_under_a_call, worker.answered) == (2, 3)
+
+
+def test_a_call_closed_on_a_fresh_connection_is_not_sent_again(tmp_path: pathlib.Path) -> None:
+    """The worker read that call: sending it again could run it twice."""
+    config = tmp_path / "openai.json"
+    config.write_text('{"use_openai_format": true, "steps": {"decode": {}}}')
+    with ClosingWorker(answers=False) as worker:
+        serve = ["serve", "--port", "0", "--config", str(config), "--decode-url", worker.url]
+        with running((serve, tmp_path / "proxy.log")) as (proxy,):
+            client = openai.OpenAI(base_url=proxy.url + "/v1", api_key="unused", max_retries=0)
+            with client, pytest.raises(openai.InternalServerError) as raised:
+                client.chat.completions.create(model="m", messages=CHAT, max_tokens=2)
+    assert raised.value.status_code == 502
+    assert worker.closed_under_a_call == 1
