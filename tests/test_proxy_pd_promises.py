@@ -310,3 +310,29 @@ def test_a_call_closed_on_a_fresh_connection_is_not_sent_again(tmp_path: pathlib
                 client.chat.completions.create(model="m", messages=CHAT, max_tokens=2)
     assert raised.value.status_code == 502
     assert worker.closed_under_a_call == 1
+
+
+# -- a client that goes away: the worker call in flight is cancelled, prefill included --------
+
+
+def test_a_client_that_goes_away_mid_prefill_closes_the_prefill_call(
+    tmp_path: pathlib.Path,
+) -> None:
+    slow = ["simulate", "--port", "0", "--fault", "slow-first-byte", "--first-byte-delay", "120"]
+    with running(
+        (slow, tmp_path / "prefill.log"), (["simulate", "--port", "0"], tmp_path / "decode.log")
+    ) as (prefill, decode):
+        serve = ["serve", "--port", "0", "--prefill-url", prefill.url, "--decode-url", decode.url]
+        with running((serve, tmp_path / "proxy.log")) as (proxy,):
+            body = {"model": "m", "messages": CHAT, "max_tokens": 8}
+            headers = {"x-request-id": "gone-1"}
+            # The client gives up long before the prefill's first byte (120 s) and closes.
+            with pytest.raises(httpx.ReadTimeout):
+                httpx.post(
+                    proxy.url + "/v1/chat/completions", json=body, headers=headers, timeout=5
+                )
+            # The prefill worker sees its connection closed: it aborts the call.
+            log = prefill.wait_for_log("request aborted: POST /inference/v1/generate gone-1", 60)
+            assert "gone-1" in log
+            proxy_log = proxy.wait_for_log("gone-1 POST /v1/chat/completions 499")
+            assert "decode=" not in proxy_log

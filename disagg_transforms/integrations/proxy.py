@@ -437,9 +437,19 @@ class _Proxy:
             settings=self.settings,
         )
         drive = Driver(ex)
-        stream: _Stream | None = None
-        while (call := drive.next_call()) is not None:
-            stream = await self._call(drive, call, log)
+        calls = asyncio.ensure_future(self._calls(drive, log))
+        gone = asyncio.ensure_future(_disconnected(request))
+        await asyncio.wait((calls, gone), return_when=asyncio.FIRST_COMPLETED)
+        if not calls.done():
+            # The client went away: the call in flight is cancelled, which closes its
+            # connection, so the worker aborts it and frees its KV blocks (docs/proxy.md).
+            calls.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await calls
+            log.write(ex.request_id, 499, "client-disconnected")
+            return Response(b"", status_code=499)  # nobody reads it
+        gone.cancel()
+        stream = calls.result()
         reply = drive.reply()
         if isinstance(reply, ClientReply):
             if stream is not None:
@@ -468,6 +478,13 @@ class _Proxy:
             except _IDLE_CLOSE:
                 if not reuse.pooled:
                     raise
+
+    async def _calls(self, drive: Driver, log: _Log) -> _Stream | None:
+        """Make the exchange's worker calls; the decode worker's stream when it is relayed."""
+        stream: _Stream | None = None
+        while (call := drive.next_call()) is not None:
+            stream = await self._call(drive, call, log)
+        return stream
 
     async def _call(self, drive: Driver, call: WorkerCall, log: _Log) -> _Stream | None:
         """Make one worker call and feed its answer (a stream until the client's reply is known)."""
@@ -554,6 +571,12 @@ class _Proxy:
             stream.close()
             ex = drive.exchange
             log.write(ex.request_id, status, str(ended or ex.stream_end), why)
+
+
+async def _disconnected(request: Request) -> None:
+    """Return once the client closed its connection (its body was read whole before)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 class _TokenIds(msgspec.Struct):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
@@ -25,6 +26,8 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
+LOG: Final = logging.getLogger("disagg_transforms.testing")
+"""The simulated worker's own events (a client that went away)."""
 FAULT_HEADER: Final = "x-simulate-fault"
 """Request header naming a fault for that one request (overrides the worker's ``fault``)."""
 FAULT_MODES: Final = (
@@ -173,6 +176,9 @@ class SimulatedWorker:
         self.settings = WorkerSettings() if settings is None else settings
         self.calls: list[RecordedCall] = []
         """Every request received, in order."""
+        self.disconnected: list[RecordedCall] = []
+        """The calls whose client closed the connection before the answer started (seen while
+        ``slow-first-byte`` waits); each is also logged at INFO."""
 
     def calls_to(self, path: str) -> list[RecordedCall]:
         """The recorded calls to one path.
@@ -215,8 +221,11 @@ class SimulatedWorker:
             reply = _json(413, error_body("Request body too large", "BadRequestError", None, 413))
         else:
             reply = self._route(call, raw, fault)
-        if fault == "slow-first-byte":
-            await asyncio.sleep(self.first_byte_delay)
+        if fault == "slow-first-byte" and await _went_away(receive, self.first_byte_delay):
+            # What vLLM does then: abort the request, free its KV blocks, answer nothing.
+            self.disconnected.append(call)
+            LOG.info("client disconnected, request aborted: %s %s %s", method, path, request_id)
+            return
         await _send(send, reply, request_id, fault, self.stream_delay)
 
     def _worker_fault(self) -> str | None:
@@ -407,6 +416,20 @@ async def _lifespan(receive: Receive, send: Send) -> None:
         elif message["type"] == "lifespan.shutdown":
             await send({"type": "lifespan.shutdown.complete"})
             return
+
+
+async def _went_away(receive: Receive, delay: float) -> bool:
+    """Whether the client closed the connection within ``delay`` seconds (else: it waited)."""
+
+    async def disconnect() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+
+    try:
+        await asyncio.wait_for(disconnect(), delay)
+    except asyncio.TimeoutError:
+        return False
+    return True
 
 
 async def _send(
