@@ -46,7 +46,7 @@ ALLOWED_IMPORTS = {
     "dataclasses",
     "hashlib",
 }
-ALLOWED_IMPORTS |= {"json", "orjson", "re", "time", "typing", "uuid"}
+ALLOWED_IMPORTS |= {"json", "logging", "orjson", "re", "time", "typing", "uuid"}
 
 
 def call(  # noqa: PLR0917 - reads like the request line it sends

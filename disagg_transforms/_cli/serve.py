@@ -146,20 +146,17 @@ def _add_served_model_name(parser: argparse.ArgumentParser, when: str = "") -> N
     )
 
 
-def _count(text: str) -> int:
+def _count(text: str, minimum: int = 0) -> int:
     value = int(text)
-    if value < 0:
-        msg = f"expected 0 or more, got {text}"
+    if value < minimum:
+        expected = "a positive integer" if minimum else "0 or more"
+        msg = f"expected {expected}, got {text}"
         raise argparse.ArgumentTypeError(msg)
     return value
 
 
 def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        msg = f"expected a positive integer, got {text}"
-        raise argparse.ArgumentTypeError(msg)
-    return value
+    return _count(text, minimum=1)
 
 
 def _seconds(text: str) -> float:
