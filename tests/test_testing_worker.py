@@ -46,7 +46,7 @@ ALLOWED_IMPORTS = {
     "dataclasses",
     "hashlib",
 }
-ALLOWED_IMPORTS |= {"json", "orjson", "re", "time", "typing", "uuid"}
+ALLOWED_IMPORTS |= {"json", "logging", "orjson", "re", "time", "typing", "uuid"}
 
 
 def call(  # noqa: PLR0917 - reads like the request line it sends
@@ -121,7 +121,9 @@ def test_testing_package_imports_nothing_else_of_the_library() -> None:
 def test_fault_modes_and_unknown_fault() -> None:
     assert set(FAULT_MODES) == {
         "no-output-mode",
+        "http-400",
         "http-500",
+        "http-503",
         "not-json",
         "cut-stream",
         "slow-first-byte",
@@ -129,6 +131,8 @@ def test_fault_modes_and_unknown_fault() -> None:
     }
     with pytest.raises(ValueError, match="unknown fault"):
         SimulatedWorker(fault="gpu-on-fire")
+    with pytest.raises(ValueError, match="fault_calls"):
+        SimulatedWorker(fault="http-503", fault_calls=-1)
 
 
 def test_bad_settings_are_refused_when_built() -> None:

@@ -108,6 +108,13 @@ def add_commands(commands: argparse._SubParsersAction[_ParserT]) -> None:
         help="seconds an idle pooled worker connection stays open (default 2)",
     )
     serve.add_argument(
+        "--prefill-max-retries",
+        type=_count,
+        default=0,
+        metavar="N",
+        help="retries of a prefill that failed with 502, 503, 504 or in transport (default 0)",
+    )
+    serve.add_argument(
         "--max-body-bytes",
         type=_positive_int,
         help=f"largest client body; a larger one is 413 (default {DEFAULT_LIMITS.max_body_bytes})",
@@ -131,6 +138,12 @@ def add_commands(commands: argparse._SubParsersAction[_ParserT]) -> None:
         help="seconds the slow-first-byte fault waits (default 0.5)",
     )
     simulate.add_argument(
+        "--fault-calls",
+        type=_count,
+        metavar="N",
+        help="--fault plays on the first N requests only (default: on every request)",
+    )
+    simulate.add_argument(
         "--gateway",
         action="store_true",
         help="a simulated llm-d gateway: pools of workers chosen by the EPP-Profile header",
@@ -145,6 +158,11 @@ def add_commands(commands: argparse._SubParsersAction[_ParserT]) -> None:
         help="with --gateway: how a pool's worker is chosen",
     )
     _add_served_model_name(simulate)
+    simulate.add_argument(
+        "--enable-prompt-tokens-details",
+        action="store_true",
+        help="as vLLM's flag: a prefill's usage reports its cached prompt tokens",
+    )
 
 
 def _add_served_model_name(parser: argparse.ArgumentParser, when: str = "") -> None:
@@ -158,12 +176,17 @@ def _add_served_model_name(parser: argparse.ArgumentParser, when: str = "") -> N
     )
 
 
-def _positive_int(text: str) -> int:
+def _count(text: str, minimum: int = 0) -> int:
     value = int(text)
-    if value < 1:
-        msg = f"expected a positive integer, got {text}"
+    if value < minimum:
+        expected = "a positive integer" if minimum else "0 or more"
+        msg = f"expected {expected}, got {text}"
         raise argparse.ArgumentTypeError(msg)
     return value
+
+
+def _positive_int(text: str) -> int:
+    return _count(text, minimum=1)
 
 
 def _seconds(text: str) -> float:
@@ -244,6 +267,7 @@ def _serve(args: argparse.Namespace) -> int:
         "worker_keep_alive": args.worker_keep_alive,
         "max_body_bytes": process["max_body_bytes"],
         "connectors": given.get("connectors", {}),
+        "prefill_max_retries": args.prefill_max_retries,
     }
     with _metrics_dir():  # before the proxy, and so prometheus_client, is imported
         _, warnings, problems = _pipeline(settings)
@@ -340,6 +364,7 @@ def app_from_settings() -> ASGIApp:
         worker_keep_alive=settings["worker_keep_alive"],
         kv_connector=KvConnector(connectors.get("kv_connector", KvConnector.NIXL)),
         ec_connector=EcConnector(connectors.get("ec_connector", EcConnector.NIXL)),
+        prefill_max_retries=settings["prefill_max_retries"],
     )
     if not settings["simulate"]:
         return app
@@ -379,9 +404,11 @@ def _simulate(args: argparse.Namespace) -> int:
         raise CliError(msg)
     settings = {
         "fault": args.fault,
+        "fault_calls": args.fault_calls,
         "stream_delay": args.stream_delay,
         "first_byte_delay": args.first_byte_delay,
         "served_model_names": args.served_model_name or [],
+        "prompt_tokens_details": args.enable_prompt_tokens_details,
         "gateway": args.gateway,
         "pool_size": args.pool_size,
         "routing": args.routing,
@@ -410,7 +437,10 @@ def _simulated_worker(settings: Mapping[str, Any]) -> ASGIApp:
         WorkerSettings,
     )
 
-    worker = WorkerSettings(served_model_names=tuple(settings["served_model_names"]))
+    worker = WorkerSettings(
+        served_model_names=tuple(settings["served_model_names"]),
+        prompt_tokens_details=settings.get("prompt_tokens_details", False),
+    )
     stream_delay = settings.get("stream_delay", 0.0)
     if settings.get("gateway"):
         return SimulatedGateway(
@@ -424,6 +454,7 @@ def _simulated_worker(settings: Mapping[str, Any]) -> ASGIApp:
         fault=settings.get("fault"),
         stream_delay=stream_delay,
         first_byte_delay=settings.get("first_byte_delay", 0.5),
+        fault_calls=settings.get("fault_calls"),
     )
 
 

@@ -136,10 +136,11 @@ class ExchangeStateError(DisaggTransformError):
 
 
 class _TransferView(msgspec.Struct):
-    """The one thing read from an encode or prefill answer."""
+    """What is read from an encode or prefill answer: its transfer params and its usage."""
 
     kv_transfer_params: Any = UNSET
     ec_transfer_params: Any = UNSET
+    usage: Any = None
 
 
 def _header_pairs(headers: object) -> list[tuple[str, str]]:
@@ -353,6 +354,8 @@ class Exchange:
         self._connectors = (settings.kv_connector, settings.ec_connector)
         self._gathered = LegInputs(limits=settings.limits)
         """What the answers so far hand the legs (render's answer, transfer params)."""
+        self._prefill_cached: int | None = None
+        """The prefill answer's cached-prompt count, the one the client's usage reports."""
         self._client = ClientRequest(body={}, path=client_path, route=route)  # until it is read
         self._client_model: str | None = None
         try:
@@ -477,6 +480,7 @@ class Exchange:
                 client=self._client,
                 requested=leg.output_mode,
                 model=None if rendered is None else rendered.get(w.MODEL),
+                cached_tokens=self._prefill_cached,
             )
         except DisaggTransformError as error:
             self._fail(error, drops_stream=True)
@@ -665,7 +669,7 @@ class Exchange:
         del status
         if self._connectors[1] is EcConnector.SHARED_STORAGE:
             return None  # prefill reads the encoder cache from the storage
-        value = _transfer_params(Phase.ENCODE, body)
+        value = _transfer_params(Phase.ENCODE, body).ec_transfer_params
         # An encode answer may have no encoder cache to hand on.
         if isinstance(value, dict) or value in (None, UNSET):
             ec = value or None
@@ -679,7 +683,10 @@ class Exchange:
             kv = dict(_SHARED_STORAGE_KV)
             self._gathered = msgspec.structs.replace(self._gathered, kv_transfer_params=kv)
             return None
-        value = _transfer_params(Phase.PREFILL, body)
+        view = _transfer_params(Phase.PREFILL, body)
+        value = view.kv_transfer_params
+        # The prompt was computed here: its cached count is the client's (docs/exchange.md).
+        self._prefill_cached = _reply.cached_tokens_of(view.usage)
         # Decode pulls the prompt's KV with what prefill answered: without it there is nothing
         # to pull.
         if isinstance(value, dict):
@@ -712,6 +719,7 @@ class Exchange:
             leg=leg,
             client=self._client,
             hook=hook,
+            cached_tokens=self._prefill_cached,
         )
         headers = self._reply_headers(content_type)
         self._reply(ClientReply(status=200, headers=headers, body=reply), drops_stream=False)
@@ -909,14 +917,13 @@ def _kind(error: DisaggTransformError) -> ErrorKind:
     return "internal"
 
 
-def _transfer_params(phase: Phase, body: bytes) -> Any:  # noqa: ANN401 - any JSON value
-    """The one value read from an encode or prefill answer: its step's transfer params."""
+def _transfer_params(phase: Phase, body: bytes) -> _TransferView:
+    """What an encode or prefill answer hands on, read in one parse."""
     try:
-        view = msgspec.json.decode(body, type=_TransferView)
+        return msgspec.json.decode(body, type=_TransferView)
     except (msgspec.DecodeError, RecursionError) as error:
         msg = f"$: the {phase} answer is not a JSON object: {error}"
         raise UpstreamContractError(msg, param="$") from None
-    return view.kv_transfer_params if phase is Phase.PREFILL else view.ec_transfer_params
 
 
 def _no_transfer_object(phase: Phase, value: object) -> UpstreamContractError:

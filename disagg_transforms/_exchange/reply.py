@@ -200,22 +200,26 @@ _WHOLE_REPLIES: Mapping[Shape, Callable[[_Whole], tuple[bytes, str]]] = {
 }
 
 
-def whole_reply(
+def whole_reply(  # noqa: PLR0913 - the answer and what the exchange knows of it, by keyword
     shape: Shape,
     answer: bytes,
     *,
     leg: DecodeLeg,
     client: ClientRequest,
     hook: Hook | None,
+    cached_tokens: int | None = None,
 ) -> tuple[bytes, str]:
     """The client's body and content type for ``leg``'s non-streamed answer.
 
     The leg says the mode it asked for and whether the client streams (a single frame).
     ``hook`` runs the host's response transforms on a JSON reply (never on a single frame).
+    ``cached_tokens``: the prefill's count, written into the answer's usage first.
 
     Raises:
         UpstreamContractError: the answer is not JSON, not an object, or breaks the contract.
     """
+    if cached_tokens is not None:
+        answer = with_cached_tokens(answer, cached_tokens)
     whole = _Whole(
         answer=answer,
         mode=leg.output_mode or OutputMode.TEXT,
@@ -225,6 +229,103 @@ def whole_reply(
         hook=hook,
     )
     return _WHOLE_REPLIES[shape](whole)
+
+
+def cached_tokens_of(usage: object) -> int | None:
+    """``usage.prompt_tokens_details.cached_tokens`` of an answer, when it is a count."""
+    if not isinstance(usage, dict):
+        return None
+    details = usage.get(w.PROMPT_TOKENS_DETAILS)
+    cached = details.get(w.CACHED_TOKENS) if isinstance(details, dict) else None
+    return cached if type(cached) is int and cached >= 0 else None
+
+
+def with_cached_tokens(payload: bytes, cached_tokens: int) -> bytes:
+    """``payload`` (a JSON object) with its usage's cached-prompt count set to ``cached_tokens``.
+
+    After prefill and decode the prompt was computed on the prefill worker: its count is the
+    one a single vLLM server would report (docs/exchange.md, "Cached tokens"). Only a usage
+    with ``prompt_tokens`` (generate, chat, completions) is patched, at most to its prompt's
+    size; anything else, a body that is not JSON included, is returned as it is, for the
+    envelope to judge.
+    """
+    try:
+        members = msgspec.json.decode(payload, type=dict[str, msgspec.Raw])
+        usage = msgspec.json.decode(members[w.USAGE]) if w.USAGE in members else None
+    except (msgspec.DecodeError, RecursionError):
+        return payload
+    if not isinstance(usage, dict):
+        return payload
+    prompt = usage.get(w.PROMPT_TOKENS)
+    if type(prompt) is not int:
+        return payload
+    details = usage.get(w.PROMPT_TOKENS_DETAILS)
+    details = dict(details) if isinstance(details, dict) else {}
+    details[w.CACHED_TOKENS] = min(cached_tokens, prompt)
+    usage[w.PROMPT_TOKENS_DETAILS] = details
+    members[w.USAGE] = msgspec.Raw(_raw.encode(usage))
+    return _raw.encode(members)
+
+
+_USAGE_MARK: Final = b'"' + w.PROMPT_TOKENS.encode() + b'"'
+
+
+class _CachedTokensRelay:
+    """A relay whose worker events have the prefill's cached-prompt count in their usage.
+
+    Events are handed on whole (a cut one is held until it ends, as every relay holds it); only
+    an event that names ``prompt_tokens`` is decoded.
+    """
+
+    __slots__ = ("_cached", "_held", "_inner")
+
+    def __init__(self, inner: Relay, cached_tokens: int) -> None:
+        self._inner = inner
+        self._cached = cached_tokens
+        self._held = b""
+
+    @property
+    def worker_error(self) -> bool:
+        return self._inner.worker_error
+
+    def feed(self, data: bytes) -> bytes:
+        held = self._held + data
+        end = _last_event_end(held)
+        if not end:
+            if len(held) <= DEFAULT_MAX_EVENT_BYTES:
+                self._held = held
+                return b""
+            end = len(held)  # an event grown past the bound: the relay refuses it
+        self._held = held[end:]
+        return self._inner.feed(self._patched(held[:end]))
+
+    def _patched(self, events: bytes) -> bytes:
+        if _USAGE_MARK not in events:
+            return events
+        lines = events.split(_LF)
+        for at, line in enumerate(lines):
+            if line.startswith(_DATA_PREFIX) and _USAGE_MARK in line:
+                cr = line.endswith(_CR)
+                payload = line[_DATA_PREFIX_SIZE : -1 if cr else None]
+                patched = with_cached_tokens(payload, self._cached)
+                lines[at] = _DATA_PREFIX + patched + (_CR if cr else b"")
+        return _LF.join(lines)
+
+    def close(self) -> bytes:
+        rest, self._held = self._held, b""
+        out = self._inner.feed(rest) if rest else b""
+        return out + self._inner.close()
+
+    def error_event(self, message: str, *, status: int = 500) -> bytes:
+        return self._inner.error_event(message, status=status)
+
+
+def _last_event_end(data: bytes) -> int:
+    """Where the last whole SSE event of ``data`` ends; 0 when none does."""
+    if data.find(_CR) < 0:  # vLLM's framing
+        return data.rfind(_LF2) + 2 if _LF2 in data else 0
+    ends = [match.end() for match in EVENT_END.finditer(data)]
+    return ends[-1] if ends else 0
 
 
 class Relay(Protocol):
@@ -434,13 +535,14 @@ def _check_fields(events: bytes) -> None:
             raise UpstreamContractError(msg, param="$")
 
 
-def stream_relay(
+def stream_relay(  # noqa: PLR0913 - the shape and what the exchange knows, by keyword
     shape: Shape,
     *,
     client: ClientRequest,
     requested: OutputMode | None,
     model: object,
     clock: Callable[[], float] = time.time,
+    cached_tokens: int | None = None,
 ) -> Relay:
     """The relay of a streamed decode leg for ``shape``.
 
@@ -452,7 +554,20 @@ def stream_relay(
         model: the model to report when the client named none (the render answer's): stream
             chunks carry none.
         clock: gives ``created``.
+        cached_tokens: the prefill's count, written into the worker's usage events first.
     """
+    relay = _stream_relay(shape, client=client, requested=requested, model=model, clock=clock)
+    return relay if cached_tokens is None else _CachedTokensRelay(relay, cached_tokens)
+
+
+def _stream_relay(
+    shape: Shape,
+    *,
+    client: ClientRequest,
+    requested: OutputMode | None,
+    model: object,
+    clock: Callable[[], float],
+) -> Relay:
     mode = requested or OutputMode.TEXT
     client_body = client.body
     if shape is Shape.ENVELOPE:

@@ -223,6 +223,7 @@ SIGNATURE_DELTA: Final = "signature_delta"
 INPUT_JSON_DELTA: Final = "input_json_delta"
 PARTIAL_JSON: Final = "partial_json"
 PROMPT_TOKENS: Final = "prompt_tokens"
+PROMPT_TOKENS_DETAILS: Final = "prompt_tokens_details"
 COMPLETION_TOKENS: Final = "completion_tokens"
 # Sampling fields a client sends under their vLLM `SamplingParams` name (the mappers' table).
 N: Final = "n"

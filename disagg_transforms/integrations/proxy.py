@@ -454,6 +454,30 @@ _FAILURES = (aiohttp.ClientError, *_TIMEOUTS)
 
 
 _SignalHandler: TypeAlias = Callable[[int, FrameType | None], object]
+# What a closed pooled connection looks like before any byte of the answer came.
+_IDLE_CLOSE = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
+# A prefill answer worth another try (--prefill-max-retries): the worker or its gateway was
+# unavailable; any other status is the answer.
+_RETRIED_STATUSES = frozenset({502, 503, 504})
+
+
+class _Reuse:
+    """Whether a call went out on a pooled connection (aiohttp's trace of that call says)."""
+
+    __slots__ = ("pooled",)
+
+    def __init__(self) -> None:
+        self.pooled = False
+
+
+async def _on_reuse(
+    _session: aiohttp.ClientSession,
+    context: object,
+    _params: aiohttp.TraceConnectionReuseconnParams,
+) -> None:
+    reuse = getattr(context, "trace_request_ctx", None)
+    if isinstance(reuse, _Reuse):
+        reuse.pooled = True
 
 
 def _timed_out(error: BaseException) -> bool:
@@ -487,11 +511,13 @@ class _Proxy:
         urls: Mapping[str, str],
         timeouts: Timeouts,
         settings: ExchangeSettings,
-        worker_keep_alive: float,
         *,
+        worker_keep_alive: float,
         profiles: Mapping[str, str],
+        prefill_max_retries: int,
     ) -> None:
         self.config = config
+        self.prefill_max_retries = prefill_max_retries
         self.urls = urls
         self.profiles = profiles  # gateway mode: each leg's EPP-Profile
         self.timeouts = timeouts
@@ -554,7 +580,10 @@ class _Proxy:
             keepalive_timeout=self.worker_keep_alive or None,
             force_close=not self.worker_keep_alive,
         )
+        reuse = aiohttp.TraceConfig()
+        reuse.on_connection_reuseconn.append(_on_reuse)
         async with aiohttp.ClientSession(
+            trace_configs=[reuse],
             connector=connector,
             timeout=aiohttp.ClientTimeout(total=None, connect=self.timeouts.connect),
             cookie_jar=aiohttp.DummyCookieJar(),
@@ -692,9 +721,19 @@ class _Proxy:
         )
         log.begin(ex.client_model)
         drive = Driver(ex)
-        stream: _Stream | None = None
-        while (call := drive.next_call()) is not None:
-            stream = await self._call(drive, call, log)
+        calls = asyncio.ensure_future(self._calls(drive, log))
+        gone = asyncio.ensure_future(_disconnected(request))
+        await asyncio.wait((calls, gone), return_when=asyncio.FIRST_COMPLETED)
+        if not calls.done():
+            # The client went away: the call in flight is cancelled, which closes its
+            # connection, so the worker aborts it and frees its KV blocks (docs/proxy.md).
+            calls.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await calls
+            log.write(ex.request_id, 499, "client-disconnected")
+            return Response(b"", status_code=499)  # nobody reads it
+        gone.cancel()
+        stream = calls.result()
         reply = drive.reply()
         if isinstance(reply, ClientReply):
             if stream is not None:
@@ -705,30 +744,46 @@ class _Proxy:
         body_stream = self._relay(drive, stream, reply.first, log, reply.status)
         return StreamingResponse(body_stream, status_code=reply.status, headers=dict(reply.headers))
 
-    async def _call(self, drive: Driver, call: WorkerCall, log: _Log) -> _Stream | None:
-        """Make one worker call and feed its answer (a stream until the client's reply is known)."""
+    async def _send(self, call: WorkerCall) -> aiohttp.ClientResponse:
+        """Send ``call``; its answer once its status and headers came.
+
+        A call that fails on a pooled connection before any byte of its answer came is sent
+        again: the worker closed that idle connection as the call went out, and never read it
+        (docs/proxy.md, "Keep-alive"). Each such failure closes that connection, so this ends
+        on a fresh one, whose failure is the call's.
+        """
         url = self.urls[call.step] + call.path
         headers = call.headers
         if (profile := self.profiles.get(call.step)) is not None:
             headers = (*headers, (_PROFILE_HEADER, profile))
+        while True:
+            reuse = _Reuse()
+            try:
+                return await self._client().request(
+                    call.method, url, headers=headers, data=call.body, trace_request_ctx=reuse
+                )
+            except _IDLE_CLOSE:
+                if not reuse.pooled:
+                    raise
+
+    async def _calls(self, drive: Driver, log: _Log) -> _Stream | None:
+        """Make the exchange's worker calls; the decode worker's stream when it is relayed."""
+        stream: _Stream | None = None
+        while (call := drive.next_call()) is not None:
+            stream = await self._call(drive, call, log)
+        return stream
+
+    async def _call(self, drive: Driver, call: WorkerCall, log: _Log) -> _Stream | None:
+        """Make one worker call and feed its answer (a stream until the client's reply is known)."""
+        if not call.stream:
+            await self._call_whole(drive, call, log)
+            return None
         since = log.calling(call.step)
         stream: _Stream | None = None
         first_byte_due = asyncio.get_running_loop().time() + self.timeouts.first_byte
         try:
             async with _deadline(self.timeouts.first_byte):
-                answer = await self._client().request(
-                    call.method, url, headers=headers, data=call.body
-                )
-                if not call.stream:
-                    head = time.monotonic()
-                    try:
-                        body = await answer.read()
-                    finally:
-                        answer.release()
-            if not call.stream:
-                drive.answered(answer.status, answer.raw_headers, body)
-                log.leg(call.step, answer.status, since, head)
-                return None
+                answer = await self._send(call)
             stream = _Stream(answer, first_byte_due, self.timeouts.idle)
             drive.stream_opened(answer.status, answer.raw_headers)
             while drive.opening:
@@ -749,6 +804,35 @@ class _Proxy:
             return None
         log.streaming(call.step, answer.status, since)
         return stream
+
+    async def _call_whole(self, drive: Driver, call: WorkerCall, log: _Log) -> None:
+        """Make a call whose answer is read whole, and feed it.
+
+        A prefill that failed with 502, 503, 504 or in transport is sent again, up to
+        ``--prefill-max-retries`` times; only the last try's outcome reaches the exchange, so
+        a failed prefill is the client's error and no decode call follows it.
+        """
+        retries = self.prefill_max_retries if call.step is Phase.PREFILL else 0
+        for retries_left in range(retries, -1, -1):
+            since = log.calling(call.step)  # every try is a call made
+            try:
+                async with _deadline(self.timeouts.first_byte):
+                    answer = await self._send(call)
+                    head = time.monotonic()
+                    try:
+                        body = await answer.read()
+                    finally:
+                        answer.release()
+            except _FAILURES as error:
+                log.leg(call.step, "failed", since)
+                if not retries_left:
+                    drive.failed(_reason(error, self.timeouts), timed_out=_timed_out(error))
+                continue
+            log.leg(call.step, answer.status, since, head)
+            if retries_left and answer.status in _RETRIED_STATUSES:
+                continue
+            drive.answered(answer.status, answer.raw_headers, body)
+            return
 
     async def _relay(
         self, drive: Driver, stream: _Stream, first: bytes, log: _Log, status: int
@@ -780,6 +864,12 @@ class _Proxy:
             stream.close()
             ex = drive.exchange
             log.write(ex.request_id, status, str(ended or ex.stream_end), why, ex.error_kind)
+
+
+async def _disconnected(request: Request) -> None:
+    """Return once the client closed its connection (its body was read whole before)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 class _TokenIds(msgspec.Struct):
@@ -833,6 +923,7 @@ def create_app(  # noqa: PLR0913 - one URL per step and the settings, all by key
     worker_keep_alive: float = 2.0,
     kv_connector: KvConnector = KvConnector.NIXL,
     ec_connector: EcConnector = EcConnector.NIXL,
+    prefill_max_retries: int = 0,
 ) -> Starlette:
     """The proxy as a Starlette app: the client routes and vLLM's others (``docs/proxy.md``).
 
@@ -863,6 +954,8 @@ def create_app(  # noqa: PLR0913 - one URL per step and the settings, all by key
             (:attr:`~disagg_transforms.ExchangeSettings.kv_connector`).
         ec_connector: how encode hands its encoder cache to prefill
             (:attr:`~disagg_transforms.ExchangeSettings.ec_connector`).
+        prefill_max_retries: how many more times a prefill that failed with 502, 503, 504 or
+            in transport is sent; never a decode-only fallback.
 
     Raises:
         ConfigError: the first of :func:`url_errors`.
@@ -892,7 +985,18 @@ def create_app(  # noqa: PLR0913 - one URL per step and the settings, all by key
     settings = ExchangeSettings(
         hooks=hooks, limits=limits, kv_connector=kv_connector, ec_connector=ec_connector
     )
-    proxy = _Proxy(config, stripped, timeouts, settings, worker_keep_alive, profiles=profiles)
+    if prefill_max_retries < 0:
+        msg = f"prefill_max_retries: expected 0 or more, got {prefill_max_retries}"
+        raise ConfigError(msg, param="prefill_max_retries")
+    proxy = _Proxy(
+        config,
+        stripped,
+        timeouts,
+        settings,
+        worker_keep_alive=worker_keep_alive,
+        profiles=profiles,
+        prefill_max_retries=prefill_max_retries,
+    )
     routes = [HttpRoute(route.value, proxy.serve, methods=["POST"]) for route in _CLIENT_ROUTES]
     routes += [
         HttpRoute("/health", proxy.health, methods=["GET"]),

@@ -119,6 +119,10 @@ class WorkerSettings:
     """The reasoning the model writes in ``derender`` mode."""
     engine_id: str = DEFAULT_ENGINE_ID
     """``remote_engine_id`` of a prefill's ``kv_transfer_params``."""
+    prompt_tokens_details: bool = False
+    """vLLM's ``--enable-prompt-tokens-details``: a P/D leg's usage reports
+    ``prompt_tokens_details.cached_tokens`` (a prefill: the prefix cache's hit over the prompts
+    this worker computed before; a decode that pulls the prompt's KV: 0). Off: ``null``."""
 
     def __post_init__(self) -> None:
         if self.max_model_len < 1:

@@ -7,7 +7,7 @@ import hashlib
 import json
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final
 
 import orjson
@@ -624,6 +624,41 @@ def _kv_answer(
     }
 
 
+def cached_prefix(prompt: list[int], earlier: Iterable[object]) -> int:
+    """The tokens of ``prompt`` a prefix cache holding the ``earlier`` prompts would reuse.
+
+    Whole blocks of the longest prefix shared with an earlier prompt, never the whole prompt
+    (its last token is always computed), as vLLM's prefix cache reports them.
+    """
+    longest = 0
+    for other in earlier:
+        if not isinstance(other, list):
+            continue
+        shared = 0
+        for mine, theirs in zip(prompt, other, strict=False):
+            if mine != theirs:
+                break
+            shared += 1
+        longest = max(longest, shared)
+    return min(longest, len(prompt) - 1) // BLOCK_SIZE * BLOCK_SIZE
+
+
+def _prompt_details(body: Mapping[str, Any], cached_tokens: int) -> dict[str, int] | None:
+    """``usage.prompt_tokens_details`` of a P/D leg, as vLLM with prompt token details reports it.
+
+    A prefill (``do_remote_decode``) counts the prefix cache's tokens; a decode that pulls the
+    prompt's KV from prefill (``do_remote_prefill``) counts none of its own. Other calls: none.
+    """
+    params = body.get("kv_transfer_params")
+    if not isinstance(params, dict):
+        return None
+    if params.get("do_remote_decode") is True:
+        return {"cached_tokens": cached_tokens}
+    if params.get("do_remote_prefill") is True:
+        return {"cached_tokens": 0}
+    return None
+
+
 def _ec_answer(body: Mapping[str, Any], settings: WorkerSettings) -> Any:  # noqa: ANN401 - JSON
     """Where the encoder cache of the items this call encoded can be pulled from.
 
@@ -664,13 +699,14 @@ def response_request_id(body: Mapping[str, Any], header_id: str | None) -> str:
     return f"generate-tokens-{base if base is not None else uuid.uuid4().hex[:16]}"
 
 
-def generate(
+def generate(  # noqa: PLR0913 - the body, then what the worker knows, by keyword
     body: Mapping[str, Any],
     settings: WorkerSettings,
     *,
     header_id: str | None,
     legacy: bool,
     sequence: int,
+    cached_tokens: int = 0,
 ) -> GenerateAnswer:
     """Answer a validated, accepted generate body.
 
@@ -680,6 +716,7 @@ def generate(
         header_id: The ``x-request-id`` header, if sent.
         legacy: Answer like a vLLM that predates ``output_mode``.
         sequence: The call's position in the worker's log (makes ids unique yet repeatable).
+        cached_tokens: The prompt's tokens in the worker's prefix cache (:func:`cached_prefix`).
 
     Returns:
         The answer.
@@ -695,8 +732,9 @@ def generate(
     count = min(cap, len(script))
     finish = "stop" if count == len(script) else "length"
     choices = [_Choice(index, script[:count], finish) for index in range(sampling.get("n", 1))]
+    details = _prompt_details(body, cached_tokens) if settings.prompt_tokens_details else None
     if body.get("stream") is True:
-        events = _stream(body, choices, request_id, mode, legacy=legacy)
+        events = _stream(body, choices, request_id, mode, legacy=legacy, details=details)
         return GenerateAnswer(None, events)
     answer_choices = [_answer_choice(choice, body, mode, request_id) for choice in choices]
     completion = sum(len(choice.tokens) for choice in choices)
@@ -708,7 +746,7 @@ def generate(
             "prompt_tokens": len(prompt),
             "total_tokens": len(prompt) + completion,
             "completion_tokens": completion,
-            "prompt_tokens_details": None,
+            "prompt_tokens_details": details,
             "completion_tokens_details": None,
         },
         "prompt_logprobs": None,
@@ -761,13 +799,14 @@ def _event(chunk: Mapping[str, Any]) -> bytes:
     return b"data: " + orjson.dumps(chunk) + b"\n\n"
 
 
-def _stream(
+def _stream(  # noqa: PLR0913 - the answer's parts, by keyword
     body: Mapping[str, Any],
     choices: list[_Choice],
     request_id: str,
     mode: str,
     *,
     legacy: bool,
+    details: dict[str, int] | None,
 ) -> list[bytes]:
     sampling: Mapping[str, Any] = body["sampling_params"]
     options = body.get("stream_options") or {}
@@ -801,7 +840,7 @@ def _stream(
                     "prompt_tokens": prompt_len,
                     "total_tokens": prompt_len + step + 1,
                     "completion_tokens": step + 1,
-                    "prompt_tokens_details": None,
+                    "prompt_tokens_details": details,
                     "completion_tokens_details": None,
                 }
             chunk: dict[str, Any] = {"request_id": request_id, "usage": usage}
@@ -814,13 +853,15 @@ def _stream(
             events.append(_event(chunk))
     if include_usage:
         completion = sum(len(choice.tokens) for choice in choices)
+        counts: dict[str, Any] = {
+            "prompt_tokens": prompt_len,
+            "total_tokens": prompt_len + completion,
+            "completion_tokens": completion,
+        }
+        # vLLM's last usage chunk names only the counts when it has no details.
         final: dict[str, Any] = {
             "request_id": request_id,
-            "usage": {
-                "prompt_tokens": prompt_len,
-                "total_tokens": prompt_len + completion,
-                "completion_tokens": completion,
-            },
+            "usage": counts if details is None else {**counts, "prompt_tokens_details": details},
         }
         if not legacy:
             final["output_mode"] = mode

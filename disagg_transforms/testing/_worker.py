@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
@@ -25,11 +26,15 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
+LOG: Final = logging.getLogger("disagg_transforms.testing")
+"""The simulated worker's own events (a client that went away)."""
 FAULT_HEADER: Final = "x-simulate-fault"
 """Request header naming a fault for that one request (overrides the worker's ``fault``)."""
 FAULT_MODES: Final = (
     "cut-stream",
+    "http-400",
     "http-500",
+    "http-503",
     "no-output-mode",
     "not-json",
     "slow-first-byte",
@@ -65,6 +70,11 @@ _HTML_ERROR: Final = (
     b"</body>\r\n</html>\r\n"
 )
 _INTERNAL_ERROR: Final = error_body("Internal server error", "InternalServerError", None, 500)
+_STATUS_FAULTS: Final = {
+    "http-400": (400, error_body("Bad request (simulated)", "BadRequestError", None, 400)),
+    "http-500": (500, _INTERNAL_ERROR),
+    "http-503": (503, error_body("Service unavailable", "ServiceUnavailableError", None, 503)),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,7 +130,8 @@ class SimulatedWorker:
 
     - ``no-output-mode``: a vLLM older than ``output_mode``: generate ignores the key, answers
       tokens only and writes no ``output_mode``, in stream chunks too.
-    - ``http-500``: status 500 with vLLM's ``InternalServerError`` body.
+    - ``http-500``: status 500 with vLLM's ``InternalServerError`` body; ``http-503`` and
+      ``http-400``: that status, with an error body in vLLM's shape.
     - ``not-json``: status 200, an HTML error page (``text/html``).
     - ``cut-stream``: a stream sends its first chunk, then half of the next event and ends (no
       ``[DONE]``); a non-streaming answer ends halfway through its JSON.
@@ -133,9 +144,11 @@ class SimulatedWorker:
         fault: A fault for every request, or ``None``.
         first_byte_delay: Seconds ``slow-first-byte`` waits.
         stream_delay: Seconds between the events of a stream (a slow model; ``0``: none).
+        fault_calls: ``fault`` plays on this many requests only (``GET /health`` excepted),
+            then the worker answers normally; ``None``: on every request.
 
     Raises:
-        ValueError: An unknown fault or a negative delay.
+        ValueError: An unknown fault, a negative delay or a negative ``fault_calls``.
     """
 
     def __init__(
@@ -145,7 +158,12 @@ class SimulatedWorker:
         fault: str | None = None,
         first_byte_delay: float = 0.5,
         stream_delay: float = 0.0,
+        fault_calls: int | None = None,
     ) -> None:
+        if fault_calls is not None and fault_calls < 0:
+            msg = "fault_calls must be 0 or more"
+            raise ValueError(msg)
+        self._faults_left = fault_calls
         if fault is not None and fault not in FAULT_MODES:
             msg = f"unknown fault {fault!r}; expected one of {', '.join(FAULT_MODES)}"
             raise ValueError(msg)
@@ -158,6 +176,9 @@ class SimulatedWorker:
         self.settings = WorkerSettings() if settings is None else settings
         self.calls: list[RecordedCall] = []
         """Every request received, in order."""
+        self.disconnected: list[RecordedCall] = []
+        """The calls whose client closed the connection before the answer started (seen while
+        ``slow-first-byte`` waits); each is also logged at INFO."""
 
     def calls_to(self, path: str) -> list[RecordedCall]:
         """The recorded calls to one path.
@@ -188,21 +209,33 @@ class SimulatedWorker:
         request_id = headers.get("x-request-id") or uuid.uuid4().hex
         fault = headers.get(FAULT_HEADER)
         if fault is None and path != "/health":
-            fault = self.fault
+            fault = self._worker_fault()
         if fault is not None and fault not in FAULT_MODES:
             msg = f"unknown {FAULT_HEADER} {fault!r}; expected one of {', '.join(FAULT_MODES)}"
             reply = _json(400, error_body(msg, "BadRequestError", FAULT_HEADER, 400))
-        elif fault == "http-500":
-            reply = _json(500, _INTERNAL_ERROR)
+        elif fault in _STATUS_FAULTS:
+            reply = _json(*_STATUS_FAULTS[fault])
         elif fault == "not-json":
             reply = _Reply(200, "text/html; charset=utf-8", _HTML_ERROR)
         elif raw is None:
             reply = _json(413, error_body("Request body too large", "BadRequestError", None, 413))
         else:
             reply = self._route(call, raw, fault)
-        if fault == "slow-first-byte":
-            await asyncio.sleep(self.first_byte_delay)
+        if fault == "slow-first-byte" and await _went_away(receive, self.first_byte_delay):
+            # What vLLM does then: abort the request, free its KV blocks, answer nothing.
+            self.disconnected.append(call)
+            LOG.info("client disconnected, request aborted: %s %s %s", method, path, request_id)
+            return
         await _send(send, reply, request_id, fault, self.stream_delay)
+
+    def _worker_fault(self) -> str | None:
+        """The worker's own fault for this request, while it has plays left."""
+        if self.fault is None or self._faults_left is None:
+            return self.fault
+        if not self._faults_left:
+            return None
+        self._faults_left -= 1
+        return self.fault
 
     def _route(  # noqa: PLR0911 - one answer per route
         self, call: RecordedCall, raw: bytes, fault: str | None
@@ -255,8 +288,18 @@ class SimulatedWorker:
         stream = request.get("stream") is True
         if fault == "stream-error" and not stream:
             return _json(500, _INTERNAL_ERROR)
+        earlier = (
+            call.body.get("token_ids")
+            for call in self.calls[:-1]
+            if call.path == GENERATE_PATH and isinstance(call.body, dict)
+        )
         answer = _generate.generate(
-            request, self.settings, header_id=header_id, legacy=legacy, sequence=len(self.calls)
+            request,
+            self.settings,
+            header_id=header_id,
+            legacy=legacy,
+            sequence=len(self.calls),
+            cached_tokens=_generate.cached_prefix(request["token_ids"], earlier),
         )
         if answer.events is not None:
             return _Reply(200, "text/event-stream; charset=utf-8", events=answer.events)
@@ -373,6 +416,20 @@ async def _lifespan(receive: Receive, send: Send) -> None:
         elif message["type"] == "lifespan.shutdown":
             await send({"type": "lifespan.shutdown.complete"})
             return
+
+
+async def _went_away(receive: Receive, delay: float) -> bool:
+    """Whether the client closed the connection within ``delay`` seconds (else: it waited)."""
+
+    async def disconnect() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+
+    try:
+        await asyncio.wait_for(disconnect(), delay)
+    except asyncio.TimeoutError:
+        return False
+    return True
 
 
 async def _send(
