@@ -456,7 +456,8 @@ ms from there to the prefill call, 0.6 ms to the decode call and 1.0 ms from the
 the client's first chunk. So `serve` adds 2.6-2.7 ms, about 0.6 ms for each call in a row (the
 call built and sent, the worker's answer read, the exchange's next leg built). That meets 3 ms
 only on cores that are not shared: on this machine each of the hops waits for its turn on a loaded
-core, which is what the table's figure measures. What would meet it with room: fewer calls in a
+core, which is what the table's figure measures (two runs of this benchmark minutes apart gave 7.3
+and 22.0 ms for it, vllm-router's 1.5 and 8.0 ms). What would meet it with room: fewer calls in a
 row before the decode (render and prefill are two; a request the exchange need not render saves
 one), and less Python per worker call and per leg.
 """
@@ -482,9 +483,9 @@ def first_chunk_note(results: Sequence[Result], *, simulated: bool = False) -> s
         else "the worker answers at once, but"
     )
     return textwrap.fill(
-        f"**Time to the first chunk** at c1 is latency more than CPU here: {worker} the worker and"
-        " each proxy share the machine's loaded cores, so each hop costs what the scheduler gives"
-        " it. In this run the pass-through, which only relays, adds"
+        f"**Time to the first chunk** at c1 is latency more than CPU here: {worker} every process"
+        " here shares the machine's loaded cores with other work, so each hop costs what the"
+        " scheduler gives it. In this run the pass-through, which only relays, adds"
         f" {added(PASS_THROUGH, 'stream')} ms to the first chunk and `serve` decode only"
         f" {added(ONE_CALL, 'stream')} ms; `serve` default adds {added(GENERATE, 'stream')} ms, its"
         " render and prefill calls coming before the decode (its whole answers at c1 add"
@@ -504,19 +505,26 @@ def _uvicorn_picks() -> str:
 
 def section(results: Sequence[Result], command: str, *, simulated: bool = False) -> str:
     router = "vllm-router P/D" if any(r.target == ROUTER for r in results) else "(not installed)"
-    worker = (
-        "One simulated worker answering at once, unpinned"
-        if simulated
-        else "One fast fake worker (`benchmarks/fast_worker.py`: the simulated worker's answers,"
-        " recorded once per kind of request and replayed pre-encoded, a stream's first chunk at"
-        " once and the others back to back) pinned to the first core"
+    worker = textwrap.fill(
+        (
+            "One simulated worker answering at once, unpinned"
+            if simulated
+            else "One fast fake worker (`benchmarks/fast_worker.py`: the simulated worker's"
+            " answers, recorded once per kind of request and replayed pre-encoded, a stream's"
+            " first chunk at once and the others back to back) pinned to the first core"
+        )
+        + f" ({MAX_TOKENS}-token answers);",
+        100,
+        break_long_words=False,
+        break_on_hyphens=False,
     )
     return f"""{SECTION_START}
 ## The reference proxy against a pass-through and vllm-router
 
 `{command}` ({platform.python_implementation()} {platform.python_version()}, {os.cpu_count()} CPUs
-shared with other work, so treat the figures as indicative). {worker} ({MAX_TOKENS}-token
-answers); each target its own process (tree) pinned to the last core: a minimal
+shared with other work, so treat the figures as indicative).
+{worker}
+each target its own process (tree) pinned to the last core: a minimal
 pass-through proxy on Starlette + uvicorn, as `serve`, with an httpx worker client (`serve`'s is
 aiohttp; uvicorn on {_uvicorn_picks()}, as installed for this run); `{ONE_CALL}`: `disagg-transforms
 serve` decoding with `use_openai_format: true`, one worker call on the client's own route, like the
