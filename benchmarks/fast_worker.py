@@ -215,6 +215,8 @@ class Connection(asyncio.Protocol):
     def recorded(self, done: asyncio.Future[Reply]) -> None:
         reply = done.result()
         assert self.transport is not None
+        if self.transport.is_closing():  # the client left while the answer was recorded
+            return
         for write in reply.writes:
             self.transport.write(write)
         self.recording = False
