@@ -1,8 +1,10 @@
 """The reference proxy against a minimal pass-through proxy and vllm-router, CPU per request.
 
-Usage: ``python benchmarks/proxy.py [--quick] [--no-write] [--vllm-router PATH]``. Starts one
-simulated worker (``SimulatedWorker`` generating a 256-token answer, answering at once) and, each
-its own process pinned to one core: the pass-through (this file with ``--passthrough``: it forwards
+Usage: ``python benchmarks/proxy.py [--quick] [--no-write] [--vllm-router PATH]
+[--simulated-worker]``. Starts one fast fake worker (``fast_worker.py``: the simulated worker's
+256-token answers, recorded once per kind of request and replayed pre-encoded; with
+``--simulated-worker``, ``SimulatedWorker`` itself) pinned to the first core and, each its own
+process pinned to the last core: the pass-through (this file with ``--passthrough``: it forwards
 the body to the worker and the answer back, nothing else, on Starlette + uvicorn as the proxy, with
 httpx as its worker client where the proxy has aiohttp), ``disagg-transforms serve`` twice (decode
 only, with ``use_openai_format: true``: one worker call like the pass-through; and the default
@@ -38,9 +40,11 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+from fast_worker import MAX_TOKENS, simulated_worker
 
 _ROOT = Path(__file__).resolve().parent.parent
 _DOC = _ROOT / "docs" / "performance.md"
+_FAST_WORKER = Path(__file__).resolve().parent / "fast_worker.py"
 SECTION_START = "<!-- proxy benchmark: written by benchmarks/proxy.py -->"
 """Opens this benchmark's section (``run.py`` keeps it and all after it on a rerun)."""
 STACKS_SECTION_START = "<!-- stacks benchmark: written by benchmarks/stacks.py -->"
@@ -52,8 +56,6 @@ PROMPT_TOKENS = 1024
 # The simulated worker's chat template around one user message: <|im_start|>user\n ...
 # <|im_end|>\n<|im_start|>assistant\n, one token a byte (docs/testing.md).
 _TEMPLATE_TOKENS = 19
-MAX_TOKENS = 256
-"""The answer's length: the simulated model writes ``MAX_TOKENS - 1`` bytes, then <|im_end|>."""
 CONCURRENCIES = (1, 16, 64)
 PATH = "/v1/chat/completions"
 WORKER = "worker"
@@ -244,16 +246,24 @@ def cpu_seconds(pid: int) -> float | None:
 
 
 @contextmanager
-def servers(config_dir: Path, router: str | None) -> Iterator[dict[str, tuple[str, int]]]:
-    """Each target's URL and process id; the proxies pinned to the last core."""
+def servers(
+    config_dir: Path, router: str | None, *, simulated: bool = False
+) -> Iterator[dict[str, tuple[str, int]]]:
+    """Each target's URL and process id; the worker pinned to the first core, the targets to the
+    last (when there are two or more).
+
+    The worker is ``fast_worker.py`` (the simulated worker's answers, recorded once and replayed
+    pre-encoded), or with ``simulated`` the simulated worker itself.
+    """
     processes = []
     config = config_dir / "one-call.json"
     config.write_bytes(orjson.dumps(_ONE_CALL_CONFIG))
     serve = ["-m", "disagg_transforms", "serve", "--port", "0"]
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-    core = cores[-1] if len(cores) > 1 else None
+    worker_core, core = (cores[0], cores[-1]) if len(cores) > 1 else (None, None)
     try:
-        worker, worker_url = _spawn([__file__, "--worker"])
+        worker_args = [__file__, "--worker"] if simulated else [str(_FAST_WORKER)]
+        worker, worker_url = _spawn(worker_args, worker_core)
         processes.append(worker)
         urls = {WORKER: (worker_url, worker.pid)}
         for name, args in (
@@ -278,10 +288,13 @@ def servers(config_dir: Path, router: str | None) -> Iterator[dict[str, tuple[st
                 process.stdout.close()
 
 
-def measure(*, quick: bool, router: str | None) -> list[Result]:
+def measure(*, quick: bool, router: str | None, simulated: bool = False) -> list[Result]:
     rounds = 1 if quick else 2
     results = []
-    with tempfile.TemporaryDirectory() as config_dir, servers(Path(config_dir), router) as targets:
+    with (
+        tempfile.TemporaryDirectory() as config_dir,
+        servers(Path(config_dir), router, simulated=simulated) as targets,
+    ):
         for mode in ("whole", "stream"):
             payload = body(stream=mode == "stream")
             for url, _ in targets.values():  # warm up: connections, imports, caches
@@ -435,8 +448,26 @@ leg it builds (prefill, decode).
 """Where the CPU went, by a profile made after the move to aiohttp (a rerun keeps it)."""
 
 
-def first_chunk_note(results: Sequence[Result]) -> str:
-    """What the time to the first chunk at c1 is made of, in this run's figures."""
+FIRST_CHUNK_PROFILE = """\
+**Where `serve` default's first chunk goes** (a timeline of 300 and then 400 streams at c1 on the
+fast worker, the worker noting when each call reaches it, every process on `SCHED_FIFO` so that no
+other work's turn on the cores is counted; written when it was made, a rerun keeps it). The worker
+alone gives its first chunk 0.35-0.38 ms after the client sends; through `serve` default it comes
+3.0 ms after (p90 3.5): 0.8 ms from the client's send to the render call reaching the worker, 0.5
+ms from there to the prefill call, 0.6 ms to the decode call and 1.0 ms from the decode call to
+the client's first chunk. So `serve` adds 2.6-2.7 ms, about 0.6 ms for each call in a row (the
+call built and sent, the worker's answer read, the exchange's next leg built). That meets 3 ms
+only on cores that are not shared: on this machine each of the hops waits for its turn on a loaded
+core, which is what the table's figure measures (two runs of this benchmark minutes apart gave 7.3
+and 22.0 ms for it, vllm-router's 1.5 and 8.0 ms). What would meet it with room: fewer calls in a
+row before the decode (render and prefill are two; a request the exchange need not render saves
+one), and less Python per worker call and per leg.
+"""
+"""What the time to the first chunk at c1 is made of (a rerun keeps it)."""
+
+
+def first_chunk_note(results: Sequence[Result], *, simulated: bool = False) -> str:
+    """What the time to the first chunk at c1 came to in this run's figures."""
 
     def added(target: str, mode: str) -> str:
         row, base = _row(results, target, mode, 1), _row(results, WORKER, mode, 1)
@@ -448,17 +479,19 @@ def first_chunk_note(results: Sequence[Result]) -> str:
             return "-"
         return f"{row.ttft_p50_ms - base.ttft_p50_ms:.1f}"
 
+    worker = (
+        "the simulated worker builds its whole stream before its first byte, and"
+        if simulated
+        else "the worker answers at once, but"
+    )
     return textwrap.fill(
-        "**Time to the first chunk** at c1 is latency more than CPU here: the simulated worker"
-        " builds its whole stream before its first byte, and the worker and each proxy share the"
-        " machine's loaded cores, so each hop costs what the scheduler gives it. In this run the"
-        f" pass-through, which only relays, adds {added(PASS_THROUGH, 'stream')} ms to the first"
-        f" chunk and `serve` decode only {added(ONE_CALL, 'stream')} ms; `serve` default adds"
-        f" {added(GENERATE, 'stream')} ms, its render and prefill calls coming before the decode"
-        f" (its whole answers at c1 add {added(GENERATE, 'whole')} ms p50 for the three calls)."
-        " What would meet 3 ms: a machine whose cores are not shared, the worker on one of its own;"
-        " in the proxy, nothing large is left on that path (its CPU for a whole default request,"
-        " three calls and the wrap, is in the table).",
+        f"**Time to the first chunk** at c1 is latency more than CPU here: {worker} every process"
+        " here shares the machine's loaded cores with other work, so each hop costs what the"
+        " scheduler gives it. In this run the pass-through, which only relays, adds"
+        f" {added(PASS_THROUGH, 'stream')} ms to the first chunk and `serve` decode only"
+        f" {added(ONE_CALL, 'stream')} ms; `serve` default adds {added(GENERATE, 'stream')} ms, its"
+        " render and prefill calls coming before the decode (its whole answers at c1 add"
+        f" {added(GENERATE, 'whole')} ms p50 for the three calls).",
         100,
         break_long_words=False,
         break_on_hyphens=False,
@@ -472,14 +505,28 @@ def _uvicorn_picks() -> str:
     return f"{loop} and {http}"
 
 
-def section(results: Sequence[Result], command: str) -> str:
+def section(results: Sequence[Result], command: str, *, simulated: bool = False) -> str:
     router = "vllm-router P/D" if any(r.target == ROUTER for r in results) else "(not installed)"
+    worker = textwrap.fill(
+        (
+            "One simulated worker answering at once, unpinned"
+            if simulated
+            else "One fast fake worker (`benchmarks/fast_worker.py`: the simulated worker's"
+            " answers, recorded once per kind of request and replayed pre-encoded, a stream's"
+            " first chunk at once and the others back to back) pinned to the first core"
+        )
+        + f" ({MAX_TOKENS}-token answers);",
+        100,
+        break_long_words=False,
+        break_on_hyphens=False,
+    )
     return f"""{SECTION_START}
 ## The reference proxy against a pass-through and vllm-router
 
 `{command}` ({platform.python_implementation()} {platform.python_version()}, {os.cpu_count()} CPUs
-shared with other work, so treat the figures as indicative). One simulated worker answering at once
-({MAX_TOKENS}-token answers); each target its own process (tree) pinned to one core: a minimal
+shared with other work, so treat the figures as indicative).
+{worker}
+each target its own process (tree) pinned to the last core: a minimal
 pass-through proxy on Starlette + uvicorn, as `serve`, with an httpx worker client (`serve`'s is
 aiohttp; uvicorn on {_uvicorn_picks()}, as installed for this run); `{ONE_CALL}`: `disagg-transforms
 serve` decoding with `use_openai_format: true`, one worker call on the client's own route, like the
@@ -495,17 +542,26 @@ over its chunks. CPU moves far less than requests per second when the machine is
 {table(results)}
 
 {PROFILE}
-{first_chunk_note(results)}
-"""
+{first_chunk_note(results, simulated=simulated)}
+
+{FIRST_CHUNK_PROFILE}"""
 
 
-def write(results: Sequence[Result], command: str = "python benchmarks/proxy.py") -> None:
+def write(
+    results: Sequence[Result],
+    command: str = "python benchmarks/proxy.py",
+    *,
+    simulated: bool = False,
+) -> None:
     text = _DOC.read_text(encoding="utf-8")
     stacks = text[text.index(STACKS_SECTION_START) :] if STACKS_SECTION_START in text else ""
     if SECTION_START in text:
         text = text[: text.index(SECTION_START)].rstrip("\n") + "\n"
     _DOC.write_text(
-        text + "\n" + section(results, command) + ("\n" + stacks if stacks else ""),
+        text
+        + "\n"
+        + section(results, command, simulated=simulated)
+        + ("\n" + stacks if stacks else ""),
         encoding="utf-8",
     )
 
@@ -568,10 +624,7 @@ def serve_announced(app: Any, **settings: Any) -> None:  # noqa: ANN401 - any AS
 
 def serve_worker() -> None:
     """Serve the simulated worker, its answer ``MAX_TOKENS`` tokens long."""
-    from disagg_transforms.testing import SimulatedWorker, WorkerSettings  # noqa: PLC0415
-
-    answer = "x" * (MAX_TOKENS - 1)  # one token a byte, then <|im_end|>
-    serve_announced(SimulatedWorker(WorkerSettings(answer=answer)))
+    serve_announced(simulated_worker())
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -580,6 +633,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--no-write", action="store_true", help="leave docs/performance.md")
     parser.add_argument(
         "--vllm-router", metavar="PATH", help="the vllm-router program (default: on the PATH)"
+    )
+    parser.add_argument(
+        "--simulated-worker",
+        action="store_true",
+        help="call the simulated worker itself, not fast_worker.py's replay of its answers",
     )
     parser.add_argument("--passthrough", metavar="WORKER_URL", help=argparse.SUPPRESS)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -593,11 +651,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     router = args.vllm_router or shutil.which("vllm-router")
     if router is None:
         print("vllm-router is not installed (pip install vllm-router): skipped", flush=True)
-    results = measure(quick=args.quick, router=router)
+    results = measure(quick=args.quick, router=router, simulated=args.simulated_worker)
     print(table(results))
     if not args.no_write:
-        flags = " --quick" if args.quick else ""
-        write(results, f"python benchmarks/proxy.py{flags}")
+        flags = " --quick" * args.quick + " --simulated-worker" * args.simulated_worker
+        write(results, f"python benchmarks/proxy.py{flags}", simulated=args.simulated_worker)
     return (
         0
         if all(

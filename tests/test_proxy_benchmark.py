@@ -13,7 +13,9 @@ import pytest
 
 from disagg_transforms.testing import SimulatedWorker
 
-_PATH = Path(__file__).resolve().parent.parent / "benchmarks" / "proxy.py"
+_BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+_PATH = _BENCHMARKS / "proxy.py"
+sys.path.insert(0, str(_BENCHMARKS))  # proxy.py imports fast_worker.py beside it
 _SPEC = importlib.util.spec_from_file_location("proxy_benchmark", _PATH)
 assert _SPEC is not None
 assert _SPEC.loader is not None
@@ -164,3 +166,38 @@ def test_each_target_answers_a_256_token_stream_and_its_cpu_is_read(tmp_path: Pa
             # a role chunk, 256 token chunks (or 255 and a finish chunk), the usage/finish, [DONE]
             assert run.events >= bench.MAX_TOKENS
             assert bench.cpu_seconds(pid) > 0
+
+
+def test_the_fast_worker_replays_the_simulated_workers_answer_for_any_request_id() -> None:
+    import fast_worker  # noqa: PLC0415 - beside proxy.py, on the path set above
+
+    replayer = fast_worker.Replayer(fast_worker.simulated_worker())
+
+    async def ask() -> list[httpx.Response]:
+        server = await asyncio.get_running_loop().create_server(replayer.connection, "127.0.0.1", 0)
+        url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        try:
+            async with httpx.AsyncClient(base_url=url) as client:
+                return [
+                    await client.post(
+                        bench.PATH,
+                        json={**orjson.loads(bench.body(stream=stream)), "request_id": f"r{n}"},
+                    )
+                    for stream in (True, False)
+                    for n in (1, 2, 3)
+                ]
+        finally:
+            server.close()
+
+    answers = asyncio.run(ask())
+    assert [a.status_code for a in answers] == [200] * 6
+    # one recording per kind, a request id not being one: the second of each pair is replayed
+    assert len(replayer.replies) == 2
+    assert answers[0].content == answers[1].content == answers[2].content
+    assert answers[3].content == answers[4].content == answers[5].content
+    assert answers[0].headers["content-type"].startswith("text/event-stream")
+    assert answers[0].content.count(b"data:") >= bench.MAX_TOKENS
+    assert answers[0].content.endswith(b"data: [DONE]\n\n")
+    whole = answers[3].json()
+    assert whole["object"] == "chat.completion"
+    assert whole["usage"]["completion_tokens"] == bench.MAX_TOKENS
