@@ -262,26 +262,16 @@ class _Streaming:
         """The call whose stream it is (decode, or a conditional decode)."""
 
 
-class _Replied:
+class _Replied(msgspec.Struct, kw_only=True):
     """The client's reply is complete."""
 
-    __slots__ = ("drops_stream", "error_kind", "event", "stream_end")
-
-    def __init__(
-        self,
-        event: ClientReply | ClientStream,
-        *,
-        drops_stream: bool,
-        stream_end: StreamEnd | None = None,
-        error_kind: ErrorKind | None = None,
-    ) -> None:
-        self.event = event
-        self.drops_stream = drops_stream
-        """A worker stream was open: what the router feeds of it from now on is dropped."""
-        self.stream_end = stream_end
-        """How the client's stream ended; ``None`` for a whole reply."""
-        self.error_kind = error_kind
-        """Whose fault an error reply is; ``None`` for a reply that is no error."""
+    event: ClientReply | ClientStream
+    drops_stream: bool
+    """A worker stream was open: what the router feeds of it from now on is dropped."""
+    stream_end: StreamEnd | None = None
+    """How the client's stream ended; ``None`` for a whole reply."""
+    error_kind: ErrorKind | None = None
+    """Whose fault an error reply is; ``None`` for a reply that is no error."""
 
 
 _At: TypeAlias = _Calling | _Reading | _Streaming | _Replied
@@ -800,7 +790,7 @@ class Exchange:
     ) -> None:
         self._phase = Phase.REPLIED
         self._at = _Replied(
-            event, drops_stream=drops_stream, stream_end=stream_end, error_kind=error_kind
+            event=event, drops_stream=drops_stream, stream_end=stream_end, error_kind=error_kind
         )
 
     def _relayed(self, out: bytes, *, broken: DisaggTransformError | None, ended: bool) -> bytes:

@@ -213,24 +213,23 @@ class _Metrics:
             into = None
         model = ("model_name",)
         prefix = "llm_d_coordinator_"
-        self.requests = Counter(
-            prefix + "request_total",
-            "Client requests, refused ones included.",
-            model,
-            registry=into,
+
+        def counter(name: str, summary: str, labels: tuple[str, ...]) -> Counter:
+            return Counter(name, summary, labels, registry=into)
+
+        def histogram(name: str, summary: str, labels: tuple[str, ...]) -> Histogram:
+            return Histogram(name, summary, labels, buckets=_DURATION_BUCKETS, registry=into)
+
+        self.requests = counter(
+            prefix + "request_total", "Client requests, refused ones included.", model
         )
-        self.errors = Counter(
+        self.errors = counter(
             prefix + "request_error_total",
             "Client requests answered with an error.",
             (*model, "error_code"),
-            registry=into,
         )
-        self.duration = Histogram(
-            prefix + "request_duration_seconds",
-            "Client requests, to the reply's last byte.",
-            model,
-            buckets=_DURATION_BUCKETS,
-            registry=into,
+        self.duration = histogram(
+            prefix + "request_duration_seconds", "Client requests, to the reply's last byte.", model
         )
         self.running = Gauge(
             prefix + "request_running",
@@ -239,37 +238,28 @@ class _Metrics:
             multiprocess_mode="livesum",
             registry=into,
         )
-        self.decisions = Counter(
+        self.decisions = counter(
             prefix + "disagg_decision_total",
             "Client requests by the legs chosen for them.",
             (*model, "decision_type"),
-            registry=into,
         )
-        self.calls = Counter(
-            prefix + "upstream_request_total",
-            "Worker calls made, retries included.",
-            ("phase",),
-            registry=into,
+        self.calls = counter(
+            prefix + "upstream_request_total", "Worker calls made, retries included.", ("phase",)
         )
-        self.steps = Histogram(
+        self.steps = histogram(
             prefix + "pipeline_step_duration_seconds",
             "Worker calls, to their answer's last byte.",
             ("step",),
-            buckets=_DURATION_BUCKETS,
-            registry=into,
         )
-        self.cache_lookups = Counter(
+        self.cache_lookups = counter(
             prefix + "decode_cache_lookups_total",
             "Conditional decode calls: hit (2xx) or miss (412).",
             ("result",),
-            registry=into,
         )
-        self.first_token = Histogram(
+        self.first_token = histogram(
             "disagg_transforms_time_to_first_token_seconds",
             "Client streams, from the request to their first bytes.",
             model,
-            buckets=_DURATION_BUCKETS,
-            registry=into,
         )
 
 
