@@ -28,9 +28,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout
 
 import harness
 import proxy
+from fast_worker import MAX_TOKENS, simulated_worker
 
 from disagg_transforms import ClientStream, Driver, Exchange, parse_pipeline_params
-from disagg_transforms.testing import SimulatedWorker, WorkerSettings
 
 # What `disagg-transforms serve` runs given a prefill and a decode URL (docs/proxy.md).
 PIPELINE = parse_pipeline_params(
@@ -54,7 +54,7 @@ def _events(body: bytes) -> tuple[bytes, ...]:
 
 
 async def _record_async(body: bytes) -> list[Answer]:
-    worker = SimulatedWorker(WorkerSettings(answer="x" * (proxy.MAX_TOKENS - 1)))
+    worker = simulated_worker()
     drive = Driver(Exchange(PIPELINE, CHAT, CLIENT_HEADERS, body))
     answers = []
     transport = httpx.ASGITransport(app=worker)
@@ -148,7 +148,7 @@ def measure(*, quick: bool) -> list[Row]:
         }
         seconds = harness.median_seconds(funcs, repeats=5 if quick else 15)
         chunks = sum(len(a.chunks) for a in answers if len(a.chunks) > 1)
-        name = f"chat, render + prefill + decode, {proxy.MAX_TOKENS} tokens, " + (
+        name = f"chat, render + prefill + decode, {MAX_TOKENS} tokens, " + (
             "streamed" if stream else "whole"
         )
         rows.append(Row(name, len(answers), chunks, seconds["exchange"], seconds["parse"]))

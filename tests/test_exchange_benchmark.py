@@ -11,7 +11,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
 import exchange
-import proxy
+import fast_worker
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
@@ -21,7 +21,7 @@ def test_the_replay_makes_the_three_calls_and_a_good_reply(stream: bool) -> None
     assert exchange.run_exchange(body, answers) > 0
     if stream:  # one chunk per event, each a `data:` line
         decode = answers[-1]
-        assert len(decode.chunks) > proxy.MAX_TOKENS
+        assert len(decode.chunks) > fast_worker.MAX_TOKENS
         assert all(chunk.startswith(b"data: ") for chunk in decode.chunks)
     else:
         assert orjson.loads(answers[-1].chunks[0])["choices"]
