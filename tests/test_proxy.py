@@ -346,13 +346,18 @@ def test_fifty_concurrent_requests_each_get_their_own_answer(fleet: Fleet) -> No
         assert content == "Hello!"[: 1 + index % 6]
 
 
+def _serve_generate_leg(worker_url: str, tmp_path: pathlib.Path, name: str) -> Server:
+    """``serve`` with one decode leg on the generate route, calling ``worker_url``."""
+    config = tmp_path / "generate.json"
+    config.write_text(json.dumps({"use_openai_format": False, "steps": {"decode": {}}}))
+    args = ["serve", "--port", "0", "--config", str(config), "--decode-url", worker_url]
+    return wait_ready(start(args, tmp_path / f"{name}.log"))
+
+
 def test_a_client_disconnect_closes_the_worker_stream(tmp_path: pathlib.Path) -> None:
     worker = _BreakingWorker(broken=False)
     with served(worker) as worker_url:
-        config = tmp_path / "generate.json"
-        config.write_text(json.dumps({"use_openai_format": False, "steps": {"decode": {}}}))
-        args = ["serve", "--port", "0", "--config", str(config), "--decode-url", worker_url]
-        server = wait_ready(start(args, tmp_path / "gone.log"))
+        server = _serve_generate_leg(worker_url, tmp_path, "gone")
         try:
             body = {"token_ids": [1072], "stream": True, "output_mode": "text"}
             url = server.url + "/inference/v1/generate"
@@ -416,10 +421,7 @@ def test_a_contract_break_mid_stream_closes_the_worker_stream_at_once(
 ) -> None:
     worker = _BreakingWorker()
     with served(worker) as worker_url:
-        config = tmp_path / "generate.json"
-        config.write_text(json.dumps({"use_openai_format": False, "steps": {"decode": {}}}))
-        args = ["serve", "--port", "0", "--config", str(config), "--decode-url", worker_url]
-        server = wait_ready(start(args, tmp_path / "broken.log"))
+        server = _serve_generate_leg(worker_url, tmp_path, "broken")
         try:
             body = {"token_ids": [1072], "stream": True, "output_mode": "text"}
             url = server.url + "/inference/v1/generate"
