@@ -124,20 +124,14 @@ def read_client_request(
             decode = params if isinstance(params, DecodeParams) else decode
     if every_field:
         _validate.typed(body, w.STREAM, bool)
+    request = ClientRequest(body=body, path=path, route=route)
     if not (generate or every_field):
-        return ClientRequest(body=body, path=path, route=route)
+        return request
     mapper = CLIENT_MAPPERS[route]
     mapping = None if mapper is None else mapper(body, generate_leg=generate)
-    caps = client_caps(body, route)
     mode = None if decode is None else chosen_output_mode(decode, _tools_context(body, mapping))
-    return ClientRequest(
-        body=body,
-        path=path,
-        route=route,
-        mapping=mapping,
-        caps=caps,
-        generate=generate,
-        output_mode=mode,
+    return msgspec.structs.replace(
+        request, mapping=mapping, caps=client_caps(body, route), generate=generate, output_mode=mode
     )
 
 

@@ -16,15 +16,9 @@ from typing import Any, Final
 import msgspec
 
 from disagg_transforms._config import OutputMode
+from disagg_transforms._response import options as _options
 from disagg_transforms._response.choices import choice_path, client_top_logprobs
 from disagg_transforms._response.generate_stream import NamedEventConverter
-from disagg_transforms._response.options import (
-    DEFAULT_OPTIONS,
-    EnvelopeOptions,
-    client_mapping,
-    envelope_created,
-    envelope_model,
-)
 from disagg_transforms._response.turn import AssistantTurn, ToolCallOut, read_turn
 from disagg_transforms._wire import keys as w
 from disagg_transforms._wire.limits import check_depth
@@ -64,7 +58,7 @@ def wrap_responses_response(
     *,
     requested: OutputMode,
     client_body: Mapping[str, Any] | None = None,
-    options: EnvelopeOptions | None = None,
+    options: _options.EnvelopeOptions | None = None,
 ) -> dict[str, Any]:
     """Build a Responses API ``response`` object from a non-streaming generate response.
 
@@ -81,14 +75,17 @@ def wrap_responses_response(
             not an integer >= -1.
     """
     turn = read_turn(response, requested)
-    built = DEFAULT_OPTIONS if options is None else options
-    client = client_mapping(client_body)
+    built = _options.DEFAULT_OPTIONS if options is None else options
+    client = _options.client_mapping(client_body)
     check_depth(client, built.limits.max_depth)
     return _response_object(turn, client, built, client_top_logprobs(client_body))
 
 
 def _response_object(
-    turn: AssistantTurn, client: Mapping[str, Any], options: EnvelopeOptions, top: int | None
+    turn: AssistantTurn,
+    client: Mapping[str, Any],
+    options: _options.EnvelopeOptions,
+    top: int | None,
 ) -> dict[str, Any]:
     """The ``response`` object of a turn: the wrap's and the stream's, one builder."""
     status, incomplete_details = _status(turn)
@@ -98,8 +95,8 @@ def _response_object(
     result: dict[str, Any] = {
         w.ID: f"resp_{turn.base_id}",
         w.OBJECT: w.RESPONSE_OBJECT,
-        w.CREATED_AT: envelope_created(options, turn.created),
-        w.MODEL: envelope_model(options, turn.model, client),
+        w.CREATED_AT: _options.envelope_created(options, turn.created),
+        w.MODEL: _options.envelope_model(options, turn.model, client),
         w.STATUS: status,
         w.INCOMPLETE_DETAILS: incomplete_details,
         w.OUTPUT: _output_items(turn, status, top),
@@ -243,7 +240,7 @@ def single_frame_responses_events(
     *,
     requested: OutputMode,
     client_body: Mapping[str, Any] | None = None,
-    options: EnvelopeOptions | None = None,
+    options: _options.EnvelopeOptions | None = None,
 ) -> list[dict[str, Any]]:
     """The Responses streaming events of a whole (unstreamed) generate answer.
 
@@ -272,7 +269,7 @@ def single_frame_responses_stream(
     *,
     requested: OutputMode,
     client_body: Mapping[str, Any] | None = None,
-    options: EnvelopeOptions | None = None,
+    options: _options.EnvelopeOptions | None = None,
 ) -> bytes:
     r"""The SSE body of :func:`single_frame_responses_events`: ``event: <type>\ndata: ...``.
 
@@ -309,7 +306,7 @@ class ResponsesStreamConverter(NamedEventConverter):
         requested: The leg's ``output_mode``; only ``text`` streams.
         client_body: The client's Responses request (its settings are echoed, its
             ``top_logprobs`` cuts the alternatives, its ``model`` is the fallback).
-        options: How the envelope is built (:class:`EnvelopeOptions`).
+        options: How the envelope is built (:class:`_options.EnvelopeOptions`).
         created: The response's ``created_at`` (Unix seconds); ``None``: ``options.clock()``
             when the converter is made (generate chunks carry no ``created``).
 
@@ -327,24 +324,24 @@ class ResponsesStreamConverter(NamedEventConverter):
         *,
         requested: OutputMode,
         client_body: Mapping[str, Any] | None = None,
-        options: EnvelopeOptions | None = None,
+        options: _options.EnvelopeOptions | None = None,
         created: int | None = None,
     ) -> None:
-        built = DEFAULT_OPTIONS if options is None else options
+        built = _options.DEFAULT_OPTIONS if options is None else options
         super().__init__(
             requested=requested,
             client_body=client_body,
             options=built,
-            created=envelope_created(built, created),
+            created=_options.envelope_created(built, created),
         )
-        check_depth(client_mapping(client_body), built.limits.max_depth)
+        check_depth(_options.client_mapping(client_body), built.limits.max_depth)
         self._top = client_top_logprobs(client_body)
         self._item: dict[str, Any] | None = None  # the message item, once opened
         self._sequence = 0
 
     def _response(self) -> dict[str, Any]:
         return _response_object(
-            self._turn(), client_mapping(self._client), self._options, self._top
+            self._turn(), _options.client_mapping(self._client), self._options, self._top
         )
 
     def _open(self) -> list[dict[str, Any]]:
