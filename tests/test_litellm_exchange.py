@@ -261,6 +261,15 @@ def test_a_bad_cap_is_a_400_and_no_worker_is_called(workers: Workers) -> None:
     assert workers.decode.calls == workers.prefill.calls == []
 
 
+def test_tools_on_a_text_provider_are_a_400_and_no_worker_is_called(workers: Workers) -> None:
+    # Text mode cannot return tool calls: refused before any call (docs/litellm.md).
+    with pytest.raises(Exception) as caught:  # noqa: PT011 - LiteLLM picks the class
+        complete("pd-text/qwen", tools=WEATHER_TOOLS)
+    assert getattr(caught.value, "status_code", None) == 400
+    assert "output_mode: auto (or derender)" in str(caught.value)
+    assert workers.decode.calls == workers.prefill.calls == []
+
+
 def test_the_prefill_url_never_comes_from_the_request(workers: Workers) -> None:
     with pytest.raises(Exception) as caught:  # noqa: PT011 - LiteLLM picks the class
         complete("text/qwen", prefill_api_base="http://evil.test")
