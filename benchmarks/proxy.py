@@ -62,6 +62,9 @@ WORKER = "worker"
 PASS_THROUGH = "pass-through"  # noqa: S105 - a target's name
 ONE_CALL = "proxy"
 GENERATE = "proxy (generate)"
+GATEWAY = "proxy (generate, gateway)"
+GATEWAY_FLOOR = 1.10
+"""Gateway mode over fixed URLs, CPU per request: above the spread of a target against itself."""
 ROUTER = "vllm-router"
 # The one-call proxy: decode on the client's own route, so the worker answers the client.
 _ONE_CALL_CONFIG = {"steps": {"decode": {"use_openai_format": True}}}
@@ -271,6 +274,8 @@ def servers(
             (ONE_CALL, [*serve, "--config", str(config), "--decode-url", worker_url]),
             # the default pipeline: render (on the decode worker), prefill, decode
             (GENERATE, [*serve, "--prefill-url", worker_url, "--decode-url", worker_url]),
+            # the same legs in gateway mode: each call with its EPP-Profile, to the same worker
+            (GATEWAY, [*serve, "--gateway-url", worker_url, "--render-url", worker_url]),
         ):
             process, url = _spawn(args, core)
             urls[name] = (url, process.pid)
@@ -423,6 +428,8 @@ def floors(results: Sequence[Result]) -> str:
          ratio(cpu(GENERATE, 64), cpu(GENERATE, 1)), "<= 1.5", 1.5),
         ("time to first chunk added by `serve` default over the worker, c1, p50 (ms)",
          added_ttft, "<= 3 ms", 3.0),
+        ("gateway mode / fixed URLs, `serve` default, CPU per request, c16",
+         ratio(cpu(GATEWAY, 16), cpu(GENERATE, 16)), f"<= {GATEWAY_FLOOR:.2f}x", GATEWAY_FLOOR),
     ]  # fmt: skip
     lines = ["| figure | measured | floor | met? |", "|---|---|---|---|"]
     for name, value, floor, limit in rows:
