@@ -484,9 +484,10 @@ average of 7 to 8 on its 2 CPUs), 20 pairs of rounds of whole answers at c16 (th
 rounds interleaved, their order turned each round) gave the second process over the first 0.83x to
 1.19x (median 0.99x, standard deviation 0.10) and gateway mode over fixed URLs 0.81x to 1.28x
 (median 1.01x, standard deviation 0.10); over all of their rounds, two runs of 20, gateway mode came
-to 0.94x and 1.05x of fixed URLs, the second process to 0.96x and 1.04x. One figure of two rounds
-cannot tell apart costs under about 20% on a loaded machine, hence 1.20x; with no cost at all, it
-misses that floor in about one run of 20 there, less on a quiet machine.
+to 0.94x and 1.05x of fixed URLs, the second process to 0.96x and 1.04x. Five runs of this benchmark
+in the same half hour gave the figure 0.90x to 1.08x. One figure of two rounds cannot tell apart
+costs under about 20% on a loaded machine, hence 1.20x; with no cost at all, it misses that floor in
+about one run of 20 there, less on a quiet machine.
 """
 """How the gateway mode's floor was chosen (a rerun keeps it)."""
 
