@@ -949,8 +949,12 @@ proxy_urls = st.fixed_dictionaries(
 
 # A DNS label (RFC 1123): letters, digits and inner hyphens, 1 to 63 characters.
 host_labels = st.from_regex(r"[a-z0-9]([a-z0-9-]{0,20}[a-z0-9])?", fullmatch=True)
-host_names = st.lists(host_labels, min_size=1, max_size=4).map(".".join).filter(
-    lambda name: not name.replace(".", "").isdigit()  # all digits reads as an address
+host_names = (
+    st.lists(host_labels, min_size=1, max_size=4)
+    .map(".".join)
+    .filter(
+        lambda name: not name.replace(".", "").isdigit()  # all digits reads as an address
+    )
 )
 ipv4_networks = st.builds(
     lambda address, bits: ipaddress.ip_network(f"{address}/{bits}", strict=False),

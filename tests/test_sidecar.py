@@ -128,14 +128,14 @@ def test_a_named_target_reads_back_and_matches_its_name_in_any_case(name: str, p
 
 def test_the_sidecar_seat_refuses_worker_urls_and_needs_a_prefill_step() -> None:
     pd = parse_pipeline_params({"prefill": {}, "decode": {}})
-    assert sidecar_errors(pd, {"decode": "http://127.0.0.1:8200"}) == []
-    given = {"decode": "http://d:1", "prefill": "http://p:1", "gateway": "http://g:1"}
-    assert [error.param for error in sidecar_errors(pd, given)] == ["prefill", "gateway"]
+    assert sidecar_errors(pd, decode_url="http://127.0.0.1:8200") == []
+    given = {"decode_url": "http://d:1", "prefill_url": "http://p:1", "gateway_url": "http://g:1"}
+    assert [error.param for error in sidecar_errors(pd, **given)] == ["prefill", "gateway"]
     decode_only = parse_pipeline_params({"decode": {}})
-    [error] = sidecar_errors(decode_only, {"decode": "http://d:1"})
+    [error] = sidecar_errors(decode_only, decode_url="http://d:1")
     assert error.message.startswith("--prefill-from-header: the pipeline has no prefill step")
-    [error] = sidecar_errors(pd, {})
+    [error] = sidecar_errors(pd)
     assert error.param == "decode"
     # A generate pipeline renders on the decode worker (the render URL's default).
     generate = parse_pipeline_params({"prefill": {}, "decode": {}}, use_openai_format=False)
-    assert sidecar_errors(generate, {"decode": "http://d:1"}) == []
+    assert sidecar_errors(generate, decode_url="http://d:1") == []

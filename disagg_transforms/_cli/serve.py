@@ -364,10 +364,8 @@ def _pipeline(settings: Mapping[str, Any]) -> tuple[Any, list[str], list[str]]:
         config = _parsed(settings["document"])
     except ConfigError as error:  # a rule spanning keys would surface only here
         return None, [], [error.message]
-    if settings["sidecar"] is None:
-        errors = url_errors(config, **_url_arguments(settings))
-    else:
-        errors = sidecar_errors(config, settings["urls"])
+    check = url_errors if settings["sidecar"] is None else sidecar_errors
+    errors = check(config, **_url_arguments(settings))
     return config, pipeline_warnings(config), [error.message for error in errors]
 
 

@@ -140,14 +140,12 @@ class SidecarSeat:
 _FROM_HEADER = "http://x-prefiller-host-port"
 
 
-def sidecar_errors(
-    config: Mapping[Step, StepParams], urls: Mapping[str, str | None]
-) -> list[ConfigError]:
+def sidecar_errors(config: Mapping[Step, StepParams], **urls: str | None) -> list[ConfigError]:
     """Every problem of the sidecar seat's pipeline and URLs, one each (as :func:`url_errors`).
 
-    ``urls`` maps ``decode``, ``render``, and any of ``prefill``, ``encode`` and ``gateway`` to
-    what was given (``None``: not given). Prefill and encode workers come from each request's
-    headers, so their URLs and gateway mode are refused, and the pipeline needs a prefill step.
+    ``urls`` are :func:`url_errors`' keywords (``decode_url``, ``render_url``, ...; ``None``:
+    not given). Prefill and encode workers come from each request's headers, so their URLs and
+    gateway mode are refused, and the pipeline needs a prefill step.
     """
     errors = [
         ConfigError(
@@ -156,14 +154,14 @@ def sidecar_errors(
             param=name,
         )
         for name in ("prefill", "encode", "gateway")
-        if urls.get(name) is not None
+        if urls.get(f"{name}_url") is not None
     ]
     workers = set(pipeline_phases(config).values())
     if "prefill" not in workers:
         msg = "--prefill-from-header: the pipeline has no prefill step for the header to name"
         errors.append(ConfigError(msg, param="prefill"))
     stand_ins = {f"{w}_url": _FROM_HEADER for w in ("prefill", "encode") if w in workers}
-    given = {"decode_url": urls.get("decode"), "render_url": urls.get("render")}
+    given = {"decode_url": urls.get("decode_url"), "render_url": urls.get("render_url")}
     return errors + url_errors(config, **given, **stand_ins)
 
 
@@ -1078,17 +1076,14 @@ def create_app(  # noqa: PLR0913 - one URL per step and the settings, all by key
         ConfigError: the first of :func:`url_errors` (:func:`sidecar_errors` in the sidecar
             seat).
     """
-    given = {
-        "decode": decode_url,
-        "prefill": prefill_url,
-        "encode": encode_url,
-        "render": render_url,
-        "gateway": gateway_url,
-    }
-    if sidecar is not None:
-        errors = sidecar_errors(config, given)
-    else:
-        errors = url_errors(config, **{f"{name}_url": url for name, url in given.items()})
+    errors = (url_errors if sidecar is None else sidecar_errors)(
+        config,
+        decode_url=decode_url,
+        prefill_url=prefill_url,
+        encode_url=encode_url,
+        render_url=render_url,
+        gateway_url=gateway_url,
+    )
     if errors:
         raise errors[0]
     if gateway_url is not None:

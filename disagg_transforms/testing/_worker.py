@@ -154,7 +154,7 @@ class SimulatedWorker:
         ValueError: An unknown fault, a negative delay or a negative ``fault_calls``.
     """
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - the worker's settings, all but one by keyword
         self,
         settings: WorkerSettings | None = None,
         *,
