@@ -8,7 +8,8 @@ Every error is a :class:`DisaggTransformError`; catch that one class to catch th
     ├── RequestError            ValueError too; the client's body cannot be served   (400)
     │   └── RequestTooLargeError    the client's body is over Limits.max_body_bytes       (413)
     ├── TransformError          a pipeline transform failed with a foreign error      (500)
-    └── UpstreamContractError   a worker answered outside the contract                (502)
+    ├── UpstreamContractError   a worker answered outside the contract                (502)
+    └── WorkerNotAllowedError   a request names a worker outside the router's allow-list (403)
 
 Each error carries ``param`` (the JSON path such as ``$.sampling_params.max_tokens``, or the
 config key such as ``decode.output_mode``), ``status_hint`` (the HTTP status a router would
@@ -36,6 +37,7 @@ __all__ = (
     "RequestTooLargeError",
     "TransformError",
     "UpstreamContractError",
+    "WorkerNotAllowedError",
     "anthropic_error_body",
     "error_body",
     "openai_error_body",
@@ -101,6 +103,17 @@ class UpstreamContractError(DisaggTransformError):
 
     status_hint: ClassVar[int] = 502
     error_type: ClassVar[str] = "BadGatewayError"
+
+
+class WorkerNotAllowedError(DisaggTransformError):
+    """A request names a worker the router may not call; refused before any worker call.
+
+    In llm-d's sidecar seat: a prefill or encode target outside ``--allowed-worker-hosts``.
+    ``param`` is the header that named it. Anthropic's type for it is ``permission_error``.
+    """
+
+    status_hint: ClassVar[int] = 403
+    error_type: ClassVar[str] = "PermissionDeniedError"
 
 
 class TransformError(DisaggTransformError):

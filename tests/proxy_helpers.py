@@ -74,6 +74,21 @@ def command(*args: str) -> list[str]:
     return [sys.executable, "-m", "disagg_transforms", *args]
 
 
+def refused(*args: str) -> str:
+    """The one line ``serve ARGS --port 0`` stops with (exit code 2)."""
+    done = subprocess.run(  # noqa: S603 - our own interpreter and command
+        command("serve", *args, "--port", "0"),
+        capture_output=True,
+        text=True,
+        env=environment(),
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2, done.stderr
+    [line] = done.stderr.splitlines()
+    return line
+
+
 def environment() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [PACKAGE_ROOT, env.get("PYTHONPATH")]))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import json
 from operator import add, itemgetter
 from typing import Any
@@ -942,3 +943,22 @@ proxy_urls = st.fixed_dictionaries(
     }
 )
 """The ``--<step>-url`` flags, each given or not."""
+
+
+# ---- llm-d's sidecar seat: worker hosts as its headers and allow-lists write them -------------
+
+# A DNS label (RFC 1123): letters, digits and inner hyphens, 1 to 63 characters.
+host_labels = st.from_regex(r"[a-z0-9]([a-z0-9-]{0,20}[a-z0-9])?", fullmatch=True)
+host_names = (
+    st.lists(host_labels, min_size=1, max_size=4)
+    .map(".".join)
+    .filter(
+        lambda name: not name.replace(".", "").isdigit()  # all digits reads as an address
+    )
+)
+ipv4_networks = st.builds(
+    lambda address, bits: ipaddress.ip_network(f"{address}/{bits}", strict=False),
+    st.ip_addresses(v=4),
+    st.integers(8, 32),
+)
+worker_ports = st.integers(1, 65535)

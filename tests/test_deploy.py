@@ -18,9 +18,6 @@ from disagg_transforms import parse_coordinator_config
 DEPLOY = Path(__file__).parent.parent / "deploy"
 MANIFESTS = sorted(DEPLOY.rglob("*.yaml"))
 PROBES = {"livenessProbe": "/healthz", "readinessProbe": "/readyz"}
-# Named by the manifests for the final interface (docs/llm-d.md), not served yet: each case
-# below fails as expected until it exists, then fails for real, so this set is kept current.
-NOT_YET_FLAGS = {"--prefill-from-header", "--allowed-worker-hosts"}
 
 
 def _documents() -> list[dict[str, Any]]:
@@ -124,6 +121,7 @@ def test_the_sidecar_seat_is_shaped_as_llm_d_deploys_it() -> None:
     assert "--port=8200" in vllm["args"]
     assert _argument(proxy, "--decode-url") == "http://localhost:8200"
     assert "--prefill-from-header" in proxy["args"]
+    assert "--allowed-worker-hosts" in proxy["args"]
     for probe, path in PROBES.items():
         assert proxy[probe]["httpGet"] == {"path": path, "port": 8000}
 
@@ -141,26 +139,20 @@ def serve_help() -> str:
     return done.stdout
 
 
-def test_the_not_yet_list_names_only_flags_the_manifests_use() -> None:
-    assert set(_serve_flags()) >= NOT_YET_FLAGS
-
-
-@pytest.mark.parametrize(
-    "flag",
-    [
-        pytest.param(
-            flag,
-            marks=pytest.mark.xfail(
-                strict=True, reason=f"serve {flag} is not built yet (docs/llm-d.md)"
-            ),
-        )
-        if flag in NOT_YET_FLAGS
-        else flag
-        for flag in _serve_flags()
-    ],
-)
+@pytest.mark.parametrize("flag", _serve_flags())
 def test_every_serve_flag_in_the_manifests_exists(flag: str, serve_help: str) -> None:
     assert f" {flag}" in serve_help
+
+
+def test_the_sidecar_seat_starts_with_the_manifests_flags(tmp_path: Path) -> None:
+    proxy = _containers(_named("Deployment", "vllm-decode"))["routing-proxy"]
+    args = [str(arg) for arg in proxy["args"]]
+    # The pod's address and port, not this machine's: only they change.
+    args[args.index("--host") + 1] = "127.0.0.1"
+    args[args.index("--port") + 1] = "0"
+    with running((args, tmp_path / "serve.log")) as (sidecar,):
+        ready = httpx.get(sidecar.url + "/readyz", timeout=30)
+    assert ready.status_code == 200
 
 
 def test_the_probe_paths_are_served(tmp_path: Path) -> None:

@@ -7,7 +7,6 @@ worker are separate processes, driven with the official SDKs.
 from __future__ import annotations
 
 import json
-import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -18,7 +17,7 @@ import pytest
 pytest.importorskip("uvicorn")
 import anthropic
 import openai
-from proxy_helpers import Server, command, environment, running, served
+from proxy_helpers import Server, refused, running, served
 
 from disagg_transforms import parse_pipeline_params
 from disagg_transforms.integrations.proxy import url_errors
@@ -129,24 +128,9 @@ def test_a_conditional_decode_answers_a_warm_prompt_alone(
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "Hello!"
 
 
-def _refused(*args: str) -> str:
-    """The one line ``serve ARGS`` stops with (exit code 2)."""
-    done = subprocess.run(  # noqa: S603 - our own interpreter and command
-        command("serve", *args, "--port", "0"),
-        capture_output=True,
-        text=True,
-        env=environment(),
-        timeout=60,
-        check=False,
-    )
-    assert done.returncode == 2
-    [line] = done.stderr.splitlines()
-    return line
-
-
 def test_gateway_url_with_a_worker_url_is_one_line() -> None:
     urls = ("--gateway-url", "http://g:80", "--render-url", "http://r:80")
-    line = _refused(*urls, "--decode-url", "http://d:80")
+    line = refused(*urls, "--decode-url", "http://d:80")
     assert "--gateway-url: give no --decode-url with it" in line
 
 
@@ -234,7 +218,7 @@ pipeline:
     - type: decode
 """
     )
-    line = _refused("--config", str(document))
+    line = refused("--config", str(document))
     assert line.startswith(f"{document}: pipeline.steps[0].type: replace-media-urls")
 
 

@@ -35,6 +35,8 @@ if TYPE_CHECKING:
     from starlette.types import ASGIApp, Receive, Scope, Send
     from uvicorn.supervisors import Multiprocess
 
+    from disagg_transforms.integrations.proxy import SidecarSeat
+
 _ParserT = TypeVar("_ParserT", bound=argparse.ArgumentParser)
 
 # The settings travel to uvicorn's worker processes (``--workers N``), which build the app from
@@ -71,6 +73,19 @@ def add_commands(commands: argparse._SubParsersAction[_ParserT]) -> None:
         "--gateway-url",
         help="llm-d's gateway: every encode, prefill and decode leg goes there with its "
         "EPP-Profile header (give no other worker URL but --render-url)",
+    )
+    serve.add_argument(
+        "--prefill-from-header",
+        action="store_true",
+        help="llm-d's sidecar seat: each request's prefill worker is the one its "
+        "x-prefiller-host-port header names (none: decode only), its encode worker the first of "
+        "x-encoder-hosts-ports; decode goes to --decode-url",
+    )
+    serve.add_argument(
+        "--allowed-worker-hosts",
+        metavar="LIST",
+        help="with --prefill-from-header: the only hosts a request may name (comma-separated "
+        "IP addresses, CIDRs, host names as written); any other is refused with 403",
     )
     serve.add_argument(
         "--simulate",
@@ -157,6 +172,12 @@ def add_commands(commands: argparse._SubParsersAction[_ParserT]) -> None:
         default="round-robin",
         help="with --gateway: how a pool's worker is chosen",
     )
+    simulate.add_argument(
+        "--log-calls",
+        action="store_true",
+        help="log each request received on stderr: 'call ' and a JSON object (method, path, "
+        "headers, body)",
+    )
     _add_served_model_name(simulate)
     simulate.add_argument(
         "--enable-prompt-tokens-details",
@@ -212,6 +233,31 @@ def _default_document(*, prefill: bool) -> dict[str, Any]:
     return {"use_openai_format": False, "steps": steps}
 
 
+# The sidecar seat's default, as llm-d's sidecar: prefill and decode on the client's own route.
+_SIDECAR_DOCUMENT: Mapping[str, Any] = {
+    "use_openai_format": True,
+    "steps": {"prefill": {}, "decode": {}},
+}
+
+
+def _sidecar_problems(args: argparse.Namespace) -> list[str]:
+    """What stops the sidecar seat's flags, one line each (``--allowed-worker-hosts`` read)."""
+    from disagg_transforms.errors import ConfigError  # noqa: PLC0415
+    from disagg_transforms.integrations.sidecar import WorkerHosts  # noqa: PLC0415
+
+    if args.allowed_worker_hosts is not None and not args.prefill_from_header:
+        return ["--allowed-worker-hosts: requests name no worker without --prefill-from-header"]
+    if args.prefill_from_header and args.simulate:
+        return ["--prefill-from-header: the headers name real workers; give no --simulate"]
+    if args.allowed_worker_hosts is None:
+        return []
+    try:
+        WorkerHosts(args.allowed_worker_hosts)
+    except ConfigError as error:
+        return [f"--allowed-worker-hosts: {error.message}"]
+    return []
+
+
 def _serve(args: argparse.Namespace) -> int:
     """Run the reference proxy (needs the proxy extra).
 
@@ -225,10 +271,16 @@ def _serve(args: argparse.Namespace) -> int:
     if args.served_model_name and not args.simulate:
         msg = "--served-model-name names the simulated worker's models: give it with --simulate"
         raise CliError(msg)
-    if args.config is None:
+    if problems := _sidecar_problems(args):
+        sys.stderr.writelines(f"{PROG}: error: {line}\n" for line in problems)
+        return EXIT_USAGE
+    if args.config is None and args.prefill_from_header:
+        document: object = dict(_SIDECAR_DOCUMENT)
+        source = "<default config>"
+    elif args.config is None:
         # Gateway mode runs prefill as llm-d's coordinator does: the gateway has the pools.
         prefill = args.simulate or bool(urls["prefill"] or urls["gateway"])
-        document: object = _default_document(prefill=prefill)
+        document = _default_document(prefill=prefill)
         source = "<default config>"
     else:
         document = read_config(args.config, "auto")
@@ -268,6 +320,8 @@ def _serve(args: argparse.Namespace) -> int:
         "max_body_bytes": process["max_body_bytes"],
         "connectors": given.get("connectors", {}),
         "prefill_max_retries": args.prefill_max_retries,
+        # The sidecar seat: the allow-list as written ("" for none), else None.
+        "sidecar": (args.allowed_worker_hosts or "") if args.prefill_from_header else None,
     }
     with _metrics_dir():  # before the proxy, and so prometheus_client, is imported
         _, warnings, problems = _pipeline(settings)
@@ -304,13 +358,14 @@ def _pipeline(settings: Mapping[str, Any]) -> tuple[Any, list[str], list[str]]:
     """The parsed pipeline, its warnings, and every problem (one line each) that stops it."""
     from disagg_transforms import ConfigError  # noqa: PLC0415
     from disagg_transforms.exchange import pipeline_warnings  # noqa: PLC0415
-    from disagg_transforms.integrations.proxy import url_errors  # noqa: PLC0415
+    from disagg_transforms.integrations.proxy import sidecar_errors, url_errors  # noqa: PLC0415
 
     try:
         config = _parsed(settings["document"])
     except ConfigError as error:  # a rule spanning keys would surface only here
         return None, [], [error.message]
-    errors = url_errors(config, **_url_arguments(settings))
+    check = url_errors if settings["sidecar"] is None else sidecar_errors
+    errors = check(config, **_url_arguments(settings))
     return config, pipeline_warnings(config), [error.message for error in errors]
 
 
@@ -365,10 +420,21 @@ def app_from_settings() -> ASGIApp:
         kv_connector=KvConnector(connectors.get("kv_connector", KvConnector.NIXL)),
         ec_connector=EcConnector(connectors.get("ec_connector", EcConnector.NIXL)),
         prefill_max_retries=settings["prefill_max_retries"],
+        sidecar=_sidecar_seat(settings["sidecar"]),
     )
     if not settings["simulate"]:
         return app
     return _WithSimulated(app, _simulated_worker(settings))
+
+
+def _sidecar_seat(hosts: str | None) -> SidecarSeat | None:
+    """The sidecar seat of serve's settings: ``None`` (not that seat) or its allow-list text."""
+    from disagg_transforms.integrations.proxy import SidecarSeat  # noqa: PLC0415
+    from disagg_transforms.integrations.sidecar import WorkerHosts  # noqa: PLC0415
+
+    if hosts is None:
+        return None
+    return SidecarSeat(WorkerHosts(hosts) if hosts else None)
 
 
 class _WithSimulated:
@@ -399,8 +465,8 @@ def _simulate(args: argparse.Namespace) -> int:
     if args.fault is not None and args.fault not in FAULT_MODES:
         msg = f"--fault: unknown fault {args.fault!r}; expected one of {', '.join(FAULT_MODES)}"
         raise CliError(msg)
-    if args.gateway and args.fault is not None:
-        msg = "--fault plays on one worker: it cannot be given with --gateway"
+    if args.gateway and (args.fault is not None or args.log_calls):
+        msg = "--fault and --log-calls play on one worker: give neither with --gateway"
         raise CliError(msg)
     settings = {
         "fault": args.fault,
@@ -412,6 +478,7 @@ def _simulate(args: argparse.Namespace) -> int:
         "gateway": args.gateway,
         "pool_size": args.pool_size,
         "routing": args.routing,
+        "log_calls": args.log_calls,
     }
     os.environ[_SETTINGS] = orjson.dumps(settings).decode()
     _run(
@@ -455,6 +522,7 @@ def _simulated_worker(settings: Mapping[str, Any]) -> ASGIApp:
         stream_delay=stream_delay,
         first_byte_delay=settings.get("first_byte_delay", 0.5),
         fault_calls=settings.get("fault_calls"),
+        log_calls=settings.get("log_calls", False),
     )
 
 

@@ -51,7 +51,12 @@ from disagg_transforms import (
     detect_route,
     parse_pipeline_params,
 )
-from disagg_transforms.errors import ConfigError, error_body
+from disagg_transforms.errors import (
+    ConfigError,
+    RequestError,
+    WorkerNotAllowedError,
+    error_body,
+)
 from disagg_transforms.exchange import (
     ClientReply,
     Driver,
@@ -63,13 +68,19 @@ from disagg_transforms.exchange import (
     pipeline_phases,
 )
 from disagg_transforms.hooks import Pipeline
+from disagg_transforms.integrations.sidecar import (
+    ENCODE_HEADER,
+    PREFILL_HEADER,
+    WorkerHosts,
+    worker_targets,
+)
 
 if sys.version_info >= (3, 11):
     from asyncio import timeout as _deadline
 else:  # aiohttp's own dependency there
     from async_timeout import timeout as _deadline
 
-__all__ = ("Timeouts", "create_app", "url_errors")
+__all__ = ("SidecarSeat", "Timeouts", "create_app", "sidecar_errors", "url_errors")
 
 ACCESS_LOG = logging.getLogger("disagg_transforms.proxy")
 """One line per client request: its id, route, status, and each worker call's status and time."""
@@ -109,6 +120,49 @@ class Timeouts:
     """From sending a call to its whole answer, or to a stream's first chunk."""
     idle: float = 60.0
     """Between two chunks of a worker's stream."""
+
+
+@dataclass(frozen=True)
+class SidecarSeat:
+    """llm-d's sidecar seat (``serve --prefill-from-header``; docs/llm-d.md, "The sidecar seat").
+
+    Each request's prefill worker is the first that ``x-prefiller-host-port`` names, its encode
+    worker the first of ``x-encoder-hosts-ports``; without the prefill header the request is
+    decode only. Decode (and render) go to the decode URL.
+    """
+
+    allowed_worker_hosts: WorkerHosts | None = None
+    """The hosts a request may name; any other is refused with 403 before any worker call.
+    ``None``: any host."""
+
+
+# What url_errors is given for a step whose worker each request names in the sidecar seat.
+_FROM_HEADER = "http://x-prefiller-host-port"
+
+
+def sidecar_errors(config: Mapping[Step, StepParams], **urls: str | None) -> list[ConfigError]:
+    """Every problem of the sidecar seat's pipeline and URLs, one each (as :func:`url_errors`).
+
+    ``urls`` are :func:`url_errors`' keywords (``decode_url``, ``render_url``, ...; ``None``:
+    not given). Prefill and encode workers come from each request's headers, so their URLs and
+    gateway mode are refused, and the pipeline needs a prefill step.
+    """
+    errors = [
+        ConfigError(
+            f"--prefill-from-header: give no --{name}-url with it (each request's headers "
+            "name its prefill and encode workers; decode is --decode-url)",
+            param=name,
+        )
+        for name in ("prefill", "encode", "gateway")
+        if urls.get(f"{name}_url") is not None
+    ]
+    workers = set(pipeline_phases(config).values())
+    if "prefill" not in workers:
+        msg = "--prefill-from-header: the pipeline has no prefill step for the header to name"
+        errors.append(ConfigError(msg, param="prefill"))
+    stand_ins = {f"{w}_url": _FROM_HEADER for w in ("prefill", "encode") if w in workers}
+    given = {"decode_url": urls.get("decode_url"), "render_url": urls.get("render_url")}
+    return errors + url_errors(config, **given, **stand_ins)
 
 
 def url_errors(  # noqa: PLR0913 - one URL per step, all by keyword
@@ -494,6 +548,60 @@ def _too_large(request: Request, limit: int) -> Response:
     return Response(body, status_code=413, media_type="application/json", headers=headers)
 
 
+class _Seat:
+    """The sidecar seat's choice per request: the pipeline and worker URLs its headers give."""
+
+    __slots__ = ("allowed", "decode_only", "pipelines", "urls")
+
+    def __init__(
+        self, seat: SidecarSeat, config: Mapping[Step, StepParams], urls: Mapping[str, str]
+    ) -> None:
+        self.allowed = seat.allowed_worker_hosts
+        self.urls = urls
+        # By whether the request names encode workers: without, encode is not run.
+        self.pipelines: Mapping[bool, Mapping[Step, StepParams]] = {
+            True: config,
+            False: {step: params for step, params in config.items() if step is not Step.ENCODE},
+        }
+        leg_steps = (Step.ENCODE, Step.PREFILL)
+        self.decode_only = {k: v for k, v in config.items() if k not in leg_steps}
+
+    def choose(self, request: Request) -> tuple[Mapping[Step, StepParams], Mapping[str, str]]:
+        """The pipeline and worker URLs of ``request``.
+
+        Raises:
+            RequestError: a header is not a list of ``host:port`` (400).
+            WorkerNotAllowedError: a header names a host off the allow-list (403).
+        """
+        prefill = worker_targets(_header(request, PREFILL_HEADER), PREFILL_HEADER)
+        encode = worker_targets(_header(request, ENCODE_HEADER), ENCODE_HEADER)
+        if self.allowed is not None:
+            self.allowed.check(prefill, PREFILL_HEADER)
+            self.allowed.check(encode, ENCODE_HEADER)
+        if not prefill:  # as llm-d's sidecar: no prefill worker named, decode only
+            return self.decode_only, self.urls
+        # One encode call per request carries every image: it goes to the first encoder
+        # named (docs/llm-d.md, "The sidecar seat").
+        urls = {**self.urls, "prefill": prefill[0].url}
+        if encode:
+            urls["encode"] = encode[0].url
+        return self.pipelines[bool(encode)], urls
+
+
+def _header(request: Request, name: str) -> str | None:
+    """Every value of header ``name``, joined as one comma list; ``None`` when absent."""
+    values = request.headers.getlist(name)
+    return ",".join(values) if values else None
+
+
+def _refusal(request: Request, error: RequestError | WorkerNotAllowedError) -> Response:
+    """``error`` as the client's reply, in its API's error shape, before any worker call."""
+    status = error.status_hint
+    route = detect_route(request.url.path)
+    body = error_body(route, status=status, message=error.message, param=error.param)
+    return Response(orjson.dumps(body), status_code=status, media_type="application/json")
+
+
 class _Proxy:
     def __init__(  # noqa: PLR0913 - what create_app was given, read once
         self,
@@ -505,8 +613,10 @@ class _Proxy:
         worker_keep_alive: float,
         profiles: Mapping[str, str],
         prefill_max_retries: int,
+        seat: _Seat | None,
     ) -> None:
         self.config = config
+        self.seat = seat  # the sidecar seat: each request's headers name its workers
         self.prefill_max_retries = prefill_max_retries
         self.urls = urls
         self.profiles = profiles  # gateway mode: each leg's EPP-Profile
@@ -682,7 +792,7 @@ class _Proxy:
         log.begin(ex.client_model)
         drive = Driver(ex)
         if (call := drive.next_call()) is not None:
-            await self._call(drive, call, log)
+            await self._call(drive, call, log, self.urls)
         if (call := drive.next_call()) is not None:  # the leg after render: not sent
             count = len(msgspec.json.decode(call.body, type=_TokenIds).token_ids)
             log.write(ex.request_id, 200)
@@ -702,8 +812,15 @@ class _Proxy:
         if isinstance(client_body, Response):
             log.write("-", client_body.status_code, error="bad_request")
             return client_body
+        config, urls = self.config, self.urls
+        if self.seat is not None:
+            try:
+                config, urls = self.seat.choose(request)
+            except (RequestError, WorkerNotAllowedError) as error:
+                log.write("-", error.status_hint, error="bad_request")
+                return _refusal(request, error)
         ex = Exchange(
-            self.config,
+            config,
             request.scope["path"],
             request.headers.raw,
             client_body,
@@ -711,7 +828,7 @@ class _Proxy:
         )
         log.begin(ex.client_model)
         drive = Driver(ex)
-        calls = asyncio.ensure_future(self._calls(drive, log))
+        calls = asyncio.ensure_future(self._calls(drive, log, urls))
         gone = asyncio.ensure_future(_disconnected(request))
         await asyncio.wait((calls, gone), return_when=asyncio.FIRST_COMPLETED)
         if not calls.done():
@@ -734,15 +851,15 @@ class _Proxy:
         body_stream = self._relay(drive, stream, reply.first, log, reply.status)
         return StreamingResponse(body_stream, status_code=reply.status, headers=dict(reply.headers))
 
-    async def _send(self, call: WorkerCall) -> aiohttp.ClientResponse:
-        """Send ``call``; its answer once its status and headers came.
+    async def _send(self, call: WorkerCall, urls: Mapping[str, str]) -> aiohttp.ClientResponse:
+        """Send ``call`` to its step's worker in ``urls``; its answer once its head came.
 
         A call that fails on a pooled connection before any byte of its answer came is sent
         again: the worker closed that idle connection as the call went out, and never read it
         (docs/proxy.md, "Keep-alive"). Each such failure closes that connection, so this ends
         on a fresh one, whose failure is the call's.
         """
-        url = self.urls[call.step] + call.path
+        url = urls[call.step] + call.path
         headers = call.headers
         if (profile := self.profiles.get(call.step)) is not None:
             headers = (*headers, (_PROFILE_HEADER, profile))
@@ -756,24 +873,26 @@ class _Proxy:
                 if not reuse.pooled:
                     raise
 
-    async def _calls(self, drive: Driver, log: _Log) -> _Stream | None:
+    async def _calls(self, drive: Driver, log: _Log, urls: Mapping[str, str]) -> _Stream | None:
         """Make the exchange's worker calls; the decode worker's stream when it is relayed."""
         stream: _Stream | None = None
         while (call := drive.next_call()) is not None:
-            stream = await self._call(drive, call, log)
+            stream = await self._call(drive, call, log, urls)
         return stream
 
-    async def _call(self, drive: Driver, call: WorkerCall, log: _Log) -> _Stream | None:
+    async def _call(
+        self, drive: Driver, call: WorkerCall, log: _Log, urls: Mapping[str, str]
+    ) -> _Stream | None:
         """Make one worker call and feed its answer (a stream until the client's reply is known)."""
         if not call.stream:
-            await self._call_whole(drive, call, log)
+            await self._call_whole(drive, call, log, urls)
             return None
         since = log.calling(call.step)
         stream: _Stream | None = None
         first_byte_due = asyncio.get_running_loop().time() + self.timeouts.first_byte
         try:
             async with _deadline(self.timeouts.first_byte):
-                answer = await self._send(call)
+                answer = await self._send(call, urls)
             stream = _Stream(answer, first_byte_due, self.timeouts.idle)
             drive.stream_opened(answer.status, answer.raw_headers)
             while drive.opening:
@@ -795,7 +914,9 @@ class _Proxy:
         log.streaming(call.step, answer.status, since)
         return stream
 
-    async def _call_whole(self, drive: Driver, call: WorkerCall, log: _Log) -> None:
+    async def _call_whole(
+        self, drive: Driver, call: WorkerCall, log: _Log, urls: Mapping[str, str]
+    ) -> None:
         """Make a call whose answer is read whole, and feed it.
 
         A prefill that failed with 502, 503, 504 or in transport is sent again, up to
@@ -807,7 +928,7 @@ class _Proxy:
             since = log.calling(call.step)  # every try is a call made
             try:
                 async with _deadline(self.timeouts.first_byte):
-                    answer = await self._send(call)
+                    answer = await self._send(call, urls)
                     head = time.monotonic()
                     try:
                         body = await answer.read()
@@ -914,6 +1035,7 @@ def create_app(  # noqa: PLR0913 - one URL per step and the settings, all by key
     kv_connector: KvConnector = KvConnector.NIXL,
     ec_connector: EcConnector = EcConnector.NIXL,
     prefill_max_retries: int = 0,
+    sidecar: SidecarSeat | None = None,
 ) -> Starlette:
     """The proxy as a Starlette app: the client routes and vLLM's others (``docs/proxy.md``).
 
@@ -946,11 +1068,15 @@ def create_app(  # noqa: PLR0913 - one URL per step and the settings, all by key
             (:attr:`~disagg_transforms.ExchangeSettings.ec_connector`).
         prefill_max_retries: how many more times a prefill that failed with 502, 503, 504 or
             in transport is sent; never a decode-only fallback.
+        sidecar: llm-d's sidecar seat (:class:`SidecarSeat`): each request's headers name its
+            prefill and encode workers, so no ``prefill_url``, ``encode_url`` or
+            ``gateway_url`` is given with it.
 
     Raises:
-        ConfigError: the first of :func:`url_errors`.
+        ConfigError: the first of :func:`url_errors` (:func:`sidecar_errors` in the sidecar
+            seat).
     """
-    errors = url_errors(
+    errors = (url_errors if sidecar is None else sidecar_errors)(
         config,
         decode_url=decode_url,
         prefill_url=prefill_url,
@@ -986,6 +1112,7 @@ def create_app(  # noqa: PLR0913 - one URL per step and the settings, all by key
         worker_keep_alive=worker_keep_alive,
         profiles=profiles,
         prefill_max_retries=prefill_max_retries,
+        seat=None if sidecar is None else _Seat(sidecar, config, stripped),
     )
     routes = [HttpRoute(route.value, proxy.serve, methods=["POST"]) for route in _CLIENT_ROUTES]
     routes += [

@@ -27,7 +27,7 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
 LOG: Final = logging.getLogger("disagg_transforms.testing")
-"""The simulated worker's own events (a client that went away)."""
+"""The simulated worker's own events (a client that went away; each call, when asked)."""
 FAULT_HEADER: Final = "x-simulate-fault"
 """Request header naming a fault for that one request (overrides the worker's ``fault``)."""
 FAULT_MODES: Final = (
@@ -146,12 +146,15 @@ class SimulatedWorker:
         stream_delay: Seconds between the events of a stream (a slow model; ``0``: none).
         fault_calls: ``fault`` plays on this many requests only (``GET /health`` excepted),
             then the worker answers normally; ``None``: on every request.
+        log_calls: Log each request received at INFO on ``disagg_transforms.testing``, as
+            ``call `` and one JSON object (``method``, ``path``, ``headers``, ``body``): what a
+            test reads of a worker run as its own process (``simulate --log-calls``).
 
     Raises:
         ValueError: An unknown fault, a negative delay or a negative ``fault_calls``.
     """
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - the worker's settings, all but one by keyword
         self,
         settings: WorkerSettings | None = None,
         *,
@@ -159,6 +162,7 @@ class SimulatedWorker:
         first_byte_delay: float = 0.5,
         stream_delay: float = 0.0,
         fault_calls: int | None = None,
+        log_calls: bool = False,
     ) -> None:
         if fault_calls is not None and fault_calls < 0:
             msg = "fault_calls must be 0 or more"
@@ -173,6 +177,7 @@ class SimulatedWorker:
         self.fault = fault
         self.first_byte_delay = first_byte_delay
         self.stream_delay = stream_delay
+        self.log_calls = log_calls
         self.settings = WorkerSettings() if settings is None else settings
         self.calls: list[RecordedCall] = []
         """Every request received, in order."""
@@ -206,6 +211,8 @@ class SimulatedWorker:
         body = _parse(raw)
         call = RecordedCall(method, path, headers, body)
         self.calls.append(call)
+        if self.log_calls:
+            LOG.info("call %s", orjson.dumps(dataclasses.asdict(call)).decode())
         request_id = headers.get("x-request-id") or uuid.uuid4().hex
         fault = headers.get(FAULT_HEADER)
         if fault is None and path != "/health":
