@@ -9,6 +9,7 @@ the official SDKs.
 from __future__ import annotations
 
 import asyncio
+import json
 import pathlib
 import threading
 from collections.abc import Iterator
@@ -19,7 +20,7 @@ import anthropic
 import httpx
 import openai
 import pytest
-from proxy_helpers import Server, running
+from proxy_helpers import Server, running, served
 
 pytest.importorskip("uvicorn")
 pytest.importorskip("starlette")
@@ -129,6 +130,180 @@ def test_a_decode_worker_alone_reports_none_of_the_prefills_cache(pd: PD) -> Non
     }
     answer = httpx.post(pd.decode.url + "/inference/v1/generate", json=body).json()
     assert answer["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
+
+
+# -- every leg on the client's own route: the decode answer is relayed, its usage patched -----
+# The simulated worker has no Responses or Messages route of its own: this worker, in the test's
+# process, answers both as vLLM does (a prefill reporting 32 of its 40 prompt tokens cached, a
+# decode that pulled the KV reporting none of them: vLLM's Anthropic usage has no cached count).
+
+PROMPT, CACHED = 40, 32
+
+
+def _sse(*events: dict[str, Any]) -> bytes:
+    return b"".join(
+        b"event: %s\ndata: %s\n\n" % (e["type"].encode(), json.dumps(e).encode()) for e in events
+    )
+
+
+def _response(*, prefill: bool, output: list[Any]) -> dict[str, Any]:
+    usage = {
+        "input_tokens": PROMPT,
+        "input_tokens_details": {"cached_tokens": CACHED if prefill else 0},
+        "output_tokens": 1,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": PROMPT + 1,
+    }
+    return {
+        "id": "resp_1",
+        "object": "response",
+        "created_at": 1,
+        "model": "m",
+        "status": "completed",
+        "output": output,
+        "parallel_tool_calls": True,
+        "tool_choice": "auto",
+        "tools": [],
+        "usage": usage,
+    }
+
+
+def _message(*, prefill: bool, content: list[Any]) -> dict[str, Any]:
+    usage: dict[str, Any] = {"input_tokens": PROMPT, "output_tokens": 1}
+    if prefill:  # Anthropic's meaning, as a prefill worker that reports the count gives it
+        usage = {"input_tokens": PROMPT - CACHED, "output_tokens": 1}
+        usage["cache_read_input_tokens"] = CACHED
+    return {
+        "id": "msg_1",
+        "type": "message",
+        "role": "assistant",
+        "content": content,
+        "model": "m",
+        "stop_reason": "end_turn",
+        "stop_sequence": None,
+        "usage": usage,
+    }
+
+
+TEXT_PART = {"type": "output_text", "text": "Hi", "annotations": []}
+ITEM = {"id": "msg_i", "type": "message", "role": "assistant", "status": "completed"}
+
+
+def _responses_stream() -> bytes:
+    done = _response(prefill=False, output=[{**ITEM, "content": [TEXT_PART]}])
+    started = {**done, "status": "in_progress", "output": [], "usage": None}
+    part = {"item_id": "msg_i", "output_index": 0, "content_index": 0}
+    return _sse(
+        {"type": "response.created", "response": started, "sequence_number": 0},
+        {
+            "type": "response.output_item.added",
+            "output_index": 0,
+            "item": {**ITEM, "status": "in_progress", "content": []},
+            "sequence_number": 1,
+        },
+        {
+            "type": "response.content_part.added",
+            **part,
+            "part": {**TEXT_PART, "text": ""},
+            "sequence_number": 2,
+        },
+        {
+            "type": "response.output_text.delta",
+            **part,
+            "delta": "Hi",
+            "logprobs": [],
+            "sequence_number": 3,
+        },
+        {"type": "response.completed", "response": done, "sequence_number": 4},
+    )
+
+
+def _messages_stream() -> bytes:
+    started = {**_message(prefill=False, content=[]), "stop_reason": None}
+    started["usage"] = {"input_tokens": PROMPT, "output_tokens": 0}
+    return _sse(
+        {"type": "message_start", "message": started},
+        {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+        {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Hi"}},
+        {"type": "content_block_stop", "index": 0},
+        {
+            "type": "message_delta",
+            "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+            "usage": {"input_tokens": PROMPT, "output_tokens": 1},
+        },
+        {"type": "message_stop"},
+    )
+
+
+async def _own_routes_worker(scope: Any, receive: Any, send: Any) -> None:
+    """vLLM's ``/v1/responses`` and ``/v1/messages``, a prefill told by its transfer params."""
+    if scope["type"] != "http":
+        return
+    raw = b""
+    while True:
+        message = await receive()
+        raw += message.get("body", b"")
+        if not message.get("more_body"):
+            break
+    body = json.loads(raw)
+    prefill = body["kv_transfer_params"].get("do_remote_decode") is True
+    responses = scope["path"] == "/v1/responses"
+    kind = b"application/json"
+    if body.get("stream") and not prefill:
+        kind = b"text/event-stream"
+        answer = _responses_stream() if responses else _messages_stream()
+    else:
+        built = (
+            _response(prefill=prefill, output=[{**ITEM, "content": [TEXT_PART]}])
+            if responses
+            else _message(prefill=prefill, content=[{"type": "text", "text": "Hi"}])
+        )
+        if prefill:
+            built["kv_transfer_params"] = {"do_remote_prefill": True, "remote_host": "10.0.0.1"}
+        answer = json.dumps(built).encode()
+    headers = [(b"content-type", kind)]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": answer})
+
+
+@pytest.fixture(scope="module")
+def relayed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    logs = tmp_path_factory.mktemp("relayed")
+    config = logs / "openai.json"
+    steps = {"use_openai_format": True, "steps": {"prefill": {}, "decode": {}}}
+    config.write_text(json.dumps(steps))
+    with served(_own_routes_worker) as worker:
+        serve = ["serve", "--port", "0", "--config", str(config)]
+        serve += ["--prefill-url", worker, "--decode-url", worker]
+        with running((serve, logs / "proxy.log")) as (proxy,):
+            yield proxy
+
+
+def test_a_relayed_responses_answer_reports_the_prefills_cached_tokens(relayed: Server) -> None:
+    client = openai.OpenAI(base_url=relayed.url + "/v1", api_key="unused")
+    with client:
+        whole = client.responses.create(model="m", input=TEXT, max_output_tokens=8)
+        with client.responses.stream(model="m", input=TEXT, max_output_tokens=8) as stream:
+            streamed = stream.get_final_response()
+    for response in (whole, streamed):
+        assert response.output_text == "Hi"
+        usage = response.usage
+        assert usage is not None
+        assert (usage.input_tokens, usage.input_tokens_details.cached_tokens) == (PROMPT, CACHED)
+
+
+def test_a_relayed_messages_answer_reports_the_prefills_cached_tokens(relayed: Server) -> None:
+    client = anthropic.Anthropic(base_url=relayed.url, api_key="unused")
+    messages: Any = [{"role": "user", "content": TEXT}]
+    with client:
+        whole = client.messages.create(model="m", messages=messages, max_tokens=8)
+        with client.messages.stream(model="m", messages=messages, max_tokens=8) as stream:
+            streamed = stream.get_final_message()
+    for message in (whole, streamed):
+        assert message.content[0].type == "text"
+        usage = message.usage
+        # Anthropic's input_tokens leaves the cached ones out; the two add up to the prompt.
+        assert (usage.input_tokens, usage.cache_read_input_tokens) == (PROMPT - CACHED, CACHED)
 
 
 # -- a failed prefill: retried only when asked and only when the worker was unavailable -------

@@ -8,6 +8,7 @@ every process of ``--workers N``; each leg's log entry timed to its first byte a
 from __future__ import annotations
 
 import asyncio
+import json
 import pathlib
 import re
 import signal
@@ -121,6 +122,99 @@ def test_metrics_count_a_known_mix_of_requests_exactly(
     running_now = _of(_samples(answer.text, "_running"), "llm_d_coordinator_request_running")
     assert set(running_now.values()) == {0}
     assert len(running_now) == 5  # every model seen, none in flight
+
+
+# -- /metrics in gateway mode: conditional decode hits and misses ------------------------------
+
+COLD_WARM_CONFIG = {
+    "use_openai_format": False,
+    "steps": {"conditional-decode": {}, "prefill": {}, "decode": {"wrap_chat_completion": True}},
+}
+
+
+def _cold_and_warm_mix(url: str) -> None:
+    """Each prompt cold (412: a miss, then the legs), then warm (2xx: a hit, no other leg);
+    a warm prompt whose conditional decode fails (500, 400) counts neither."""
+    chat = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+    messages = anthropic.Anthropic(base_url=url, api_key="unused", max_retries=0)
+    streamed: Any = [{"role": "user", "content": "A streamed prompt"}]
+    other: Any = [{"role": "user", "content": "A Messages prompt"}]
+    try:
+        for _ in ("cold", "warm"):
+            assert chat.chat.completions.create(model="chat-m", messages=CHAT).choices
+            with chat.chat.completions.create(
+                model="stream-m", messages=streamed, stream=True
+            ) as stream:
+                assert list(stream)
+        assert messages.messages.create(model="msg-m", max_tokens=8, messages=other).content
+        with pytest.raises(openai.InternalServerError):  # the decode worker's 500: a 502
+            chat.chat.completions.create(
+                model="fault-m", messages=CHAT, extra_headers={"x-simulate-fault": "http-500"}
+            )
+        with pytest.raises(openai.BadRequestError):  # its 400, as that status
+            chat.chat.completions.create(
+                model="fault-m", messages=CHAT, extra_headers={"x-simulate-fault": "http-400"}
+            )
+    finally:
+        chat.close()
+        messages.close()
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_metrics_count_conditional_decode_hits_and_misses_exactly(
+    workers: str, tmp_path: pathlib.Path
+) -> None:
+    config = tmp_path / "pipeline.json"
+    config.write_text(json.dumps(COLD_WARM_CONFIG))
+    simulate = ["simulate", "--port", "0"]
+    with running(
+        ([*simulate, "--gateway"], tmp_path / "gateway.log"),
+        (simulate, tmp_path / "render.log"),
+    ) as (gateway, render):
+        args = ["serve", "--port", "0", "--workers", workers, "--config", str(config)]
+        args += ["--gateway-url", gateway.url, "--render-url", render.url]
+        with running((args, tmp_path / "serve.log")) as (proxy,):
+            _cold_and_warm_mix(proxy.url)
+            answer = httpx.get(proxy.url + "/metrics", timeout=30)
+    assert answer.status_code == 200
+    totals = _samples(answer.text, "_total")
+    assert _of(totals, "llm_d_coordinator_request_total") == {
+        _labels(model_name="chat-m"): 2,
+        _labels(model_name="stream-m"): 2,
+        _labels(model_name="msg-m"): 1,
+        _labels(model_name="fault-m"): 2,
+    }
+    assert _of(totals, "llm_d_coordinator_request_error_total") == {
+        _labels(model_name="fault-m", error_code="upstream_5xx"): 1,
+        _labels(model_name="fault-m", error_code="upstream_4xx"): 1,
+    }
+    # Every request asks the decode pool first; the three cold ones then run their legs.
+    assert _of(totals, "llm_d_coordinator_upstream_request_total") == {
+        _labels(phase="conditional-decode"): 7,
+        _labels(phase="render"): 3,
+        _labels(phase="prefill"): 3,
+        _labels(phase="decode"): 3,
+    }
+    assert _of(totals, "llm_d_coordinator_decode_cache_lookups_total") == {
+        _labels(result="miss"): 3,
+        _labels(result="hit"): 2,
+    }
+    # A hit is decode-only; a conditional decode that failed chose no legs.
+    assert _of(totals, "llm_d_coordinator_disagg_decision_total") == {
+        _labels(model_name="chat-m", decision_type="prefill-decode"): 1,
+        _labels(model_name="chat-m", decision_type="decode-only"): 1,
+        _labels(model_name="stream-m", decision_type="prefill-decode"): 1,
+        _labels(model_name="stream-m", decision_type="decode-only"): 1,
+        _labels(model_name="msg-m", decision_type="prefill-decode"): 1,
+    }
+    counts = _samples(answer.text, "_count")
+    assert _of(counts, "llm_d_coordinator_pipeline_step_duration_seconds_count") == {
+        _labels(step="conditional-decode"): 7,
+        **{_labels(step=step): 3 for step in ("render", "prefill", "decode")},
+    }
+    assert _of(counts, "disagg_transforms_time_to_first_token_seconds_count") == {
+        _labels(model_name="stream-m"): 2
+    }
 
 
 def test_serve_removes_the_metrics_directory_it_made_and_keeps_the_users(

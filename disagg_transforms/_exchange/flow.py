@@ -680,7 +680,9 @@ class Exchange:
         view = _transfer_params(Phase.PREFILL, body)
         value = view.kv_transfer_params
         # The prompt was computed here: its cached count is the client's (docs/exchange.md).
-        self._prefill_cached = _reply.cached_tokens_of(view.usage)
+        at = self._at
+        assert isinstance(at, _Calling)  # noqa: S101 - the reader reads the call's answer
+        self._prefill_cached = _reply.cached_tokens_of(view.usage, detect_route(at.call.path))
         # Decode pulls the prompt's KV with what prefill answered: without it there is nothing
         # to pull.
         if isinstance(value, dict):

@@ -219,7 +219,7 @@ def whole_reply(  # noqa: PLR0913 - the answer and what the exchange knows of it
         UpstreamContractError: the answer is not JSON, not an object, or breaks the contract.
     """
     if cached_tokens is not None:
-        answer = with_cached_tokens(answer, cached_tokens)
+        answer = with_cached_tokens(answer, cached_tokens, leg.route)
     whole = _Whole(
         answer=answer,
         mode=leg.output_mode or OutputMode.TEXT,
@@ -231,57 +231,150 @@ def whole_reply(  # noqa: PLR0913 - the answer and what the exchange knows of it
     return _WHOLE_REPLIES[shape](whole)
 
 
-def cached_tokens_of(usage: object) -> int | None:
-    """``usage.prompt_tokens_details.cached_tokens`` of an answer, when it is a count."""
+class CachedCount(NamedTuple):
+    """Where one route's answers report the prompt's size and its cached part."""
+
+    prompt: str
+    """The prompt's count in ``usage``."""
+    details: str | None
+    """The object in ``usage`` that holds the cached count; ``None``: ``usage`` itself."""
+    cached: str
+    """The cached count's key."""
+    prompt_has_cached: bool
+    """Whether the prompt's count includes the cached part (Anthropic's leaves it out)."""
+    stream_usages: tuple[tuple[str, ...], ...]
+    """Where a stream event of the route carries a usage, as key paths."""
+
+
+_OPENAI_COUNT = CachedCount(
+    prompt=w.PROMPT_TOKENS,
+    details=w.PROMPT_TOKENS_DETAILS,
+    cached=w.CACHED_TOKENS,
+    prompt_has_cached=True,
+    stream_usages=((w.USAGE,),),
+)
+CACHED_COUNTS: Mapping[Route, CachedCount] = {
+    Route.GENERATE: _OPENAI_COUNT,
+    Route.CHAT_COMPLETIONS: _OPENAI_COUNT,
+    Route.COMPLETIONS: _OPENAI_COUNT,
+    Route.RESPONSES: CachedCount(
+        prompt=w.INPUT_TOKENS,
+        details=w.INPUT_TOKENS_DETAILS,
+        cached=w.CACHED_TOKENS,
+        prompt_has_cached=True,
+        # response.completed's (created and in_progress carry a null usage).
+        stream_usages=((w.RESPONSE, w.USAGE),),
+    ),
+    Route.MESSAGES: CachedCount(
+        prompt=w.INPUT_TOKENS,
+        details=None,
+        cached=w.CACHE_READ_INPUT_TOKENS,
+        prompt_has_cached=False,
+        # message_start's and message_delta's (the SDK keeps the latter's).
+        stream_usages=((w.MESSAGE, w.USAGE), (w.USAGE,)),
+    ),
+}
+"""One row per route an answer speaks: where its usage holds the cached-prompt count."""
+
+
+def _count(value: object) -> int | None:
+    return value if type(value) is int and value >= 0 else None
+
+
+def cached_tokens_of(usage: object, route: Route) -> int | None:
+    """The cached-prompt count of an answer on ``route`` whose usage is ``usage``, when known."""
     if not isinstance(usage, dict):
         return None
-    details = usage.get(w.PROMPT_TOKENS_DETAILS)
-    cached = details.get(w.CACHED_TOKENS) if isinstance(details, dict) else None
-    return cached if type(cached) is int and cached >= 0 else None
+    place = CACHED_COUNTS[route]
+    details = usage if place.details is None else usage.get(place.details)
+    return _count(details.get(place.cached)) if isinstance(details, dict) else None
 
 
-def with_cached_tokens(payload: bytes, cached_tokens: int) -> bytes:
-    """``payload`` (a JSON object) with its usage's cached-prompt count set to ``cached_tokens``.
+def _set_cached(usage: dict[str, Any], place: CachedCount, cached_tokens: int) -> bool:
+    """Write ``cached_tokens`` (at most the prompt) into ``usage``; whether it had a prompt."""
+    counted = _count(usage.get(place.prompt))
+    if counted is None:
+        return False
+    if place.prompt_has_cached:
+        cached = min(cached_tokens, counted)
+    else:
+        # Anthropic's two input counts add up to the prompt: the uncached rest moves with it.
+        prompt = counted + (_count(usage.get(place.cached)) or 0)
+        cached = min(cached_tokens, prompt)
+        usage[place.prompt] = prompt - cached
+    if place.details is None:
+        usage[place.cached] = cached
+        return True
+    details = usage.get(place.details)
+    usage[place.details] = {**(details if isinstance(details, dict) else {}), place.cached: cached}
+    return True
 
-    After prefill and decode the prompt was computed on the prefill worker: its count is the
-    one a single vLLM server would report (docs/exchange.md, "Cached tokens"). Only a usage
-    with ``prompt_tokens`` (generate, chat, completions) is patched, at most to its prompt's
-    size; anything else, a body that is not JSON included, is returned as it is, for the
-    envelope to judge.
+
+def _patched_at(
+    payload: bytes, path: tuple[str, ...], place: CachedCount, cached_tokens: int
+) -> bytes | None:
+    """``payload`` with the usage at key path ``path`` patched, its other members' bytes kept.
+
+    ``None`` when there is no usage with a prompt's count there.
     """
     try:
         members = msgspec.json.decode(payload, type=dict[str, msgspec.Raw])
-        usage = msgspec.json.decode(members[w.USAGE]) if w.USAGE in members else None
+        if path[0] not in members:
+            return None
+        inner = bytes(members[path[0]])
+        if len(path) > 1:
+            patched = _patched_at(inner, path[1:], place, cached_tokens)
+        else:
+            usage = msgspec.json.decode(inner)
+            ok = isinstance(usage, dict) and _set_cached(usage, place, cached_tokens)
+            patched = _raw.encode(usage) if ok else None
     except (msgspec.DecodeError, RecursionError):
-        return payload
-    if not isinstance(usage, dict):
-        return payload
-    prompt = usage.get(w.PROMPT_TOKENS)
-    if type(prompt) is not int:
-        return payload
-    details = usage.get(w.PROMPT_TOKENS_DETAILS)
-    details = dict(details) if isinstance(details, dict) else {}
-    details[w.CACHED_TOKENS] = min(cached_tokens, prompt)
-    usage[w.PROMPT_TOKENS_DETAILS] = details
-    members[w.USAGE] = msgspec.Raw(_raw.encode(usage))
+        return None
+    if patched is None:
+        return None
+    members[path[0]] = msgspec.Raw(patched)
     return _raw.encode(members)
 
 
-_USAGE_MARK: Final = b'"' + w.PROMPT_TOKENS.encode() + b'"'
+def with_cached_tokens(
+    payload: bytes,
+    cached_tokens: int,
+    route: Route,
+    paths: tuple[tuple[str, ...], ...] = ((w.USAGE,),),
+) -> bytes:
+    """``payload`` (a JSON object on ``route``) with its usage's cached count ``cached_tokens``.
+
+    After prefill and decode the prompt was computed on the prefill worker: its count is the
+    one a single vLLM server would report (docs/exchange.md, "Cached tokens"). The usage is
+    looked for at each key path of ``paths`` (an answer's ``usage``; a stream event's: the
+    route's :attr:`CachedCount.stream_usages`); only one with its prompt's count is patched,
+    at most to the prompt's size. Anything else, a body that is not JSON included, is returned
+    as it is, for the relay or the envelope to judge.
+    """
+    place = CACHED_COUNTS[route]
+    for path in paths:
+        patched = _patched_at(payload, path, place, cached_tokens)
+        if patched is not None:
+            return patched
+    return payload
 
 
 class _CachedTokensRelay:
     """A relay whose worker events have the prefill's cached-prompt count in their usage.
 
     Events are handed on whole (a cut one is held until it ends, as every relay holds it); only
-    an event that names ``prompt_tokens`` is decoded.
+    an event that names its route's prompt count is decoded.
     """
 
-    __slots__ = ("_cached", "_held", "_inner")
+    __slots__ = ("_cached", "_held", "_inner", "_mark", "_paths", "_route")
 
-    def __init__(self, inner: Relay, cached_tokens: int) -> None:
+    def __init__(self, inner: Relay, cached_tokens: int, route: Route) -> None:
         self._inner = inner
         self._cached = cached_tokens
+        self._route = route
+        place = CACHED_COUNTS[route]
+        self._mark = b'"' + place.prompt.encode() + b'"'
+        self._paths = place.stream_usages
         self._held = b""
 
     @property
@@ -300,14 +393,15 @@ class _CachedTokensRelay:
         return self._inner.feed(self._patched(held[:end]))
 
     def _patched(self, events: bytes) -> bytes:
-        if _USAGE_MARK not in events:
+        mark = self._mark
+        if mark not in events:
             return events
         lines = events.split(_LF)
         for at, line in enumerate(lines):
-            if line.startswith(_DATA_PREFIX) and _USAGE_MARK in line:
+            if line.startswith(_DATA_PREFIX) and mark in line:
                 cr = line.endswith(_CR)
                 payload = line[_DATA_PREFIX_SIZE : -1 if cr else None]
-                patched = with_cached_tokens(payload, self._cached)
+                patched = with_cached_tokens(payload, self._cached, self._route, self._paths)
                 lines[at] = _DATA_PREFIX + patched + (_CR if cr else b"")
         return _LF.join(lines)
 
@@ -557,7 +651,11 @@ def stream_relay(  # noqa: PLR0913 - the shape and what the exchange knows, by k
         cached_tokens: the prefill's count, written into the worker's usage events first.
     """
     relay = _stream_relay(shape, client=client, requested=requested, model=model, clock=clock)
-    return relay if cached_tokens is None else _CachedTokensRelay(relay, cached_tokens)
+    if cached_tokens is None:
+        return relay
+    # Only a relayed stream speaks the client's route; every other shape reads generate events.
+    route = client.route if shape is Shape.PASS else Route.GENERATE
+    return _CachedTokensRelay(relay, cached_tokens, route)
 
 
 def _stream_relay(
