@@ -223,8 +223,19 @@ def _call_count(seat: Seat) -> int:
     return sum(len(_calls(worker)) for worker in seat.workers)
 
 
+def _refused(proxy: Server) -> float:
+    """The proxy's count of requests refused as the client's fault, model ``m``."""
+    text = httpx.get(proxy.url + "/metrics", timeout=30).text
+    pattern = (
+        r'llm_d_coordinator_request_error_total\{error_code="bad_request",model_name="m"\} (\S+)'
+    )
+    found = re.search(pattern, text)
+    return float(found[1]) if found else 0.0
+
+
 def test_a_host_off_the_list_is_refused_with_403_before_any_call(seat: Seat) -> None:
     before = _call_count(seat)
+    refused_before = _refused(seat.generate)
     a = _host_port(seat.prefill_a)
     port = a.rpartition(":")[2]
     with _openai(seat.generate) as client:
@@ -267,6 +278,8 @@ def test_a_host_off_the_list_is_refused_with_403_before_any_call(seat: Seat) -> 
         assert body["error"]["type"] == "permission_error"
     assert "10.0.0.9:9000" in refused_stream.value.message
     assert _call_count(seat) == before  # no worker was called
+    # Counted under the body's model, as every refused request whose body was read.
+    assert _refused(seat.generate) == refused_before + 4
 
 
 @pytest.mark.parametrize("value", ["http://127.0.0.1:8000", "127.0.0.1", "127.0.0.1:0"])

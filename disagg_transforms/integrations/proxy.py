@@ -817,6 +817,7 @@ class _Proxy:
             try:
                 config, urls = self.seat.choose(request)
             except (RequestError, WorkerNotAllowedError) as error:
+                log.begin(_body_model(client_body))
                 log.write("-", error.status_hint, error="bad_request")
                 return _refusal(request, error)
         ex = Exchange(
@@ -981,6 +982,21 @@ async def _disconnected(request: Request) -> None:
     """Return once the client closed its connection (its body was read whole before)."""
     while (await request.receive())["type"] != "http.disconnect":
         pass
+
+
+class _Model(msgspec.Struct):
+    """The member of a client's body its metrics are labelled with."""
+
+    model: object = None
+
+
+def _body_model(body: bytes) -> str | None:
+    """The body's ``model``, for a request refused before an exchange reads it (its metrics)."""
+    try:
+        model = msgspec.json.decode(body, type=_Model).model
+    except (msgspec.DecodeError, RecursionError):
+        return None
+    return model if isinstance(model, str) else None
 
 
 class _TokenIds(msgspec.Struct):
