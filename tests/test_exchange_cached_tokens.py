@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from exchange_driver import Answer, Worker, drive
 
-from disagg_transforms import parse_pipeline_params
+from disagg_transforms import ExchangeSettings, KvConnector, parse_pipeline_params
 from disagg_transforms.exchange import Exchange
 
 PD_CHAT = parse_pipeline_params({"prefill": {}, "decode": {}}, use_openai_format=True)
@@ -42,11 +42,15 @@ def _worker(decode: bytes | list[bytes]) -> Worker:
     return answer
 
 
-def _exchange(*, stream: bool) -> Exchange:
+def _exchange(*, stream: bool, settings: ExchangeSettings | None = None) -> Exchange:
     body: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "Hi"}]}
     if stream:
         body |= {"stream": True, "stream_options": {"include_usage": True}}
-    return Exchange(PD_CHAT, "/v1/chat/completions", {}, json.dumps(body).encode())
+    encoded = json.dumps(body).encode()
+    return Exchange(PD_CHAT, "/v1/chat/completions", {}, encoded, settings=settings)
+
+
+SHARED_STORAGE = ExchangeSettings(kv_connector=KvConnector.SHARED_STORAGE)
 
 
 def test_a_relayed_chat_answer_reports_the_prefills_count() -> None:
@@ -83,6 +87,32 @@ def test_a_prefill_that_reports_no_count_leaves_the_decodes() -> None:
         return _worker(decode)(method, path, headers, body)
 
     outcome = drive(_exchange(stream=False), answer)
+    assert outcome.json()["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
+
+
+def test_with_shared_storage_the_prefills_count_is_the_clients_too() -> None:
+    # Its params are not read (the KV is in the storage), its usage is (docs/exchange.md).
+    outcome = drive(
+        _exchange(stream=False, settings=SHARED_STORAGE), _worker(json.dumps(DECODE).encode())
+    )
+    assert outcome.status == 200
+    assert outcome.json()["usage"]["prompt_tokens_details"] == {"cached_tokens": 32}
+
+
+@pytest.mark.parametrize("answer", [b"not json", b"[]", b'{"usage": 7}', b"{}"])
+def test_with_shared_storage_an_unreadable_prefill_answer_leaves_the_decodes(
+    answer: bytes,
+) -> None:
+    decode = json.dumps(DECODE).encode()
+
+    def worker(method: str, path: str, headers: Any, body: bytes) -> Answer:
+        del method, path, headers
+        if json.loads(body)["kv_transfer_params"].get("do_remote_decode"):
+            return 200, {}, answer
+        return 200, {}, decode
+
+    outcome = drive(_exchange(stream=False, settings=SHARED_STORAGE), worker)
+    assert outcome.status == 200
     assert outcome.json()["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
 
 

@@ -25,6 +25,7 @@ The rules of the machine:
 
 from __future__ import annotations
 
+import contextlib
 import re
 import uuid
 from collections.abc import Callable, Container, Iterable, Mapping
@@ -676,19 +677,26 @@ class Exchange:
         if self._connectors[0] is KvConnector.SHARED_STORAGE:
             kv = dict(_SHARED_STORAGE_KV)
             self._gathered = msgspec.structs.replace(self._gathered, kv_transfer_params=kv)
+            # Decode finds the KV in the storage: the answer is read for its usage alone, and
+            # one without it does not stop the request (docs/exchange.md).
+            with contextlib.suppress(UpstreamContractError):
+                self._read_prefill_cached(_transfer_params(Phase.PREFILL, body))
             return None
         view = _transfer_params(Phase.PREFILL, body)
         value = view.kv_transfer_params
-        # The prompt was computed here: its cached count is the client's (docs/exchange.md).
-        at = self._at
-        assert isinstance(at, _Calling)  # noqa: S101 - the reader reads the call's answer
-        self._prefill_cached = _reply.cached_tokens_of(view.usage, detect_route(at.call.path))
+        self._read_prefill_cached(view)
         # Decode pulls the prompt's KV with what prefill answered: without it there is nothing
         # to pull.
         if isinstance(value, dict):
             self._gathered = msgspec.structs.replace(self._gathered, kv_transfer_params=value)
             return None
         raise _no_transfer_object(Phase.PREFILL, value)
+
+    def _read_prefill_cached(self, view: _TransferView) -> None:
+        # The prompt was computed here: its cached count is the client's (docs/exchange.md).
+        at = self._at
+        assert isinstance(at, _Calling)  # noqa: S101 - the reader reads the call's answer
+        self._prefill_cached = _reply.cached_tokens_of(view.usage, detect_route(at.call.path))
 
     def _read_conditional_decode(self, status: int, body: bytes) -> Phase | None:
         if status == _NOT_HELD:
