@@ -511,3 +511,34 @@ def test_a_client_that_goes_away_mid_prefill_closes_the_prefill_call(
             assert "gone-1" in log
             proxy_log = proxy.wait_for_log("gone-1 POST /v1/chat/completions 499")
             assert "decode=" not in proxy_log
+
+
+@pytest.mark.parametrize("slow_leg", ["prefill", "decode"])
+def test_in_the_sidecar_seat_a_client_that_goes_away_closes_the_call_in_flight(
+    tmp_path: pathlib.Path, slow_leg: str
+) -> None:
+    slow = ["simulate", "--port", "0", "--fault", "slow-first-byte", "--first-byte-delay", "120"]
+    fast = ["simulate", "--port", "0"]
+    prefill_cmd, decode_cmd = (slow, fast) if slow_leg == "prefill" else (fast, slow)
+    with running(
+        (prefill_cmd, tmp_path / "prefill.log"), (decode_cmd, tmp_path / "decode.log")
+    ) as (prefill, decode):
+        serve = ["serve", "--port", "0", "--prefill-from-header", "--decode-url", decode.url]
+        with running((serve, tmp_path / "proxy.log")) as (proxy,):
+            request_id = f"gone-sidecar-{slow_leg}"
+            headers = {
+                "x-request-id": request_id,
+                "x-prefiller-host-port": prefill.url.removeprefix("http://"),
+            }
+            body = {"model": "m", "messages": CHAT, "max_tokens": 8}
+            with pytest.raises(httpx.ReadTimeout):
+                httpx.post(
+                    proxy.url + "/v1/chat/completions", json=body, headers=headers, timeout=5
+                )
+            # The sidecar seat's legs are on the client's route; the slow one sees its close.
+            worker = prefill if slow_leg == "prefill" else decode
+            aborted = f"request aborted: POST /v1/chat/completions {request_id}"
+            assert request_id in worker.wait_for_log(aborted, 60)
+            proxy_log = proxy.wait_for_log(f"{request_id} POST /v1/chat/completions 499")
+            if slow_leg == "prefill":
+                assert "decode=" not in proxy_log
