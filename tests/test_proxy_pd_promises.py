@@ -449,9 +449,12 @@ class ClosingWorker:
     async def _read_request(reader: asyncio.StreamReader) -> None:
         head = await reader.readuntil(b"\r\n\r\n")
         length = next(
-            int(line.split(b":")[1])
-            for line in head.lower().split(b"\r\n")
-            if line.startswith(b"content-length:")
+            (
+                int(line.split(b":")[1])
+                for line in head.lower().split(b"\r\n")
+                if line.startswith(b"content-length:")
+            ),
+            0,  # a GET
         )
         await reader.readexactly(length)
 
@@ -470,6 +473,26 @@ def test_a_call_on_a_connection_the_worker_closed_is_sent_again(tmp_path: pathli
                 ]
     assert [a.choices[0].message.content for a in answers] == ["Hi"] * 3
     # Calls 2 and 3 each met a closed connection, and were answered on a fresh one.
+    assert (worker.closed_under_a_call, worker.answered) == (2, 3)
+
+
+@pytest.mark.parametrize(
+    ("method", "path"), [("GET", "/v1/models"), ("POST", "/tokenize"), ("GET", "/version")]
+)
+def test_a_relayed_call_on_a_connection_the_worker_closed_is_sent_again(
+    tmp_path: pathlib.Path, method: str, path: str
+) -> None:
+    config = tmp_path / "openai.json"
+    config.write_text('{"use_openai_format": true, "steps": {"decode": {}}}')
+    body = b'{"model": "m", "prompt": "Hi"}' if method == "POST" else None
+    with ClosingWorker() as worker:
+        serve = ["serve", "--port", "0", "--config", str(config), "--decode-url", worker.url]
+        serve += ["--worker-keep-alive", "30"]
+        with running((serve, tmp_path / "proxy.log")) as (proxy,):
+            client = httpx.Client(base_url=proxy.url, timeout=30)
+            with client:
+                statuses = [client.request(method, path, content=body).status_code for _ in "123"]
+    assert statuses == [200] * 3
     assert (worker.closed_under_a_call, worker.answered) == (2, 3)
 
 

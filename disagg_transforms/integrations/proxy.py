@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 import urllib.parse
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import FrameType
 from typing import TypeAlias
@@ -503,6 +503,8 @@ _IDLE_CLOSE = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
 # A prefill answer worth another try (--prefill-max-retries): the worker or its gateway was
 # unavailable; any other status is the answer.
 _RETRIED_STATUSES = frozenset({502, 503, 504})
+_WorkerHeaders: TypeAlias = Mapping[str, str] | Sequence[tuple[str, str]]
+"""A worker call's headers: an exchange's (pairs) or a relayed request's."""
 
 
 class _Reuse:
@@ -737,9 +739,8 @@ class _Proxy:
         headers = {k: v for k, v in request.headers.items() if k in _RELAYED_HEADERS}
         try:
             async with _deadline(self.timeouts.first_byte):
-                answer = await self._client().request(
-                    request.method, url, headers=headers, data=await request.body() or None
-                )
+                body = await request.body() or None
+                answer = await self._request(request.method, url, headers, body)
                 try:
                     body = await answer.read()
                 finally:
@@ -853,22 +854,27 @@ class _Proxy:
         return StreamingResponse(body_stream, status_code=reply.status, headers=dict(reply.headers))
 
     async def _send(self, call: WorkerCall, urls: Mapping[str, str]) -> aiohttp.ClientResponse:
-        """Send ``call`` to its step's worker in ``urls``; its answer once its head came.
+        """Send ``call`` to its step's worker in ``urls``; its answer once its head came."""
+        headers = call.headers
+        if (profile := self.profiles.get(call.step)) is not None:
+            headers = (*headers, (_PROFILE_HEADER, profile))
+        return await self._request(call.method, urls[call.step] + call.path, headers, call.body)
+
+    async def _request(
+        self, method: str, url: str, headers: _WorkerHeaders, body: bytes | None
+    ) -> aiohttp.ClientResponse:
+        """One call to a worker; its answer once its head came.
 
         A call that fails on a pooled connection before any byte of its answer came is sent
         again: the worker closed that idle connection as the call went out, and never read it
         (docs/proxy.md, "Keep-alive"). Each such failure closes that connection, so this ends
         on a fresh one, whose failure is the call's.
         """
-        url = urls[call.step] + call.path
-        headers = call.headers
-        if (profile := self.profiles.get(call.step)) is not None:
-            headers = (*headers, (_PROFILE_HEADER, profile))
         while True:
             reuse = _Reuse()
             try:
                 return await self._client().request(
-                    call.method, url, headers=headers, data=call.body, trace_request_ctx=reuse
+                    method, url, headers=headers, data=body, trace_request_ctx=reuse
                 )
             except _IDLE_CLOSE:
                 if not reuse.pooled:
