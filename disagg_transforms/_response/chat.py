@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from itertools import starmap
-from typing import Any, Final, Generic, NamedTuple, TypeVar
+from typing import Any, Final, Generic, TypeVar
 
 import msgspec
 from msgspec import UNSET, UnsetType
@@ -65,7 +65,7 @@ from disagg_transforms._wire import limits as _limits
 from disagg_transforms._wire import raw as _raw
 from disagg_transforms._wire.describe import describe
 from disagg_transforms._wire.sse import DONE_EVENT, encode_event_json, format_sse_event
-from disagg_transforms._wire.validate import CONVERT_ERRORS, MAPPINGS
+from disagg_transforms._wire.validate import CONVERT_ERRORS
 from disagg_transforms.envelopes import ChatMessage, Usage
 from disagg_transforms.errors import DisaggTransformError, UpstreamContractError, error_body
 
@@ -81,10 +81,11 @@ _P = TypeVar("_P")
 _L = TypeVar("_L")
 
 
-class _Choice(msgspec.Struct, Generic[_P, _L], kw_only=True):
+class _Choice(msgspec.Struct, Generic[_P, _L], kw_only=True, gc=False):
     # Narrow view: token_ids, routed_experts, sampling_mask... are never read nor decoded. The
     # members moved across whole (text included) are _P: the caller's own objects (dict path)
     # or Raw (bytes); logprobs are _L: the same, or a view cut while decoding (bytes, text mode).
+    # gc=False (here and below): a decoded view holds no cycle, so the collector need not track it.
     index: int
     finish_reason: str | UnsetType | None = UNSET
     stop_reason: int | str | UnsetType | None = UNSET
@@ -93,7 +94,7 @@ class _Choice(msgspec.Struct, Generic[_P, _L], kw_only=True):
     logprobs: _L | UnsetType = UNSET  # absent reads as null
 
 
-class _Response(msgspec.Struct, Generic[_P, _L], kw_only=True):
+class _Response(msgspec.Struct, Generic[_P, _L], kw_only=True, gc=False):
     request_id: str
     output_mode: Any = UNSET
     object: Any = UNSET  # a client API's envelope: not a generate answer at all
@@ -139,7 +140,7 @@ def _message(
     return {w.ROLE: w.ASSISTANT, w.CONTENT: view.text}
 
 
-class _ClientView(msgspec.Struct, kw_only=True):
+class _ClientView(msgspec.Struct, kw_only=True, gc=False):
     # What the wrap reads of the client's request; the rest of its bytes is skipped.
     model: Any = None
     top_logprobs: Any = None
@@ -150,8 +151,9 @@ _CLIENT_DECODER = msgspec.json.Decoder(_ClientView)
 
 def _client_fields(client_body: object) -> Mapping[str, Any] | None:
     """The client body's ``model`` and ``top_logprobs`` (a bytes body is read narrowly)."""
-    if client_body is None or isinstance(client_body, MAPPINGS):
+    if client_body is None or isinstance(client_body, dict):
         return client_body
+    # Bytes before the Mapping ABC, whose isinstance check costs more than the whole read.
     if isinstance(client_body, (bytes, bytearray, memoryview)):
         try:
             view = _CLIENT_DECODER.decode(client_body)
@@ -159,12 +161,14 @@ def _client_fields(client_body: object) -> Mapping[str, Any] | None:
             pass
         else:
             return {w.MODEL: view.model, w.TOP_LOGPROBS: view.top_logprobs}
+    elif isinstance(client_body, Mapping):
+        return client_body
     msg = f"client_body: expected the client's JSON object, got {describe(client_body)}"
     raise UpstreamContractError(msg, param="client_body")
 
 
-class _Asked(NamedTuple):
-    """What the client asked for, as the wrap reads it."""
+class _Asked(msgspec.Struct, frozen=True, gc=False):
+    """What the client asked for, as the wrap reads it (a struct: built in C, once a call)."""
 
     client: Mapping[str, Any] | None
     """The client body's ``model`` and ``top_logprobs``."""
@@ -175,6 +179,9 @@ class _Asked(NamedTuple):
 def _asked(client_body: object, requested: OutputMode) -> _Asked:
     client = _client_fields(client_body)
     return _Asked(client, client_top_logprobs(client) if requested is OutputMode.TEXT else None)
+
+
+_NOT_ASKED: Final = _Asked(None, None)
 
 
 _PromptLogprobs = list[dict[str, Any] | None]
@@ -294,7 +301,7 @@ def wrap_chat_completion_bytes(
     # A Raw is a view of its input: a private immutable copy keeps a caller's buffer out of it.
     data = bytes(untyped)
     _limits.check_body_size(data, built.limits, error=UpstreamContractError)
-    asked = _Asked(None, None)
+    asked = _NOT_ASKED
     client_error: DisaggTransformError | None = None
     try:
         asked = _asked(client_body, requested)
@@ -303,7 +310,8 @@ def wrap_chat_completion_bytes(
     view = _precut(data, asked.top)
     if view is None:
         view = _decode_response(data, requested)
-    check_echoed_mode(view.output_mode, requested, generate=view.object is UNSET)
+    if view.output_mode != requested:  # the one comparison a conforming answer costs
+        check_echoed_mode(view.output_mode, requested, generate=view.object is UNSET)
     require_text_mode(requested, streaming=False)
     if client_error is not None:
         raise client_error

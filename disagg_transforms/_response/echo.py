@@ -27,6 +27,8 @@ _PARAM = f"$.{w.OUTPUT_MODE}"
 
 def as_output_mode(requested: object) -> OutputMode:
     """``requested`` as an :class:`OutputMode`; a router may pass the wire string instead."""
+    if type(requested) is OutputMode and requested is not OutputMode.AUTO:
+        return requested  # the common case, two comparisons
     mode = requested
     if isinstance(requested, str) and not isinstance(requested, OutputMode):
         with contextlib.suppress(ValueError):
