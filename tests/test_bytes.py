@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 import re
+from types import MappingProxyType
 from typing import Any
 
 import msgspec
@@ -97,12 +98,22 @@ def test_decode_bytes_path_equals_dict_path(
 
 
 @pytest.mark.parametrize("mode", ["text", "derender"])
-@given(data=st.data(), top=st.none() | st.integers(-1, 4), as_bytes=st.booleans())
+@given(
+    data=st.data(),
+    top=st.none() | st.integers(-1, 4),
+    client_form=st.sampled_from(["dict", "bytes", "read-only mapping"]),
+    mode_as_string=st.booleans(),
+)
 def test_wrap_bytes_path_equals_dict_path(
-    mode: str, data: st.DataObject, top: int | None, as_bytes: bool
+    mode: str, data: st.DataObject, top: int | None, client_form: str, mode_as_string: bool
 ) -> None:
     response = data.draw(generate_responses(mode))
     client = {"model": "m", "top_logprobs": top}
+    given_client: Any = {
+        "dict": client,
+        "bytes": json.dumps(client).encode(),
+        "read-only mapping": MappingProxyType(client),
+    }[client_form]
     raw = _loose(response)
     by_dict = wrap_chat_completion(
         json.loads(raw),
@@ -112,8 +123,9 @@ def test_wrap_bytes_path_equals_dict_path(
     )
     by_bytes = wrap_chat_completion_bytes(
         raw,
-        requested=OutputMode(mode),
-        client_body=json.dumps(client).encode() if as_bytes else client,
+        # The wire string, as a router may pass it, takes the long way to an OutputMode.
+        requested=mode if mode_as_string else OutputMode(mode),  # type: ignore[arg-type]
+        client_body=given_client,
         options=EnvelopeOptions(clock=lambda: 7.0),
     )
     assert json.loads(by_bytes) == json.loads(json.dumps(by_dict))

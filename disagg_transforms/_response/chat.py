@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from itertools import starmap
-from typing import Any, Final, Generic, NamedTuple, TypeVar
+from typing import Any, Final, Generic, TypeVar
 
 import msgspec
 from msgspec import UNSET, UnsetType
@@ -65,7 +65,7 @@ from disagg_transforms._wire import limits as _limits
 from disagg_transforms._wire import raw as _raw
 from disagg_transforms._wire.describe import describe
 from disagg_transforms._wire.sse import DONE_EVENT, encode_event_json, format_sse_event
-from disagg_transforms._wire.validate import CONVERT_ERRORS, MAPPINGS
+from disagg_transforms._wire.validate import CONVERT_ERRORS
 from disagg_transforms.envelopes import ChatMessage, Usage
 from disagg_transforms.errors import DisaggTransformError, UpstreamContractError, error_body
 
@@ -79,12 +79,16 @@ __all__ = (
 
 _P = TypeVar("_P")
 _L = TypeVar("_L")
+# An enum member costs several times a global's lookup (Python 3.11): read once per call each.
+_TEXT: Final = OutputMode.TEXT
+_DERENDER: Final = OutputMode.DERENDER
 
 
-class _Choice(msgspec.Struct, Generic[_P, _L], kw_only=True):
+class _Choice(msgspec.Struct, Generic[_P, _L], kw_only=True, gc=False):
     # Narrow view: token_ids, routed_experts, sampling_mask... are never read nor decoded. The
     # members moved across whole (text included) are _P: the caller's own objects (dict path)
     # or Raw (bytes); logprobs are _L: the same, or a view cut while decoding (bytes, text mode).
+    # gc=False (here and below): a decoded view holds no cycle, so the collector need not track it.
     index: int
     finish_reason: str | UnsetType | None = UNSET
     stop_reason: int | str | UnsetType | None = UNSET
@@ -93,7 +97,7 @@ class _Choice(msgspec.Struct, Generic[_P, _L], kw_only=True):
     logprobs: _L | UnsetType = UNSET  # absent reads as null
 
 
-class _Response(msgspec.Struct, Generic[_P, _L], kw_only=True):
+class _Response(msgspec.Struct, Generic[_P, _L], kw_only=True, gc=False):
     request_id: str
     output_mode: Any = UNSET
     object: Any = UNSET  # a client API's envelope: not a generate answer at all
@@ -117,7 +121,7 @@ _PRECUT_DECODERS = tuple(
 def _message(
     codec: Codec[_P], view: _Choice[_P, Any], requested: OutputMode, position: int, reasoning: bool
 ) -> object:
-    if requested is OutputMode.DERENDER:
+    if requested is _DERENDER:
         path = choice_path(position)
         if view.message is UNSET:
             msg = f"{path}.message: a derender choice must carry the parsed message; it is missing"
@@ -139,7 +143,7 @@ def _message(
     return {w.ROLE: w.ASSISTANT, w.CONTENT: view.text}
 
 
-class _ClientView(msgspec.Struct, kw_only=True):
+class _ClientView(msgspec.Struct, kw_only=True, gc=False):
     # What the wrap reads of the client's request; the rest of its bytes is skipped.
     model: Any = None
     top_logprobs: Any = None
@@ -148,23 +152,8 @@ class _ClientView(msgspec.Struct, kw_only=True):
 _CLIENT_DECODER = msgspec.json.Decoder(_ClientView)
 
 
-def _client_fields(client_body: object) -> Mapping[str, Any] | None:
-    """The client body's ``model`` and ``top_logprobs`` (a bytes body is read narrowly)."""
-    if client_body is None or isinstance(client_body, MAPPINGS):
-        return client_body
-    if isinstance(client_body, (bytes, bytearray, memoryview)):
-        try:
-            view = _CLIENT_DECODER.decode(client_body)
-        except (msgspec.DecodeError, RecursionError):
-            pass
-        else:
-            return {w.MODEL: view.model, w.TOP_LOGPROBS: view.top_logprobs}
-    msg = f"client_body: expected the client's JSON object, got {describe(client_body)}"
-    raise UpstreamContractError(msg, param="client_body")
-
-
-class _Asked(NamedTuple):
-    """What the client asked for, as the wrap reads it."""
+class _Asked(msgspec.Struct, frozen=True, gc=False):
+    """What the client asked for, as the wrap reads it (a struct: built in C, once a call)."""
 
     client: Mapping[str, Any] | None
     """The client body's ``model`` and ``top_logprobs``."""
@@ -173,8 +162,30 @@ class _Asked(NamedTuple):
 
 
 def _asked(client_body: object, requested: OutputMode) -> _Asked:
-    client = _client_fields(client_body)
-    return _Asked(client, client_top_logprobs(client) if requested is OutputMode.TEXT else None)
+    """Read the client body (a bytes body narrowly: its ``model`` and ``top_logprobs``)."""
+    client: Mapping[str, Any] | None
+    if client_body is None or isinstance(client_body, dict):
+        client = client_body
+    # Bytes before the Mapping ABC, whose isinstance check costs more than the whole read.
+    elif isinstance(client_body, (bytes, bytearray, memoryview)):
+        try:
+            view = _CLIENT_DECODER.decode(client_body)
+        except (msgspec.DecodeError, RecursionError):
+            raise _not_a_client_body(client_body) from None
+        client = {w.MODEL: view.model, w.TOP_LOGPROBS: view.top_logprobs}
+    elif isinstance(client_body, Mapping):
+        client = client_body
+    else:
+        raise _not_a_client_body(client_body)
+    return _Asked(client, client_top_logprobs(client) if requested is _TEXT else None)
+
+
+def _not_a_client_body(client_body: object) -> UpstreamContractError:
+    msg = f"client_body: expected the client's JSON object, got {describe(client_body)}"
+    return UpstreamContractError(msg, param="client_body")
+
+
+_NOT_ASKED: Final = _Asked(None, None)
 
 
 _PromptLogprobs = list[dict[str, Any] | None]
@@ -294,7 +305,7 @@ def wrap_chat_completion_bytes(
     # A Raw is a view of its input: a private immutable copy keeps a caller's buffer out of it.
     data = bytes(untyped)
     _limits.check_body_size(data, built.limits, error=UpstreamContractError)
-    asked = _Asked(None, None)
+    asked = _NOT_ASKED
     client_error: DisaggTransformError | None = None
     try:
         asked = _asked(client_body, requested)
@@ -303,7 +314,8 @@ def wrap_chat_completion_bytes(
     view = _precut(data, asked.top)
     if view is None:
         view = _decode_response(data, requested)
-    check_echoed_mode(view.output_mode, requested, generate=view.object is UNSET)
+    if view.output_mode != requested:  # the one comparison a conforming answer costs
+        check_echoed_mode(view.output_mode, requested, generate=view.object is UNSET)
     require_text_mode(requested, streaming=False)
     if client_error is not None:
         raise client_error

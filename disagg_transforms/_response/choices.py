@@ -324,7 +324,7 @@ def choice_path(position: int) -> str:
 
 def logprobs_out(codec: Codec[_P], value: _P | UnsetType, top: int | None, position: int) -> object:
     """A choice's logprobs for the client: null, or the worker's object (cut in text mode)."""
-    if value is UNSET or codec.is_null(value):
+    if value is None or value is UNSET or codec.is_null(value):  # None: a precut view's null
         return None
     if not codec.is_object(value):
         path = choice_path(position)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Final
 
 from msgspec import UNSET
 
@@ -23,10 +23,14 @@ from disagg_transforms.errors import ConfigError, UpstreamContractError
 __all__ = ("check_output_mode_echo",)
 
 _PARAM = f"$.{w.OUTPUT_MODE}"
+# An enum member costs several times a global's lookup (Python 3.11): the per-call path reads this.
+_AUTO: Final = OutputMode.AUTO
 
 
 def as_output_mode(requested: object) -> OutputMode:
     """``requested`` as an :class:`OutputMode`; a router may pass the wire string instead."""
+    if type(requested) is OutputMode and requested is not _AUTO:
+        return requested  # the common case, two comparisons
     mode = requested
     if isinstance(requested, str) and not isinstance(requested, OutputMode):
         with contextlib.suppress(ValueError):
