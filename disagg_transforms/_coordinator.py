@@ -48,7 +48,7 @@ class KvConnector(str, enum.Enum):
     """How prefill hands its KV cache to decode (``pipeline.kv_connector``)."""
 
     SHARED_STORAGE = "kv-shared-storage"
-    """The coordinator's default: decode gets only the two flags; prefill's answer is not read."""
+    """The coordinator's default: decode gets only the two flags, not prefill's params."""
     NIXL = "kv-nixl"
     """Decode gets the prefill answer's ``kv_transfer_params``, the two flags forced."""
 

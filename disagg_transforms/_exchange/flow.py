@@ -217,8 +217,8 @@ class ExchangeSettings(msgspec.Struct, frozen=True, kw_only=True):
     """The bounds on the client's body (``docs/security.md``)."""
     kv_connector: KvConnector = KvConnector.NIXL
     """How prefill hands the prompt's KV to decode: ``NIXL``, decode gets the prefill answer's
-    ``kv_transfer_params``; ``SHARED_STORAGE``, decode gets only the two flags and the prefill
-    answer is not read (``docs/exchange.md``, "Connectors")."""
+    ``kv_transfer_params``; ``SHARED_STORAGE``, decode gets only the two flags and of the
+    prefill answer only its usage is read (``docs/exchange.md``, "Connectors")."""
     ec_connector: EcConnector = EcConnector.NIXL
     """How encode hands its encoder cache to prefill: ``NIXL``, prefill gets the encode
     answer's ``ec_transfer_params``; ``SHARED_STORAGE``, no leg carries any."""
