@@ -116,3 +116,19 @@ def test_a_rerun_keeps_the_proxy_benchmark_s_section(
     assert "an older run" not in text
     assert text.endswith(proxy.SECTION_START + section)
     assert text.count(proxy.SECTION_START) == 1
+
+
+def test_a_rerun_keeps_the_notes_written_by_hand_after_its_tables(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    doc = tmp_path / "performance.md"
+    notes = f"{run.HAND_WRITTEN_START}\n## A note\n\nwritten by hand\n\n"
+    proxy_section = f"{proxy.SECTION_START}\n## The proxy\n\nits tables\n"
+    doc.write_text(f"# Performance\n\nthe tables of an older run\n\n{notes}{proxy_section}")
+    monkeypatch.setattr(run, "_DOC", doc)
+    monkeypatch.setattr(run, "measure_apart", lambda **_: [])  # no timing: the page's text only
+    assert run.main(["--quick"]) == 0
+    text = doc.read_text(encoding="utf-8")
+    assert "an older run" not in text
+    assert text.endswith(notes + proxy_section)
+    assert text.count(run.HAND_WRITTEN_START) == 1
