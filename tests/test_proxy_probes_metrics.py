@@ -220,12 +220,15 @@ def test_metrics_count_conditional_decode_hits_and_misses_exactly(
 def test_serve_removes_the_metrics_directory_it_made_and_keeps_the_users(
     tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    made_before = set(pathlib.Path(tempfile_dir()).glob("disagg-transforms-metrics-*"))
+    # serve's own temporary directory, where no other process on the machine makes one.
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temporary))
     mine = tmp_path / "metrics"
     mine.mkdir()
     args = ["serve", "--simulate", "--port", "0"]
     with running((args, tmp_path / "a.log")) as (proxy,):
-        made = set(pathlib.Path(tempfile_dir()).glob("disagg-transforms-metrics-*")) - made_before
+        made = set(temporary.glob("disagg-transforms-metrics-*"))
         assert len(made) == 1
         httpx.get(proxy.url + "/metrics", timeout=30)
     assert not any(path.exists() for path in made)
@@ -239,12 +242,6 @@ def test_serve_removes_the_metrics_directory_it_made_and_keeps_the_users(
     finally:
         assert server.stop() == 0
     assert list(mine.iterdir())  # the process's files, left for the user
-
-
-def tempfile_dir() -> str:
-    import tempfile  # noqa: PLC0415
-
-    return tempfile.gettempdir()
 
 
 # -- /healthz and /readyz ----------------------------------------------------------------------
