@@ -336,22 +336,21 @@ def _patched_at(
     return _raw.encode(members)
 
 
-def with_cached_tokens(
-    payload: bytes,
-    cached_tokens: int,
-    route: Route,
-    paths: tuple[tuple[str, ...], ...] = ((w.USAGE,),),
-) -> bytes:
-    """``payload`` (a JSON object on ``route``) with its usage's cached count ``cached_tokens``.
+def with_cached_tokens(payload: bytes, cached_tokens: int, route: Route) -> bytes:
+    """``payload`` (an answer on ``route``) with its usage's cached count ``cached_tokens``.
 
     After prefill and decode the prompt was computed on the prefill worker: its count is the
-    one a single vLLM server would report (docs/exchange.md, "Cached tokens"). The usage is
-    looked for at each key path of ``paths`` (an answer's ``usage``; a stream event's: the
-    route's :attr:`CachedCount.stream_usages`); only one with its prompt's count is patched,
-    at most to the prompt's size. Anything else, a body that is not JSON included, is returned
-    as it is, for the relay or the envelope to judge.
+    one a single vLLM server would report (docs/exchange.md, "Cached tokens"). Only a usage
+    with its prompt's count is patched, at most to the prompt's size. Anything else, a body
+    that is not JSON included, is returned as it is, for the envelope to judge.
     """
-    place = CACHED_COUNTS[route]
+    return _with_cached(payload, cached_tokens, CACHED_COUNTS[route], ((w.USAGE,),))
+
+
+def _with_cached(
+    payload: bytes, cached_tokens: int, place: CachedCount, paths: tuple[tuple[str, ...], ...]
+) -> bytes:
+    """``payload`` with the first usage found at a key path of ``paths`` patched."""
     for path in paths:
         patched = _patched_at(payload, path, place, cached_tokens)
         if patched is not None:
@@ -366,15 +365,13 @@ class _CachedTokensRelay:
     an event that names its route's prompt count is decoded.
     """
 
-    __slots__ = ("_cached", "_held", "_inner", "_mark", "_paths", "_route")
+    __slots__ = ("_cached", "_held", "_inner", "_mark", "_place")
 
     def __init__(self, inner: Relay, cached_tokens: int, route: Route) -> None:
         self._inner = inner
         self._cached = cached_tokens
-        self._route = route
-        place = CACHED_COUNTS[route]
-        self._mark = b'"' + place.prompt.encode() + b'"'
-        self._paths = place.stream_usages
+        self._place = CACHED_COUNTS[route]
+        self._mark = b'"' + self._place.prompt.encode() + b'"'
         self._held = b""
 
     @property
@@ -401,7 +398,8 @@ class _CachedTokensRelay:
             if line.startswith(_DATA_PREFIX) and mark in line:
                 cr = line.endswith(_CR)
                 payload = line[_DATA_PREFIX_SIZE : -1 if cr else None]
-                patched = with_cached_tokens(payload, self._cached, self._route, self._paths)
+                place = self._place
+                patched = _with_cached(payload, self._cached, place, place.stream_usages)
                 lines[at] = _DATA_PREFIX + patched + (_CR if cr else b"")
         return _LF.join(lines)
 

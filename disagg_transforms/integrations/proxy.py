@@ -541,13 +541,24 @@ def _reason(error: BaseException, timeouts: Timeouts) -> str:
     return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
 
 
+def _client_error(
+    request: Request,
+    status: int,
+    message: str,
+    param: str | None,
+    headers: Mapping[str, str] | None = None,
+) -> Response:
+    """An error in the client API's shape, answered before any exchange reads the request."""
+    body = error_body(detect_route(request.url.path), status=status, message=message, param=param)
+    return Response(
+        orjson.dumps(body), status_code=status, headers=headers, media_type="application/json"
+    )
+
+
 def _too_large(request: Request, limit: int) -> Response:
     message = f"$: the body is over the limit of {limit} bytes (Limits.max_body_bytes)"
-    route = detect_route(request.url.path)
-    body = orjson.dumps(error_body(route, status=413, message=message, param="$"))
     # The rest of the body is never read, so the connection cannot carry another request.
-    headers = {"connection": "close"}
-    return Response(body, status_code=413, media_type="application/json", headers=headers)
+    return _client_error(request, 413, message, "$", {"connection": "close"})
 
 
 class _Seat:
@@ -594,14 +605,6 @@ def _header(request: Request, name: str) -> str | None:
     """Every value of header ``name``, joined as one comma list; ``None`` when absent."""
     values = request.headers.getlist(name)
     return ",".join(values) if values else None
-
-
-def _refusal(request: Request, error: RequestError | WorkerNotAllowedError) -> Response:
-    """``error`` as the client's reply, in its API's error shape, before any worker call."""
-    status = error.status_hint
-    route = detect_route(request.url.path)
-    body = error_body(route, status=status, message=error.message, param=error.param)
-    return Response(orjson.dumps(body), status_code=status, media_type="application/json")
 
 
 class _Proxy:
@@ -739,8 +742,8 @@ class _Proxy:
         headers = {k: v for k, v in request.headers.items() if k in _RELAYED_HEADERS}
         try:
             async with _deadline(self.timeouts.first_byte):
-                body = await request.body() or None
-                answer = await self._request(request.method, url, headers, body)
+                sent = await request.body() or None
+                answer = await self._request(request.method, url, headers, sent)
                 try:
                     body = await answer.read()
                 finally:
@@ -820,7 +823,7 @@ class _Proxy:
             except (RequestError, WorkerNotAllowedError) as error:
                 log.begin(_body_model(client_body))
                 log.write("-", error.status_hint, error="bad_request")
-                return _refusal(request, error)
+                return _client_error(request, error.status_hint, error.message, error.param)
         ex = Exchange(
             config,
             request.scope["path"],
