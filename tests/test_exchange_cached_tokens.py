@@ -31,12 +31,19 @@ DECODE = {
 }
 
 
-def _worker(decode: bytes | list[bytes]) -> Worker:
+def _compact(value: object) -> bytes:
+    """JSON as vLLM's pydantic writes it: no spaces."""
+    return json.dumps(value, separators=(",", ":")).encode()
+
+
+def _worker(decode: bytes | list[bytes], prefill: bytes = _compact(PREFILL)) -> Worker:
+    """Answers the prefill leg (it asks ``do_remote_decode``) with ``prefill``, decode with
+    ``decode``."""
+
     def answer(method: str, path: str, headers: Any, body: bytes) -> Answer:
         del method, path, headers
-        leg = json.loads(body)
-        if leg["kv_transfer_params"].get("do_remote_decode"):
-            return 200, {}, json.dumps(PREFILL).encode()
+        if json.loads(body)["kv_transfer_params"].get("do_remote_decode"):
+            return 200, {}, prefill
         return 200, {}, decode
 
     return answer
@@ -79,14 +86,7 @@ def test_a_relayed_chat_stream_reports_it_in_its_usage_chunk_cut_anywhere() -> N
 
 def test_a_prefill_that_reports_no_count_leaves_the_decodes() -> None:
     silent = {k: v for k, v in PREFILL.items() if k != "usage"}
-    decode = json.dumps(DECODE).encode()
-
-    def answer(method: str, path: str, headers: Any, body: bytes) -> Answer:
-        if json.loads(body)["kv_transfer_params"].get("do_remote_decode"):
-            return 200, {}, json.dumps(silent).encode()
-        return _worker(decode)(method, path, headers, body)
-
-    outcome = drive(_exchange(stream=False), answer)
+    outcome = drive(_exchange(stream=False), _worker(_compact(DECODE), _compact(silent)))
     assert outcome.json()["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
 
 
@@ -103,25 +103,13 @@ def test_with_shared_storage_the_prefills_count_is_the_clients_too() -> None:
 def test_with_shared_storage_an_unreadable_prefill_answer_leaves_the_decodes(
     answer: bytes,
 ) -> None:
-    decode = json.dumps(DECODE).encode()
-
-    def worker(method: str, path: str, headers: Any, body: bytes) -> Answer:
-        del method, path, headers
-        if json.loads(body)["kv_transfer_params"].get("do_remote_decode"):
-            return 200, {}, answer
-        return 200, {}, decode
-
+    worker = _worker(_compact(DECODE), answer)
     outcome = drive(_exchange(stream=False, settings=SHARED_STORAGE), worker)
     assert outcome.status == 200
     assert outcome.json()["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
 
 
 # -- Responses and Messages: where each route's usage holds the count ------------------------
-
-
-def _compact(value: object) -> bytes:
-    """JSON as vLLM's pydantic writes it: no spaces."""
-    return json.dumps(value, separators=(",", ":")).encode()
 
 
 def _events(*events: tuple[str, dict[str, Any]]) -> bytes:
@@ -251,16 +239,6 @@ def _relayed(path: str, *, stream: bool) -> Exchange:
     return Exchange(PD_CHAT, path, {}, json.dumps(body).encode())
 
 
-def _route_worker(decode: bytes | list[bytes], prefill: dict[str, Any]) -> Worker:
-    def answer(method: str, path: str, headers: Any, body: bytes) -> Answer:
-        del method, path, headers
-        if json.loads(body)["kv_transfer_params"].get("do_remote_decode"):
-            return 200, {}, _compact(prefill)
-        return 200, {}, decode
-
-    return answer
-
-
 WHOLE_CASES = {
     "responses": (
         "/v1/responses",
@@ -279,7 +257,7 @@ WHOLE_CASES = {
 def test_a_relayed_answer_reports_the_prefills_count_where_its_route_does(case: str) -> None:
     """Only the count moves (Anthropic's input_tokens with it): every other byte stays."""
     path, decode, expected = WHOLE_CASES[case]
-    worker = _route_worker(_compact(decode), PREFILLS[path])
+    worker = _worker(_compact(decode), _compact(PREFILLS[path]))
     outcome = drive(_relayed(path, stream=False), worker)
     assert outcome.status == 200
     assert outcome.body == _compact(expected)
@@ -306,7 +284,7 @@ def test_a_relayed_stream_reports_it_in_its_usage_events_cut_at_every_byte(case:
     path, events, expected = STREAM_CASES[case]
     for cut in range(1, len(events)):
         pieces = [events[:cut], events[cut:]]
-        outcome = drive(_relayed(path, stream=True), _route_worker(pieces, PREFILLS[path]))
+        outcome = drive(_relayed(path, stream=True), _worker(pieces, _compact(PREFILLS[path])))
         assert (outcome.status, outcome.streamed) == (200, True)
         assert outcome.body == expected, cut
 
@@ -321,7 +299,7 @@ def test_a_count_above_the_prompt_is_clamped_to_it(case: str) -> None:
             "kv_transfer_params": KV,
         },
     }[path]
-    outcome = drive(_relayed(path, stream=False), _route_worker(_compact(decode), prefill))
+    outcome = drive(_relayed(path, stream=False), _worker(_compact(decode), _compact(prefill)))
     usage = outcome.json()["usage"]
     if path == "/v1/messages":
         assert (usage["input_tokens"], usage["cache_read_input_tokens"]) == (0, 40)
@@ -362,7 +340,7 @@ def test_the_prefills_count_is_read_in_its_own_routes_usage(case: str) -> None:
     def answer(method: str, at: str, headers: Any, body: bytes) -> Answer:
         if at.endswith("/render"):
             return 200, {}, _compact(rendered)
-        return _route_worker(decode, prefill)(method, at, headers, body)
+        return _worker(decode, _compact(prefill))(method, at, headers, body)
 
     exchange = Exchange(params, path, {}, json.dumps(CLIENTS[path]).encode())
     outcome = drive(exchange, answer)

@@ -7,18 +7,21 @@ import ipaddress
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from starlette.requests import Request
 from strategies import host_names, ipv4_networks, worker_ports
 
 from disagg_transforms import (
     ConfigError,
     RequestError,
+    Step,
     WorkerNotAllowedError,
     anthropic_error_body,
     openai_error_body,
     parse_pipeline_params,
 )
-from disagg_transforms.integrations.proxy import sidecar_errors
+from disagg_transforms.integrations.proxy import SidecarSeat, _Seat, sidecar_errors
 from disagg_transforms.integrations.sidecar import (
+    ENCODE_HEADER,
     PREFILL_HEADER,
     WorkerHosts,
     WorkerTarget,
@@ -139,3 +142,32 @@ def test_the_sidecar_seat_refuses_worker_urls_and_needs_a_prefill_step() -> None
     # A generate pipeline renders on the decode worker (the render URL's default).
     generate = parse_pipeline_params({"prefill": {}, "decode": {}}, use_openai_format=False)
     assert sidecar_errors(generate, decode_url="http://d:1") == []
+
+
+def _seat_request(headers: dict[str, str]) -> Request:
+    raw = [(name.encode(), value.encode()) for name, value in headers.items()]
+    return Request(
+        {"type": "http", "method": "POST", "path": "/v1/chat/completions", "headers": raw}
+    )
+
+
+def test_the_seat_sends_encode_to_the_first_encoder_named_and_skips_it_when_none_is() -> None:
+    config = parse_pipeline_params(
+        {"encode": {}, "prefill": {}, "decode": {}}, use_openai_format=False
+    )
+    seat = _Seat(SidecarSeat(), config, {"decode": "http://127.0.0.1:8200"})
+    both = {PREFILL_HEADER: "10.0.0.1:8000", ENCODE_HEADER: "10.0.0.2:9000, 10.0.0.3:9000"}
+    pipeline, urls = seat.choose(_seat_request(both))
+    assert list(pipeline) == list(config)
+    assert urls == {
+        "decode": "http://127.0.0.1:8200",
+        "prefill": "http://10.0.0.1:8000",
+        "encode": "http://10.0.0.2:9000",
+    }
+    pipeline, urls = seat.choose(_seat_request({PREFILL_HEADER: "10.0.0.1:8000"}))
+    assert Step.ENCODE not in pipeline
+    assert "encode" not in urls
+    # No prefill named: decode only, whatever the encoder header says.
+    pipeline, urls = seat.choose(_seat_request({ENCODE_HEADER: "10.0.0.2:9000"}))
+    assert list(pipeline) == [Step.DECODE]
+    assert urls == {"decode": "http://127.0.0.1:8200"}
