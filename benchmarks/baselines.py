@@ -178,6 +178,106 @@ def wrap_pydantic(raw: bytes, mode: str, top: int) -> bytes:
     return pydantic.TypeAdapter(dict[str, Any]).dump_json(wrapped)
 
 
+def _msgspec_cut_view(top: int) -> type[msgspec.Struct]:
+    # The cheapest cut msgspec can express: each token's first ``top`` alternatives as the
+    # fields of an array-like struct (the rest skipped while decoding), every value a Raw.
+    alternatives = msgspec.defstruct(
+        "Alternatives", [(f"item_{i}", msgspec.Raw) for i in range(top)], array_like=True, gc=False
+    )
+    entry = msgspec.defstruct(
+        "Entry",
+        [
+            ("token", msgspec.Raw),
+            ("logprob", msgspec.Raw),
+            ("bytes", msgspec.Raw),
+            ("top_logprobs", alternatives),
+        ],
+        gc=False,
+    )
+    return msgspec.defstruct("Logprobs", [("content", list[entry])], gc=False)  # type: ignore[valid-type]
+
+
+class _MsgspecChoice(msgspec.Struct, gc=False):
+    index: int
+    finish_reason: msgspec.Raw = msgspec.Raw(b"null")
+    stop_reason: msgspec.Raw = msgspec.Raw(b"null")
+    text: msgspec.Raw = msgspec.Raw(b"null")
+    message: msgspec.Raw = msgspec.Raw(b"null")
+    logprobs: Any = None
+
+
+_MSGSPEC_CUT_CLIENT_TOP = 2  # the wrap cases' client top_logprobs: one decoder built for it
+_MsgspecChoiceCut = msgspec.defstruct(
+    "ChoiceCut",
+    [("logprobs", _msgspec_cut_view(_MSGSPEC_CUT_CLIENT_TOP) | None, None)],
+    bases=(_MsgspecChoice,),
+    gc=False,
+)
+
+
+def _msgspec_response(choice: type[msgspec.Struct]) -> msgspec.json.Decoder[Any]:
+    view = msgspec.defstruct(
+        "Response",
+        [
+            ("request_id", str),
+            ("output_mode", str),
+            ("choices", list[choice]),  # type: ignore[valid-type]
+            ("model", msgspec.Raw, msgspec.Raw(b"null")),
+            ("created", msgspec.Raw, msgspec.Raw(b"null")),
+            ("usage", msgspec.Raw, msgspec.Raw(b"null")),
+        ],
+        gc=False,
+    )
+    return msgspec.json.Decoder(view)
+
+
+_MSGSPEC_DECODERS = {
+    "text": _msgspec_response(_MsgspecChoiceCut),
+    "derender": _msgspec_response(
+        msgspec.defstruct(
+            "ChoiceRaw",
+            [("logprobs", msgspec.Raw, msgspec.Raw(b"null"))],
+            bases=(_MsgspecChoice,),
+            gc=False,
+        )
+    ),
+}
+_ASSISTANT = msgspec.Raw(b'"assistant"')
+
+
+def wrap_msgspec(raw: bytes, mode: str, top: int) -> bytes:
+    """The wrap written by hand with msgspec views: every value a Raw passed on, the text-mode
+    cut made while decoding, no check at all (no UTF-8, no shapes): the floor of a msgspec
+    design, which the library's own bytes path builds on."""
+    if top != _MSGSPEC_CUT_CLIENT_TOP:
+        msg = f"the msgspec baseline cuts to {_MSGSPEC_CUT_CLIENT_TOP} alternatives"
+        raise ValueError(msg)
+    response = _MSGSPEC_DECODERS[mode].decode(raw)
+    if response.output_mode != mode:
+        msg = "output_mode echo"
+        raise ValueError(msg)
+    wrapped = {
+        "id": response.request_id.removeprefix("generate-tokens-"),
+        "object": "chat.completion",
+        "created": response.created,
+        "model": response.model,
+        "usage": response.usage,
+        "choices": [
+            {
+                "index": c.index,
+                "message": c.message
+                if mode == "derender"
+                else {"role": _ASSISTANT, "content": c.text},
+                "logprobs": c.logprobs,
+                "finish_reason": c.finish_reason,
+                "stop_reason": c.stop_reason,
+            }
+            for c in response.choices
+        ],
+    }
+    return msgspec.json.encode(wrapped)
+
+
 # --- convert a generate SSE stream into chat.completion.chunk events, chunk by chunk ----------
 
 _DONE = b"[DONE]"

@@ -39,8 +39,9 @@ SYNTAX_SCAN = "syntax scan"
 ORJSON = "orjson dicts"
 STDLIB = "stdlib json"
 PYDANTIC = "pydantic v2"
+MSGSPEC = "msgspec views"
 ORJSON_CONVERTER = "orjson converter"
-TRANSFORMS = (LIBRARY, DICT_PATH, ORJSON, STDLIB, PYDANTIC, ORJSON_CONVERTER)
+TRANSFORMS = (LIBRARY, DICT_PATH, ORJSON, STDLIB, PYDANTIC, MSGSPEC, ORJSON_CONVERTER)
 """The runners that do the case's whole job, so their outputs must agree with the library's."""
 
 DECODE_PHASE, WRAP_PHASE, STREAM_PHASE = "decode legs", "wraps", "streams"
@@ -241,6 +242,7 @@ def _wrap_case(n_tokens: int, mode: OutputMode, *, logprobs: bool) -> Case:
             ORJSON: partial(baselines.wrap_orjson, mode=mode.value, top=top),
             STDLIB: partial(baselines.wrap_stdlib, mode=mode.value, top=top),
             PYDANTIC: partial(baselines.wrap_pydantic, mode=mode.value, top=top),
+            MSGSPEC: partial(baselines.wrap_msgspec, mode=mode.value, top=top),
         },
     )
 

@@ -117,10 +117,10 @@ def table(rows: list[Row]) -> str:
     """The decode-leg and wrap cases: times, ratios to every baseline, peak RSS growth."""
     head = (
         "| case | body | library ms | dict path ms | orjson rt ms | scan ms | orjson ms "
-        "| stdlib ms | pydantic ms | lib/orjson rt | lib/scan | orjson/lib | stdlib/lib "
-        "| pydantic/lib | peak RSS growth (x body) |"
+        "| stdlib ms | pydantic ms | msgspec ms | lib/orjson rt | lib/scan | msgspec/scan "
+        "| orjson/lib | stdlib/lib | pydantic/lib | peak RSS growth (x body) |"
     )
-    lines = [head, "|" + "---|" * 15]
+    lines = [head, "|" + "---|" * 17]
     for row in rows:
         if cases.ORJSON_ROUND_TRIP not in row.seconds:
             continue  # a stream case: stream_table
@@ -138,8 +138,10 @@ def table(rows: list[Row]) -> str:
             _ms(s.get(cases.ORJSON)),
             _ms(s.get(cases.STDLIB)),
             _ms(s.get(cases.PYDANTIC)),
+            _ms(s.get(cases.MSGSPEC)),
             _ratio(lib, s[cases.ORJSON_ROUND_TRIP]),
             _ratio(lib, s[cases.SYNTAX_SCAN]),
+            _ratio(s.get(cases.MSGSPEC), s[cases.SYNTAX_SCAN]),
             _ratio(s.get(cases.ORJSON), lib),
             _ratio(s.get(cases.STDLIB), lib),
             _ratio(s.get(cases.PYDANTIC), lib),
@@ -284,11 +286,17 @@ percent.
   64-bit ints as vLLM does (`benchmarks/baselines.py`; for the chat cases the orjson and stdlib
   columns run the library's dict rules with that JSON library, and there is no pydantic
   baseline). Before timing, every transform's output is checked to decode to the same JSON as
-  the library's.
+  the library's;
+- **msgspec** (wrap cases only): the same wrap written by hand with msgspec views, every value
+  a `msgspec.Raw` passed on, the text-mode cut made while decoding (each token's first
+  alternatives as an array-like struct, the rest skipped), and no check at all: no UTF-8, no
+  shapes, no finish or usage rules. It is the cheapest form of the job msgspec offers, so
+  `msgspec/scan` is how close to the scan any design built on msgspec can come.
 
 Ratios: `lib/orjson rt` and `lib/scan` are library time over baseline time (below 1: the
-library is faster); `orjson/lib`, `stdlib/lib`, `pydantic/lib` are baseline time over library
-time (how many times faster the library is). Peak RSS growth is measured in a child process
+library is faster), `msgspec/scan` the msgspec baseline's time over the scan's; `orjson/lib`,
+`stdlib/lib`, `pydantic/lib` are baseline time over library time (how many times faster the
+library is). Peak RSS growth is measured in a child process
 (kernel peak resident set size after one call minus before it; tracemalloc misreads orjson's
 buffers), as bytes and as a multiple of the body size.
 
