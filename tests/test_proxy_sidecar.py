@@ -318,3 +318,13 @@ def test_a_combination_without_sense_stops_at_startup(tmp_path: Path) -> None:
     decode_only.write_text(json.dumps({"steps": {"decode": {}}}))
     line = refused(*sidecar, "--config", str(decode_only))
     assert "--prefill-from-header: the pipeline has no prefill step" in line
+    with_gateway = tmp_path / "coordinator.yaml"
+    with_gateway.write_text(
+        'gateway:\n  address: "http://g:80"\npipeline:\n  steps:\n    - type: prefill\n'
+        "    - type: decode\n"
+    )
+    line = refused(*sidecar, "--config", str(with_gateway))
+    assert line == (
+        f"{with_gateway}: gateway.address: the sidecar seat takes no gateway (the headers name "
+        "the workers)"
+    )

@@ -293,6 +293,11 @@ def _serve(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     assert isinstance(document, Mapping)  # noqa: S101 - config_errors refuses anything else
     given = _document_settings(document) if coordinator else {}
+    if args.prefill_from_header and given.get("urls", {}).get("gateway") is not None:
+        # Named here: merged into the URLs below, it would be refused as --gateway-url.
+        line = "gateway.address: the sidecar seat takes no gateway (the headers name the workers)"
+        sys.stderr.write(f"{source}: {line}\n")
+        return EXIT_USAGE
     for key, url in given.pop("urls", {}).items():
         urls[key] = urls[key] or url
     process = {
