@@ -258,6 +258,19 @@ def _sidecar_problems(args: argparse.Namespace) -> list[str]:
     return []
 
 
+def _take_document_urls(
+    urls: dict[str, str | None], given: dict[str, Any], *, sidecar: bool
+) -> list[str]:
+    """Fill ``urls`` the command line left empty from the document's; what stops ``serve``."""
+    document_urls: dict[str, str | None] = given.pop("urls", {})
+    if sidecar and document_urls.get("gateway") is not None:
+        # Named as the document's key: once merged it would be refused as --gateway-url.
+        return ["gateway.address: the sidecar seat takes no gateway (the headers name the workers)"]
+    for key, url in document_urls.items():
+        urls[key] = urls[key] or url
+    return []
+
+
 def _serve(args: argparse.Namespace) -> int:
     """Run the reference proxy (needs the proxy extra).
 
@@ -293,13 +306,9 @@ def _serve(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     assert isinstance(document, Mapping)  # noqa: S101 - config_errors refuses anything else
     given = _document_settings(document) if coordinator else {}
-    if args.prefill_from_header and given.get("urls", {}).get("gateway") is not None:
-        # Named here: merged into the URLs below, it would be refused as --gateway-url.
-        line = "gateway.address: the sidecar seat takes no gateway (the headers name the workers)"
-        sys.stderr.write(f"{source}: {line}\n")
+    if problems := _take_document_urls(urls, given, sidecar=args.prefill_from_header):
+        sys.stderr.writelines(f"{source}: {line}\n" for line in problems)
         return EXIT_USAGE
-    for key, url in given.pop("urls", {}).items():
-        urls[key] = urls[key] or url
     process = {
         key: value if (value := getattr(args, key)) is not None else given.get(key, default)
         for key, default in _PROCESS_DEFAULTS.items()
