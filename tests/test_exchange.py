@@ -276,6 +276,26 @@ def test_a_worker_call_carries_one_request_id_and_none_of_the_clients_own_framin
         ]
 
 
+@pytest.mark.parametrize(
+    "header",
+    [
+        "EPP-Profile",
+        "x-prefiller-host-port",
+        "x-encoder-hosts-ports",
+        "x-kv-cache-source-host-port",
+    ],
+)
+def test_llm_ds_routing_headers_never_reach_a_worker(header: str) -> None:
+    # The picker's headers name internal hosts and pools for the router; llm-d's sidecar
+    # consumes and deletes them before any leg (docs/llm-d.md).
+    headers = [(header, "10.0.0.5:8000"), ("X-Tenant", "t1")]
+    out = _run(CHAT, _body("render-chat-request.json"), _worker(), headers=headers)
+    assert len(out.calls) == 3
+    for call in out.calls:
+        assert [name for name, _ in call.headers if name == header.lower()] == []
+        assert ("x-tenant", "t1") in call.headers
+
+
 # ---- errors -------------------------------------------------------------------------------
 
 

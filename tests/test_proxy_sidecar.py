@@ -40,6 +40,8 @@ class Seat:
     the name localhost."""
     generate: Server
     """With a generate pipeline (--config); allows 127.0.0.1 alone."""
+    sampling: Server
+    """Without --config, with --enable-prefiller-sampling and no allow-list."""
 
     @property
     def workers(self) -> tuple[Server, ...]:
@@ -62,8 +64,11 @@ def seat(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Seat]:
         sidecar = ["serve", "--port", "0", "--prefill-from-header", "--decode-url", decode.url]
         client_route = [*sidecar, "--allowed-worker-hosts", "127.0.0.0/8, LocalHost"]
         generate = [*sidecar, "--allowed-worker-hosts", "127.0.0.1", "--config", str(pipeline)]
+        sampling = [*sidecar, "--enable-prefiller-sampling"]
         with running(
-            (client_route, logs / "serve-client-route.log"), (generate, logs / "serve-generate.log")
+            (client_route, logs / "serve-client-route.log"),
+            (generate, logs / "serve-generate.log"),
+            (sampling, logs / "serve-sampling.log"),
         ) as proxies:
             yield Seat(decode, prefill_a, prefill_b, *proxies)
 
@@ -303,6 +308,20 @@ def test_a_malformed_header_is_400_before_any_call(seat: Seat, value: str) -> No
     assert _call_count(seat) == before
 
 
+def test_with_prefiller_sampling_any_entry_of_the_list_may_get_the_prefill(seat: Seat) -> None:
+    # As llm-d's --enable-prefiller-sampling: a random entry, not the first. Sixteen requests
+    # all on one worker would happen once in 2**15 runs.
+    a, b = _host_port(seat.prefill_a), _host_port(seat.prefill_b)
+    ids = [_id() for _ in range(16)]
+    with _openai(seat.sampling) as client:
+        replies = {_chat(client, {"x-request-id": i, PREFILL: f"{a},{b}"}) for i in ids}
+    assert replies == {"Hello!"}
+    legs = [_legs(seat, i) for i in ids]
+    assert all(leg["decode"] == [CHAT] for leg in legs)
+    assert all(sorted([*leg["a"], *leg["b"]]) == [CHAT] for leg in legs)  # one prefill each
+    assert {"a", "b"} == {"a" if leg["a"] else "b" for leg in legs}
+
+
 def test_a_combination_without_sense_stops_at_startup(tmp_path: Path) -> None:
     sidecar = ("--prefill-from-header", "--decode-url", "http://127.0.0.1:8200")
     line = refused(*sidecar, "--prefill-url", "http://p:80")
@@ -311,6 +330,10 @@ def test_a_combination_without_sense_stops_at_startup(tmp_path: Path) -> None:
     assert "--prefill-from-header: give no --gateway-url with it" in line
     line = refused("--decode-url", "http://d:80", "--allowed-worker-hosts", "10.0.0.0/8")
     assert "--allowed-worker-hosts: requests name no worker without --prefill-from-header" in line
+    line = refused("--decode-url", "http://d:80", "--enable-prefiller-sampling")
+    assert line.endswith(
+        "--enable-prefiller-sampling: requests name no worker without --prefill-from-header"
+    )
     line = refused(*sidecar, "--allowed-worker-hosts", "10.0.0.1/8")
     assert line.startswith("disagg-transforms: error: --allowed-worker-hosts: ")
     assert "'10.0.0.1/8' is not an IP address, a CIDR or a host name" in line

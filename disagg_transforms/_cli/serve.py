@@ -88,6 +88,12 @@ def add_commands(commands: argparse._SubParsersAction[_ParserT]) -> None:
         "IP addresses, CIDRs, host names as written); any other is refused with 403",
     )
     serve.add_argument(
+        "--enable-prefiller-sampling",
+        action="store_true",
+        help="with --prefill-from-header: a random entry of x-prefiller-host-port's list gets "
+        "the prefill, not the first (as llm-d's sidecar flag)",
+    )
+    serve.add_argument(
         "--simulate",
         action="store_true",
         help="call a simulated vLLM worker served by this same server (no URLs)",
@@ -245,8 +251,10 @@ def _sidecar_problems(args: argparse.Namespace) -> list[str]:
     from disagg_transforms.errors import ConfigError  # noqa: PLC0415
     from disagg_transforms.integrations.sidecar import WorkerHosts  # noqa: PLC0415
 
-    if args.allowed_worker_hosts is not None and not args.prefill_from_header:
-        return ["--allowed-worker-hosts: requests name no worker without --prefill-from-header"]
+    for flag in ("allowed_worker_hosts", "enable_prefiller_sampling"):
+        if getattr(args, flag) not in {None, False} and not args.prefill_from_header:
+            name = "--" + flag.replace("_", "-")
+            return [f"{name}: requests name no worker without --prefill-from-header"]
     if args.prefill_from_header and args.simulate:
         return ["--prefill-from-header: the headers name real workers; give no --simulate"]
     if args.allowed_worker_hosts is None:
@@ -334,8 +342,13 @@ def _serve(args: argparse.Namespace) -> int:
         "max_body_bytes": process["max_body_bytes"],
         "connectors": given.get("connectors", {}),
         "prefill_max_retries": args.prefill_max_retries,
-        # The sidecar seat: the allow-list as written ("" for none), else None.
-        "sidecar": (args.allowed_worker_hosts or "") if args.prefill_from_header else None,
+        # The sidecar seat (the allow-list as written, "" for none), else None.
+        "sidecar": {
+            "allowed_worker_hosts": args.allowed_worker_hosts or "",
+            "prefiller_sampling": args.enable_prefiller_sampling,
+        }
+        if args.prefill_from_header
+        else None,
     }
     with _metrics_dir():  # before the proxy, and so prometheus_client, is imported
         _, warnings, problems = _pipeline(settings)
@@ -441,14 +454,17 @@ def app_from_settings() -> ASGIApp:
     return _WithSimulated(app, _simulated_worker(settings))
 
 
-def _sidecar_seat(hosts: str | None) -> SidecarSeat | None:
-    """The sidecar seat of serve's settings: ``None`` (not that seat) or its allow-list text."""
+def _sidecar_seat(settings: Mapping[str, Any] | None) -> SidecarSeat | None:
+    """The sidecar seat of serve's settings (``None``: not that seat)."""
     from disagg_transforms.integrations.proxy import SidecarSeat  # noqa: PLC0415
     from disagg_transforms.integrations.sidecar import WorkerHosts  # noqa: PLC0415
 
-    if hosts is None:
+    if settings is None:
         return None
-    return SidecarSeat(WorkerHosts(hosts) if hosts else None)
+    hosts = settings["allowed_worker_hosts"]
+    return SidecarSeat(
+        WorkerHosts(hosts) if hosts else None, prefiller_sampling=settings["prefiller_sampling"]
+    )
 
 
 class _WithSimulated:

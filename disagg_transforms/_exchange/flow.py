@@ -123,10 +123,11 @@ _NOT_FORWARDED = frozenset(
         "x-request-id",
         "x-should-retry",
         "epp-profile",  # names a leg's pool in llm-d: the router's to set (docs/llm-d.md)
-        # llm-d's picker names the prefill and encode workers in these, for the router to read;
-        # they name internal hosts (docs/llm-d.md, "The sidecar seat").
+        # llm-d's picker names the prefill and encode workers and a KV cache's source in these,
+        # for the router to read; they name internal hosts (docs/llm-d.md, "The sidecar seat").
         "x-prefiller-host-port",
         "x-encoder-hosts-ports",
+        "x-kv-cache-source-host-port",
     }
 )
 _MAX_ERROR_BYTES = 64 * 1024  # of a worker's error body kept to quote its message

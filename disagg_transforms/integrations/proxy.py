@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import operator
+import random
 import signal
 import sys
 import threading
@@ -72,6 +74,7 @@ from disagg_transforms.integrations.sidecar import (
     ENCODE_HEADER,
     PREFILL_HEADER,
     WorkerHosts,
+    WorkerTarget,
     worker_targets,
 )
 
@@ -134,6 +137,9 @@ class SidecarSeat:
     allowed_worker_hosts: WorkerHosts | None = None
     """The hosts a request may name; any other is refused with 403 before any worker call.
     ``None``: any host."""
+    prefiller_sampling: bool = False
+    """A random entry of the prefill header's list gets the prefill, not the first (llm-d's
+    ``--enable-prefiller-sampling``)."""
 
 
 # What url_errors is given for a step whose worker each request names in the sidecar seat.
@@ -564,13 +570,18 @@ def _too_large(request: Request, limit: int) -> Response:
 class _Seat:
     """The sidecar seat's choice per request: the pipeline and worker URLs its headers give."""
 
-    __slots__ = ("allowed", "decode_only", "pipelines", "urls")
+    __slots__ = ("allowed", "decode_only", "pick_prefill", "pipelines", "urls")
 
     def __init__(
         self, seat: SidecarSeat, config: Mapping[Step, StepParams], urls: Mapping[str, str]
     ) -> None:
         self.allowed = seat.allowed_worker_hosts
         self.urls = urls
+        # Spreading load, not a secret: this app's own generator, seeded by the OS.
+        sample = random.Random().choice  # noqa: S311
+        self.pick_prefill: Callable[[Sequence[WorkerTarget]], WorkerTarget] = (
+            sample if seat.prefiller_sampling else operator.itemgetter(0)
+        )
         # By whether the request names encode workers: without, encode is not run.
         self.pipelines: Mapping[bool, Mapping[Step, StepParams]] = {
             True: config,
@@ -595,7 +606,7 @@ class _Seat:
             return self.decode_only, self.urls
         # One encode call per request carries every image: it goes to the first encoder
         # named (docs/llm-d.md, "The sidecar seat").
-        urls = {**self.urls, "prefill": prefill[0].url}
+        urls = {**self.urls, "prefill": self.pick_prefill(prefill).url}
         if encode:
             urls["encode"] = encode[0].url
         return self.pipelines[bool(encode)], urls
