@@ -251,10 +251,16 @@ def _sidecar_problems(args: argparse.Namespace) -> list[str]:
     from disagg_transforms.errors import ConfigError  # noqa: PLC0415
     from disagg_transforms.integrations.sidecar import WorkerHosts  # noqa: PLC0415
 
-    for flag in ("allowed_worker_hosts", "enable_prefiller_sampling"):
-        if getattr(args, flag) not in {None, False} and not args.prefill_from_header:
-            name = "--" + flag.replace("_", "-")
-            return [f"{name}: requests name no worker without --prefill-from-header"]
+    seat_flags = [
+        flag
+        for flag, given in (
+            ("--allowed-worker-hosts", args.allowed_worker_hosts is not None),
+            ("--enable-prefiller-sampling", args.enable_prefiller_sampling),
+        )
+        if given
+    ]
+    if seat_flags and not args.prefill_from_header:
+        return [f"{seat_flags[0]}: requests name no worker without --prefill-from-header"]
     if args.prefill_from_header and args.simulate:
         return ["--prefill-from-header: the headers name real workers; give no --simulate"]
     if args.allowed_worker_hosts is None:
