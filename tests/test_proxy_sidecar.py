@@ -158,6 +158,57 @@ def test_the_header_names_the_prefill_worker_on_the_clients_route(seat: Seat) ->
     _no_routing_header_reached_a_worker(seat)
 
 
+def test_responses_and_messages_clients_are_served_on_their_own_route(seat: Seat) -> None:
+    """The simulated workers answer ``/v1/responses`` and ``/v1/messages`` as vLLM 0.33 does."""
+    a = _host_port(seat.prefill_a)
+    ids = {name: _id() for name in ("responses", "responses-stream", "messages", "stream")}
+    with _openai(seat.client_route) as client:
+        response = client.responses.create(
+            model="m",
+            input="Hi",
+            max_output_tokens=8,
+            extra_headers={"x-request-id": ids["responses"], PREFILL: a},
+        )
+        with client.responses.stream(
+            model="m",
+            input="Hi",
+            max_output_tokens=8,
+            extra_headers={"x-request-id": ids["responses-stream"], PREFILL: a},
+        ) as events:
+            deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+            final = events.get_final_response()
+    with _anthropic(seat.client_route) as messages:
+        message = messages.messages.create(
+            model="m",
+            messages=MESSAGES,
+            max_tokens=8,
+            extra_headers={"x-request-id": ids["messages"], PREFILL: a},
+        )
+        with messages.messages.stream(
+            model="m",
+            messages=MESSAGES,
+            max_tokens=8,
+            extra_headers={"x-request-id": ids["stream"], PREFILL: a},
+        ) as stream:
+            text = "".join(stream.text_stream)
+            streamed = stream.get_final_message()
+    assert response.output_text == deltas == final.output_text == "Hello!"
+    assert message.content[0].type == "text"
+    assert message.content[0].text == text == "Hello!"
+    assert (message.stop_reason, streamed.stop_reason) == ("end_turn", "end_turn")
+    assert final.usage is not None
+    assert (final.usage.input_tokens, message.usage.output_tokens) == (21, 7)
+    routes = {"responses": "/v1/responses", "responses-stream": "/v1/responses"}
+    for name, request_id in ids.items():
+        route = routes.get(name, "/v1/messages")
+        assert _legs(seat, request_id) == {"decode": [route], "a": [route], "b": []}
+        [prefill] = _calls(seat.prefill_a, request_id)
+        assert prefill["body"]["kv_transfer_params"]["do_remote_decode"] is True
+        [decode] = _calls(seat.decode, request_id)
+        assert decode["body"]["kv_transfer_params"]["do_remote_prefill"] is True
+    _no_routing_header_reached_a_worker(seat)
+
+
 def _decisions(proxy: Server, model: str) -> dict[str, float]:
     text = httpx.get(proxy.url + "/metrics", timeout=30).text
     pattern = (

@@ -3,11 +3,12 @@
 Routers test their disaggregated flows against it without a GPU. It answers vLLM 0.33's
 ``POST /inference/v1/generate`` (output modes ``tokens``, ``text`` and ``derender``, streaming for
 ``tokens`` and ``text``, a prefill leg's NIXL ``kv_transfer_params``), coupled
-``/v1/chat/completions`` and ``/v1/completions``, the four ``/v1/.../render`` routes (a
-deterministic byte tokenizer over a Qwen3-like template), ``/tokenize``, ``/detokenize``,
-``/version``, and ``GET /health`` / ``GET /v1/models``; it refuses what vLLM refuses with
-vLLM's 400 bodies, and plays faults on request. It is independent of the rest of
-``disagg_transforms`` on purpose: it is the peer the library is tested against.
+``/v1/chat/completions``, ``/v1/completions``, ``/v1/responses`` and ``/v1/messages``, the
+four ``/v1/.../render`` routes (a deterministic byte tokenizer over a Qwen3-like template),
+``/tokenize``, ``/detokenize``, ``/version``, and ``GET /health`` / ``GET /v1/models``; it
+refuses what vLLM refuses with vLLM's 400 bodies, and plays faults on request. It is
+independent of the rest of ``disagg_transforms`` on purpose: it is the peer the library is
+tested against.
 
 Use it in process with httpx (which buffers a streamed answer whole; that is fine for tests)::
 
@@ -42,8 +43,9 @@ the random part of its ``resp_`` id. What differs from a real vLLM server:
   (raw media) are refused. An image part renders to four ``<|image_pad|>`` tokens and
   ``features`` hashed from its URL; a call that runs the encoder answers made-up
   ``ec_transfer_params``.
-- ``/v1/chat/completions`` and ``/v1/completions`` (coupled serving) answer in text mode: no
-  reasoning or tool parser, no completions logprobs.
+- ``/v1/chat/completions``, ``/v1/completions``, ``/v1/responses`` and ``/v1/messages``
+  (coupled serving) answer in text mode: no reasoning or tool parser, no completions,
+  Responses or Messages logprobs.
 - ``/v1/models`` lists ``simulated`` and the configured model (or the
   ``served_model_names`` alone), with ``permission: []``.
 - A request for structured output is answered with a small JSON value that satisfies its schema

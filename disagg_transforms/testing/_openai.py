@@ -4,11 +4,13 @@ A leg sent in OpenAI format (``use_openai_format: true``), and a completions cli
 pipeline, speak these routes. The request is rendered as ``/render`` would, generated as a
 text-mode generate call would, and answered in the coupled envelope (the shapes of
 ``chat-completion-coupled.json`` and ``chat-completion-chunk-coupled.json``). No reasoning or
-tool parser runs here, and completions answers carry no logprobs.
+tool parser runs here, and completions answers carry no logprobs. :func:`text_turn` is the
+same text-mode generation for the coupled Responses and Messages routes.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -38,12 +40,78 @@ def _generated(
     return None, chunks
 
 
-def _created(settings: WorkerSettings) -> int:
+@dataclasses.dataclass(frozen=True)
+class TextTurn:
+    """One choice generated in text mode, as the Responses and Messages routes read it."""
+
+    deltas: tuple[str, ...]
+    """The text's pieces as a stream sends them (empty ones left out); the whole text alone
+    when the request does not stream."""
+    finish_reason: str | None
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    """``usage.prompt_tokens_details.cached_tokens``, 0 when the usage has no details."""
+    kv_transfer_params: Any
+    """A prefill's NIXL params (a whole answer only: stream chunks carry none)."""
+
+    @property
+    def text(self) -> str:
+        """The generated text."""
+        return "".join(self.deltas)
+
+
+def text_turn(
+    request: dict[str, Any],
+    body: object,
+    settings: WorkerSettings,
+    where: tuple[str | None, int],
+) -> TextTurn:
+    """Generate a rendered request's first choice in text mode, whole or streamed.
+
+    Args:
+        request: The render route's ``GenerateRequest`` for ``body``.
+        body: The client's body: its ``kv_transfer_params`` reach the engine, as vLLM's
+            Responses and Anthropic requests carry them since vLLM PRs #37424 and #37535 (the
+            simulated render routes leave them out).
+        settings: The worker's settings.
+        where: The ``x-request-id`` header (if sent) and the call's position in the log.
+
+    Returns:
+        The turn; a stream's counts come from its usage chunk.
+    """
+    kv = body.get("kv_transfer_params") if isinstance(body, dict) else None
+    if isinstance(kv, dict):
+        request = {**request, "kv_transfer_params": kv}
+    if request.get("stream") is True:
+        request = {**request, "stream_options": {"include_usage": True}}
+    whole, chunks = _generated(request, settings, *where)
+    if whole is not None:
+        [choice] = whole["choices"][:1]
+        usage, finish, deltas = whole["usage"], choice["finish_reason"], [choice["text"]]
+    else:
+        usage = chunks[-1]["usage"]
+        choices = [choice for chunk in chunks for choice in chunk["choices"]]
+        finish = choices[-1]["finish_reason"] if choices else None
+        deltas = [choice["text"] for choice in choices]
+    details = usage.get("prompt_tokens_details") or {}
+    return TextTurn(
+        deltas=tuple(delta for delta in deltas if delta),
+        finish_reason=finish,
+        prompt_tokens=usage["prompt_tokens"],
+        completion_tokens=usage["completion_tokens"],
+        cached_tokens=details.get("cached_tokens", 0),
+        kv_transfer_params=None if whole is None else whole["kv_transfer_params"],
+    )
+
+
+def created_time(settings: WorkerSettings) -> int:
+    """An answer's ``created`` time: the settings' fixed one, else the clock."""
     return settings.created if settings.created is not None else int(time.time())
 
 
 def _head(request_id: str, kind: str, model: object, settings: WorkerSettings) -> dict[str, Any]:
-    return {"id": request_id, "object": kind, "created": _created(settings), "model": model}
+    return {"id": request_id, "object": kind, "created": created_time(settings), "model": model}
 
 
 def chat(

@@ -12,7 +12,7 @@ from typing import Any, Final
 
 import orjson
 
-from disagg_transforms.testing import _generate, _openai, _render
+from disagg_transforms.testing import _generate, _messages, _openai, _render, _responses
 from disagg_transforms.testing._common import (
     BadRequestError,
     Issue,
@@ -49,7 +49,15 @@ _RENDER_PATHS: Final = (
     "/v1/responses/render",
     "/v1/messages/render",
 )
-_COUPLED_PATHS: Final = (_openai.CHAT_PATH, _openai.COMPLETIONS_PATH)
+_COUPLED: Final = {
+    _openai.CHAT_PATH: _openai.chat,
+    _openai.COMPLETIONS_PATH: _openai.completions,
+    _responses.RESPONSES_PATH: _responses.responses,
+    _messages.MESSAGES_PATH: _messages.messages,
+}
+"""The coupled routes (vLLM serving the client's API itself, text mode) and who answers each."""
+_NAMED_EVENTS: Final = (_responses.RESPONSES_PATH, _messages.MESSAGES_PATH)
+"""The coupled routes whose streams name each event (``event: <type>``) and send no ``[DONE]``."""
 VERSION_PATH: Final = "/version"
 VLLM_VERSION: Final = "0.33.0"
 """What ``GET /version`` answers: the vLLM release the worker simulates."""
@@ -60,7 +68,7 @@ _ROUTES: Final = {
     VERSION_PATH: "GET",
     "/tokenize": "POST",
     "/detokenize": "POST",
-    **dict.fromkeys((*_RENDER_PATHS, *_COUPLED_PATHS), "POST"),
+    **dict.fromkeys((*_RENDER_PATHS, *_COUPLED), "POST"),
 }
 """Every route the worker serves, and its method."""
 MAX_BODY: Final = 64 * 1024 * 1024
@@ -100,6 +108,9 @@ class _Reply:
     content_type: str
     body: bytes | None = None
     events: list[bytes] | None = None
+    stream_error: bytes | None = None
+    """The route's in-stream error event for ``stream-error``; ``None``: vLLM's generate one,
+    then ``[DONE]``."""
 
 
 def _json(status: int, payload: object) -> _Reply:
@@ -111,7 +122,8 @@ class SimulatedWorker:
 
     Routes: ``POST /inference/v1/generate``, ``POST /v1/chat/completions/render``,
     ``/v1/completions/render``, ``/v1/responses/render``, ``/v1/messages/render``,
-    ``POST /v1/chat/completions`` and ``/v1/completions`` (coupled, text mode),
+    ``POST /v1/chat/completions``, ``/v1/completions``, ``/v1/responses`` and ``/v1/messages``
+    (coupled, text mode),
     ``POST /tokenize`` and ``/detokenize``, ``GET /version``, ``GET /health`` and
     ``GET /v1/models``; anything else is a 404 in vLLM's error shape. Every
     answer carries ``x-request-id`` (the request's, else a fresh one).
@@ -266,19 +278,19 @@ class SimulatedWorker:
         unknown = self.settings.unknown_model(body)
         if unknown is not None:
             message = f"The model `{unknown}` does not exist."
-            return _json(404, error_body(message, "NotFoundError", "model", 404))
+            return _served_error(path, 404, error_body(message, "NotFoundError", "model", 404))
         try:
             return self._answer(path, body, headers.get("x-request-id"), fault)
         except RequestInvalidError as error:
             return _json(400, error.body())
         except BadRequestError as error:
-            return _json(error.status, error.body())
+            return _served_error(path, error.status, error.body())
 
     def _answer(self, path: str, body: object, header_id: str | None, fault: str | None) -> _Reply:
         """The answer of a JSON route, or the error it raises."""
         if path == GENERATE_PATH:
             return self._generate(body, header_id, fault)
-        if path in _COUPLED_PATHS:
+        if path in _COUPLED:
             return self._coupled(path, body, header_id, fault)
         if path == "/tokenize":
             return _json(200, _render.tokenize(body, self.settings))
@@ -314,15 +326,16 @@ class SimulatedWorker:
 
     def _coupled(self, path: str, body: object, header_id: str | None, fault: str | None) -> _Reply:
         if fault == "stream-error" and isinstance(body, dict) and body.get("stream") is not True:
-            return _json(500, _INTERNAL_ERROR)
-        serve = _openai.chat if path == _openai.CHAT_PATH else _openai.completions
-        answer = serve(body, header_id, self.settings, len(self.calls))
+            return _served_error(path, 500, _INTERNAL_ERROR)
+        answer = _COUPLED[path](body, header_id, self.settings, len(self.calls))
         if isinstance(answer, dict):
             return _json(200, answer)
-        events = [b"data: " + orjson.dumps(chunk) + b"\n\n" for chunk in answer]
-        return _Reply(
-            200, "text/event-stream; charset=utf-8", events=[*events, b"data: [DONE]\n\n"]
-        )
+        content_type = "text/event-stream; charset=utf-8"
+        if path not in _NAMED_EVENTS:
+            events = [b"data: " + orjson.dumps(chunk) + b"\n\n" for chunk in answer]
+            return _Reply(200, content_type, events=[*events, b"data: [DONE]\n\n"])
+        named = [_named_event(event) for event in answer]
+        return _Reply(200, content_type, events=named, stream_error=_stream_error(path))
 
     def _models(self) -> dict[str, Any]:
         served = self.settings.served_model_names
@@ -346,6 +359,16 @@ class SimulatedWorker:
         }
 
 
+def _served_error(path: str, status: int, body: dict[str, Any]) -> _Reply:
+    """An error the route's serving answers (not request validation, which is app-wide).
+
+    vLLM's Messages router translates those into Anthropic's shape, the status unchanged.
+    """
+    return _json(
+        status, _messages.anthropic_error(body) if path == _messages.MESSAGES_PATH else body
+    )
+
+
 def render(path: str, body: object, header_id: str | None, settings: WorkerSettings) -> object:
     """The answer of one of the four render routes (``path`` is one of them)."""
     if path == "/v1/chat/completions/render":
@@ -355,6 +378,32 @@ def render(path: str, body: object, header_id: str | None, settings: WorkerSetti
     if path == "/v1/responses/render":
         return _render.render_responses(body, settings)
     return _render.render_messages(body, header_id, settings)
+
+
+def _named_event(event: Mapping[str, Any]) -> bytes:
+    return b"event: " + str(event["type"]).encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"
+
+
+def _stream_error(path: str) -> bytes:
+    """The in-stream error a Responses or Messages stream ends with after a failed generation.
+
+    Messages: vLLM's converter cannot read the chat stream's error chunk and sends Anthropic's
+    ``error`` event (``internal_error``). Responses: vLLM's own code fails to build its event
+    there, so the event is the one the library's stream converter writes
+    (``responses_error_event``, docs/envelopes.md), numbered after the stream's first event.
+    """
+    if path == _messages.MESSAGES_PATH:
+        error = {"type": "internal_error", "message": "Internal server error"}
+        return _named_event({"type": "error", "error": error})
+    return _named_event(
+        {
+            "code": "InternalServerError",
+            "message": "Internal server error",
+            "param": None,
+            "sequence_number": 1,
+            "type": "error",
+        }
+    )
 
 
 async def read_request(
@@ -459,6 +508,8 @@ async def _send(
     if fault == "cut-stream" and len(events) > 1:
         # One whole event, then the next one stops in the middle of its data line.
         events = [events[0], events[1][: max(len(events[1]) // 2, 8)]]
+    elif fault == "stream-error" and reply.stream_error is not None:
+        events = [events[0], reply.stream_error]
     elif fault == "stream-error":
         error = b'data: {"error": {"message": "Internal server error", "type": '
         error += b'"InternalServerError", "param": null, "code": 500}}\n\n'

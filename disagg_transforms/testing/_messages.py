@@ -1,0 +1,99 @@
+"""``POST /v1/messages``: vLLM 0.33's Anthropic Messages serving, in text mode.
+
+vLLM serves Messages through its chat serving (``AnthropicServingMessages``): the body is
+converted to a chat request, answered, and the chat answer converted back. Here the body is
+rendered as ``/v1/messages/render`` does (that conversion included) and generated as a
+text-mode generate call would (:func:`~disagg_transforms.testing._openai.text_turn`); no
+reasoning or tool parser runs, so the answer is one ``text`` block. The message keeps the chat
+answer's id (``chatcmpl-...``), as vLLM's does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Final
+
+from disagg_transforms.testing import _openai, _render
+from disagg_transforms.testing._common import WorkerSettings
+
+MESSAGES_PATH: Final = "/v1/messages"
+# vLLM's stop_reason_map; any other finish reason (abort) leaves the stop reason null.
+_STOP_REASONS: Final = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
+
+
+def anthropic_error(body: Mapping[str, Any]) -> dict[str, Any]:
+    """An error the chat serving answered, as vLLM's Messages router translates it.
+
+    Args:
+        body: vLLM's error body (``{"error": {"message", "type", ...}}``).
+
+    Returns:
+        ``{"type": "error", "error": {"type", "message"}}`` (the status stays the same).
+    """
+    error = body["error"]
+    return {"type": "error", "error": {"type": error["type"], "message": error["message"]}}
+
+
+def messages(
+    body: object, header_id: str | None, settings: WorkerSettings, sequence: int
+) -> dict[str, Any] | list[dict[str, Any]]:
+    """``POST /v1/messages``: a ``message``, or its stream's events.
+
+    Args:
+        body: The client's Messages body.
+        header_id: The ``x-request-id`` header, if sent (the chat id's base, as on chat).
+        settings: The worker's settings.
+        sequence: The call's position in the worker's log.
+
+    Returns:
+        The answer body (vLLM dumps it without its nulls), or the stream's events (each named
+        by its ``type``; no ``[DONE]``).
+    """
+    request = _render.render_messages(body, header_id, settings)
+    turn = _openai.text_turn(request, body, settings, (header_id, sequence))
+    usage = {"input_tokens": turn.prompt_tokens, "output_tokens": turn.completion_tokens}
+    if request["stream"] is not True:
+        message: dict[str, Any] = {
+            "id": request["request_id"],
+            "type": "message",
+            "role": "assistant",
+            "content": [{"type": "text", "text": turn.text}] if turn.text else [],
+            "model": request["model"],
+        }
+        stop_reason = _STOP_REASONS.get(turn.finish_reason or "")
+        if stop_reason is not None:
+            message["stop_reason"] = stop_reason
+        message["usage"] = usage
+        if turn.kv_transfer_params is not None:
+            message["kv_transfer_params"] = turn.kv_transfer_params
+        return message
+    # Each event is dumped with exclude_unset: only the fields vLLM sets (type, role and
+    # stop_sequence set explicitly since vLLM PRs #45376 and #55325).
+    start = {
+        "id": request["request_id"],
+        "type": "message",
+        "role": "assistant",
+        "content": [],
+        "model": request["model"],
+        "stop_reason": None,
+        "stop_sequence": None,
+        "usage": {"input_tokens": turn.prompt_tokens, "output_tokens": 0},
+    }
+    events: list[dict[str, Any]] = [{"type": "message_start", "message": start}]
+    if turn.deltas:
+        block = {"type": "text", "text": ""}
+        events.append({"type": "content_block_start", "content_block": block, "index": 0})
+        events.extend(
+            {
+                "type": "content_block_delta",
+                "delta": {"type": "text_delta", "text": delta},
+                "index": 0,
+            }
+            for delta in turn.deltas
+        )
+        events.append({"type": "content_block_stop", "index": 0})
+    # A stream that ended without a finish reason counts as a stop, as vLLM's converter reads it.
+    delta = {"stop_reason": _STOP_REASONS.get(turn.finish_reason or "stop"), "stop_sequence": None}
+    events.append({"type": "message_delta", "delta": delta, "usage": usage})
+    events.append({"type": "message_stop"})
+    return events

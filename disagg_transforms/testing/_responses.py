@@ -1,0 +1,195 @@
+"""``POST /v1/responses``: vLLM 0.33's Responses serving, in text mode.
+
+vLLM's ``OpenAIServingResponses`` with no reasoning or tool parser: the generated text is one
+``message`` item holding one ``output_text`` part. The request is rendered as
+``/v1/responses/render`` does and generated as a text-mode generate call would
+(:func:`~disagg_transforms.testing._openai.text_turn`); the answer is vLLM's
+``ResponsesResponse`` dump (every field, nulls included), or its stream of named events.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from typing import Any, Final
+
+from disagg_transforms.testing import _openai, _render
+from disagg_transforms.testing._common import WorkerSettings
+
+RESPONSES_PATH: Final = "/v1/responses"
+# What ResponsesResponse.from_request echoes of the request, and the request model's defaults.
+_ECHOED: Final[dict[str, object]] = {
+    "instructions": None,
+    "metadata": None,
+    "parallel_tool_calls": True,
+    "tool_choice": "auto",
+    "tools": [],
+    "background": False,
+    "max_tool_calls": None,
+    "previous_response_id": None,
+    "prompt": None,
+    "reasoning": None,
+    "service_tier": "auto",
+    "text": None,
+    "truncation": "disabled",
+    "user": None,
+}
+
+
+def _usage(turn: _openai.TextTurn) -> dict[str, Any]:
+    # vLLM's SimpleContext keeps no per-turn metrics: the per-turn lists stay empty.
+    return {
+        "input_tokens": turn.prompt_tokens,
+        "input_tokens_details": {
+            "cached_tokens": turn.cached_tokens,
+            "input_tokens_per_turn": [],
+            "cached_tokens_per_turn": [],
+        },
+        "output_tokens": turn.completion_tokens,
+        "output_tokens_details": {
+            "reasoning_tokens": 0,
+            "tool_output_tokens": 0,
+            "output_tokens_per_turn": [],
+            "tool_output_tokens_per_turn": [],
+        },
+        "total_tokens": turn.prompt_tokens + turn.completion_tokens,
+    }
+
+
+def _part(text: str, logprobs: object) -> dict[str, Any]:
+    """An ``output_text`` part, in the openai SDK model's field order (vLLM dumps that model)."""
+    return {"annotations": [], "text": text, "type": "output_text", "logprobs": logprobs}
+
+
+def _item(item_id: str, content: list[dict[str, Any]], status: str) -> dict[str, Any]:
+    return {
+        "id": item_id,
+        "content": content,
+        "role": "assistant",
+        "status": status,
+        "type": "message",
+    }
+
+
+def _response(
+    body: Mapping[str, Any],
+    request: Mapping[str, Any],
+    turn: _openai.TextTurn | None,
+    settings: WorkerSettings,
+) -> dict[str, Any]:
+    """``ResponsesResponse.from_request``'s dump: the turn's, or the in-progress one (``None``)."""
+    sampling: Mapping[str, Any] = request["sampling_params"]
+    status = "in_progress"
+    output: list[dict[str, Any]] = []
+    if turn is not None:
+        # vLLM's only incomplete answer without a parser: the cap cut it.
+        status = "incomplete" if turn.finish_reason == "length" else "completed"
+        # The no-parser fallback: a message item, with no part when the text is empty.
+        content = [_part(turn.text, None)] if turn.text else []
+        output = [_item(f"msg_{_digest(request, 'message')}", content, "completed")]
+    incomplete = {"reason": "max_output_tokens"} if status == "incomplete" else None
+    echoed = {key: body.get(key, default) for key, default in _ECHOED.items()}
+    return {
+        "id": request["request_id"],
+        "created_at": _openai.created_time(settings),
+        "incomplete_details": incomplete,
+        "instructions": echoed["instructions"],
+        "metadata": echoed["metadata"],
+        "model": request["model"],
+        "object": "response",
+        "output": output,
+        "parallel_tool_calls": echoed["parallel_tool_calls"],
+        "temperature": sampling["temperature"],
+        "tool_choice": echoed["tool_choice"],
+        "tools": echoed["tools"],
+        # A greedy request's dump leaves top_p out: vLLM forces it to 1.0.
+        "top_p": sampling.get("top_p", 1.0),
+        "background": echoed["background"],
+        "max_output_tokens": sampling.get("max_tokens", _render.ENGINE_DEFAULT_MAX_TOKENS),
+        "max_tool_calls": echoed["max_tool_calls"],
+        "previous_response_id": echoed["previous_response_id"],
+        "prompt": echoed["prompt"],
+        "reasoning": echoed["reasoning"],
+        "service_tier": echoed["service_tier"],
+        "status": status,
+        "text": echoed["text"],
+        "top_logprobs": sampling.get("logprobs"),
+        "truncation": echoed["truncation"],
+        "usage": None if turn is None else _usage(turn),
+        "user": echoed["user"],
+        "input_messages": None,
+        "output_messages": None,
+        # vLLM-only (PR #37424): a prefill's NIXL params, as the chat route answers them.
+        "kv_transfer_params": None if turn is None else turn.kv_transfer_params,
+    }
+
+
+def _digest(request: Mapping[str, Any], what: str) -> str:
+    """32 hex digits standing for one of vLLM's ``random_uuid()``, repeatable per request."""
+    return hashlib.sha256(f"{request['request_id']}:{what}".encode()).hexdigest()[:32]
+
+
+def responses(
+    body: object, header_id: str | None, settings: WorkerSettings, sequence: int
+) -> dict[str, Any] | list[dict[str, Any]]:
+    """``POST /v1/responses``: a ``response``, or its stream's events in vLLM's order.
+
+    Args:
+        body: The client's Responses body.
+        header_id: The ``x-request-id`` header, if sent (the response's id ignores it, as
+            vLLM's does).
+        settings: The worker's settings.
+        sequence: The call's position in the worker's log.
+
+    Returns:
+        The answer body, or the stream's events (each named by its ``type``; no ``[DONE]``).
+    """
+    request = _render.render_responses(body, settings)
+    turn = _openai.text_turn(request, body, settings, (header_id, sequence))
+    assert isinstance(body, dict)  # noqa: S101 - the render accepted it
+    final = _response(body, request, turn, settings)
+    if request["stream"] is not True:
+        return final
+    started = _response(body, request, None, settings)
+    events = [("response.created", {"response": started})]
+    events.append(("response.in_progress", {"response": started}))
+    if turn.deltas:
+        events.extend(_item_events(_digest(request, "stream"), turn))
+    events.append(("response.completed", {"response": final}))
+    # The openai SDK's event models list their fields alphabetically; vLLM dumps those models.
+    return [
+        dict(sorted({**fields, "sequence_number": number, "type": kind}.items()))
+        for number, (kind, fields) in enumerate(events)
+    ]
+
+
+def _item_events(item_id: str, turn: _openai.TextTurn) -> list[tuple[str, dict[str, Any]]]:
+    """The message item's events: opened at the first text, one delta per piece, closed.
+
+    The stream names its item with a bare ``random_uuid()``, and the final response's item is
+    another, ``msg_``-prefixed id: vLLM builds the two apart.
+    """
+    at = {"content_index": 0, "item_id": item_id, "output_index": 0}
+    done = _part(turn.text, None)
+    events = [
+        (
+            "response.output_item.added",
+            {"item": _item(item_id, [], "in_progress"), "output_index": 0},
+        ),
+        ("response.content_part.added", {**at, "part": _part("", [])}),
+    ]
+    events.extend(
+        ("response.output_text.delta", {**at, "delta": delta, "logprobs": []})
+        for delta in turn.deltas
+    )
+    events.extend(
+        [
+            ("response.output_text.done", {**at, "logprobs": [], "text": turn.text}),
+            ("response.content_part.done", {**at, "part": done}),
+            (
+                "response.output_item.done",
+                {"item": _item(item_id, [done], "completed"), "output_index": 0},
+            ),
+        ]
+    )
+    return events

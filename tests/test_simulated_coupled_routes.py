@@ -1,0 +1,397 @@
+"""The simulated worker's coupled ``/v1/responses`` and ``/v1/messages`` (docs/testing.md).
+
+Driven in process by the official openai and anthropic SDKs (their ``http_client`` an httpx
+client over ``httpx2.ASGITransport``): each answer is the chat route's text for the same prompt,
+with the counts and stop reasons vLLM 0.33 writes, whole and streamed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import anthropic
+import httpx2
+import openai
+import pytest
+from anthropic.types import Message, MessageParam, TextBlock
+from openai.types.responses import (
+    Response,
+    ResponseCreatedEvent,
+    ResponseOutputMessage,
+    ResponseOutputText,
+    ResponseStreamEvent,
+    ResponseTextDeltaEvent,
+)
+
+from disagg_transforms.testing import SimulatedWorker, WorkerSettings
+
+CREATED = 1796000000
+PROMPT = "Hi"
+MESSAGE: list[MessageParam] = [{"role": "user", "content": PROMPT}]
+T = TypeVar("T")
+
+
+def _run(worker: SimulatedWorker, body: Callable[[httpx2.AsyncClient], Awaitable[T]]) -> T:
+    async def run() -> T:
+        transport = httpx2.ASGITransport(app=worker)
+        async with httpx2.AsyncClient(transport=transport, base_url="http://worker") as http:
+            return await body(http)
+
+    return asyncio.run(run())
+
+
+def _openai(http: httpx2.AsyncClient) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(
+        base_url="http://worker/v1", api_key="k", http_client=http, max_retries=0
+    )
+
+
+def _anthropic(http: httpx2.AsyncClient) -> anthropic.AsyncAnthropic:
+    return anthropic.AsyncAnthropic(
+        base_url="http://worker", api_key="k", http_client=http, max_retries=0
+    )
+
+
+def _post(
+    worker: SimulatedWorker, path: str, body: Any, headers: dict[str, str] | None = None
+) -> httpx2.Response:
+    async def post(http: httpx2.AsyncClient) -> httpx2.Response:
+        return await http.post(path, json=body, headers=headers)
+
+    return _run(worker, post)
+
+
+def _chat(worker: SimulatedWorker, **changes: Any) -> dict[str, Any]:
+    """The coupled chat route's answer to the same prompt: what the other routes must match."""
+    body = {"model": "m", "messages": [{"role": "user", "content": PROMPT}], **changes}
+    answer: dict[str, Any] = _post(worker, "/v1/chat/completions", body).json()
+    return answer
+
+
+def _only_text(message: Message) -> str:
+    """The text of a message that is one text block."""
+    [block] = message.content
+    assert isinstance(block, TextBlock)
+    return block.text
+
+
+def _only_part(response: Response) -> tuple[ResponseOutputMessage, ResponseOutputText]:
+    """The one message item of a response, and its one part."""
+    [item] = response.output
+    assert isinstance(item, ResponseOutputMessage)
+    [part] = item.content
+    assert isinstance(part, ResponseOutputText)
+    return item, part
+
+
+def _named_events(response: httpx2.Response) -> list[tuple[str, dict[str, Any]]]:
+    """Each SSE event's ``event:`` name and its parsed ``data:``."""
+    out = []
+    for block in response.text.split("\n\n"):
+        if not block:
+            continue
+        name_line, data_line = block.split("\n")
+        assert name_line.startswith("event: ")
+        assert data_line.startswith("data: ")
+        out.append((name_line[len("event: ") :], json.loads(data_line[len("data: ") :])))
+    return out
+
+
+@pytest.fixture
+def worker() -> SimulatedWorker:
+    return SimulatedWorker(WorkerSettings(created=CREATED))
+
+
+# ---------------------------------------------------------------- /v1/responses
+
+
+def test_responses_create_answers_the_chat_routes_text_and_counts(worker: SimulatedWorker) -> None:
+    chat = _chat(worker)
+
+    async def create(http: httpx2.AsyncClient) -> Response:
+        return await _openai(http).responses.create(model="m", input=PROMPT)
+
+    response = _run(worker, create)
+    assert response.output_text == chat["choices"][0]["message"]["content"] == "Hello!"
+    assert response.id.startswith("resp_")
+    assert (response.object, response.status, response.incomplete_details) == (
+        "response",
+        "completed",
+        None,
+    )
+    assert (response.model, response.created_at) == ("m", CREATED)
+    item, part = _only_part(response)
+    assert (item.type, item.role, item.status) == ("message", "assistant", "completed")
+    assert item.id.startswith("msg_")
+    assert (part.type, part.text, part.annotations) == ("output_text", "Hello!", [])
+    usage = response.usage
+    assert usage is not None
+    assert usage.input_tokens == chat["usage"]["prompt_tokens"] == 21
+    assert usage.output_tokens == chat["usage"]["completion_tokens"] == 7
+    assert usage.total_tokens == 28
+    assert usage.input_tokens_details.cached_tokens == 0
+    assert usage.output_tokens_details.reasoning_tokens == 0
+    # vLLM's own defaults and echoes of the request's settings.
+    assert (response.tool_choice, response.tools) == ("auto", [])
+    assert response.parallel_tool_calls is True
+    assert (response.temperature, response.top_p, response.max_output_tokens) == (1.0, 1.0, 4075)
+    raw = _post(worker, "/v1/responses", {"model": "m", "input": PROMPT}).json()
+    assert raw["kv_transfer_params"] is None
+    assert raw["usage"]["input_tokens_details"] == {
+        "cached_tokens": 0,
+        "input_tokens_per_turn": [],
+        "cached_tokens_per_turn": [],
+    }
+
+
+def test_responses_stream_events_in_vllms_order(worker: SimulatedWorker) -> None:
+    async def stream(http: httpx2.AsyncClient) -> tuple[list[ResponseStreamEvent], Response]:
+        async with _openai(http).responses.stream(model="m", input=PROMPT) as events:
+            seen: list[ResponseStreamEvent] = [event async for event in events]
+            return seen, await events.get_final_response()
+
+    seen, final = _run(worker, stream)
+    kinds = [event.type for event in seen]
+    assert kinds == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+        *["response.output_text.delta"] * 6,
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    assert [event.sequence_number for event in seen] == list(range(len(seen)))
+    deltas = [event.delta for event in seen if isinstance(event, ResponseTextDeltaEvent)]
+    assert "".join(deltas) == "Hello!"
+    assert isinstance(seen[0], ResponseCreatedEvent)
+    created = seen[0].response
+    assert (created.status, created.output, created.usage) == ("in_progress", [], None)
+    assert final.output_text == "Hello!"
+    assert final.status == "completed"
+    assert final.usage is not None
+    assert (final.usage.input_tokens, final.usage.output_tokens) == (21, 7)
+    # The raw stream: every event named by its type, no [DONE].
+    raw = _post(worker, "/v1/responses", {"model": "m", "input": PROMPT, "stream": True})
+    assert raw.headers["content-type"].startswith("text/event-stream")
+    named = _named_events(raw)
+    assert all(name == data["type"] for name, data in named)
+    assert [name for name, _ in named] == kinds
+
+
+def test_responses_cap_is_max_output_tokens(worker: SimulatedWorker) -> None:
+    chat = _chat(worker, max_tokens=3)
+
+    async def capped(http: httpx2.AsyncClient) -> tuple[Response, Response]:
+        client = _openai(http)
+        whole = await client.responses.create(model="m", input=PROMPT, max_output_tokens=3)
+        async with client.responses.stream(model="m", input=PROMPT, max_output_tokens=3) as events:
+            return whole, await events.get_final_response()
+
+    whole, streamed = _run(worker, capped)
+    for response in (whole, streamed):
+        assert response.output_text == chat["choices"][0]["message"]["content"] == "Hel"
+        assert response.status == "incomplete"
+        assert response.incomplete_details is not None
+        assert response.incomplete_details.reason == "max_output_tokens"
+        assert response.usage is not None
+        assert response.usage.output_tokens == 3
+        assert response.max_output_tokens == 3
+
+
+# ---------------------------------------------------------------- /v1/messages
+
+
+def test_messages_create_answers_the_chat_routes_text_and_counts(worker: SimulatedWorker) -> None:
+    chat = _chat(worker)
+
+    async def create(http: httpx2.AsyncClient) -> Message:
+        return await _anthropic(http).messages.create(
+            model="m", max_tokens=64, messages=MESSAGE, extra_headers={"x-request-id": "m1"}
+        )
+
+    message = _run(worker, create)
+    # vLLM answers Messages through its chat serving: the message's id is the chat id.
+    assert message.id == "chatcmpl-m1"
+    assert (message.type, message.role, message.model) == ("message", "assistant", "m")
+    assert _only_text(message) == chat["choices"][0]["message"]["content"] == "Hello!"
+    assert (message.stop_reason, message.stop_sequence) == ("end_turn", None)
+    assert message.usage.input_tokens == chat["usage"]["prompt_tokens"] == 21
+    assert message.usage.output_tokens == chat["usage"]["completion_tokens"] == 7
+    raw = _post(
+        worker,
+        "/v1/messages",
+        {"model": "m", "max_tokens": 64, "messages": [{"role": "user", "content": PROMPT}]},
+    ).json()
+    # vLLM dumps the message without its nulls.
+    assert list(raw) == ["id", "type", "role", "content", "model", "stop_reason", "usage"]
+    assert raw["usage"] == {"input_tokens": 21, "output_tokens": 7}
+
+
+def test_messages_stream_events_with_vllms_event_lines(worker: SimulatedWorker) -> None:
+    body = {"model": "m", "max_tokens": 64, "messages": MESSAGE}
+
+    async def stream(http: httpx2.AsyncClient) -> tuple[str, Message]:
+        async with _anthropic(http).messages.stream(
+            model="m", max_tokens=64, messages=MESSAGE
+        ) as events:
+            text = "".join([piece async for piece in events.text_stream])
+            return text, await events.get_final_message()
+
+    text, final = _run(worker, stream)
+    assert text == _only_text(final) == "Hello!"
+    assert (final.stop_reason, final.role, final.type) == ("end_turn", "assistant", "message")
+    assert (final.usage.input_tokens, final.usage.output_tokens) == (21, 7)
+    raw = _post(worker, "/v1/messages", {**body, "stream": True})
+    named = _named_events(raw)
+    assert all(name == data["type"] for name, data in named)
+    assert [name for name, _ in named] == [
+        "message_start",
+        "content_block_start",
+        *["content_block_delta"] * 6,
+        "content_block_stop",
+        "message_delta",
+        "message_stop",
+    ]
+    start = named[0][1]["message"]
+    assert (start["type"], start["role"], start["content"], start["stop_reason"]) == (
+        "message",
+        "assistant",
+        [],
+        None,
+    )
+    assert start["usage"] == {"input_tokens": 21, "output_tokens": 0}
+    assert named[1][1] == {
+        "type": "content_block_start",
+        "content_block": {"type": "text", "text": ""},
+        "index": 0,
+    }
+    assert named[2][1] == {
+        "type": "content_block_delta",
+        "delta": {"type": "text_delta", "text": "H"},
+        "index": 0,
+    }
+    assert named[-2][1] == {
+        "type": "message_delta",
+        "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+        "usage": {"input_tokens": 21, "output_tokens": 7},
+    }
+    assert named[-1][1] == {"type": "message_stop"}
+
+
+def test_messages_cap_is_max_tokens_and_stops_for_max_tokens(worker: SimulatedWorker) -> None:
+    chat = _chat(worker, max_tokens=3)
+
+    async def capped(http: httpx2.AsyncClient) -> tuple[Message, Message]:
+        client = _anthropic(http)
+        whole = await client.messages.create(model="m", max_tokens=3, messages=MESSAGE)
+        async with client.messages.stream(model="m", max_tokens=3, messages=MESSAGE) as events:
+            return whole, await events.get_final_message()
+
+    whole, streamed = _run(worker, capped)
+    for message in (whole, streamed):
+        assert _only_text(message) == chat["choices"][0]["message"]["content"] == "Hel"
+        assert message.stop_reason == "max_tokens"
+        assert message.usage.output_tokens == 3
+
+
+# ---------------------------------------------------------------- P/D, errors
+
+
+PREFILL_KV = {
+    "do_remote_decode": True,
+    "do_remote_prefill": False,
+    "remote_engine_id": None,
+    "remote_block_ids": None,
+    "remote_host": None,
+    "remote_port": None,
+}
+BODIES: dict[str, dict[str, Any]] = {
+    "/v1/responses": {"model": "m", "input": PROMPT, "max_output_tokens": 1},
+    "/v1/messages": {
+        "model": "m",
+        "max_tokens": 1,
+        "messages": [{"role": "user", "content": PROMPT}],
+    },
+}
+
+
+@pytest.mark.parametrize("path", BODIES)
+def test_a_prefill_answers_the_nixl_params_as_the_chat_route_does(
+    worker: SimulatedWorker, path: str
+) -> None:
+    chat = _chat(worker, max_tokens=1, kv_transfer_params=PREFILL_KV)["kv_transfer_params"]
+    prefill = _post(worker, path, {**BODIES[path], "kv_transfer_params": PREFILL_KV}).json()
+    kv = prefill["kv_transfer_params"]
+    assert list(kv) == list(chat)
+    assert (kv["do_remote_prefill"], kv["do_remote_decode"]) == (True, False)
+    assert kv["remote_block_ids"] == chat["remote_block_ids"] == [[1, 2]]
+    assert kv["remote_num_tokens"] == chat["remote_num_tokens"] == 21
+    # The decode that carries them answers the text, and no params of its own.
+    decode = {**BODIES[path], "kv_transfer_params": kv}
+    decode["max_output_tokens" if path == "/v1/responses" else "max_tokens"] = 64
+    answer = _post(worker, path, decode).json()
+    assert answer.get("kv_transfer_params") is None
+    assert "Hello!" in json.dumps(answer)
+
+
+@pytest.mark.parametrize("path", BODIES)
+def test_an_unknown_model_is_404_and_a_bad_body_400(path: str) -> None:
+    worker = SimulatedWorker(WorkerSettings(served_model_names=("qwen",)))
+    unknown = _post(worker, path, {**BODIES[path], "model": "x"})
+    assert unknown.status_code == 404
+    assert "The model `x` does not exist." in unknown.text
+    required = "input" if path == "/v1/responses" else "max_tokens"
+    missing = {key: value for key, value in BODIES[path].items() if key != required}
+    refused = _post(worker, path, {**missing, "model": "qwen"})
+    assert refused.status_code == 400
+    assert refused.json()["error"]["param"] == f"body.{required}"
+    too_long = {**BODIES[path], "model": "qwen"}
+    too_long["max_output_tokens" if path == "/v1/responses" else "max_tokens"] = 5000
+    assert _post(worker, path, too_long).status_code == 400
+
+
+def test_messages_errors_vllm_answers_itself_are_in_anthropics_shape() -> None:
+    # vLLM's Messages router translates the chat serving's errors (an unknown model, a cap
+    # beyond the context); request validation stays vLLM's own 400 body.
+    worker = SimulatedWorker(WorkerSettings(served_model_names=("qwen",)))
+    unknown = _post(worker, "/v1/messages", {**BODIES["/v1/messages"], "model": "x"})
+    assert unknown.json() == {
+        "type": "error",
+        "error": {"type": "NotFoundError", "message": "The model `x` does not exist."},
+    }
+
+    async def refused(http: httpx2.AsyncClient) -> None:
+        await _anthropic(http).messages.create(
+            model="qwen", max_tokens=5000, messages=[{"role": "user", "content": PROMPT}]
+        )
+
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        _run(worker, refused)
+    body = caught.value.body
+    assert isinstance(body, dict)
+    assert body["type"] == "error"
+    assert body["error"]["type"] == "BadRequestError"
+
+
+@pytest.mark.parametrize("path", BODIES)
+def test_stream_error_ends_the_stream_with_the_routes_error_event(
+    worker: SimulatedWorker, path: str
+) -> None:
+    fault = {"x-simulate-fault": "stream-error"}
+    streamed = _post(worker, path, {**BODIES[path], "stream": True}, fault)
+    (first, _), (name, error) = _named_events(streamed)
+    assert first in {"response.created", "message_start"}
+    assert name == error["type"] == "error"
+    if path == "/v1/messages":
+        assert error["error"]["type"] == "internal_error"
+    else:
+        assert (error["code"], error["sequence_number"]) == ("InternalServerError", 1)
+    whole = _post(worker, path, BODIES[path], fault)
+    assert whole.status_code == 500
+    assert "Internal server error" in whole.text
