@@ -165,6 +165,21 @@ def test_responses_stream_reports_usage() -> None:
     assert (final.usage.input_tokens, final.usage.output_tokens) == (prompt, ANSWER_TOKENS)
 
 
+def test_a_responses_stream_cut_by_its_cap_ends_as_vllm_ends_it() -> None:
+    # vLLM ends every Responses stream with response.completed, an incomplete response inside
+    # (docs/envelopes.md); the SDK's stream helper reads its final response only from that.
+    router = SimulatedRouter(_config())
+    with _openai(router).responses.stream(model="m", input="Hi", max_output_tokens=3) as stream:
+        types = [event.type for event in stream]
+        final = stream.get_final_response()
+    assert types[-1] == "response.completed"
+    assert "response.incomplete" not in types
+    assert final.output_text == "Hel"
+    assert final.status == "incomplete"
+    assert final.incomplete_details is not None
+    assert final.incomplete_details.reason == "max_output_tokens"
+
+
 def test_messages_create() -> None:
     router = SimulatedRouter(_config())
     message = _anthropic(router).messages.create(model="m", max_tokens=64, messages=MESSAGES)

@@ -245,12 +245,12 @@ def single_frame_responses_events(
     """The Responses streaming events of a whole (unstreamed) generate answer.
 
     The response is wrapped by :func:`wrap_responses_response` (same arguments, same errors),
-    then streamed as OpenAI does: ``response.created``, ``response.in_progress``; per output
+    then streamed as vLLM streams it: ``response.created``, ``response.in_progress``; per output
     item ``response.output_item.added``, its content parts added, one delta with the whole
     text (``response.reasoning_text.delta``, ``response.output_text.delta``) or arguments
     (``response.function_call_arguments.delta``), their ``.done`` events and
-    ``response.output_item.done``; then ``response.completed`` (``response.incomplete`` when
-    the status is incomplete) with the whole response. ``sequence_number`` counts from 0.
+    ``response.output_item.done``; then ``response.completed`` with the whole response (an
+    incomplete one too, as vLLM sends it). ``sequence_number`` counts from 0.
     """
     final = wrap_responses_response(
         response, requested=requested, client_body=client_body, options=options
@@ -290,7 +290,7 @@ class ResponsesStreamConverter(NamedEventConverter):
     output); the first choice delta opens the ``message`` item and its ``output_text`` part;
     each non-empty text delta is a ``response.output_text.delta`` (with its ``logprobs`` in
     the streaming shape, cut to the client's ``top_logprobs``); ``[DONE]`` gives the
-    ``.done`` events and ``response.completed`` (or ``response.incomplete``) carrying the
+    ``.done`` events and ``response.completed`` (whatever the status, as vLLM) carrying the
     whole response as :func:`wrap_responses_response` builds it from the same turn (its
     ``usage`` from the leg's usage chunk; ``null`` without one). Ids come from the worker's
     ``request_id`` by the wrap's rules. ``sequence_number`` counts from 0. No ``[DONE]`` is
@@ -512,6 +512,6 @@ def _stream_logprobs(logprobs: list[dict[str, Any]] | None) -> list[dict[str, An
 
 
 def _terminal_event(response: dict[str, Any]) -> dict[str, Any]:
-    completed = response[w.STATUS] == w.STATUS_COMPLETED
-    kind = w.RESPONSE_COMPLETED if completed else w.RESPONSE_INCOMPLETE
-    return {w.TYPE: kind, w.RESPONSE: response}
+    # response.completed whatever the status, as vLLM ends its streams (docs/envelopes.md): the
+    # openai SDK's stream helper reads its final response from no other event.
+    return {w.TYPE: w.RESPONSE_COMPLETED, w.RESPONSE: response}
