@@ -797,6 +797,25 @@ def test_coupled_chat_answers_like_vllms_coupled_server(worker: SimulatedWorker)
     assert events(stream)[-1] == "data: [DONE]"
 
 
+@pytest.mark.parametrize(("top", "alternatives"), [(None, 0), (2, 2), (-1, 3)])
+def test_coupled_chat_cuts_logprobs_to_top_logprobs_as_vllms_chat_serving(
+    worker: SimulatedWorker, top: int | None, alternatives: int
+) -> None:
+    # vLLM's _get_top_logprobs keeps top_logprobs alternatives (0 when unset, all for -1); the
+    # engine's own list holds the sampled token too, which logprobs: true alone does not show.
+    chat = {"model": "m", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+    chat |= {"logprobs": True} if top is None else {"logprobs": True, "top_logprobs": top}
+    whole = call(worker, "POST", "/v1/chat/completions", chat).json()
+    stream = call(worker, "POST", "/v1/chat/completions", {**chat, "stream": True})
+    chunks = [json.loads(event[len("data: ") :]) for event in events(stream)[:-1]]
+    entries = [
+        *whole["choices"][0]["logprobs"]["content"],
+        *(entry for chunk in chunks for entry in chunk["choices"][0]["logprobs"]["content"]),
+    ]
+    assert len(entries) == 4
+    assert all(len(entry["top_logprobs"]) == alternatives for entry in entries)
+
+
 def test_responses_render_keeps_a_function_tools_strict_key_like_vllm(
     worker: SimulatedWorker,
 ) -> None:
