@@ -151,7 +151,7 @@ def chat(
                     },
                     "logprobs": _chat_logprobs(choice["logprobs"], top),
                     "finish_reason": choice["finish_reason"],
-                    "stop_reason": None,
+                    "stop_reason": choice["stop_reason"],
                     "token_ids": None,
                     "routed_experts": None,
                     "weight_versions": None,
@@ -184,7 +184,7 @@ def chat(
                     "delta": delta,
                     "logprobs": _chat_logprobs(choice["logprobs"], top),
                     "finish_reason": choice["finish_reason"],
-                    "stop_reason": None,
+                    "stop_reason": choice["stop_reason"],
                 }
             )
         out.append(_stream_chunk(head, choices, chunk))
@@ -243,7 +243,7 @@ def completions(
                     "text": choice["text"],
                     "logprobs": None,
                     "finish_reason": choice["finish_reason"],
-                    "stop_reason": None,
+                    "stop_reason": choice["stop_reason"],
                 }
                 for choice in chunk["choices"]
             ]
@@ -259,7 +259,7 @@ def completions(
                 "text": choice["text"],
                 "logprobs": None,
                 "finish_reason": choice["finish_reason"],
-                "stop_reason": None,
+                "stop_reason": choice["stop_reason"],
                 "token_ids": None,
                 "prompt_logprobs": None,
                 "prompt_token_ids": None,
