@@ -13,7 +13,9 @@ Only what must differ is normalised, each by a named rule below that says where 
 documented; JSON objects are compared as objects (key order carries no meaning in JSON, and
 vLLM's Responses events list their keys alphabetically, as the openai SDK's models declare
 them). Both render the same prompt (``test_both_render_the_same_prompt``), so no token count is
-normalised.
+normalised. The SDK objects are compared as a client reads them, an absent field and a null one
+alike. Logprobs are compared on chat alone: the simulated coupled completions and Responses
+routes write none (docs/testing.md).
 """
 
 from __future__ import annotations
