@@ -317,6 +317,8 @@ RESPONSES_CASES: Final = [
     # vLLM's Responses request takes ``stop`` (an extension); the openai SDK sends it as extra.
     Case("stop", {"model": "m", "input": "Hi", "stop": ["l"]}),
     Case("stop-held-back", {"model": "m", "input": "Hi", "stop": ["lo"]}),
+    # Greedy: vLLM reports top_p 1.0, whatever the client sent.
+    Case("greedy", {"model": "m", "input": "Hi", "temperature": 0, "top_p": 0.5}),
     Case(
         "settings",
         {
