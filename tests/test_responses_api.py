@@ -39,7 +39,9 @@ def test_text_mode_is_one_message_with_the_text_of_choice_zero() -> None:
             "type": "message",
             "role": "assistant",
             "status": "completed",
-            "content": [{"type": "output_text", "text": "Hello!", "annotations": []}],
+            "content": [
+                {"type": "output_text", "text": "Hello!", "annotations": [], "logprobs": None}
+            ],
         }
     ]
 
@@ -67,7 +69,8 @@ def test_length_is_incomplete_with_max_output_tokens() -> None:
     result = wrap_responses_response(response, requested=OutputMode.TEXT)
     assert result["status"] == "incomplete"
     assert result["incomplete_details"] == {"reason": "max_output_tokens"}
-    assert result["output"][0]["status"] == "incomplete"
+    # The item is "completed" whatever the response's status, as vLLM builds it.
+    assert result["output"][0]["status"] == "completed"
     Response.model_validate(result)
 
 
@@ -185,3 +188,33 @@ def test_any_valid_generate_response_gives_an_sdk_valid_response(case: Any) -> N
         assert [(i.call_id, i.arguments) for i in items] == [
             (c["id"], c["function"]["arguments"]) for c in calls
         ]
+
+
+@pytest.mark.parametrize(
+    ("client", "echoed"),
+    [
+        ({}, {"temperature": 1.0, "top_p": 1.0, "max_output_tokens": None, "top_logprobs": None}),
+        # vLLM's SamplingParams samples greedily below 1e-5 and forces top_p to 1.0.
+        ({"temperature": 0, "top_p": 0.5}, {"temperature": 0, "top_p": 1.0}),
+        (
+            {"temperature": 0.7, "top_p": 0.5, "max_output_tokens": 9},
+            {"temperature": 0.7, "top_p": 0.5, "max_output_tokens": 9},
+        ),
+        ({"include": ["message.output_text.logprobs"]}, {"top_logprobs": 0}),
+        (
+            {"include": ["message.output_text.logprobs"], "top_logprobs": 2},
+            {"top_logprobs": 2},
+        ),
+        ({"background": None, "truncation": "auto"}, {"background": False, "truncation": "auto"}),
+    ],
+)
+def test_the_settings_are_echoed_as_vllms_response_writes_them(
+    client: dict[str, Any], echoed: dict[str, Any]
+) -> None:
+    result = wrap_responses_response(
+        load_fixture("response-text.json"), requested=OutputMode.TEXT, client_body=client
+    )
+    assert {key: result[key] for key in echoed} == echoed
+    assert result["service_tier"] == "auto"
+    assert result["input_messages"] is result["output_messages"] is None
+    Response.model_validate(result)

@@ -458,6 +458,69 @@ def test_cap_n_and_logprobs(worker: SimulatedWorker) -> None:
     assert list(token_entry) == ["token_id", "logprob", "rank", "top_logprobs"]
 
 
+STOPS = [
+    # (sampling_params, text, completion tokens, stop_reason, streamed text pieces)
+    ({"stop": ["l"]}, "He", 3, "l", ["H", "e", ""]),
+    # "lo" ends at the fifth token; one character is held back while it could begin.
+    ({"stop": ["x", "lo"]}, "Hel", 5, "lo", ["", "H", "e", "l", ""]),
+    ({"stop": "lo"}, "Hel", 5, "lo", ["", "H", "e", "l", ""]),
+    ({"stop": ["lo"], "include_stop_str_in_output": True}, "Hello", 5, "lo", list("Hello")),
+    # No match: the answer ends at its end of turn, the held-back character sent with it.
+    ({"stop": ["zz"]}, "Hello!", 7, None, ["", *"Hello!"]),
+]
+
+
+@pytest.mark.parametrize(("sampling", "text", "tokens", "reason", "pieces"), STOPS)
+def test_stop_strings_end_the_answer_as_vllms_detokenizer_does(  # noqa: PLR0917
+    worker: SimulatedWorker,
+    sampling: dict[str, Any],
+    text: str,
+    tokens: int,
+    reason: str | None,
+    pieces: list[str],
+) -> None:
+    # vLLM checks stop strings on the detokenized text after each token: a match ends the answer
+    # (finish_reason stop, stop_reason the string, the token counted), the text cut before it
+    # (after it with include_stop_str_in_output); a stream holds back len(longest stop) - 1
+    # characters until the answer ends.
+    body = generate_body(sampling_params={"max_tokens": 64, **sampling})
+    choice = call(worker, "POST", GENERATE, body).json()["choices"][0]
+    assert (choice["text"], choice["finish_reason"], choice["stop_reason"]) == (
+        text,
+        "stop",
+        reason,
+    )
+    assert len(choice["token_ids"]) == tokens
+    stream = call(worker, "POST", GENERATE, {**body, "stream": True})
+    chunks = [json.loads(event[len("data: ") :]) for event in events(stream)[:-1]]
+    assert [chunk["choices"][0]["text"] for chunk in chunks] == pieces
+    assert (chunks[-1]["choices"][0]["finish_reason"], chunks[-1]["choices"][0]["stop_reason"]) == (
+        "stop",
+        reason,
+    )
+    assert all(chunk["choices"][0]["stop_reason"] is None for chunk in chunks[:-1])
+
+
+def test_coupled_routes_report_the_stop_string() -> None:
+    worker = SimulatedWorker(WorkerSettings(created=CREATED))
+    chat = {"model": "m", "messages": [{"role": "user", "content": "Hi"}], "stop": ["l"]}
+    choice = call(worker, "POST", "/v1/chat/completions", chat).json()["choices"][0]
+    assert (choice["message"]["content"], choice["finish_reason"], choice["stop_reason"]) == (
+        "He",
+        "stop",
+        "l",
+    )
+    completion = {"model": "m", "prompt": "Hi", "stop": ["l"]}
+    choice = call(worker, "POST", "/v1/completions", completion).json()["choices"][0]
+    assert (choice["text"], choice["stop_reason"]) == ("He", "l")
+    # vLLM's Messages serving maps finish reasons alone: a stop string is an end_turn.
+    message = {"model": "m", "max_tokens": 64, "messages": chat["messages"]}
+    answer = call(worker, "POST", "/v1/messages", {**message, "stop_sequences": ["l"]}).json()
+    assert answer["content"] == [{"type": "text", "text": "He"}]
+    assert answer["stop_reason"] == "end_turn"
+    assert "stop_sequence" not in answer
+
+
 def test_absent_cap_is_the_rest_of_the_context() -> None:
     worker = SimulatedWorker(WorkerSettings(answer="A longer answer", max_model_len=25))
     body = generate_body(sampling_params={})
@@ -795,6 +858,25 @@ def test_coupled_chat_answers_like_vllms_coupled_server(worker: SimulatedWorker)
     first = json.loads(events(stream)[0][len("data: ") :])
     assert first["choices"][0]["delta"] == {"role": "assistant", "content": "H"}
     assert events(stream)[-1] == "data: [DONE]"
+
+
+@pytest.mark.parametrize(("top", "alternatives"), [(None, 0), (2, 2), (-1, 3)])
+def test_coupled_chat_cuts_logprobs_to_top_logprobs_as_vllms_chat_serving(
+    worker: SimulatedWorker, top: int | None, alternatives: int
+) -> None:
+    # vLLM's _get_top_logprobs keeps top_logprobs alternatives (0 when unset, all for -1); the
+    # engine's own list holds the sampled token too, which logprobs: true alone does not show.
+    chat = {"model": "m", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+    chat |= {"logprobs": True} if top is None else {"logprobs": True, "top_logprobs": top}
+    whole = call(worker, "POST", "/v1/chat/completions", chat).json()
+    stream = call(worker, "POST", "/v1/chat/completions", {**chat, "stream": True})
+    chunks = [json.loads(event[len("data: ") :]) for event in events(stream)[:-1]]
+    entries = [
+        *whole["choices"][0]["logprobs"]["content"],
+        *(entry for chunk in chunks for entry in chunk["choices"][0]["logprobs"]["content"]),
+    ]
+    assert len(entries) == 4
+    assert all(len(entry["top_logprobs"]) == alternatives for entry in entries)
 
 
 def test_responses_render_keeps_a_function_tools_strict_key_like_vllm(

@@ -473,7 +473,7 @@ class Exchange:
         try:
             relay = _reply.stream_relay(
                 self._shape(leg),
-                client=self._client,
+                client=_reply.envelope_client(self._client, leg),
                 requested=leg.output_mode,
                 model=None if rendered is None else rendered.get(w.MODEL),
                 cached_tokens=self._prefill_cached,
@@ -722,7 +722,7 @@ class Exchange:
             self._shape(leg),
             body,
             leg=leg,
-            client=self._client,
+            client=_reply.envelope_client(self._client, leg),
             hook=hook,
             cached_tokens=self._prefill_cached,
         )

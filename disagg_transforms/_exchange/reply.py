@@ -11,8 +11,9 @@ from __future__ import annotations
 import enum
 import re
 import time
-from collections.abc import Callable, Mapping
-from typing import Any, Final, NamedTuple, Protocol, TypeAlias
+from collections import ChainMap
+from collections.abc import Callable, Mapping, MutableMapping
+from typing import Any, Final, NamedTuple, Protocol, TypeAlias, cast
 
 import msgspec
 from msgspec import UNSET
@@ -45,7 +46,15 @@ from disagg_transforms._wire.sse import (
 )
 from disagg_transforms.errors import UpstreamContractError, error_body
 
-__all__ = ("REPLY_SHAPES", "Relay", "Shape", "reply_shape", "stream_relay", "whole_reply")
+__all__ = (
+    "REPLY_SHAPES",
+    "Relay",
+    "Shape",
+    "envelope_client",
+    "reply_shape",
+    "stream_relay",
+    "whole_reply",
+)
 
 JSON = "application/json"
 SSE = "text/event-stream"
@@ -139,6 +148,35 @@ class _Whole(NamedTuple):
     client_route: Route
     client_body: Mapping[str, Any]
     hook: Hook | None
+
+
+# The leg's sampling values a Responses envelope echoes, by the client key they stand for.
+_RAN_WITH: Final = (
+    (w.TEMPERATURE, w.TEMPERATURE),
+    (w.TOP_P, w.TOP_P),
+    (w.MAX_TOKENS, w.MAX_OUTPUT_TOKENS),
+)
+
+
+def envelope_client(client: ClientRequest, leg: DecodeLeg) -> ClientRequest:
+    """The client request an envelope is built with: a Responses client's, with what its leg ran.
+
+    vLLM's ``response`` reports the sampling values the engine ran with (``temperature``,
+    ``top_p``, ``max_output_tokens``: the model's defaults and the context's room where the
+    client set none), which the generate leg carries, render's values under the client's own
+    (docs/envelopes.md). Other clients, and legs on the client's own route, are left as they are.
+    """
+    if client.route is not Route.RESPONSES or leg.output_mode is None:
+        return client
+    sampling = leg.body.get(w.SAMPLING_PARAMS)
+    if not isinstance(sampling, Mapping):
+        return client
+    ran = {echo: sampling[key] for key, echo in _RAN_WITH if key in sampling}
+    if not ran:
+        return client
+    # Read only: nothing writes to the envelope's client body (a ChainMap would write to `ran`).
+    body = ChainMap(ran, cast("MutableMapping[str, Any]", client.body))
+    return msgspec.structs.replace(client, body=body)
 
 
 def _hooked(whole: _Whole, body: dict[str, Any]) -> bytes:

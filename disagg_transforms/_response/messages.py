@@ -74,7 +74,10 @@ def wrap_anthropic_message(
     turn = read_turn(response, requested)
     if turn.usage is None:
         raise _no_usage()
-    return _message_object(turn, client_body, DEFAULT_OPTIONS if options is None else options)
+    message = _message_object(turn, client_body, DEFAULT_OPTIONS if options is None else options)
+    # vLLM dumps the message without its nulls (`model_dump(exclude_none=True)`): a stop reason
+    # it cannot name, and a stop sequence it does not report, are left out (docs/envelopes.md).
+    return {key: value for key, value in message.items() if value is not None}
 
 
 def _message_object(
@@ -356,7 +359,8 @@ def _block_stop(index: int) -> dict[str, Any]:
 
 
 def _message_end(message: dict[str, Any]) -> list[dict[str, Any]]:
-    delta = {w.STOP_REASON: message[w.STOP_REASON], w.STOP_SEQUENCE: message[w.STOP_SEQUENCE]}
+    # The whole message leaves nulls out; the delta names both, as vLLM's stream does.
+    delta = {key: message.get(key) for key in (w.STOP_REASON, w.STOP_SEQUENCE)}
     return [
         {w.TYPE: w.MESSAGE_DELTA, w.DELTA: delta, w.USAGE: message[w.USAGE]},
         {w.TYPE: w.MESSAGE_STOP},

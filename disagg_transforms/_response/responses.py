@@ -34,23 +34,11 @@ __all__ = (
     "wrap_responses_response",
 )
 
-# Request fields the Response object echoes when the client set them (OpenAI's own response
-# carries the request's settings; the SDK's model declares each of these).
-_ECHOED = (
-    w.BACKGROUND,
-    w.INSTRUCTIONS,
-    w.MAX_OUTPUT_TOKENS,
-    w.MAX_TOOL_CALLS,
-    w.METADATA,
-    w.REASONING,
-    w.SERVICE_TIER,
-    w.TEMPERATURE,
-    w.TEXT,
-    w.TOP_LOGPROBS,
-    w.TOP_P,
-    w.TRUNCATION,
-    w.USER,
-)
+# vLLM's SamplingParams reads a temperature below this as greedy and forces top_p to 1.0.
+_GREEDY: Final = 1e-5
+# Echoed as sent, null when the client left them out (vLLM's request model has no default).
+_ECHOED_AS_SENT = (w.INSTRUCTIONS, w.METADATA)
+_ECHOED_AS_SENT_AFTER_CAP = (w.MAX_TOOL_CALLS, w.PREVIOUS_RESPONSE_ID, w.PROMPT, w.REASONING)
 
 
 def wrap_responses_response(
@@ -108,10 +96,52 @@ def _response_object(
         w.TOOLS: tools if isinstance(tools, list) else [],
         w.USAGE: _usage(turn.usage),
     }
-    for key in _ECHOED:
-        if client.get(key) is not None:
-            result[key] = client[key]
+    result.update(_request_echo(client))
     return result
+
+
+def _request_echo(client: Mapping[str, Any]) -> dict[str, Any]:
+    """The request's settings as vLLM's ``ResponsesResponse.from_request`` writes them: all of them.
+
+    In vLLM's field order, the request model's default standing in for what the client left
+    out. ``temperature``, ``top_p``, ``max_output_tokens`` and ``top_logprobs`` are the sampling
+    values the answer ran with there: the client's (an exchange hands over its leg's own,
+    docs/envelopes.md), else vLLM's defaults (1.0, 1.0, and no cap known: null).
+    """
+    echo = {key: client.get(key) for key in _ECHOED_AS_SENT}
+    temperature = _number(client.get(w.TEMPERATURE), 1.0)
+    echo[w.TEMPERATURE] = temperature
+    echo[w.TOP_P] = 1.0 if temperature < _GREEDY else _number(client.get(w.TOP_P), 1.0)
+    echo[w.BACKGROUND] = _sent_or(client, w.BACKGROUND, default=False)
+    echo[w.MAX_OUTPUT_TOKENS] = client.get(w.MAX_OUTPUT_TOKENS)
+    echo.update((key, client.get(key)) for key in _ECHOED_AS_SENT_AFTER_CAP)
+    echo[w.SERVICE_TIER] = _sent_or(client, w.SERVICE_TIER, default=w.SERVICE_TIER_AUTO)
+    echo[w.TEXT] = client.get(w.TEXT)
+    echo[w.TOP_LOGPROBS] = _logprobs_asked(client)
+    echo[w.TRUNCATION] = _sent_or(client, w.TRUNCATION, default=w.TRUNCATION_DISABLED)
+    echo[w.USER] = client.get(w.USER)
+    # vLLM-only: the prompt and output tokens, for enable_response_messages (refused here).
+    echo[w.INPUT_MESSAGES] = None
+    echo[w.OUTPUT_MESSAGES] = None
+    return echo
+
+
+def _number(value: object, default: float) -> Any:  # noqa: ANN401 - the client's own number
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else default
+
+
+def _sent_or(client: Mapping[str, Any], key: str, *, default: object) -> Any:  # noqa: ANN401 - JSON
+    value = client.get(key)
+    return default if value is None else value
+
+
+def _logprobs_asked(client: Mapping[str, Any]) -> Any:  # noqa: ANN401 - JSON
+    """The ``sampling_params.logprobs`` vLLM runs with: ``top_logprobs`` (0 unset) if asked."""
+    include = client.get(w.INCLUDE)
+    if not isinstance(include, list) or w.INCLUDE_OUTPUT_LOGPROBS not in include:
+        return None
+    top = client.get(w.TOP_LOGPROBS)
+    return 0 if top is None else top
 
 
 def _status(turn: AssistantTurn) -> tuple[str, dict[str, Any] | None]:
@@ -134,10 +164,9 @@ def _output_items(turn: AssistantTurn, status: str, top_logprobs: int | None) ->
             if isinstance(content, list)
             else None
         )
-        items.append(_message_item(turn.base_id, turn.content, status, logprobs))
+        items.append(_message_item(turn.base_id, turn.content, logprobs))
     items.extend(
-        _function_call_item(turn.base_id, index, call, status)
-        for index, call in enumerate(turn.tool_calls)
+        _function_call_item(turn.base_id, index, call) for index, call in enumerate(turn.tool_calls)
     )
     return items
 
@@ -152,29 +181,27 @@ def _reasoning_item(base_id: str, text: str, status: str) -> dict[str, Any]:
     }
 
 
-def _message_item(
-    base_id: str, text: str, status: str, logprobs: list[dict[str, Any]] | None
-) -> dict[str, Any]:
-    part: dict[str, Any] = {w.TYPE: w.OUTPUT_TEXT, w.TEXT: text, w.ANNOTATIONS: []}
-    if logprobs is not None:
-        part[w.LOGPROBS] = logprobs
+def _message_item(base_id: str, text: str, logprobs: list[dict[str, Any]] | None) -> dict[str, Any]:
+    # vLLM's message and function call items are "completed" whatever the response's status,
+    # and an empty text is no part (docs/envelopes.md).
+    part = {w.TYPE: w.OUTPUT_TEXT, w.TEXT: text, w.ANNOTATIONS: [], w.LOGPROBS: logprobs}
     return {
         w.ID: f"msg_{base_id}",
         w.TYPE: w.MESSAGE,
         w.ROLE: w.ASSISTANT,
-        w.STATUS: status,
-        w.CONTENT: [part],
+        w.STATUS: w.STATUS_COMPLETED,
+        w.CONTENT: [part] if text else [],
     }
 
 
-def _function_call_item(base_id: str, index: int, call: ToolCallOut, status: str) -> dict[str, Any]:
+def _function_call_item(base_id: str, index: int, call: ToolCallOut) -> dict[str, Any]:
     return {
         w.ID: f"fc_{base_id}_{index}",
         w.TYPE: w.FUNCTION_CALL,
         w.CALL_ID: call.id,
         w.NAME: call.name,
         w.ARGUMENTS: call.arguments,
-        w.STATUS: status,
+        w.STATUS: w.STATUS_COMPLETED,
     }
 
 
@@ -207,16 +234,22 @@ def _usage(usage: Usage | None) -> dict[str, Any] | None:
     total = usage.total_tokens if isinstance(usage.total_tokens, int) else prompt + completion
     prompt_details = usage.prompt_tokens_details or {}
     completion_details = usage.completion_tokens_details or {}
+    # vLLM's details, its per-turn lists empty for one generation as vLLM's own are; and
+    # cache_write_tokens, which the openai SDK's model requires: vLLM counts no cache writes.
     return {
         w.INPUT_TOKENS: prompt,
-        # vLLM reports cache hits only; it does not count cache writes.
         w.INPUT_TOKENS_DETAILS: {
             w.CACHED_TOKENS: _count(prompt_details.get(w.CACHED_TOKENS)),
+            w.INPUT_TOKENS_PER_TURN: [],
+            w.CACHED_TOKENS_PER_TURN: [],
             w.CACHE_WRITE_TOKENS: 0,
         },
         w.OUTPUT_TOKENS: completion,
         w.OUTPUT_TOKENS_DETAILS: {
-            w.REASONING_TOKENS: _count(completion_details.get(w.REASONING_TOKENS))
+            w.REASONING_TOKENS: _count(completion_details.get(w.REASONING_TOKENS)),
+            w.TOOL_OUTPUT_TOKENS: 0,
+            w.OUTPUT_TOKENS_PER_TURN: [],
+            w.TOOL_OUTPUT_TOKENS_PER_TURN: [],
         },
         w.TOTAL_TOKENS: total,
     }
@@ -345,16 +378,22 @@ class ResponsesStreamConverter(NamedEventConverter):
         )
 
     def _open(self) -> list[dict[str, Any]]:
-        self._item = self._response()[w.OUTPUT][0]  # text mode: always one message item
+        item = self._response()[w.OUTPUT][0]  # text mode: always one message item
+        self._item = item
         # Where every text delta goes, built once (set with the item, read only after it).
-        self._place = _at(self._item[w.ID], 0, 0)
-        return _opening_events(self._item, 0)
+        self._place = _at(item[w.ID], 0, 0)
+        part: dict[str, Any] = {
+            w.TYPE: w.OUTPUT_TEXT,
+            w.TEXT: "",
+            w.ANNOTATIONS: [],
+            w.LOGPROBS: None,
+        }
+        return _opening_events({**item, w.CONTENT: [part]}, 0)
 
     def _start(self) -> list[dict[str, Any]]:
         return _preamble(self._response())
 
     def _delta(self, text: str, logprobs: list[Any] | None, position: int) -> list[dict[str, Any]]:
-        events = [] if self._item is not None else self._open()
         entries = (
             None
             if logprobs is None
@@ -364,15 +403,17 @@ class ResponsesStreamConverter(NamedEventConverter):
                 f"{choice_path(position)}.logprobs.content",
             )
         )
-        if text or entries:
-            events.append(_text_delta(self._place, w.OUTPUT_TEXT, text, entries))
+        if not (text or entries):
+            return []
+        # The item opens at the first text, as vLLM opens it (docs/envelopes.md).
+        events = [] if self._item is not None else self._open()
+        events.append(_text_delta(self._place, w.OUTPUT_TEXT, text, entries))
         return events
 
     def _end(self) -> list[dict[str, Any]]:
-        # An empty answer still has its message item, as the wrap gives.
-        events = [] if self._item is not None else self._open()
         final = self._response()
-        events.extend(_closing_events(final[w.OUTPUT][0], 0))
+        # An answer with no text has its (empty) message item in the final response alone.
+        events = [] if self._item is None else _closing_events(final[w.OUTPUT][0], 0)
         events.append(_terminal_event(final))
         return events
 

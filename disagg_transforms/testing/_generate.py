@@ -493,6 +493,10 @@ class _Choice:
     index: int
     tokens: list[int]
     finish_reason: str
+    stop_reason: str | None = None
+    """The stop string that ended the answer."""
+    text_end: int | None = None
+    """Where the stop string cuts the whole text (``None``: not cut)."""
 
     def visible(self) -> list[int]:
         # The EOS that stopped generation is never detokenized.
@@ -501,9 +505,64 @@ class _Choice:
         return self.tokens
 
 
+def _stop_strings(sampling: Mapping[str, Any]) -> list[str]:
+    stop = sampling.get("stop")
+    stops = [stop] if isinstance(stop, str) else stop if isinstance(stop, list) else []
+    return [item for item in stops if isinstance(item, str) and item]
+
+
+def _held_back(sampling: Mapping[str, Any]) -> int:
+    """Characters a stream holds back while they could begin a stop string.
+
+    vLLM's ``output_text_buffer_length``: the longest stop string's length less one.
+    """
+    stops = _stop_strings(sampling)
+    if not stops or sampling.get("include_stop_str_in_output") is True:
+        return 0
+    return max(len(stop) for stop in stops) - 1
+
+
+def _stopped(
+    script: list[int], count: int, sampling: Mapping[str, Any], mode: str
+) -> _Choice | None:
+    """The answer a stop string ends within its first ``count`` tokens, else ``None``.
+
+    As vLLM's detokenizer: after each token the new text is searched for each stop string in
+    turn (the first found wins); the match ends generation with that token counted, and the text
+    is cut before the string (after it with ``include_stop_str_in_output``). Text and tokens
+    modes (derender parses the whole answer; stop strings are not played there).
+    """
+    stops = _stop_strings(sampling)
+    if not stops or mode == "derender":
+        return None
+    skip = sampling.get("skip_special_tokens", True)
+    include = sampling.get("include_stop_str_in_output") is True
+    text = ""
+    for length in range(1, count + 1):
+        if script[length - 1] == tok.IM_END:
+            return None  # the end of turn stops first
+        before, text = len(text), tok.decode(script[:length], skip_special_tokens=skip)
+        for stop in stops:
+            found = text.find(stop, max(before - len(stop) + 1, 0))
+            if found != -1:
+                end = found + len(stop) if include else found
+                return _Choice(0, script[:length], "stop", stop, end)
+    return None
+
+
 def _text(choice: _Choice, count: int, sampling: Mapping[str, Any]) -> str:
     visible = choice.visible()[:count]
-    return tok.decode(visible, skip_special_tokens=sampling.get("skip_special_tokens", True))
+    text = tok.decode(visible, skip_special_tokens=sampling.get("skip_special_tokens", True))
+    if choice.text_end is None or count < len(choice.tokens):
+        return text
+    return text[: choice.text_end]  # cut once the stop string is found, on the whole text
+
+
+def _shown(choice: _Choice, count: int, sampling: Mapping[str, Any]) -> str:
+    """The text a stream has sent once ``count`` tokens are out: all of it at the end."""
+    text = _text(choice, count, sampling)
+    held = 0 if count == len(choice.tokens) else _held_back(sampling)
+    return text[: len(text) - held] if held else text
 
 
 def _message(
@@ -731,7 +790,8 @@ def generate(  # noqa: PLR0913 - the body, then what the worker knows, by keywor
     script = _script(body, settings, mode)
     count = min(cap, len(script))
     finish = "stop" if count == len(script) else "length"
-    choices = [_Choice(index, script[:count], finish) for index in range(sampling.get("n", 1))]
+    ended = _stopped(script, count, sampling, mode) or _Choice(0, script[:count], finish)
+    choices = [dataclasses.replace(ended, index=index) for index in range(sampling.get("n", 1))]
     details = _prompt_details(body, cached_tokens) if settings.prompt_tokens_details else None
     if body.get("stream") is True:
         events = _stream(body, choices, request_id, mode, legacy=legacy, details=details)
@@ -772,7 +832,7 @@ def _answer_choice(
     answer: dict[str, Any] = {
         "index": choice.index,
         "finish_reason": finish,
-        "stop_reason": None,
+        "stop_reason": choice.stop_reason,
         "token_ids": list(choice.tokens),
         "routed_experts": None,
         "sampling_mask": None,
@@ -824,15 +884,15 @@ def _stream(  # noqa: PLR0913 - the answer's parts, by keyword
             delta: dict[str, Any] = {
                 "index": choice.index,
                 "finish_reason": choice.finish_reason if last else None,
-                "stop_reason": None,
+                "stop_reason": choice.stop_reason if last else None,
                 "token_ids": [token],
                 "routed_experts": None,
                 "sampling_mask": None,
                 "weight_versions": None,
             }
             if mode == "text":
-                before = _text(choice, step, sampling)
-                delta["text"] = _text(choice, step + 1, sampling)[len(before) :]
+                before = _shown(choice, step, sampling)
+                delta["text"] = _shown(choice, step + 1, sampling)[len(before) :]
             delta["logprobs"] = _logprobs([token], sampling, mode)
             usage = None
             if continuous:

@@ -4,7 +4,8 @@ A leg sent in OpenAI format (``use_openai_format: true``), and a completions cli
 pipeline, speak these routes. The request is rendered as ``/render`` would, generated as a
 text-mode generate call would, and answered in the coupled envelope (the shapes of
 ``chat-completion-coupled.json`` and ``chat-completion-chunk-coupled.json``). No reasoning or
-tool parser runs here, and completions answers carry no logprobs. :func:`text_turn` is the
+tool parser runs here; chat's logprobs are cut to the request's ``top_logprobs`` as vLLM's chat
+serving cuts them, and completions answers carry no logprobs. :func:`text_turn` is the
 same text-mode generation for the coupled Responses and Messages routes.
 """
 
@@ -131,6 +132,8 @@ def chat(
     request = _render.render_chat(body, header_id, settings)
     whole, chunks = _generated(request, settings, header_id, sequence)
     head = _head(request["request_id"], "chat.completion", request["model"], settings)
+    wanted = body.get("top_logprobs") if isinstance(body, dict) else None
+    top = wanted if isinstance(wanted, int) else 0  # the chat request model's default
     if whole is not None:
         return {
             **head,
@@ -146,9 +149,9 @@ def chat(
                         "function_call": None,
                         "reasoning": None,
                     },
-                    "logprobs": choice["logprobs"],
+                    "logprobs": _chat_logprobs(choice["logprobs"], top),
                     "finish_reason": choice["finish_reason"],
-                    "stop_reason": None,
+                    "stop_reason": choice["stop_reason"],
                     "token_ids": None,
                     "routed_experts": None,
                     "weight_versions": None,
@@ -179,13 +182,31 @@ def chat(
                 {
                     "index": choice["index"],
                     "delta": delta,
-                    "logprobs": choice["logprobs"],
+                    "logprobs": _chat_logprobs(choice["logprobs"], top),
                     "finish_reason": choice["finish_reason"],
-                    "stop_reason": None,
+                    "stop_reason": choice["stop_reason"],
                 }
             )
         out.append(_stream_chunk(head, choices, chunk))
     return out
+
+
+def _chat_logprobs(logprobs: Any, top: int) -> Any:  # noqa: ANN401 - JSON
+    """The engine's logprobs as chat serves them: each top list cut to the request's count.
+
+    vLLM's ``_get_top_logprobs`` keeps ``top_logprobs`` alternatives (0 when unset, every one
+    for -1); the engine's list also holds the sampled token, which ``logprobs: true`` alone
+    does not show.
+    """
+    if not isinstance(logprobs, dict) or not isinstance(logprobs.get("content"), list):
+        return logprobs
+    return {
+        **logprobs,
+        "content": [
+            {**entry, "top_logprobs": entry["top_logprobs"][: None if top == -1 else top]}
+            for entry in logprobs["content"]
+        ],
+    }
 
 
 def _stream_chunk(
@@ -222,7 +243,7 @@ def completions(
                     "text": choice["text"],
                     "logprobs": None,
                     "finish_reason": choice["finish_reason"],
-                    "stop_reason": None,
+                    "stop_reason": choice["stop_reason"],
                 }
                 for choice in chunk["choices"]
             ]
@@ -238,7 +259,7 @@ def completions(
                 "text": choice["text"],
                 "logprobs": None,
                 "finish_reason": choice["finish_reason"],
-                "stop_reason": None,
+                "stop_reason": choice["stop_reason"],
                 "token_ids": None,
                 "prompt_logprobs": None,
                 "prompt_token_ids": None,
