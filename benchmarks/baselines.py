@@ -12,6 +12,8 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from functools import partial
 from typing import Annotated, Any
 
 import msgspec
@@ -151,12 +153,16 @@ class _PydanticResponse(pydantic.BaseModel):
     choices: list[_PydanticChoice]
 
 
-def wrap_pydantic(raw: bytes, mode: str, top: int) -> bytes:
-    response = _PydanticResponse.model_validate_json(raw)
+def _chat_completion(
+    response: Any,  # noqa: ANN401 - a typed view: pydantic's or msgspec's
+    mode: str,
+    logprobs: Callable[[Any], Any],
+) -> dict[str, Any]:
+    """The ``chat.completion`` of a typed view of the generate response, echo checked."""
     if response.output_mode != mode:
         msg = "output_mode echo"
         raise ValueError(msg)
-    wrapped = {
+    return {
         "id": response.request_id.removeprefix("generate-tokens-"),
         "object": "chat.completion",
         "created": response.created,
@@ -168,13 +174,23 @@ def wrap_pydantic(raw: bytes, mode: str, top: int) -> bytes:
                 "message": c.message
                 if mode == "derender"
                 else {"role": "assistant", "content": c.text},
-                "logprobs": c.logprobs if mode == "derender" else _cut(c.logprobs, top),
+                "logprobs": logprobs(c.logprobs),
                 "finish_reason": c.finish_reason,
                 "stop_reason": c.stop_reason,
             }
             for c in response.choices
         ],
     }
+
+
+def _as_sent(logprobs: Any) -> Any:  # noqa: ANN401 - JSON
+    return logprobs
+
+
+def wrap_pydantic(raw: bytes, mode: str, top: int) -> bytes:
+    response = _PydanticResponse.model_validate_json(raw)
+    cut = _as_sent if mode == "derender" else partial(_cut, top=top)
+    wrapped = _chat_completion(response, mode, cut)
     return pydantic.TypeAdapter(dict[str, Any]).dump_json(wrapped)
 
 
@@ -242,7 +258,6 @@ _MSGSPEC_DECODERS = {
         )
     ),
 }
-_ASSISTANT = msgspec.Raw(b'"assistant"')
 
 
 def wrap_msgspec(raw: bytes, mode: str, top: int) -> bytes:
@@ -253,29 +268,7 @@ def wrap_msgspec(raw: bytes, mode: str, top: int) -> bytes:
         msg = f"the msgspec baseline cuts to {_MSGSPEC_CUT_CLIENT_TOP} alternatives"
         raise ValueError(msg)
     response = _MSGSPEC_DECODERS[mode].decode(raw)
-    if response.output_mode != mode:
-        msg = "output_mode echo"
-        raise ValueError(msg)
-    wrapped = {
-        "id": response.request_id.removeprefix("generate-tokens-"),
-        "object": "chat.completion",
-        "created": response.created,
-        "model": response.model,
-        "usage": response.usage,
-        "choices": [
-            {
-                "index": c.index,
-                "message": c.message
-                if mode == "derender"
-                else {"role": _ASSISTANT, "content": c.text},
-                "logprobs": c.logprobs,
-                "finish_reason": c.finish_reason,
-                "stop_reason": c.stop_reason,
-            }
-            for c in response.choices
-        ],
-    }
-    return msgspec.json.encode(wrapped)
+    return msgspec.json.encode(_chat_completion(response, mode, _as_sent))
 
 
 # --- convert a generate SSE stream into chat.completion.chunk events, chunk by chunk ----------
