@@ -11,9 +11,8 @@ from __future__ import annotations
 import enum
 import re
 import time
-from collections import ChainMap
-from collections.abc import Callable, Mapping, MutableMapping
-from typing import Any, Final, NamedTuple, Protocol, TypeAlias, cast
+from collections.abc import Callable, Mapping
+from typing import Any, Final, NamedTuple, Protocol, TypeAlias
 
 import msgspec
 from msgspec import UNSET
@@ -174,9 +173,7 @@ def envelope_client(client: ClientRequest, leg: DecodeLeg) -> ClientRequest:
     ran = {echo: sampling[key] for key, echo in _RAN_WITH if key in sampling}
     if not ran:
         return client
-    # Read only: nothing writes to the envelope's client body (a ChainMap would write to `ran`).
-    body = ChainMap(ran, cast("MutableMapping[str, Any]", client.body))
-    return msgspec.structs.replace(client, body=body)
+    return msgspec.structs.replace(client, body={**client.body, **ran})
 
 
 def _hooked(whole: _Whole, body: dict[str, Any]) -> bytes:
