@@ -181,16 +181,19 @@ def _reasoning_item(base_id: str, text: str, status: str) -> dict[str, Any]:
     }
 
 
+def _text_part(text: str, logprobs: list[dict[str, Any]] | None) -> dict[str, Any]:
+    return {w.TYPE: w.OUTPUT_TEXT, w.TEXT: text, w.ANNOTATIONS: [], w.LOGPROBS: logprobs}
+
+
 def _message_item(base_id: str, text: str, logprobs: list[dict[str, Any]] | None) -> dict[str, Any]:
     # vLLM's message and function call items are "completed" whatever the response's status,
     # and an empty text is no part (docs/envelopes.md).
-    part = {w.TYPE: w.OUTPUT_TEXT, w.TEXT: text, w.ANNOTATIONS: [], w.LOGPROBS: logprobs}
     return {
         w.ID: f"msg_{base_id}",
         w.TYPE: w.MESSAGE,
         w.ROLE: w.ASSISTANT,
         w.STATUS: w.STATUS_COMPLETED,
-        w.CONTENT: [part] if text else [],
+        w.CONTENT: [_text_part(text, logprobs)] if text else [],
     }
 
 
@@ -382,13 +385,7 @@ class ResponsesStreamConverter(NamedEventConverter):
         self._item = item
         # Where every text delta goes, built once (set with the item, read only after it).
         self._place = _at(item[w.ID], 0, 0)
-        part: dict[str, Any] = {
-            w.TYPE: w.OUTPUT_TEXT,
-            w.TEXT: "",
-            w.ANNOTATIONS: [],
-            w.LOGPROBS: None,
-        }
-        return _opening_events({**item, w.CONTENT: [part]}, 0)
+        return _opening_events({**item, w.CONTENT: [_text_part("", None)]}, 0)
 
     def _start(self) -> list[dict[str, Any]]:
         return _preamble(self._response())

@@ -52,11 +52,10 @@ def messages(
     request = _render.render_messages(body, header_id, settings)
     turn = _openai.text_turn(request, body, settings, (header_id, sequence))
     usage = {"input_tokens": turn.prompt_tokens, "output_tokens": turn.completion_tokens}
+    head = {"id": request["request_id"], "type": "message", "role": "assistant"}
     if request["stream"] is not True:
         message: dict[str, Any] = {
-            "id": request["request_id"],
-            "type": "message",
-            "role": "assistant",
+            **head,
             "content": [{"type": "text", "text": turn.text}] if turn.text else [],
             "model": request["model"],
         }
@@ -70,9 +69,7 @@ def messages(
     # Each event is dumped with exclude_unset: only the fields vLLM sets (type, role and
     # stop_sequence set explicitly since vLLM PRs #45376 and #55325).
     start = {
-        "id": request["request_id"],
-        "type": "message",
-        "role": "assistant",
+        **head,
         "content": [],
         "model": request["model"],
         "stop_reason": None,
