@@ -36,6 +36,7 @@ SCRIPT: Final = pathlib.Path(__file__).parent.parent / "scripts" / "real_vllm" /
 URL_ENV: Final = "DISAGG_REAL_VLLM_URL"
 PD_ENV: Final = "DISAGG_REAL_VLLM_PD_URLS"
 START_ENV: Final = "DISAGG_REAL_VLLM"
+CONNECTOR_ENV: Final = "DISAGG_REAL_VLLM_CONNECTOR"
 PORTS: Final = {"single": ("18861",), "pd": ("18871", "18872")}
 HEADERS: Final = {"x-request-id": "real-1", "content-type": "application/json"}
 
@@ -70,25 +71,33 @@ def real_workers() -> Iterator[Workers]:
         prefill, decode = os.environ[PD_ENV].split(",")
         yield Workers("real", os.environ[URL_ENV], prefill, decode)
         return
-
-    def script(*args: str) -> None:
-        subprocess.run([str(SCRIPT), *args], check=True, timeout=900)  # noqa: S603 - our script
-
+    pair = "nixl" if nixl() else "pd"
+    sets = {"single": PORTS["single"], pair: PORTS["pd"]}
     try:
-        script("start", "single", *PORTS["single"])
-        script("start", "pd", *PORTS["pd"])
+        # Both sets at once: their start-ups overlap (docs/testing.md has the times).
+        starting = [
+            subprocess.Popen([str(SCRIPT), "start", name, *ports])  # noqa: S603 - our script
+            for name, ports in sets.items()
+        ]
+        assert all(process.wait(timeout=900) == 0 for process in starting), "a worker set failed"
         single, (prefill, decode) = PORTS["single"][0], PORTS["pd"]
         yield Workers("real", *(f"http://127.0.0.1:{port}" for port in (single, prefill, decode)))
     finally:
-        script("stop", "pd")
-        script("stop", "single")
+        for name in sets:
+            subprocess.run([str(SCRIPT), "stop", name], check=True, timeout=120)  # noqa: S603
+
+
+def nixl() -> bool:
+    """Whether the P/D pair hands the KV over NIXL (else vLLM's ExampleConnector)."""
+    return os.environ.get(CONNECTOR_ENV) == "nixl"
 
 
 def simulated_settings() -> WorkerSettings:
-    """The simulated worker as the real one is started: its name, context, prompt details."""
-    return WorkerSettings(
-        served_model_names=(MODEL,), max_model_len=1024, prompt_tokens_details=True
-    )
+    """The simulated worker as the real one is started: its name and prompt details.
+
+    Its context stays 4,096: its toy tokenizer makes a token of each byte.
+    """
+    return WorkerSettings(served_model_names=(MODEL,), prompt_tokens_details=True)
 
 
 @contextlib.contextmanager
@@ -110,7 +119,7 @@ def _address(url: str) -> str:
 
 
 def coordinator_document(workers: Workers, *, use_openai_format: bool) -> dict[str, Any]:
-    """llm-d's coordinator document for P/D over kv-shared-storage (vLLM's ExampleConnector).
+    """llm-d's coordinator document for P/D: kv-shared-storage (vLLM's ExampleConnector) or kv-nixl.
 
     On the generate route render runs on the decode worker and the decode step is the default
     pipeline's; on the client's own route there is nothing to render (docs/llm-d.md).
@@ -122,7 +131,7 @@ def coordinator_document(workers: Workers, *, use_openai_format: bool) -> dict[s
     return {
         "pipeline": {
             "use_openai_format": use_openai_format,
-            "kv_connector": "kv-shared-storage",
+            "kv_connector": "kv-nixl" if nixl() else "kv-shared-storage",
             "steps": steps,
         }
     }
@@ -181,7 +190,8 @@ def exchange_router(setup: str, workers: Workers) -> SimulatedRouter:
         use_openai_format=False,
     )
     urls = {"render": workers.decode, "prefill": workers.prefill, "decode": workers.decode}
-    settings = ExchangeSettings(kv_connector=KvConnector.SHARED_STORAGE)
+    connector = KvConnector.NIXL if nixl() else KvConnector.SHARED_STORAGE
+    settings = ExchangeSettings(kv_connector=connector)
     return SimulatedRouter(config, urls=urls, settings=settings)
 
 
