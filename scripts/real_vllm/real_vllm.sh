@@ -68,7 +68,8 @@ launch() {
   if curl -s -o /dev/null "http://127.0.0.1:$port/health"; then
     die "port $port already answers: stop what serves there first"
   fi
-  VLLM_CPU_KVCACHE_SPACE=1 VLLM_CPU_OMP_THREADS_BIND=nobind OMP_NUM_THREADS=1 \
+  # VLLM_SERVER_DEV_MODE: POST /reset_prefix_cache, so a test can compare two cold answers.
+  VLLM_CPU_KVCACHE_SPACE=1 VLLM_CPU_OMP_THREADS_BIND=nobind OMP_NUM_THREADS=1 VLLM_SERVER_DEV_MODE=1 \
     setsid "$PY" -m vllm.entrypoints.openai.api_server \
     --model "$MODEL" --served-model-name tiny --host 127.0.0.1 --port "$port" \
     --max-model-len 1024 --enforce-eager --dtype float32 --enable-scale-out --block-size 32 \
