@@ -575,11 +575,11 @@ def _compare(
     known = _known(case.name, setup, workers.kind)
     if known:
         request.applymarker(pytest.mark.xfail(strict=True, reason=known))
-    difference = same(workers, front, case, attempts=1 if known else 3)
+    difference = same(workers, front, case, attempts=1 if known else 5)
     assert difference is None, difference
 
 
-def same(workers: Workers, front: Front, case: Case, attempts: int = 3) -> str | None:
+def same(workers: Workers, front: Front, case: Case, attempts: int = 5) -> str | None:
     """``None`` when both answers are the same after the rules, else the first difference.
 
     RETRY: a difference is looked at ``attempts - 1`` more times before it counts. Under load
