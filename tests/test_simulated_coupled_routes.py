@@ -20,6 +20,7 @@ from anthropic.types import Message, MessageParam, TextBlock
 from openai.types.responses import (
     Response,
     ResponseCreatedEvent,
+    ResponseIncompleteEvent,
     ResponseOutputMessage,
     ResponseOutputText,
     ResponseStreamEvent,
@@ -134,17 +135,21 @@ def test_responses_create_answers_the_chat_routes_text_and_counts(worker: Simula
     assert usage.total_tokens == 28
     assert usage.input_tokens_details.cached_tokens == 0
     assert usage.output_tokens_details.reasoning_tokens == 0
-    # vLLM's own defaults and echoes of the request's settings.
-    assert (response.tool_choice, response.tools) == ("auto", [])
+    # vLLM's own defaults and echoes of the request's settings ("none" without tools: vLLM's
+    # check_tool_usage).
+    assert (response.tool_choice, response.tools) == ("none", [])
     assert response.parallel_tool_calls is True
     assert (response.temperature, response.top_p, response.max_output_tokens) == (1.0, 1.0, 4075)
     raw = _post(worker, "/v1/responses", {"model": "m", "input": PROMPT}).json()
     assert raw["kv_transfer_params"] is None
     assert raw["usage"]["input_tokens_details"] == {
         "cached_tokens": 0,
+        "cache_write_tokens": 0,
         "input_tokens_per_turn": [],
         "cached_tokens_per_turn": [],
     }
+    assert (raw["presence_penalty"], raw["frequency_penalty"]) == (0.0, 0.0)
+    assert raw["output"][0]["phase"] is None
 
 
 def test_responses_stream_events_in_vllms_order(worker: SimulatedWorker) -> None:
@@ -191,10 +196,18 @@ def test_responses_cap_is_max_output_tokens(worker: SimulatedWorker) -> None:
         client = _openai(http)
         whole = await client.responses.create(model="m", input=PROMPT, max_output_tokens=3)
         async with client.responses.stream(model="m", input=PROMPT, max_output_tokens=3) as events:
-            return whole, await events.get_final_response()
+            seen = [event async for event in events]
+            # vLLM 0.33 ends the stream with response.incomplete, from which the SDK's helper
+            # makes no final response.
+            with pytest.raises(RuntimeError, match="response.completed"):
+                await events.get_final_response()
+        terminal = seen[-1]
+        assert isinstance(terminal, ResponseIncompleteEvent)
+        return whole, terminal.response
 
     whole, streamed = _run(worker, capped)
     for response in (whole, streamed):
+        assert response.output[0].status == "incomplete"
         assert response.output_text == chat["choices"][0]["message"]["content"] == "Hel"
         assert response.status == "incomplete"
         assert response.incomplete_details is not None
