@@ -18,7 +18,12 @@ from helpers import text_stream_converter
 from hypothesis import given
 from hypothesis import strategies as st
 from openai.lib.streaming.responses import ResponseStreamState
-from openai.types.responses import Response, ResponseStreamEvent
+from openai.types.responses import (
+    Response,
+    ResponseCompletedEvent,
+    ResponseIncompleteEvent,
+    ResponseStreamEvent,
+)
 from pydantic import TypeAdapter
 from strategies import generate_envelope_responses, single_choice_text_streams
 
@@ -91,6 +96,7 @@ def accumulate_responses(events: list[dict[str, Any]]) -> Any:
         handled.extend(state.handle_event(RESPONSE_EVENT.validate_python(event)))
     terminal = handled[-1]
     # vLLM 0.33 ends an incomplete response's stream with response.incomplete.
+    assert isinstance(terminal, (ResponseCompletedEvent, ResponseIncompleteEvent))
     incomplete = terminal.response.status == "incomplete"
     assert terminal.type == ("response.incomplete" if incomplete else "response.completed")
     return terminal.response

@@ -173,7 +173,7 @@ def test_a_responses_stream_cut_by_its_cap_ends_as_vllm_ends_it() -> None:
     router = SimulatedRouter(_config())
     with _openai(router).responses.stream(model="m", input="Hi", max_output_tokens=3) as stream:
         events = list(stream)
-        with pytest.raises(RuntimeError, match="response.completed"):
+        with pytest.raises(RuntimeError, match=r"response\.completed"):
             stream.get_final_response()
     assert "response.completed" not in [event.type for event in events]
     terminal = events[-1]

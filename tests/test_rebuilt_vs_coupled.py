@@ -10,11 +10,12 @@ the raw SSE events (types in order, every key and value) and what each official 
 accumulator yields are compared.
 
 Only what must differ is normalised, each by a named rule below that says where it is
-documented; JSON objects are compared as objects (key order carries no meaning in JSON, and
-vLLM's Responses events list their keys alphabetically, as the openai SDK's models declare
-them). Both render the same prompt (``test_both_render_the_same_prompt``), so no token count is
-normalised. The SDK objects are compared as a client reads them, an absent field and a null one
-alike. Logprobs are compared on chat alone: the simulated coupled completions and Responses
+documented; JSON objects are compared as objects, and a whole chat or Responses answer's keys
+in order too, as vLLM dumps its models (``_same_layout``; the library's Responses events keep
+their own key order, where vLLM's list theirs alphabetically as the openai SDK's models
+declare them). Both render the same prompt (``test_both_render_the_same_prompt``), so no token
+count is normalised. The SDK objects are compared as a client reads them, an absent field and a
+null one alike. Logprobs are compared on chat alone: the simulated coupled completions and Responses
 routes write none (docs/testing.md).
 """
 
@@ -157,39 +158,6 @@ def created(value: Any) -> Any:
     return value
 
 
-# The chat wrap is built from an allow-list (SPEC §5.2; docs/responses.md, "Allow-list"): the
-# null fields coupled chat writes beside it are left out. A non-null value would stay and fail.
-CHAT_TOP_NULLS: Final = (
-    "service_tier",
-    "system_fingerprint",
-    "prompt_logprobs",
-    "prompt_token_ids",
-    "prompt_text",
-    "kv_transfer_params",
-    "ec_transfer_params",
-    "metrics",
-)
-CHAT_CHOICE_NULLS: Final = ("token_ids", "routed_experts", "weight_versions")
-CHAT_MESSAGE_NULLS: Final = ("refusal", "annotations", "audio", "function_call", "reasoning")
-
-
-def _without_nulls(value: Mapping[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
-    return {k: v for k, v in value.items() if not (k in keys and v is None)}
-
-
-def chat_allow_list(completion: Mapping[str, Any]) -> dict[str, Any]:
-    """CHAT ALLOW-LIST: coupled chat's null fields outside the wrap's allow-list, left out."""
-    out = _without_nulls(completion, CHAT_TOP_NULLS)
-    out["choices"] = [
-        {
-            **_without_nulls(choice, CHAT_CHOICE_NULLS),
-            "message": _without_nulls(choice["message"], CHAT_MESSAGE_NULLS),
-        }
-        for choice in completion["choices"]
-    ]
-    return out
-
-
 def transfer_params(answer: Mapping[str, Any]) -> dict[str, Any]:
     """TRANSFER PARAMS: no client of the exchange sees ``kv_transfer_params``, null or not.
 
@@ -237,6 +205,17 @@ def stop_sequence(message: Mapping[str, Any]) -> dict[str, Any]:
 def _same(rebuilt: Any, coupled: Any) -> None:
     """The two JSON values are equal; on failure the diff names the first differing path."""
     assert rebuilt == coupled, _first_difference(rebuilt, coupled, "$")
+
+
+def _same_layout(rebuilt: Any, coupled: Any, path: str = "$") -> None:
+    """Every object's keys in the same order: vLLM dumps its models in field order."""
+    if isinstance(rebuilt, dict) and isinstance(coupled, dict):
+        assert list(rebuilt) == list(coupled), path
+        for key, value in rebuilt.items():
+            _same_layout(value, coupled[key], f"{path}.{key}")
+    elif isinstance(rebuilt, list) and isinstance(coupled, list):
+        for index, (x, y) in enumerate(zip(rebuilt, coupled, strict=True)):
+            _same_layout(x, y, f"{path}[{index}]")
 
 
 def _first_difference(a: Any, b: Any, path: str) -> str:
@@ -369,7 +348,9 @@ def test_chat(body: dict[str, Any], stream: bool) -> None:
         body = {**body, "stream_options": {"include_usage": True}}
     rebuilt, coupled = _both(CHAT, body, stream)
     if not stream:
-        _same(rebuilt, chat_allow_list(coupled))
+        coupled = transfer_params(coupled)
+        _same(rebuilt, coupled)
+        _same_layout(rebuilt, coupled)
         return
     assert _types(rebuilt) == _types(coupled)
     _same(created(rebuilt), created(coupled))
@@ -392,6 +373,7 @@ def test_responses(body: dict[str, Any], stream: bool) -> None:
     coupled = response_objects(coupled, transfer_params)
     if not stream:
         _same(ids(rebuilt), ids(coupled))
+        _same_layout(rebuilt, coupled)
         return
     assert _types(rebuilt) == _types(coupled)
     _same(created(ids(rebuilt)), created(ids(coupled)))
@@ -421,9 +403,9 @@ def test_an_empty_answer(path: str, body: dict[str, Any], stream: bool) -> None:
     # no item events), its Anthropic message no text block, its chat content "".
     rebuilt, coupled = _both(path, body, stream, answer="")
     if path == CHAT and not stream:
-        coupled = chat_allow_list(coupled)
+        coupled = transfer_params(coupled)
     if path == RESPONSES:
-            coupled = response_objects(coupled, transfer_params)
+        coupled = response_objects(coupled, transfer_params)
     if stream:
         assert _types(rebuilt) == _types(coupled)
     _same(created(ids(rebuilt)), created(ids(coupled)))
@@ -539,7 +521,7 @@ def test_responses_sdk_objects(case: Case) -> None:
     with _rebuilt_openai().responses.stream(
         **body, extra_body=extra, extra_headers=HEADERS
     ) as stream:
-        final = [event for event in stream][-1].response  # type: ignore[union-attr]
+        final = list(stream)[-1].response  # type: ignore[union-attr]
 
     async def coupled(client: openai.AsyncOpenAI, _: anthropic.AsyncAnthropic) -> tuple[Any, Any]:
         whole = await client.responses.create(**body, extra_body=extra, extra_headers=HEADERS)

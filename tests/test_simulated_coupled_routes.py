@@ -199,7 +199,7 @@ def test_responses_cap_is_max_output_tokens(worker: SimulatedWorker) -> None:
             seen = [event async for event in events]
             # vLLM 0.33 ends the stream with response.incomplete, from which the SDK's helper
             # makes no final response.
-            with pytest.raises(RuntimeError, match="response.completed"):
+            with pytest.raises(RuntimeError, match=r"response\.completed"):
                 await events.get_final_response()
         terminal = seen[-1]
         assert isinstance(terminal, ResponseIncompleteEvent)
@@ -207,6 +207,7 @@ def test_responses_cap_is_max_output_tokens(worker: SimulatedWorker) -> None:
 
     whole, streamed = _run(worker, capped)
     for response in (whole, streamed):
+        assert isinstance(response.output[0], ResponseOutputMessage)
         assert response.output[0].status == "incomplete"
         assert response.output_text == chat["choices"][0]["message"]["content"] == "Hel"
         assert response.status == "incomplete"

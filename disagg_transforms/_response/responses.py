@@ -174,12 +174,12 @@ def _status(turn: AssistantTurn) -> tuple[str, dict[str, Any] | None]:
 
 
 def _item_status(turn: AssistantTurn) -> str:
-    """vLLM's ``response_item_status``: the status of the item a finish reason ended."""
+    """The status of the item a finish reason ended: vLLM's ``response_item_status``."""
     return w.STATUS_INCOMPLETE if turn.finish_reason == w.FINISH_LENGTH else w.STATUS_COMPLETED
 
 
 def _output_items(turn: AssistantTurn, top_logprobs: int | None) -> list[Any]:
-    """vLLM's ``build_response_output_items``: only the last item can have been cut short."""
+    """The items as vLLM's ``build_response_output_items``: only the last one can be cut short."""
     items: list[Any] = []
     last = _item_status(turn)
     if turn.reasoning:
@@ -378,9 +378,9 @@ class ResponsesStreamConverter(NamedEventConverter):
     ``.done`` events and ``response.completed`` (``response.incomplete`` when the cap cut it,
     as vLLM 0.33) carrying the whole response as :func:`wrap_responses_response` builds it
     from the same turn (its ``usage`` from the leg's usage chunk; ``null`` without one; no
-    output item when no text came, as vLLM's final response holds the items its stream sent). Ids come from the worker's
-    ``request_id`` by the wrap's rules. ``sequence_number`` counts from 0. No ``[DONE]`` is
-    sent.
+    output item when no text came, as vLLM's final response holds the items its stream sent).
+    Ids come from the worker's ``request_id`` by the wrap's rules. ``sequence_number`` counts
+    from 0. No ``[DONE]`` is sent.
 
     An in-stream ``{"error": ...}`` becomes an ``error`` event (``code``: vLLM's error
     ``type``; ``message``; ``param``) and ends the client's stream; :meth:`error_event` gives

@@ -78,7 +78,7 @@ def _item(item_id: str, content: list[dict[str, Any]], status: str) -> dict[str,
 
 
 def _item_status(turn: _openai.TextTurn) -> str:
-    """vLLM 0.33's ``response_item_status``: the cap cut the item too (0.32: "completed")."""
+    """The item's status as vLLM 0.33's ``response_item_status``: the cap cut it too."""
     return "incomplete" if turn.finish_reason == "length" else "completed"
 
 
@@ -89,7 +89,7 @@ def _tool_choice(body: Mapping[str, Any]) -> object:
 
 
 def _prompt_cache_options(body: Mapping[str, Any]) -> object:
-    """vLLM's ``PromptCacheOptions``: the request's less ``prewarm``, defaults filled in."""
+    """The echoed ``PromptCacheOptions``: the request's less ``prewarm``, defaults filled in."""
     sent = body.get("prompt_cache_options")
     if not isinstance(sent, dict):
         return None
