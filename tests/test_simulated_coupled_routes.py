@@ -409,3 +409,33 @@ def test_stream_error_ends_the_stream_with_the_routes_error_event(
     whole = _post(worker, path, BODIES[path], fault)
     assert whole.status_code == 500
     assert "Internal server error" in whole.text
+
+
+# ---------------------------------------------------------------- the cache's counts
+
+
+def test_the_cache_counts_each_route_writes_with_prompt_token_details() -> None:
+    # vLLM 0.33 with --enable-prompt-tokens-details, a prefill call: the generate route leaves
+    # created_cache_tokens null, chat writes an integer (the simulated engine writes no prefix
+    # cache: 0), Messages subtracts both from input_tokens, Responses counts cache_write_tokens.
+    worker = SimulatedWorker(WorkerSettings(created=CREATED, prompt_tokens_details=True))
+    prefill = {"kv_transfer_params": {"do_remote_decode": True}}
+    chat = _chat(worker, **prefill)
+    assert chat["usage"]["prompt_tokens_details"] == {
+        "cached_tokens": 0,
+        "created_cache_tokens": 0,
+        "multimodal_tokens": None,
+    }
+    message = _post(
+        worker,
+        "/v1/messages",
+        {"model": "m", "max_tokens": 64, "messages": MESSAGE, **prefill},
+    ).json()
+    assert message["usage"] == {
+        "input_tokens": chat["usage"]["prompt_tokens"],
+        "output_tokens": chat["usage"]["completion_tokens"],
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 0,
+    }
+    response = _post(worker, "/v1/responses", {"model": "m", "input": PROMPT, **prefill}).json()
+    assert response["usage"]["input_tokens_details"]["cache_write_tokens"] == 0

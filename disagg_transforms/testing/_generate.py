@@ -702,20 +702,23 @@ def cached_prefix(prompt: list[int], earlier: Iterable[object]) -> int:
     return min(longest, len(prompt) - 1) // BLOCK_SIZE * BLOCK_SIZE
 
 
-def _prompt_details(body: Mapping[str, Any], cached_tokens: int) -> dict[str, int] | None:
+def _prompt_details(body: Mapping[str, Any], cached_tokens: int) -> dict[str, Any] | None:
     """``usage.prompt_tokens_details`` of a P/D leg, as vLLM with prompt token details reports it.
 
     A prefill (``do_remote_decode``) counts the prefix cache's tokens; a decode that pulls the
     prompt's KV from prefill (``do_remote_prefill``) counts none of its own. Other calls: none.
+    vLLM 0.33's generate route writes no ``created_cache_tokens`` (its chat route does).
     """
     params = body.get("kv_transfer_params")
     if not isinstance(params, dict):
         return None
     if params.get("do_remote_decode") is True:
-        return {"cached_tokens": cached_tokens}
-    if params.get("do_remote_prefill") is True:
-        return {"cached_tokens": 0}
-    return None
+        cached = cached_tokens
+    elif params.get("do_remote_prefill") is True:
+        cached = 0
+    else:
+        return None
+    return {"cached_tokens": cached, "created_cache_tokens": None, "multimodal_tokens": None}
 
 
 def _ec_answer(body: Mapping[str, Any], settings: WorkerSettings) -> Any:  # noqa: ANN401 - JSON

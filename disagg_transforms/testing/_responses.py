@@ -43,7 +43,7 @@ def _usage(turn: _openai.TextTurn) -> dict[str, Any]:
     return {
         "input_tokens": turn.prompt_tokens,
         "input_tokens_details": {
-            "cached_tokens": turn.cached_tokens,
+            "cached_tokens": turn.cached_tokens or 0,
             # What the engine's prefill wrote to the prefix cache: the simulated one keeps none.
             "cache_write_tokens": 0,
             "input_tokens_per_turn": [],
