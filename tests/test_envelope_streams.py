@@ -122,6 +122,25 @@ def without_none(value: Any) -> Any:
     return value
 
 
+def as_streamed(response: dict[str, Any]) -> dict[str, Any]:
+    """The wrap's response as vLLM's stream ends it: a reasoning item closed with a status.
+
+    (The whole answer leaves a reasoning item's status unset; the stream's done event sets it:
+    the last item the cap cut is incomplete, any other completed.)
+    """
+    output = response["output"]
+    cut = response["status"] == "incomplete"
+    return {
+        **response,
+        "output": [
+            {**item, "status": "incomplete" if cut and at == len(output) - 1 else "completed"}
+            if item["type"] == "reasoning"
+            else item
+            for at, item in enumerate(output)
+        ],
+    }
+
+
 def same(accumulated: Any, built: dict[str, Any]) -> bool:
     """The SDK's accumulated object carries what our non-streaming builder gave."""
     return bool(without_none(accumulated.to_dict()) == without_none(built))
@@ -419,7 +438,7 @@ def test_single_frame_responses_accumulates_to_the_wrap(name: str, mode: OutputM
     assert events == single_frame_responses_events(response, requested=mode)
     expected = wrap_responses_response(response, requested=mode)
     Response.model_validate(expected)
-    assert same(accumulate_responses(events), expected)
+    assert same(accumulate_responses(events), as_streamed(expected))
 
 
 def test_single_frame_responses_tool_call_events() -> None:
@@ -443,6 +462,10 @@ def test_single_frame_responses_tool_call_events() -> None:
     ]
     assert events[8]["item"]["arguments"] == ""
     assert events[9]["delta"] == '{"city": "Paris"}'
+    # The reasoning item is closed "completed", as vLLM's stream closes it; so is the final
+    # response's (the whole answer leaves its status unset).
+    assert events[7]["item"]["status"] == "completed"
+    assert events[-1]["response"]["output"][0]["status"] == "completed"
 
 
 @pytest.mark.parametrize(("name", "mode"), RESPONSE_FIXTURES)
@@ -473,7 +496,7 @@ def test_single_frame_of_any_response(case: tuple[dict[str, Any], str]) -> None:
     mode = OutputMode(mode_value)
     before = copy.deepcopy(response)
     final = accumulate_responses(single_frame_responses_events(response, requested=mode))
-    assert same(final, wrap_responses_response(response, requested=mode))
+    assert same(final, as_streamed(wrap_responses_response(response, requested=mode)))
     message = accumulate_anthropic(single_frame_anthropic_events(response, requested=mode))
     assert same(message, wrap_anthropic_message(response, requested=mode))
     assert response == before

@@ -328,7 +328,8 @@ def single_frame_responses_events(
     """The Responses streaming events of a whole (unstreamed) generate answer.
 
     The response is wrapped by :func:`wrap_responses_response` (same arguments, same errors),
-    then streamed as vLLM streams it: ``response.created``, ``response.in_progress``; per output
+    then streamed as vLLM streams it (a ``reasoning`` item closed with a status, as vLLM's
+    stream closes it): ``response.created``, ``response.in_progress``; per output
     item ``response.output_item.added``, its content parts added, one delta with the whole
     text (``response.reasoning_text.delta``, ``response.output_text.delta``) or arguments
     (``response.function_call_arguments.delta``), their ``.done`` events and
@@ -336,11 +337,21 @@ def single_frame_responses_events(
     (``response.incomplete`` for an incomplete one, as vLLM 0.33 sends it). ``sequence_number``
     counts from 0.
     """
-    final = wrap_responses_response(
+    whole = wrap_responses_response(
         response, requested=requested, client_body=client_body, options=options
     )
+    # vLLM's final response holds the items its stream closed, a reasoning item's status set.
+    last = len(whole[w.OUTPUT]) - 1
+    cut = whole[w.STATUS] == w.STATUS_INCOMPLETE
+    output = [
+        {**item, w.STATUS: w.STATUS_INCOMPLETE if cut and index == last else w.STATUS_COMPLETED}
+        if item[w.TYPE] == w.REASONING
+        else item
+        for index, item in enumerate(whole[w.OUTPUT])
+    ]
+    final = {**whole, w.OUTPUT: output}
     events = _preamble(final)
-    for index, item in enumerate(final[w.OUTPUT]):
+    for index, item in enumerate(output):
         events.extend(_opening_events(item, index))
         events.extend(_full_deltas(item, index))
         events.extend(_closing_events(item, index))
