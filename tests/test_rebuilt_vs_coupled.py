@@ -10,10 +10,9 @@ the raw SSE events (types in order, every key and value) and what each official 
 accumulator yields are compared.
 
 Only what must differ is normalised, each by a named rule below that says where it is
-documented; JSON objects are compared as objects, and a whole chat or Responses answer's keys
-in order too, as vLLM dumps its models (``_same_layout``; the library's Responses events keep
-their own key order, where vLLM's list theirs alphabetically as the openai SDK's models
-declare them). Both render the same prompt (``test_both_render_the_same_prompt``), so no token
+documented; JSON objects are compared as objects, and a whole chat or Responses answer's keys,
+and each Responses event's, in order too, as vLLM dumps its models (``_same_layout``). Both
+render the same prompt (``test_both_render_the_same_prompt``), so no token
 count is normalised. The SDK objects are compared as a client reads them, an absent field and a
 null one alike. Logprobs are compared on chat alone: the simulated coupled completions and Responses
 routes write none (docs/testing.md).
@@ -377,6 +376,7 @@ def test_responses(body: dict[str, Any], stream: bool) -> None:
         return
     assert _types(rebuilt) == _types(coupled)
     _same(created(ids(rebuilt)), created(ids(coupled)))
+    _same_layout(rebuilt, coupled)
 
 
 @pytest.mark.parametrize(("body", "stream"), _cases(MESSAGES_CASES))

@@ -504,6 +504,11 @@ def responses_error_event(
     return {w.TYPE: w.ERROR, w.CODE: code, w.MESSAGE: message, w.PARAM: param}
 
 
+# Each event's keys in the order of the openai SDK's event model, the one vLLM dumps: the
+# fields sorted, ``sequence_number`` (numbered in place when sent) before ``type``.
+_NUMBERED: Final = 0
+
+
 def _preamble(response: dict[str, Any]) -> list[dict[str, Any]]:
     started = {
         **response,
@@ -513,9 +518,13 @@ def _preamble(response: dict[str, Any]) -> list[dict[str, Any]]:
         w.USAGE: None,
     }
     return [
-        {w.TYPE: w.RESPONSE_CREATED, w.RESPONSE: started},
-        {w.TYPE: w.RESPONSE_IN_PROGRESS, w.RESPONSE: started},
+        {w.RESPONSE: started, w.SEQUENCE_NUMBER: _NUMBERED, w.TYPE: w.RESPONSE_CREATED},
+        {w.RESPONSE: started, w.SEQUENCE_NUMBER: _NUMBERED, w.TYPE: w.RESPONSE_IN_PROGRESS},
     ]
+
+
+def _item_event(kind: str, item: dict[str, Any], index: int) -> dict[str, Any]:
+    return {w.ITEM: item, w.OUTPUT_INDEX: index, w.SEQUENCE_NUMBER: _NUMBERED, w.TYPE: kind}
 
 
 def _opening_events(item: dict[str, Any], index: int) -> list[dict[str, Any]]:
@@ -525,7 +534,7 @@ def _opening_events(item: dict[str, Any], index: int) -> list[dict[str, Any]]:
         opened[w.CONTENT] = []
     if item[w.TYPE] == w.FUNCTION_CALL:
         opened[w.ARGUMENTS] = ""
-    events = [{w.TYPE: w.OUTPUT_ITEM_ADDED, w.OUTPUT_INDEX: index, w.ITEM: opened}]
+    events = [_item_event(w.OUTPUT_ITEM_ADDED, opened, index)]
     for content_index, part in enumerate(parts):
         empty = {**part, w.TEXT: ""}
         if w.LOGPROBS in part:
@@ -540,10 +549,11 @@ def _full_deltas(item: dict[str, Any], index: int) -> list[dict[str, Any]]:
     if item[w.TYPE] == w.FUNCTION_CALL:
         return [
             {
-                w.TYPE: w.FUNCTION_CALL_ARGUMENTS_DELTA,
+                w.DELTA: item[w.ARGUMENTS],
                 w.ITEM_ID: item[w.ID],
                 w.OUTPUT_INDEX: index,
-                w.DELTA: item[w.ARGUMENTS],
+                w.SEQUENCE_NUMBER: _NUMBERED,
+                w.TYPE: w.FUNCTION_CALL_ARGUMENTS_DELTA,
             }
         ]
     return [
@@ -558,42 +568,59 @@ def _closing_events(item: dict[str, Any], index: int) -> list[dict[str, Any]]:
     events = []
     for content_index, part in enumerate(item.get(w.CONTENT, [])):
         at = _at(item[w.ID], index, content_index)
-        done = {w.TYPE: _TEXT_EVENTS[part[w.TYPE]][1], **at, w.TEXT: part[w.TEXT]}
+        done = {w.CONTENT_INDEX: content_index, w.ITEM_ID: item[w.ID]}
         if part[w.TYPE] == w.OUTPUT_TEXT:
             # vLLM's done event carries none: the part's own are in content_part.done.
             done[w.LOGPROBS] = []
+        done[w.OUTPUT_INDEX] = index
+        done[w.SEQUENCE_NUMBER] = _NUMBERED
+        done[w.TEXT] = part[w.TEXT]
+        done[w.TYPE] = _TEXT_EVENTS[part[w.TYPE]][1]
         events.append(done)
         events.append(_part_event(w.CONTENT_PART_DONE, at, part))
     if item[w.TYPE] == w.FUNCTION_CALL:
         events.append(
             {
-                w.TYPE: w.FUNCTION_CALL_ARGUMENTS_DONE,
+                w.ARGUMENTS: item[w.ARGUMENTS],
                 w.ITEM_ID: item[w.ID],
-                w.OUTPUT_INDEX: index,
                 # openai 2.x requires the name (3.x accepts it): both SDKs read the event.
                 w.NAME: item[w.NAME],
-                w.ARGUMENTS: item[w.ARGUMENTS],
+                w.OUTPUT_INDEX: index,
+                w.SEQUENCE_NUMBER: _NUMBERED,
+                w.TYPE: w.FUNCTION_CALL_ARGUMENTS_DONE,
             }
         )
-    events.append({w.TYPE: w.OUTPUT_ITEM_DONE, w.OUTPUT_INDEX: index, w.ITEM: item})
+    events.append(_item_event(w.OUTPUT_ITEM_DONE, item, index))
     return events
 
 
-def _at(item_id: str, index: int, content_index: int) -> dict[str, Any]:
-    """The fields that place an event on a content part."""
-    return {w.ITEM_ID: item_id, w.OUTPUT_INDEX: index, w.CONTENT_INDEX: content_index}
+def _at(item_id: str, index: int, content_index: int) -> tuple[int, str, int]:
+    """What places an event on a content part: its content index, item id and output index."""
+    return (content_index, item_id, index)
 
 
-def _part_event(kind: str, at: dict[str, Any], part: dict[str, Any]) -> dict[str, Any]:
-    return {w.TYPE: kind, **at, w.PART: part}
+def _part_event(kind: str, at: tuple[int, str, int], part: dict[str, Any]) -> dict[str, Any]:
+    content_index, item_id, index = at
+    return {
+        w.CONTENT_INDEX: content_index,
+        w.ITEM_ID: item_id,
+        w.OUTPUT_INDEX: index,
+        w.PART: part,
+        w.SEQUENCE_NUMBER: _NUMBERED,
+        w.TYPE: kind,
+    }
 
 
 def _text_delta(
-    at: dict[str, Any], part_type: str, text: str, logprobs: list[dict[str, Any]] | None
+    at: tuple[int, str, int], part_type: str, text: str, logprobs: list[dict[str, Any]] | None
 ) -> dict[str, Any]:
-    event = {w.TYPE: _TEXT_EVENTS[part_type][0], **at, w.DELTA: text}
+    content_index, item_id, index = at
+    event: dict[str, Any] = {w.CONTENT_INDEX: content_index, w.DELTA: text, w.ITEM_ID: item_id}
     if part_type == w.OUTPUT_TEXT:
         event[w.LOGPROBS] = _stream_logprobs(logprobs) if logprobs else []
+    event[w.OUTPUT_INDEX] = index
+    event[w.SEQUENCE_NUMBER] = _NUMBERED
+    event[w.TYPE] = _TEXT_EVENTS[part_type][0]
     return event
 
 
@@ -616,6 +643,7 @@ def _terminal_event(response: dict[str, Any]) -> dict[str, Any]:
     # response.completed; docs/envelopes.md).
     incomplete = response[w.STATUS] == w.STATUS_INCOMPLETE
     return {
-        w.TYPE: w.RESPONSE_INCOMPLETE if incomplete else w.RESPONSE_COMPLETED,
         w.RESPONSE: response,
+        w.SEQUENCE_NUMBER: _NUMBERED,
+        w.TYPE: w.RESPONSE_INCOMPLETE if incomplete else w.RESPONSE_COMPLETED,
     }
