@@ -15,6 +15,8 @@ from typing import NoReturn
 
 import msgspec
 
+import disagg_transforms
+
 # The command line is a client of the public API (docs/cli.md): it imports what a router would.
 from disagg_transforms import (
     CoordinatorConfig,
@@ -224,6 +226,9 @@ def _parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog=PROG,
         description="Build disaggregated-serving leg bodies for vLLM, and read them back.",
+    )
+    parser.add_argument(
+        "--version", action="version", version=f"{PROG} {disagg_transforms.__version__}"
     )
     commands = parser.add_subparsers(dest="command", required=True)
     demo = add_command(commands, "demo", _run_demo)
