@@ -63,7 +63,7 @@ def test_pd_only_example_reads_as_written() -> None:
     assert list(config.pipeline) == [Step.CONDITIONAL_DECODE, Step.PREFILL, Step.DECODE]
     assert isinstance(config.pipeline[Step.CONDITIONAL_DECODE], ConditionalDecodeParams)
     assert isinstance(config.pipeline[Step.PREFILL], PrefillParams)
-    assert config.gateway_url == "http://${GATEWAY_SERVICE}.${NAMESPACE}.svc:80"
+    assert config.gateway_url == "http://inference-gateway.llm-d.svc:80"
     assert config.render_url is None
     assert (config.host, config.port) == ("0.0.0.0", 8080)  # noqa: S104 - Go's ":8080"
     assert config.kv_connector is KvConnector.NIXL
