@@ -234,7 +234,11 @@ def _gateway_errors(
         if url is not None
     ]
     if "render" in workers and render_url is None:
-        msg = "--render-url: a leg speaks the generate route, and render is not a gateway leg"
+        msg = (
+            "--render-url: a leg speaks the generate route, and render is not a gateway leg: "
+            "pass --render-url URL (a vLLM server with the render routes, such as `vllm launch "
+            "render`), or run every leg on the client's route (use_openai_format: true)"
+        )
         errors.append(ConfigError(msg, param="render"))
     return errors
 
@@ -562,7 +566,8 @@ def _client_error(
 
 
 def _too_large(request: Request, limit: int) -> Response:
-    message = f"$: the body is over the limit of {limit} bytes (Limits.max_body_bytes)"
+    # Named as the operator sets it: serve's flag (create_app's limits= is its programmatic twin).
+    message = f"$: the body is over the limit of {limit} bytes (--max-body-bytes)"
     # The rest of the body is never read, so the connection cannot carry another request.
     return _client_error(request, 413, message, "$", {"connection": "close"})
 
