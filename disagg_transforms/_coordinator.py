@@ -41,6 +41,7 @@ __all__ = (
     "coordinator_config_errors",
     "is_coordinator_document",
     "parse_coordinator_config",
+    "unsubstituted",
 )
 
 
@@ -173,6 +174,7 @@ _UNIT_SECONDS: Mapping[str, float] = {
     "h": 3600.0,
 }
 _LISTEN = re.compile(r"(?:\[(?P<v6>[^\]]*)\]|(?P<host>[^:\[\]]*)):(?P<port>\d{1,5})")
+_PLACEHOLDER = re.compile(r"\$\{[^}]*\}")
 _URL = re.compile(r"https?://[^\s/?#]+(?:/[^\s?#]*)?", re.IGNORECASE)
 
 _EnumT = TypeVar("_EnumT", bound=enum.Enum)
@@ -228,6 +230,9 @@ class _Reader:
     def url(self, value: object, param: str) -> str | None:
         if value is None:
             return None
+        if isinstance(value, str) and (problem := unsubstituted(value)):
+            self.error(param, problem)
+            return None
         if not isinstance(value, str) or _URL.fullmatch(value) is None:
             self.error(param, f"expected an http:// or https:// URL, got {describe(value)}")
             return None
@@ -243,6 +248,21 @@ class _Reader:
             accepted = ", ".join(member.value for member in cls)
             self.error(param, f"unknown connector {describe(value)}; accepted: {accepted}")
             return None
+
+
+def unsubstituted(url: str) -> str:
+    """Why ``url`` cannot be called because it still holds a ``${...}`` placeholder, or ``""``.
+
+    llm-d's guides write ``http://${GATEWAY_SERVICE}.${NAMESPACE}.svc:80`` for ``envsubst`` to
+    fill in; sent as it is, every call fails on the name while the probes still answer 200.
+    """
+    found = _PLACEHOLDER.findall(url)
+    if not found:
+        return ""
+    return (
+        f"{url!r} still holds the placeholder {', '.join(found)}: substitute it (envsubst) or "
+        "write the address"
+    )
 
 
 def is_coordinator_document(document: object) -> bool:

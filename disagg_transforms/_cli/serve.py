@@ -27,6 +27,7 @@ from disagg_transforms._coordinator import (
     coordinator_config_errors,
     is_coordinator_document,
     parse_coordinator_config,
+    unsubstituted,
 )
 from disagg_transforms._wire.limits import DEFAULT_LIMITS
 
@@ -48,6 +49,11 @@ _SIMULATED = "/simulated"  # where ``serve --simulate`` mounts its worker on its
 _METRICS_DIR = "PROMETHEUS_MULTIPROC_DIR"
 _STEP_URLS = ("render", "encode", "prefill", "decode")
 _URLS = (*_STEP_URLS, "gateway")
+# The coordinator document's keys for the URLs it may give, as a user reads them.
+_DOCUMENT_KEYS: Mapping[str, str] = {
+    "gateway.address": "gateway",
+    "the render step's address": "render",
+}
 # The process settings a coordinator document may give; a flag wins over both.
 _PROCESS_DEFAULTS: Mapping[str, Any] = {
     "host": "127.0.0.1",
@@ -65,7 +71,8 @@ def add_commands(commands: argparse._SubParsersAction[_ParserT]) -> None:
     serve = add_command(commands, "serve", _serve)
     serve.add_argument(
         "--config",
-        help="the pipeline document check-config reads (or llm-d's coordinator YAML)",
+        help="the pipeline document check-config reads (or llm-d's coordinator YAML, alone or "
+        "in the Kubernetes ConfigMap that ships it)",
     )
     for step in _STEP_URLS:
         serve.add_argument(f"--{step}-url", help=f"the {step} worker's base URL")
@@ -304,16 +311,38 @@ def _sidecar_problems(args: argparse.Namespace) -> list[str]:
 
 
 def _take_document_urls(
-    urls: dict[str, str | None], given: dict[str, Any], *, sidecar: bool
+    urls: dict[str, str | None], given: dict[str, Any], args: argparse.Namespace
 ) -> list[str]:
     """Fill ``urls`` the command line left empty from the document's; what stops ``serve``."""
     document_urls: dict[str, str | None] = given.pop("urls", {})
-    if sidecar and document_urls.get("gateway") is not None:
+    if args.prefill_from_header and document_urls.get("gateway") is not None:
         # Named as the document's key: once merged it would be refused as --gateway-url.
         return ["gateway.address: the sidecar seat takes no gateway (the headers name the workers)"]
+    named = [key for key, url in _DOCUMENT_KEYS.items() if document_urls.get(url) is not None]
+    if args.simulate and named:
+        # Never ignore what the document names: a laptop runs the gateway simulated instead.
+        line = (
+            f"{', '.join(named)}: --simulate would call its own worker, not the servers the "
+            "document names; run `disagg-transforms simulate --gateway` and give its URL "
+            "there (docs/llm-d.md, on a laptop)"
+        )
+        return [line]
     for key, url in document_urls.items():
         urls[key] = urls[key] or url
     return []
+
+
+def _flag_urls(args: argparse.Namespace) -> dict[str, str | None]:
+    """The worker URLs the command line gives, each one ``serve`` could call."""
+    urls: dict[str, str | None] = {step: getattr(args, f"{step}_url") for step in _URLS}
+    if args.simulate and any(urls.values()):
+        msg = "--simulate calls its own simulated worker: give no worker URL with it"
+        raise CliError(msg)
+    for step, url in urls.items():
+        if url is not None and (problem := unsubstituted(url)):
+            msg = f"--{step}-url: {problem}"
+            raise CliError(msg)
+    return urls
 
 
 def _document(args: argparse.Namespace, urls: Mapping[str, str | None]) -> tuple[object, str]:
@@ -333,10 +362,7 @@ def _serve(args: argparse.Namespace) -> int:
     Serve the five client routes, calling vLLM workers through the exchange.
     """
     _need_the_extra()
-    urls = {step: getattr(args, f"{step}_url") for step in _URLS}
-    if args.simulate and any(urls.values()):
-        msg = "--simulate calls its own simulated worker: give no worker URL with it"
-        raise CliError(msg)
+    urls = _flag_urls(args)
     if args.served_model_name and not args.simulate:
         msg = "--served-model-name names the simulated worker's models: give it with --simulate"
         raise CliError(msg)
@@ -352,7 +378,7 @@ def _serve(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     assert isinstance(document, Mapping)  # noqa: S101 - config_errors refuses anything else
     given = _document_settings(document) if coordinator else {}
-    if problems := _take_document_urls(urls, given, sidecar=args.prefill_from_header):
+    if problems := _take_document_urls(urls, given, args):
         sys.stderr.writelines(f"{source}: {line}\n" for line in problems)
         return EXIT_USAGE
     process = {
