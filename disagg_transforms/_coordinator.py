@@ -86,6 +86,9 @@ class CoordinatorConfig(msgspec.Struct, frozen=True, kw_only=True):
         first_byte_timeout: ``gateway.timeout`` in seconds (default 60); ``None`` for ``0s``,
             which the coordinator reads as no limit.
         warnings: One line per key that has no equivalent in the proxy, naming it.
+        render_first: Whether the render step is listed before the conditional-decode step
+            (or there is no conditional-decode step): the steps run in the order listed, so
+            render is then called first (:attr:`ExchangeSettings.render_first`).
     """
 
     pipeline: Mapping[Step, StepParams]
@@ -99,6 +102,7 @@ class CoordinatorConfig(msgspec.Struct, frozen=True, kw_only=True):
     drain_timeout: float
     first_byte_timeout: float | None
     warnings: tuple[str, ...]
+    render_first: bool = False
 
 
 # Keys that only tune the coordinator's own process, and why the proxy has nothing for them.
@@ -143,8 +147,10 @@ _SECTIONS: Mapping[str, frozenset[str]] = {
 }
 _TOP_LEVEL: Final = frozenset({*_SECTIONS, "log_level", "tracing"})
 
-# The order the proxy runs its legs in; a document must list its steps in it.
+# The steps a document may list, and the order it must list them in: render and
+# conditional-decode in either order (they run as listed), then encode, prefill, decode.
 _STEP_ORDER: Final = ("render", "conditional-decode", "encode", "prefill", "decode")
+_STEP_RANK: Mapping[str, int] = {"render": 0, "conditional-decode": 0, "encode": 1, "prefill": 2}
 # Connector keys a step may set for itself, overriding the pipeline's.
 _STEP_CONNECTORS: Mapping[str, tuple[str, ...]] = {
     "encode": ("ec_connector",),
@@ -336,6 +342,7 @@ def _read(reader: _Reader, document: object) -> CoordinatorConfig | None:
         drain_timeout=drain,
         first_byte_timeout=first_byte or None,
         warnings=tuple(reader.warnings),
+        render_first=steps.render_first,
     )
 
 
@@ -347,9 +354,12 @@ def _type_problem(kind: object, seen: Mapping[str, int]) -> str | None:
         return f"unknown step type {describe(kind)}; accepted: {', '.join(_STEP_ORDER)}"
     if kind in seen:
         return f"a second {kind} step (the first is steps[{seen[kind]}])"
-    later = [name for name in seen if _STEP_ORDER.index(name) > _STEP_ORDER.index(kind)]
+    later = [name for name in seen if _STEP_RANK.get(name, 3) > _STEP_RANK.get(kind, 3)]
     if later:
-        return f"{kind} after {later[0]}: the steps run in the order {' → '.join(_STEP_ORDER)}"
+        return (
+            f"{kind} after {later[0]}: the steps run in the order render and conditional-decode "
+            "(either first), encode, prefill, decode"
+        )
     return None
 
 
@@ -384,6 +394,7 @@ class _Steps:
     def __init__(self, reader: _Reader, pipeline: Mapping[object, object]) -> None:
         self.reader = reader
         self.render_url: str | None = None
+        self.render_first = False
         self.parsed: Mapping[Step, StepParams] = types.MappingProxyType({})
         use_openai_format = pipeline.get("use_openai_format")
         if use_openai_format is not None and not isinstance(use_openai_format, bool):
@@ -449,6 +460,8 @@ class _Steps:
                 params_of[kind] = own
         if "decode" not in seen:
             reader.error("pipeline.steps", "the pipeline has no decode step")
+        unlisted = len(raw_steps)
+        self.render_first = seen.get("render", unlisted) < seen.get("conditional-decode", unlisted)
         self._agree(kv_of, ec_of, seen)
         if reader.errors:
             return

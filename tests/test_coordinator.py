@@ -209,6 +209,24 @@ def test_defaults_are_the_coordinators() -> None:
     assert dict(config.pipeline) == {Step.DECODE: DecodeParams()}
 
 
+_RENDER = {"type": "render", "params": {"address": "http://r"}}
+_CONDITIONAL = {"type": "conditional-decode"}
+
+
+@pytest.mark.parametrize(
+    ("steps", "render_first"),
+    [((_RENDER, _CONDITIONAL), True), ((_CONDITIONAL, _RENDER), False), ((_RENDER,), True)],
+)
+def test_render_and_conditional_decode_run_in_the_documents_order(
+    steps: tuple[dict[str, Any], ...], render_first: bool
+) -> None:
+    # As llm-d's coordinator: the steps run in the order listed (its examples: render first).
+    document = _doc(*steps, {"type": "prefill"}, {"type": "decode"})
+    config = parse_coordinator_config(document)
+    assert config.render_first is render_first
+    assert list(config.pipeline)[-2:] == [Step.PREFILL, Step.DECODE]
+
+
 def test_pipeline_is_read_only() -> None:
     config = parse_coordinator_config(_doc())
     with pytest.raises(TypeError):

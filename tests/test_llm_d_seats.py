@@ -5,15 +5,19 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+import httpx
 import pytest
 import yaml
-from proxy_helpers import command, environment
+from proxy_helpers import command, environment, running, served
+
+from disagg_transforms.testing import SimulatedGateway
 
 pytest.importorskip("uvicorn")
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGMAP = ROOT / "deploy" / "coordinator" / "configmap.yaml"
 PLACEHOLDER = "http://${GATEWAY_SERVICE}.${NAMESPACE}.svc:80"
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8}
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
@@ -105,3 +109,40 @@ def test_simulate_with_a_document_naming_a_gateway_is_refused() -> None:
     line = _refusal("serve", "--config", str(CONFIGMAP), "--simulate", "--port", "0")
     assert line.startswith(f"{CONFIGMAP}: gateway.address, the render step's address: ")
     assert "simulate --gateway" in line
+
+
+# -- the document's steps run in the order it lists them --------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("first", "second"), [("render", "conditional-decode"), ("conditional-decode", "render")]
+)
+def test_render_and_conditional_decode_run_in_the_order_listed(
+    tmp_path: Path, first: str, second: str
+) -> None:
+    simulated = SimulatedGateway()
+    with (
+        served(simulated) as gateway_url,
+        running((["simulate", "--port", "0"], tmp_path / "render.log")) as (renderer,),
+    ):
+        listed = {
+            "render": {"type": "render", "params": {"address": renderer.url}},
+            "conditional-decode": {"type": "conditional-decode"},
+        }
+        document = {
+            "server": {"listen_addr": "127.0.0.1:0"},
+            "gateway": {"address": gateway_url},
+            "pipeline": {
+                "use_openai_format": False,
+                "steps": [listed[first], listed[second], {"type": "prefill"}, {"type": "decode"}],
+            },
+        }
+        path = tmp_path / "coordinator.yaml"
+        path.write_text(yaml.safe_dump(document))
+        with running((["serve", "--config", str(path)], tmp_path / "serve.log")) as (proxy,):
+            reply = httpx.post(proxy.url + "/v1/chat/completions", json=CHAT, timeout=30)
+            log = proxy.wait_for_log("decode=200")
+    assert reply.status_code == 200, reply.text
+    # The access line names each call in the order it was made.
+    [line] = [line for line in log.splitlines() if "conditional-decode=" in line]
+    assert line.index(f" {first}=") < line.index(f" {second}=")

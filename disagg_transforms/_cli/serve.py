@@ -404,6 +404,7 @@ def _serve(args: argparse.Namespace) -> int:
         "max_body_bytes": process["max_body_bytes"],
         "connectors": given.get("connectors", {}),
         "prefill_max_retries": args.prefill_max_retries,
+        "render_first": given.get("render_first", False),  # a coordinator document's order
         # The sidecar seat (the allow-list as written, "" for none), else None.
         "sidecar": {
             "allowed_worker_hosts": args.allowed_worker_hosts or "",
@@ -492,6 +493,7 @@ def _document_settings(document: Mapping[str, Any]) -> dict[str, Any]:
             "ec_connector": config.ec_connector.value,
         },
         "warnings": config.warnings,
+        "render_first": config.render_first,
     }
 
 
@@ -519,6 +521,7 @@ def app_from_settings() -> ASGIApp:
         ec_connector=EcConnector(connectors.get("ec_connector", EcConnector.NIXL)),
         prefill_max_retries=settings["prefill_max_retries"],
         sidecar=_sidecar_seat(settings["sidecar"]),
+        render_first=settings["render_first"],
     )
     if not settings["simulate"]:
         return app
