@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import fnmatch
+import shlex
+import socket
 import subprocess
+import time
 from pathlib import Path
 
 import httpx
 import pytest
 import yaml
-from proxy_helpers import command, environment, running, served
+from proxy_helpers import Server, command, environment, running, served
 
 from disagg_transforms.testing import SimulatedGateway
 
@@ -146,3 +150,79 @@ def test_render_and_conditional_decode_run_in_the_order_listed(
     # The access line names each call in the order it was made.
     [line] = [line for line in log.splitlines() if "conditional-decode=" in line]
     assert line.index(f" {first}=") < line.index(f" {second}=")
+
+
+# -- the laptop recipes of docs/llm-d.md, command for command ---------------------------------
+
+
+def _recipe(heading: str) -> list[list[str]]:
+    """The commands of the ``sh`` block under ``heading`` in docs/llm-d.md, each split."""
+    page = (ROOT / "docs" / "llm-d.md").read_text(encoding="utf-8")
+    section = page.split(f"\n{heading}\n", 1)[1]
+    block = section.split("```sh\n", 1)[1].split("```", 1)[0]
+    return [shlex.split(line) for line in block.splitlines()]
+
+
+def _free_port() -> str:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return str(probe.getsockname()[1])
+
+
+def _curl(argv: list[str]) -> httpx.Response:
+    """The request a ``curl -s URL -H ... -d BODY`` line sends."""
+    headers = dict(argv[i + 1].split(": ", 1) for i, arg in enumerate(argv) if arg == "-H")
+    body = argv[argv.index("-d") + 1]
+    url = next(arg for arg in argv if arg.startswith("http://"))
+    return httpx.post(url, headers=headers, content=body, timeout=30)
+
+
+def _access_lines(proxy: Server, count: int) -> list[str]:
+    """The proxy's first ``count`` access lines, once it has written them (10 s at most)."""
+    deadline = time.monotonic() + 10
+    while len(lines := [line for line in proxy.log().splitlines() if " total=" in line]) < count:
+        assert time.monotonic() < deadline, proxy.log()
+        time.sleep(0.05)
+    return lines
+
+
+@pytest.mark.parametrize(
+    ("heading", "calls", "again"),
+    [
+        (
+            "### The coordinator seat on a laptop",
+            "render=200/* conditional-decode=412/* prefill=200/* decode=200/*",
+            "render=200/* conditional-decode=200/*",  # the decode worker now holds the prompt
+        ),
+        (
+            "### The sidecar seat on a laptop",
+            "prefill=200/* decode=200/*",
+            "prefill=200/* decode=200/*",
+        ),
+    ],
+)
+def test_a_laptop_recipe_runs_as_written(
+    tmp_path: Path, heading: str, calls: str, again: str
+) -> None:
+    commands = _recipe(heading)
+    # The ports as written may be taken on this machine: each is swapped for a free one.
+    ports = {
+        arg: _free_port() for argv in commands for arg in argv if arg in {"8000", "8080", "8200"}
+    }
+    text = "\n".join(shlex.join(argv) for argv in commands)
+    for written, free in ports.items():
+        text = text.replace(written, free)
+    *servers, curl = [shlex.split(line) for line in text.splitlines()]
+    assert [argv[0] for argv in servers] == ["disagg-transforms"] * len(servers)
+    assert curl[:2] == ["curl", "-s"]
+    started = [(argv[1:], tmp_path / f"{index}.log") for index, argv in enumerate(servers)]
+    with running(*started[:1]), running(*started[1:]) as (proxy,):
+        replies = [_curl(curl), _curl(curl)]
+        lines = _access_lines(proxy, len(replies))
+    for reply in replies:
+        assert reply.status_code == 200, reply.text
+        assert reply.json()["choices"][0]["message"]["content"] == "Hello!"
+    assert [
+        fnmatch.fnmatch(line, f"* 200 {pattern} total=*")
+        for line, pattern in zip(lines, (calls, again), strict=True)
+    ] == [True, True], lines
