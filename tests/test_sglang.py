@@ -15,6 +15,7 @@ import pytest
 import sglang_contract
 from hypothesis import given
 from hypothesis import strategies as st
+from strategies import client_route_bodies
 
 from disagg_transforms import OutputMode
 from disagg_transforms._engines import ENGINES, Engine, Meeting
@@ -207,6 +208,21 @@ def test_every_leg_passes_sglangs_own_contract(fields: dict[str, Any], room: int
     assert "max_new_tokens" in leg.body["sampling_params"]
 
 
+@given(case=client_route_bodies)
+def test_any_client_body_is_a_contract_valid_leg_or_a_request_error(
+    case: tuple[str, dict[str, Any]],
+) -> None:
+    # Every route's bodies, with random values and unknown keys: never another error, and
+    # nothing SGLang's own contract refuses reaches a worker.
+    contract = sglang_contract.contract()
+    path, body = case
+    try:
+        leg = build_sglang_request(body, client_path=path, rendezvous=RENDEZVOUS, token_ids=PROMPT)
+    except RequestError:
+        return
+    contract.GenerateRequest.from_json_value(json.loads(json.dumps(leg.body)))
+
+
 def test_the_fixture_requests_pass_the_contract_and_a_vllm_name_does_not() -> None:
     contract = sglang_contract.contract()
     for name in ("generate-request", "generate-request-stream", "generate-request-length"):
@@ -390,3 +406,20 @@ def test_every_engine_has_its_description() -> None:
     data = (FIXTURES / "generate-stream-cumulative.sse").read_bytes()
     reader = sglang.stream_reader(_MAX_EVENT, ())
     assert reader.feed(data) + reader.close() == _read_stream(data)
+
+
+@pytest.mark.parametrize("route", [Route.RESPONSES, Route.MESSAGES])
+def test_named_event_streams_end_with_the_usage_and_cached_tokens(route: Route) -> None:
+    data = _read_stream((FIXTURES / "generate-stream-cumulative.sse").read_bytes())
+    client = {"model": "m", "stream": True}
+    converter = stream_converter(route, requested=OutputMode.TEXT, client_body=client)
+    out = (converter.feed(data) + converter.close()).decode()
+    events = [json.loads(line[6:]) for line in out.split("\n") if line.startswith("data: {")]
+    last = events[-2] if route is Route.MESSAGES else events[-1]
+    usage = last["usage"] if route is Route.MESSAGES else last["response"]["usage"]
+    cached = (
+        usage["cache_read_input_tokens"]
+        if route is Route.MESSAGES
+        else usage["input_tokens_details"]["cached_tokens"]
+    )
+    assert cached == 16

@@ -189,3 +189,17 @@ def test_info_routes() -> None:
     assert server["disaggregation_mode"] == "prefill"
     assert server["disaggregation_bootstrap_port"] == 8998
     assert server["incremental_streaming_output"] is False
+
+
+def test_a_streamed_stop_string_keeps_what_was_sent_as_sglang_does() -> None:
+    # SGLang's stream text is the sum of its deltas: the finish's trim cuts only the last one.
+    prefill, decode = _pair()
+    _, second = asyncio.run(_both(prefill, decode, _body(stream=True, stop=["lo"])))
+    texts = [
+        json.loads(line[6:])["text"]
+        for line in second.content.decode().split("\n\n")
+        if line.startswith("data: {")
+    ]
+    assert texts == ["H", "He", "Hel", "Hell", "Hell"]
+    reader = SglangStreamReader(max_event_bytes=1 << 20)
+    assert b"finish_reason" in reader.feed(second.content) + reader.close()

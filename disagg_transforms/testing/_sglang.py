@@ -387,9 +387,8 @@ class SimulatedSglangWorker:
             self._answer(request, ids[:step], None if step < len(ids) else finish, cached, started)
             for step in range(1, len(ids) + 1)
         ]
-        if not request.stream:
-            answers = answers[-1:]
-        elif self.incremental:
+        answers = _as_sent(answers) if request.stream else answers[-1:]
+        if request.stream and self.incremental:
             answers = _incremental(answers)
         await _finish(send, request, answers, headers_sent=headers_sent, delay=self.stream_delay)
 
@@ -635,6 +634,20 @@ async def _post(host: str, port: int, path: str, payload: object) -> tuple[int, 
     status_line, _, rest = answer.partition(b"\r\n")
     _, _, body = rest.partition(b"\r\n\r\n")
     return int(status_line.split()[1]), _parse(body)
+
+
+def _as_sent(answers: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A stream's texts as SGLang sends them: each the text sent so far plus its new part.
+
+    SGLang's stream text is the sum of its deltas, and a finish's trim of a stop string only
+    shortens the last delta (``detokenizer_manager.py``: ``output_str[s.sent_offset:]``): text
+    already sent stays.
+    """
+    sent = ""
+    for answer in answers:
+        sent += answer["text"][len(sent) :]
+        answer["text"] = sent
+    return answers
 
 
 def _incremental(answers: list[dict[str, Any]]) -> list[dict[str, Any]]:
