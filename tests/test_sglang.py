@@ -24,6 +24,7 @@ from disagg_transforms._request.sglang import (
     Rendezvous,
     build_sglang_request,
     new_rendezvous,
+    sglang_client_leg,
 )
 from disagg_transforms._response.dispatch import stream_converter, wrap_envelope
 from disagg_transforms._response.sglang import (
@@ -423,3 +424,39 @@ def test_named_event_streams_end_with_the_usage_and_cached_tokens(route: Route) 
         else usage["input_tokens_details"]["cached_tokens"]
     )
     assert cached == 16
+
+
+# --- SGLang's own clients ---------------------------------------------------------------------
+
+
+def test_an_sglang_client_keeps_its_body_and_gets_our_rid_and_room() -> None:
+    client = _fixture("generate-request")
+    client["rid"] = "short"
+    client["bootstrap_room"] = "1"
+    leg = sglang_client_leg(client, rendezvous=RENDEZVOUS)
+    assert leg.body == {
+        **client,
+        "rid": "0" * 32,
+        "bootstrap_host": "10.0.3.17",
+        "bootstrap_port": 8998,
+        "bootstrap_room": 7,
+    }
+    assert client["rid"] == "short"
+    sglang_contract.contract().GenerateRequest.from_json_value(leg.body)
+
+
+@pytest.mark.parametrize(
+    ("change", "param"),
+    [
+        ({"sampling_params": {"max_tokens": 4}}, "$.sampling_params.max_tokens"),
+        ({"input_ids": [[1], [2]]}, "$"),
+        ({"sampling_params": {"n": 2}}, "$"),
+        ({"input_ids": None}, "$.input_ids"),
+    ],
+)
+def test_an_sglang_client_body_both_workers_would_refuse_is_refused_first(
+    change: dict[str, Any], param: str
+) -> None:
+    with pytest.raises(RequestError) as caught:
+        sglang_client_leg({**_fixture("generate-request"), **change}, rendezvous=RENDEZVOUS)
+    assert caught.value.param == param

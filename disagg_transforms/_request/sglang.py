@@ -32,6 +32,7 @@ __all__ = (
     "SglangLeg",
     "build_sglang_request",
     "new_rendezvous",
+    "sglang_client_leg",
 )
 
 ROOM_MAX: Final = 2**63 - 1
@@ -74,6 +75,39 @@ _STRUCTURED: Mapping[str, str] = {
     w.CHOICE: w.CHOICE,
     w.STRUCTURAL_TAG: w.STRUCTURAL_TAG,
 }
+# SGLang 0.5.23's sampling keys (its contract's SamplingParams): any other is refused by SGLang.
+_SGLANG_SAMPLING_KEYS: Final = frozenset(
+    {
+        w.MAX_NEW_TOKENS,
+        w.STOP,
+        w.STOP_TOKEN_IDS,
+        "stop_regex",
+        w.TEMPERATURE,
+        w.TOP_P,
+        w.TOP_K,
+        w.MIN_P,
+        w.FREQUENCY_PENALTY,
+        w.PRESENCE_PENALTY,
+        w.REPETITION_PENALTY,
+        w.MIN_NEW_TOKENS,
+        w.N,
+        w.JSON_SCHEMA,
+        w.REGEX,
+        w.EBNF,
+        w.STRUCTURAL_TAG,
+        w.IGNORE_EOS,
+        w.SKIP_SPECIAL_TOKENS,
+        w.SPACES_BETWEEN_SPECIAL_TOKENS,
+        w.NO_STOP_TRIM,
+        w.STREAM_INTERVAL,
+        w.LOGIT_BIAS,
+        w.SAMPLING_SEED,
+        "custom_params",
+        "beam_width",
+        "watermark",
+        w.CHOICE,
+    }
+)
 # What SGLang's chat route sends for a JSON object format.
 _ANY_OBJECT_SCHEMA: Final = '{"type": "object"}'
 
@@ -294,3 +328,46 @@ def _structured(value: object, client_body: Mapping[str, Any]) -> dict[str, Any]
             where = f"{w.STRUCTURED_OUTPUTS}.{key}"
             raise _no_place(where, client_body)
     return out
+
+
+def sglang_client_leg(
+    client_body: Mapping[str, Any], *, rendezvous: Rendezvous, limits: Limits = DEFAULT_LIMITS
+) -> SglangLeg:
+    """Both legs of a client that speaks SGLang's own ``/generate`` (``docs/sglang.md``).
+
+    The client's body as sent, with ``rid`` and the rendezvous fields ours, whatever the client
+    sent in them (a rid of another length could be a prefix of a request in flight). What both
+    workers would refuse is refused here, before the room is taken: a sampling key SGLang does
+    not know, a batch (each item needs its own room), or no single prompt.
+
+    Raises:
+        RequestError: as above, ``param`` the JSON path; or the rendezvous is out of range.
+    """
+    body = dict(_validate.client_object(client_body))
+    _limits.check_client_body(body, limits)
+    sampling = _validate.obj(body, w.SAMPLING_PARAMS) or {}
+    for key in sampling:
+        if key not in _SGLANG_SAMPLING_KEYS:
+            path = f"$.{w.SAMPLING_PARAMS}.{key}"
+            msg = f"{path}: not a key of SGLang's sampling_params"
+            raise RequestError(msg, param=path)
+    prompt = body.get(w.INPUT_IDS)
+    batch = isinstance(prompt, list) and any(isinstance(item, list) for item in prompt)
+    if batch or isinstance(body.get(w.TEXT), list) or sampling.get(w.N, 1) != 1:
+        msg = "$: a batch (a list of prompts, or n > 1) needs a room per item: send one prompt"
+        raise RequestError(msg, param="$")
+    if prompt is None and not isinstance(body.get(w.TEXT), str):
+        msg = f"$.{w.INPUT_IDS}: one prompt is needed, as input_ids or text"
+        raise RequestError(msg, param=f"$.{w.INPUT_IDS}")
+    body[w.RID] = _rid(rendezvous.rid)
+    body.update(_rendezvous_fields(rendezvous))
+    stream = _validate.typed(body, w.STREAM, bool) is True
+    stop_ids = _validate.typed(sampling, w.STOP_TOKEN_IDS, list[int], f"$.{w.SAMPLING_PARAMS}")
+    return SglangLeg(
+        path=w.SGLANG_GENERATE_PATH,
+        body=body,
+        stream=stream,
+        rid=rendezvous.rid,
+        stop_token_ids=tuple(stop_ids or ()),
+        dropped=(),
+    )
