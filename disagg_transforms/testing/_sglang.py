@@ -640,8 +640,7 @@ def _as_sent(answers: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """A stream's texts as SGLang sends them: each the text sent so far plus its new part.
 
     SGLang's stream text is the sum of its deltas, and a finish's trim of a stop string only
-    shortens the last delta (``detokenizer_manager.py``: ``output_str[s.sent_offset:]``): text
-    already sent stays.
+    shortens the last delta: text already sent stays (docs/sglang.md, "The answers").
     """
     sent = ""
     for answer in answers:
