@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import pathlib
+import subprocess
 import time
 
 import httpx
-from proxy_helpers import running
+import pytest
+from proxy_helpers import command, environment, running
 
 from disagg_transforms._request.sglang import Rendezvous, build_sglang_request
 from disagg_transforms._response.sglang import generate_answer, sglang_error_message
@@ -63,3 +65,19 @@ def test_a_prefill_and_a_decode_process_meet_by_room(tmp_path: pathlib.Path) -> 
     message = sglang_error_message(alone.json())
     assert message is not None
     assert message.startswith("Decode transfer failed")
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        ([*SGLANG, "--fault", "bogus"], "--fault: unknown SGLang fault 'bogus'"),
+        ([*SGLANG, "--gateway"], "--gateway simulates llm-d's gateway"),
+        (["simulate", "--disaggregation-mode", "prefill"], "need --engine sglang"),
+    ],
+)
+def test_simulate_refuses_what_sglang_does_not_take(args: list[str], line: str) -> None:
+    result = subprocess.run(  # noqa: S603 - our own interpreter and command
+        command(*args), capture_output=True, text=True, timeout=60, env=environment(), check=False
+    )
+    assert result.returncode == 2
+    assert line in result.stderr

@@ -203,3 +203,26 @@ def test_a_streamed_stop_string_keeps_what_was_sent_as_sglang_does() -> None:
     assert texts == ["H", "He", "Hel", "Hell", "Hell"]
     reader = SglangStreamReader(max_event_bytes=1 << 20)
     assert b"finish_reason" in reader.feed(second.content) + reader.close()
+
+
+def test_a_prefill_that_fails_leaves_its_decode_waiting_until_the_timeout() -> None:
+    # What a router must not wait for (docs/sglang.md): the decode answers only at the timeout.
+    for fault in ("http-500", "no-room"):
+        prefill = SimulatedSglangWorker(
+            disaggregation_mode="prefill", transfer_timeout=0.3, fault=fault
+        )
+        decode = SimulatedSglangWorker(
+            disaggregation_mode="decode",
+            transfer_timeout=0.3,
+            prefills={("prefill", 8998): prefill},
+        )
+        first, second = asyncio.run(_both(prefill, decode, _body(room=13)))
+        assert first.status_code == second.status_code == 500
+        message = sglang_error_message(second.json())
+        assert message is not None
+        assert message.startswith("Decode transfer failed")
+
+
+def test_an_unknown_fault_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown fault"):
+        SimulatedSglangWorker(fault="bogus")

@@ -523,18 +523,19 @@ def _simulate(args: argparse.Namespace) -> int:
 
     Serve disagg_transforms.testing.SimulatedWorker, or with --gateway a SimulatedGateway:
     pools of simulated workers chosen by each call's EPP-Profile header (docs/testing.md).
+    With --engine sglang, a SimulatedSglangWorker in one P/D role (docs/sglang.md).
     """
     from disagg_transforms.testing import FAULT_MODES  # noqa: PLC0415
 
     _need_the_extra()
+    if args.engine == "sglang":
+        return _simulate_sglang(args)
     if args.fault is not None and args.fault not in FAULT_MODES:
         msg = f"--fault: unknown fault {args.fault!r}; expected one of {', '.join(FAULT_MODES)}"
         raise CliError(msg)
     if args.gateway and (args.fault is not None or args.log_calls):
         msg = "--fault and --log-calls play on one worker: give neither with --gateway"
         raise CliError(msg)
-    if args.engine == "sglang":
-        return _simulate_sglang(args)
     if args.disaggregation_mode is not None or args.incremental_streaming_output:
         msg = "--disaggregation-mode and --incremental-streaming-output need --engine sglang"
         raise CliError(msg)
@@ -562,8 +563,14 @@ def _simulate(args: argparse.Namespace) -> int:
 
 def _simulate_sglang(args: argparse.Namespace) -> int:
     """``simulate --engine sglang``: one simulated SGLang worker; a prefill on two ports."""
-    if args.gateway or args.fault is not None:
-        msg = "--gateway and --fault simulate vLLM: give neither with --engine sglang"
+    from disagg_transforms.testing import SGLANG_FAULT_MODES  # noqa: PLC0415
+
+    if args.gateway:
+        msg = "--gateway simulates llm-d's gateway over vLLM workers: not with --engine sglang"
+        raise CliError(msg)
+    if args.fault is not None and args.fault not in SGLANG_FAULT_MODES:
+        modes = ", ".join(SGLANG_FAULT_MODES)
+        msg = f"--fault: unknown SGLang fault {args.fault!r}; expected one of {modes}"
         raise CliError(msg)
     sock = _bind(args.host, args.port)
     extra = []
@@ -574,6 +581,7 @@ def _simulate_sglang(args: argparse.Namespace) -> int:
         extra.append(bootstrap)
     settings = {
         "engine": "sglang",
+        "fault": args.fault,
         "disaggregation_mode": args.disaggregation_mode,
         "bootstrap_port": bootstrap_port,
         "transfer_timeout": args.transfer_timeout,
@@ -615,6 +623,7 @@ def _simulated_worker(settings: Mapping[str, Any]) -> ASGIApp:
             transfer_timeout=settings["transfer_timeout"],
             incremental_streaming_output=settings["incremental_streaming_output"],
             stream_delay=stream_delay,
+            fault=settings["fault"],
         )
     if settings.get("gateway"):
         return SimulatedGateway(

@@ -68,7 +68,7 @@ from disagg_transforms.testing._gateway import (
     GatewayCall,
     SimulatedGateway,
 )
-from disagg_transforms.testing._sglang import SimulatedSglangWorker
+from disagg_transforms.testing._sglang import SGLANG_FAULT_MODES, SimulatedSglangWorker
 from disagg_transforms.testing._tokenizer import decode as toy_decode
 from disagg_transforms.testing._tokenizer import encode as toy_encode
 from disagg_transforms.testing._worker import (
@@ -87,6 +87,7 @@ __all__ = [
     "PROFILES",
     "PROFILE_HEADER",
     "ROUTING_POLICIES",
+    "SGLANG_FAULT_MODES",
     "RecordedCall",
     "SimulatedGateway",
     "SimulatedSglangWorker",

@@ -33,6 +33,10 @@ JOIN_PATH: Final = "/simulated/join"
 """Where a simulated decode joins its room on the prefill's bootstrap port (the simulated KV
 transfer; real SGLang moves KV over its transfer backend)."""
 Mode = Literal["prefill", "decode"]
+SGLANG_FAULT_MODES: Final = ("http-500", "no-room")
+"""Faults the simulated SGLang worker plays on ``/generate`` (see :class:`SimulatedSglangWorker`),
+for every request (``fault``) or one (header ``x-simulate-fault``)."""
+_FAULT_HEADER: Final = "x-simulate-fault"
 
 # SGLang's SamplingParams keys in its contract's order: the unknown-field text lists them.
 SAMPLING_KEYS: Final = (
@@ -176,6 +180,10 @@ class SimulatedSglangWorker:
     away is not noticed (send ``/abort_request``); no batches, ``n > 1``, OpenAI routes or prompt
     logprobs; the contract gate checks only what a router sends.
 
+    Faults (``SGLANG_FAULT_MODES``), on ``/generate``: ``http-500`` answers 500 at once in
+    SGLang's error shape (a prefill that failed); ``no-room`` takes the request but never
+    joins its room, as a prefill that never got it (its decode fails at the timeout).
+
     Args:
         settings: What the model answers; ``None``: the defaults.
         disaggregation_mode: ``prefill``, ``decode``, or ``None`` (no P/D).
@@ -198,11 +206,15 @@ class SimulatedSglangWorker:
         incremental_streaming_output: bool = False,
         stream_delay: float = 0.0,
         prefills: Mapping[tuple[str, int], SimulatedSglangWorker] | None = None,
+        fault: str | None = None,
     ) -> None:
         if disaggregation_mode not in (None, "prefill", "decode"):
             msg = (
                 f"disaggregation_mode must be prefill, decode or None, got {disaggregation_mode!r}"
             )
+            raise ValueError(msg)
+        if fault is not None and fault not in SGLANG_FAULT_MODES:
+            msg = f"unknown fault {fault!r}; expected one of {', '.join(SGLANG_FAULT_MODES)}"
             raise ValueError(msg)
         if transfer_timeout <= 0 or stream_delay < 0:
             msg = "transfer_timeout must be positive and stream_delay non-negative"
@@ -213,6 +225,7 @@ class SimulatedSglangWorker:
         self.transfer_timeout = transfer_timeout
         self.incremental = incremental_streaming_output
         self.stream_delay = stream_delay
+        self.fault = fault
         self._prefills = dict(prefills or {})
         self.calls: list[RecordedCall] = []
         """Every request received, in order."""
@@ -235,7 +248,7 @@ class SimulatedSglangWorker:
         call = RecordedCall(method, path, headers, body)
         self.calls.append(call)
         if path == "/generate" and method in ("POST", "PUT"):
-            await self._generate(body, send)
+            await self._generate(body, send, headers.get(_FAULT_HEADER) or self.fault)
             return
         status, payload = self._route(method, path, body)
         if path == JOIN_PATH and status == 200:
@@ -276,7 +289,12 @@ class SimulatedSglangWorker:
 
     # --- /generate ----------------------------------------------------------------------------
 
-    async def _generate(self, body: object, send: Send) -> None:
+    async def _generate(self, body: object, send: Send, fault: str | None) -> None:
+        if fault == "http-500":
+            message = "Internal server error (simulated)"
+            error = {"object": "error", "message": message, "type": "500", "param": None}
+            await _send_json(send, 500, {**error, "code": 500})
+            return
         if not isinstance(body, dict):
             error = {"object": "error", "message": "JSON decode error", "type": "Bad Request"}
             await _send_json(send, 400, {**error, "param": None, "code": 400})
@@ -305,7 +323,7 @@ class SimulatedSglangWorker:
             return
         abort = self._running.setdefault(request.rid, asyncio.Event())
         try:
-            await self._serve(request, abort, send)
+            await self._serve(request, abort, send, joins=fault != "no-room")
         finally:
             self._running.pop(request.rid, None)
 
@@ -360,14 +378,16 @@ class SimulatedSglangWorker:
             body=body,
         )
 
-    async def _serve(self, request: _Request, abort: asyncio.Event, send: Send) -> None:
+    async def _serve(
+        self, request: _Request, abort: asyncio.Event, send: Send, *, joins: bool
+    ) -> None:
         started = time.time()
         headers_sent = False
         if request.stream:  # SGLang's stream headers go out at once; events after the KV
             await _start(send, 200, _SSE)
             headers_sent = True
         try:
-            cached = await self._meet(request, abort)
+            cached = await self._meet(request, abort, joins=joins)
         except _AbortedError:
             answer = self._answer(request, [], _ABORTED, 0, started)
             await _finish(send, request, [answer], headers_sent=headers_sent)
@@ -392,13 +412,16 @@ class SimulatedSglangWorker:
             answers = _incremental(answers)
         await _finish(send, request, answers, headers_sent=headers_sent, delay=self.stream_delay)
 
-    async def _meet(self, request: _Request, abort: asyncio.Event) -> int:
-        """Meet the peer of the request's room; the prefill's cached tokens. Raises on failure."""
+    async def _meet(self, request: _Request, abort: asyncio.Event, *, joins: bool) -> int:
+        """Meet the peer of the request's room; the prefill's cached tokens. Raises on failure.
+
+        ``joins`` false: the room is never joined (the ``no-room`` fault).
+        """
         room = request.body.get("bootstrap_room")
         if self.mode is None or not isinstance(room, int):
             return 0
         if self.mode == "prefill":
-            slot = self._rooms.setdefault(room, _Room())
+            slot = self._rooms.setdefault(room, _Room()) if joins else _Room()
             earlier = (
                 call.body.get("input_ids")
                 for call in self.calls[:-1]
