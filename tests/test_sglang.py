@@ -460,3 +460,12 @@ def test_an_sglang_client_body_both_workers_would_refuse_is_refused_first(
     with pytest.raises(RequestError) as caught:
         sglang_client_leg({**_fixture("generate-request"), **change}, rendezvous=RENDEZVOUS)
     assert caught.value.param == param
+
+
+@given(value=st.floats(0, 2, allow_subnormal=False))
+def test_a_float_reaches_sglang_as_the_client_wrote_it(value: float) -> None:
+    # sglang-router 0.3.2 sends floats through f32 (0.7 arrives as 0.699999988079071).
+    leg = _leg(_chat(temperature=value, top_p=0.9))
+    encoded = json.dumps(leg)
+    assert json.loads(encoded)["sampling_params"]["temperature"] == value
+    assert '"top_p": 0.9' in encoded
