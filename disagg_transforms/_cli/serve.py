@@ -15,7 +15,7 @@ import signal
 import socket
 import sys
 import tempfile
-from collections.abc import Container, Iterator, Mapping
+from collections.abc import Container, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import orjson
@@ -227,6 +227,35 @@ def add_commands(commands: argparse._SubParsersAction[_ParserT]) -> None:
         "--enable-prompt-tokens-details",
         action="store_true",
         help="as vLLM's flag: a prefill's usage reports its cached prompt tokens",
+    )
+    simulate.add_argument(
+        "--engine",
+        choices=("vllm", "sglang"),
+        default="vllm",
+        help="the engine simulated: vLLM 0.33 (default) or SGLang 0.5.23 (docs/sglang.md)",
+    )
+    simulate.add_argument(
+        "--disaggregation-mode",
+        choices=("prefill", "decode"),
+        help="with --engine sglang: the worker's P/D role (default: none)",
+    )
+    simulate.add_argument(
+        "--bootstrap-port",
+        type=_count,
+        default=8998,
+        help="with --engine sglang: the prefill's bootstrap port, where decodes join their "
+        "rooms (a decode's default for a request without one); 0 picks a free port",
+    )
+    simulate.add_argument(
+        "--transfer-timeout",
+        type=_seconds,
+        default=300.0,
+        help="with --engine sglang: seconds a leg waits for its peer's room (SGLang's 300)",
+    )
+    simulate.add_argument(
+        "--incremental-streaming-output",
+        action="store_true",
+        help="with --engine sglang: stream deltas, not the whole text in every event",
     )
 
 
@@ -562,15 +591,21 @@ def _simulate(args: argparse.Namespace) -> int:
 
     Serve disagg_transforms.testing.SimulatedWorker, or with --gateway a SimulatedGateway:
     pools of simulated workers chosen by each call's EPP-Profile header (docs/testing.md).
+    With --engine sglang, a SimulatedSglangWorker in one P/D role (docs/sglang.md).
     """
     from disagg_transforms.testing import FAULT_MODES  # noqa: PLC0415
 
     _need_the_extra()
+    if args.engine == "sglang":
+        return _simulate_sglang(args)
     if args.fault is not None and args.fault not in FAULT_MODES:
         msg = f"--fault: unknown fault {args.fault!r}; expected one of {', '.join(FAULT_MODES)}"
         raise CliError(msg)
     if args.gateway and (args.fault is not None or args.log_calls):
         msg = "--fault and --log-calls play on one worker: give neither with --gateway"
+        raise CliError(msg)
+    if args.disaggregation_mode is not None or args.incremental_streaming_output:
+        msg = "--disaggregation-mode and --incremental-streaming-output need --engine sglang"
         raise CliError(msg)
     settings = {
         "fault": args.fault,
@@ -594,6 +629,39 @@ def _simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _simulate_sglang(args: argparse.Namespace) -> int:
+    """``simulate --engine sglang``: one simulated SGLang worker; a prefill on two ports."""
+    from disagg_transforms.testing import SGLANG_FAULT_MODES  # noqa: PLC0415
+
+    if args.gateway:
+        msg = "--gateway simulates llm-d's gateway over vLLM workers: not with --engine sglang"
+        raise CliError(msg)
+    if args.fault is not None and args.fault not in SGLANG_FAULT_MODES:
+        modes = ", ".join(SGLANG_FAULT_MODES)
+        msg = f"--fault: unknown SGLang fault {args.fault!r}; expected one of {modes}"
+        raise CliError(msg)
+    sock = _bind(args.host, args.port)
+    extra = []
+    bootstrap_port = args.bootstrap_port
+    if args.disaggregation_mode == "prefill":
+        bootstrap = _bind(args.host, bootstrap_port)
+        bootstrap_port = bootstrap.getsockname()[1]
+        extra.append(bootstrap)
+    settings = {
+        "engine": "sglang",
+        "fault": args.fault,
+        "disaggregation_mode": args.disaggregation_mode,
+        "bootstrap_port": bootstrap_port,
+        "transfer_timeout": args.transfer_timeout,
+        "incremental_streaming_output": args.incremental_streaming_output,
+        "stream_delay": args.stream_delay,
+        "served_model_names": args.served_model_name or [],
+    }
+    os.environ[_SETTINGS] = orjson.dumps(settings).decode()
+    _run("disagg_transforms._cli.serve:worker_from_settings", sock, workers=1, drain=5, extra=extra)
+    return 0
+
+
 def worker_from_settings() -> ASGIApp:
     """The simulated worker or gateway ``simulate`` serves (uvicorn's factory)."""
     _configure_logging()
@@ -613,6 +681,18 @@ def _simulated_worker(settings: Mapping[str, Any]) -> ASGIApp:
         prompt_tokens_details=settings.get("prompt_tokens_details", False),
     )
     stream_delay = settings.get("stream_delay", 0.0)
+    if settings.get("engine") == "sglang":
+        from disagg_transforms.testing import SimulatedSglangWorker  # noqa: PLC0415
+
+        return SimulatedSglangWorker(
+            worker,
+            disaggregation_mode=settings["disaggregation_mode"],
+            bootstrap_port=settings["bootstrap_port"],
+            transfer_timeout=settings["transfer_timeout"],
+            incremental_streaming_output=settings["incremental_streaming_output"],
+            stream_delay=stream_delay,
+            fault=settings["fault"],
+        )
     if settings.get("gateway"):
         return SimulatedGateway(
             worker,
@@ -666,10 +746,19 @@ def _ready(sock: socket.socket) -> None:
     sys.stdout.flush()
 
 
-def _run(
-    factory: str, sock: socket.socket, *, workers: int, drain: int, keep_alive: int = 5
+def _run(  # noqa: PLR0913 - the server's settings, by keyword
+    factory: str,
+    sock: socket.socket,
+    *,
+    workers: int,
+    drain: int,
+    keep_alive: int = 5,
+    extra: Sequence[socket.socket] = (),
 ) -> None:
     """Serve ``factory``'s app on ``sock``; print the readiness line; drain on SIGTERM.
+
+    ``extra`` sockets serve the same app (a simulated SGLang prefill's bootstrap port); the
+    readiness line names ``sock``.
 
     ``keep_alive`` is how long an idle client connection stays open: 5 s for a simulated
     worker, as vLLM's own uvicorn server; more for the proxy (docs/proxy.md).
@@ -697,7 +786,7 @@ def _run(
         _ready(sock)
         _supervisor(config, sock).run()
         return
-    _ready_server(config).run(sockets=[sock])
+    _ready_server(config).run(sockets=[sock, *extra])
 
 
 def _supervisor(config: uvicorn.Config, sock: socket.socket) -> Multiprocess:
