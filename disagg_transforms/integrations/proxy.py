@@ -539,12 +539,37 @@ def _timed_out(error: BaseException) -> bool:
 
 
 def _reason(error: BaseException, timeouts: Timeouts) -> str:
-    if isinstance(error, _TIMEOUTS) and not isinstance(error, aiohttp.ClientError):
+    """The kind of a failed call, as the client is told it.
+
+    Never the worker's address nor the transport's own text: they name internal hosts
+    (docs/proxy.md, "Errors and timeouts"); ``_logged_failure`` writes them to the log.
+    """
+    if isinstance(error, _TIMEOUTS):
+        if isinstance(error, aiohttp.ClientError):  # aiohttp's own: the connect timeout
+            return f"no connection within the timeout ({timeouts.connect:g}s connect)"
         return (
             f"no answer within the timeout ({timeouts.first_byte:g}s first byte,"
             f" {timeouts.idle:g}s idle)"
         )
-    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+    return next(
+        (kind for classes, kind in _FAILURE_KINDS if isinstance(error, classes)),
+        "the connection failed",
+    )
+
+
+# The kinds of a failed call a client is told, the most precise first.
+_FAILURE_KINDS: tuple[tuple[type[aiohttp.ClientError], str], ...] = (
+    (aiohttp.ClientConnectorError, "could not connect to the worker"),
+    (aiohttp.ServerDisconnectedError, "the worker closed the connection"),
+    (aiohttp.ClientPayloadError, "the worker's answer was cut off"),
+    (aiohttp.ClientOSError, "connection reset"),
+)
+
+
+def _logged_failure(step: str, url: str, error: BaseException, timeouts: Timeouts) -> str:
+    """:func:`_reason` for the client; the worker's address and the exception to the log."""
+    ACCESS_LOG.warning("%s call to %s failed: %s: %s", step, url, type(error).__name__, error)
+    return _reason(error, timeouts)
 
 
 def _client_error(
@@ -760,7 +785,7 @@ class _Proxy:
                 finally:
                     answer.release()
         except _FAILURES as error:
-            message = f"{step} failed: {_reason(error, self.timeouts)}"
+            message = f"{step} failed: {_logged_failure(step, url, error, self.timeouts)}"
             return _openai_error(502, message)
         kind = answer.headers.get("content-type", "application/json")
         return Response(body, status_code=answer.status, media_type=kind)
@@ -919,7 +944,8 @@ class _Proxy:
             while drive.opening:
                 drive.chunk(await stream.read() or None)  # b"": the stream's end
         except _FAILURES as error:
-            drive.failed(_reason(error, self.timeouts), timed_out=_timed_out(error))
+            why = _logged_failure(call.step, urls[call.step], error, self.timeouts)
+            drive.failed(why, timed_out=_timed_out(error))
             log.leg(call.step, "failed", since)
             if stream is not None:
                 stream.close()
@@ -957,8 +983,9 @@ class _Proxy:
                         answer.release()
             except _FAILURES as error:
                 log.leg(call.step, "failed", since)
+                why = _logged_failure(call.step, urls[call.step], error, self.timeouts)
                 if not retries_left:
-                    drive.failed(_reason(error, self.timeouts), timed_out=_timed_out(error))
+                    drive.failed(why, timed_out=_timed_out(error))
                 continue
             log.leg(call.step, answer.status, since, head)
             if retries_left and answer.status in _RETRIED_STATUSES:
@@ -985,7 +1012,7 @@ class _Proxy:
                 if out := drive.chunk(await stream.read() or None):
                     yield out
         except _FAILURES as error:
-            why = _reason(error, self.timeouts)
+            why = _logged_failure("streamed", str(stream.answer.url), error, self.timeouts)
             yield drive.failed(why, timed_out=_timed_out(error))
         except BaseException:
             # Starlette cancels the relay when the client goes away: the worker's stream is
