@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from typing import Any
 
 import httpx
@@ -201,3 +202,20 @@ def test_a_bad_version_setting_is_a_config_error(bad: Any) -> None:
     with pytest.raises(ConfigError) as caught:
         ExchangeSettings(vllm_version=bad)
     assert caught.value.param == "ExchangeSettings.vllm_version"
+
+
+_REAL = os.environ.get("DISAGG_REAL_VLLM_URL")
+
+
+@pytest.mark.real_vllm
+@pytest.mark.skipif(
+    _REAL is None, reason="no real vLLM: set DISAGG_REAL_VLLM_URL (docs/testing.md)"
+)
+def test_the_simulated_032_refusal_is_the_real_ones() -> None:
+    assert _REAL is not None
+    body = {"token_ids": [1, 2, 3], "sampling_params": {"max_tokens": 2}, "output_mode": "derender"}
+    real = httpx.post(_REAL + GENERATE, json=body, timeout=60)
+    simulated = _ask(_worker("0.32.0"), "POST", GENERATE, body)
+    assert (real.status_code, real.content) == (400, REAL_032_DERENDER_400)
+    assert simulated.json() == real.json()
+    assert httpx.get(_REAL + "/version", timeout=60).json() == {"version": "0.32.0"}

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import msgspec
 
-from disagg_transforms import parse_pipeline_params
+from disagg_transforms import parse_pipeline_params, validate_vllm_version
 from disagg_transforms._cli.commands import CliError
 from disagg_transforms._wire.describe import describe
 from disagg_transforms.errors import ConfigError
@@ -27,7 +27,7 @@ __all__ = (
 )
 
 _STDIN = "-"
-_TOP_LEVEL_KEYS = ("steps", "use_openai_format")
+_TOP_LEVEL_KEYS = ("steps", "use_openai_format", "vllm_version")
 _YAML_HINT = " (if it is YAML, pass --format yaml)"
 
 
@@ -117,6 +117,24 @@ def _collect(errors: list[ConfigError], steps: object, use_openai_format: object
     return True
 
 
+def _top_level_errors(document: Mapping[str, object]) -> list[ConfigError]:
+    """Unknown top-level keys, and a ``vllm_version`` that is not a release."""
+    accepted = ", ".join(_TOP_LEVEL_KEYS)
+    errors = [
+        ConfigError(
+            f"{key}: unknown top-level key {describe(key)}; accepted: {accepted}", param=str(key)
+        )
+        for key in document
+        if key not in _TOP_LEVEL_KEYS
+    ]
+    if document.get("vllm_version") is not None:
+        try:
+            validate_vllm_version(document["vllm_version"])
+        except ConfigError as error:
+            errors.append(error)
+    return errors
+
+
 def config_errors(document: object) -> list[ConfigError]:
     """Every error in a pipeline config document, each key checked on its own.
 
@@ -126,13 +144,7 @@ def config_errors(document: object) -> list[ConfigError]:
     if not isinstance(document, Mapping):
         msg = f'$: expected an object with a "steps" key, got {describe(document)}'
         return [ConfigError(msg, param="$")]
-    errors: list[ConfigError] = []
-    for key in document:
-        if key not in _TOP_LEVEL_KEYS:
-            msg = (
-                f"{key}: unknown top-level key {describe(key)}; accepted: steps, use_openai_format"
-            )
-            errors.append(ConfigError(msg, param=str(key)))
+    errors = _top_level_errors(document)
     _collect(errors, {}, document.get("use_openai_format"))
     if "steps" not in document:
         errors.append(ConfigError('steps: the "steps" key is missing', param="steps"))

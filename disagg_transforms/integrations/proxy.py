@@ -20,6 +20,7 @@ import time
 import urllib.parse
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from http import HTTPStatus
 from types import FrameType
 from typing import TypeAlias
 
@@ -52,6 +53,8 @@ from disagg_transforms import (
     StepParams,
     detect_route,
     parse_pipeline_params,
+    validate_vllm_version,
+    version_errors,
 )
 from disagg_transforms.errors import (
     ConfigError,
@@ -83,7 +86,14 @@ if sys.version_info >= (3, 11):
 else:  # aiohttp's own dependency there
     from async_timeout import timeout as _deadline
 
-__all__ = ("SidecarSeat", "Timeouts", "create_app", "sidecar_errors", "url_errors")
+__all__ = (
+    "SidecarSeat",
+    "Timeouts",
+    "create_app",
+    "sidecar_errors",
+    "url_errors",
+    "worker_vllm_version",
+)
 
 ACCESS_LOG = logging.getLogger("disagg_transforms.proxy")
 """One line per client request: its id, route, status, and each worker call's status and time."""
@@ -566,10 +576,60 @@ _FAILURE_KINDS: tuple[tuple[type[aiohttp.ClientError], str], ...] = (
 )
 
 
+def _log_failure(step: str, url: str, error: BaseException) -> None:
+    """What a client is never told of a failed call: the worker's address, the exception."""
+    ACCESS_LOG.warning("%s call to %s failed: %s: %s", step, url, type(error).__name__, error)
+
+
 def _logged_failure(step: str, url: str, error: BaseException, timeouts: Timeouts) -> str:
     """:func:`_reason` for the client; the worker's address and the exception to the log."""
-    ACCESS_LOG.warning("%s call to %s failed: %s: %s", step, url, type(error).__name__, error)
+    _log_failure(step, url, error)
     return _reason(error, timeouts)
+
+
+class _Version(msgspec.Struct):
+    """What a worker's ``GET /version`` is read for."""
+
+    version: object = None
+
+
+async def _asked_version(http: aiohttp.ClientSession, url: str, timeout: float) -> str | None:
+    """The vLLM release the worker at ``url`` names in its ``GET /version``.
+
+    ``None`` when it answers but names none (not a vLLM worker, an error status).
+
+    Raises:
+        aiohttp.ClientError, TimeoutError: no answer (the worker is not up, or not there).
+    """
+    async with _deadline(timeout):
+        answer = await http.get(url + "/version")
+        try:
+            body = await answer.read()
+        finally:
+            answer.release()
+    try:
+        version = msgspec.json.decode(body, type=_Version).version
+        return validate_vllm_version(version) if answer.status == HTTPStatus.OK else None
+    except (msgspec.DecodeError, RecursionError, ConfigError):
+        return None
+
+
+def worker_vllm_version(url: str, *, timeout: float = 5.0) -> str | None:
+    """The vLLM release of the worker at ``url``, from its ``GET /version`` (blocking).
+
+    What ``serve`` asks the render worker at startup (docs/proxy.md, "vLLM versions"). ``None``
+    when it cannot be reached in ``timeout`` seconds or names no release; why goes to the log.
+    """
+
+    async def ask() -> str | None:
+        async with aiohttp.ClientSession(trust_env=False) as http:
+            return await _asked_version(http, url.rstrip("/"), timeout)
+
+    try:
+        return asyncio.run(ask())
+    except _FAILURES as error:
+        _log_failure("version", url, error)
+        return None
 
 
 def _client_error(
@@ -655,6 +715,7 @@ class _Proxy:
         profiles: Mapping[str, str],
         prefill_max_retries: int,
         seat: _Seat | None,
+        probe_version: bool,
     ) -> None:
         self.config = config
         self.seat = seat  # the sidecar seat: each request's headers name its workers
@@ -664,11 +725,16 @@ class _Proxy:
         self.timeouts = timeouts
         self.worker_keep_alive = worker_keep_alive
         self.settings = settings  # one settings object for every exchange this proxy runs
+        self.version_unknown = probe_version and settings.vllm_version is None
+        """The workers' release is asked before the next client request (serve could not)."""
+        self.probing = asyncio.Lock()
         # A count_tokens request is rendered whatever the pipeline: its exchange's first call.
-        # Its decode never runs; auto, so a count request with tools is counted, not refused.
+        # Its decode never runs; auto, so a count request with tools is counted, not refused,
+        # and rendered whatever the workers' release (its decode is never sent).
         self.rendered = parse_pipeline_params(
             {"decode": {"output_mode": "auto"}}, use_openai_format=False
         )
+        self.count_settings = msgspec.structs.replace(settings, vllm_version=None)
         self.http: aiohttp.ClientSession | None = None
         self.metrics = _Metrics()
         self.draining = False
@@ -827,7 +893,11 @@ class _Proxy:
             return read
         body = _with_max_tokens(read)
         ex = Exchange(
-            self.rendered, Route.MESSAGES.value, request.headers.raw, body, settings=self.settings
+            self.rendered,
+            Route.MESSAGES.value,
+            request.headers.raw,
+            body,
+            settings=self.count_settings,
         )
         log.begin(ex.client_model)
         drive = Driver(ex)
@@ -860,6 +930,8 @@ class _Proxy:
                 log.begin(_body_model(client_body))
                 log.write("-", error.status_hint, error="bad_request")
                 return _client_error(request, error.status_hint, error.message, error.param)
+        if self.version_unknown:
+            await self._ask_version()
         ex = Exchange(
             config,
             request.scope["path"],
@@ -891,6 +963,31 @@ class _Proxy:
         assert stream is not None  # noqa: S101 - a client stream relays a worker stream
         body_stream = self._relay(drive, stream, reply.first, log, reply.status)
         return StreamingResponse(body_stream, status_code=reply.status, headers=dict(reply.headers))
+
+    async def _ask_version(self) -> None:
+        """Ask the render worker's release once it answers (``serve`` could not at startup).
+
+        A worker that cannot be reached is asked again before the next request; one that
+        answers without a release is taken to honour every mode (docs/proxy.md, "vLLM
+        versions").
+        """
+        async with self.probing:
+            if not self.version_unknown:
+                return  # another request asked meanwhile
+            url = self.urls["render"]  # a vLLM worker of the fleet, never the gateway's picker
+            try:
+                version = await _asked_version(self._client(), url, self.timeouts.connect)
+            except _FAILURES as error:
+                _log_failure("version", url, error)
+                return
+            self.version_unknown = False
+            if version is None:
+                ACCESS_LOG.warning("%s/version names no vLLM release: every mode is assumed", url)
+                return
+            ACCESS_LOG.info("the workers run vLLM %s", version)
+            self.settings = msgspec.structs.replace(self.settings, vllm_version=version)
+            for refused in version_errors(self.config, version):
+                ACCESS_LOG.error("%s", refused.message)
 
     async def _send(self, call: WorkerCall, urls: Mapping[str, str]) -> aiohttp.ClientResponse:
         """Send ``call`` to its step's worker in ``urls``; its answer once its head came."""
@@ -1099,6 +1196,8 @@ def create_app(  # noqa: PLR0913 - one URL per step and the settings, all by key
     ec_connector: EcConnector = EcConnector.NIXL,
     prefill_max_retries: int = 0,
     sidecar: SidecarSeat | None = None,
+    vllm_version: str | None = None,
+    probe_vllm_version: bool = False,
 ) -> Starlette:
     """The proxy as a Starlette app: the client routes and vLLM's others (``docs/proxy.md``).
 
@@ -1134,10 +1233,17 @@ def create_app(  # noqa: PLR0913 - one URL per step and the settings, all by key
         sidecar: llm-d's sidecar seat (:class:`SidecarSeat`): each request's headers name its
             prefill and encode workers, so no ``prefill_url``, ``encode_url`` or
             ``gateway_url`` is given with it.
+        vllm_version: the workers' vLLM release
+            (:attr:`~disagg_transforms.ExchangeSettings.vllm_version`); ``None``: one that
+            honours every mode, unless ``probe_vllm_version``.
+        probe_vllm_version: without ``vllm_version``, ask the render worker's ``GET /version``
+            (the decode URL's by default) before the first client request (again before the
+            next while it cannot be reached), as ``serve`` does when it could not at startup.
 
     Raises:
         ConfigError: the first of :func:`url_errors` (:func:`sidecar_errors` in the sidecar
-            seat).
+            seat), a ``vllm_version`` that is not a release, or the first of
+            :func:`~disagg_transforms.version_errors`.
     """
     errors = (url_errors if sidecar is None else sidecar_errors)(
         config,
@@ -1162,8 +1268,14 @@ def create_app(  # noqa: PLR0913 - one URL per step and the settings, all by key
         profiles = {}
     stripped = {k: v.rstrip("/") for k, v in urls.items()}
     settings = ExchangeSettings(
-        hooks=hooks, limits=limits, kv_connector=kv_connector, ec_connector=ec_connector
+        hooks=hooks,
+        limits=limits,
+        kv_connector=kv_connector,
+        ec_connector=ec_connector,
+        vllm_version=vllm_version,
     )
+    if vllm_version is not None and (refused := version_errors(config, vllm_version)):
+        raise refused[0]
     if prefill_max_retries < 0:
         msg = f"prefill_max_retries: expected 0 or more, got {prefill_max_retries}"
         raise ConfigError(msg, param="prefill_max_retries")
@@ -1176,6 +1288,7 @@ def create_app(  # noqa: PLR0913 - one URL per step and the settings, all by key
         profiles=profiles,
         prefill_max_retries=prefill_max_retries,
         seat=None if sidecar is None else _Seat(sidecar, config, stripped),
+        probe_version=probe_vllm_version,
     )
     routes = [HttpRoute(route.value, proxy.serve, methods=["POST"]) for route in _CLIENT_ROUTES]
     routes += [

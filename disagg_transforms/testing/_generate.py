@@ -355,7 +355,7 @@ def validate(
     if not legacy and mode != "tokens" and sampling.get("detokenize", True) is False:
         # The model validator's failure, printed with its ValueError as vLLM's handler does.
         msg = f"output_mode={mode!r} requires sampling_params.detokenize to be true"
-        error = {"error": ValueError(msg)}
+        error: dict[str, object] = {"error": ValueError(msg)}
         raise RequestInvalidError(
             [Issue("value_error", "body", f"Value error, {msg}", body, error)]
         )
