@@ -193,8 +193,8 @@ def _output_mode(value: object, param: str) -> OutputMode:
         text, derender = MIN_VLLM_VERSION[OutputMode.TEXT], MIN_VLLM_VERSION[OutputMode.DERENDER]
         msg = (
             f'{param}: "tokens" is refused: decode answers the client, and a tokens answer '
-            f'carries token IDs and no text; use "text" (vLLM >= {text}), '
-            f'"derender" or "auto" (vLLM >= {derender})'
+            f'carries token IDs and no text; use "text" or "auto" (vLLM >= {text}) '
+            f'or "derender" (vLLM >= {derender})'
         )
         raise ConfigError(msg, param=param)
     return mode
@@ -204,7 +204,8 @@ def validate_output_mode(value: object = None) -> OutputMode:
     """Check a decode step's ``output_mode`` at startup; absent (``None``) means ``text``.
 
     ``"text"`` (vLLM >= 0.32.0), ``"derender"`` (vLLM >= 0.33.0) and ``"auto"`` (per request:
-    ``derender`` when the client asks for tools, else ``text``; vLLM >= 0.33.0) are accepted.
+    ``derender`` when the client asks for tools, else ``text``; vLLM >= 0.32.0, see
+    :attr:`OutputMode.AUTO`) are accepted.
     ``"tokens"`` is refused: the decode leg answers the client, and token IDs carry no text. Any
     other string or a non-string raises :class:`ConfigError`.
     """
