@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ GENERATE = "/inference/v1/generate"
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}]
 MESSAGES = [{"role": "user", "content": "Weather?"}]
 _REAL = os.environ.get("DISAGG_REAL_VLLM_URL")
+_REAL_PD = os.environ.get("DISAGG_REAL_VLLM_PD_URLS")  # "prefill,decode" over ExampleConnector
 
 
 def _paths(worker: Server) -> list[str]:
@@ -176,3 +178,62 @@ def test_a_derender_step_against_a_real_032_stops_serve(tmp_path: Path) -> None:
     line = refused("--config", str(document), "--decode-url", _REAL)
     assert 'decode.output_mode: "derender" needs vLLM >= 0.33.0' in line
     assert "vLLM 0.32.0" in line
+
+
+def _external_hits(url: str) -> float:
+    """The decode worker's count of prompt tokens whose KV it found in the connector's storage."""
+    for line in httpx.get(url + "/metrics", timeout=60).text.splitlines():
+        if line.startswith("vllm:external_prefix_cache_hits_total{"):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+_REAL_TOOL_BODIES: dict[str, dict[str, Any]] = {
+    CHAT: {"messages": MESSAGES, "max_tokens": 8, "tools": TOOLS},
+    "/v1/responses": {
+        "input": "Weather?",
+        "max_output_tokens": 8,
+        "tools": [{"type": "function", "name": "get_weather", "parameters": {}}],
+    },
+    "/v1/messages": {
+        "messages": MESSAGES,
+        "max_tokens": 8,
+        "tools": [{"name": "get_weather", "input_schema": {"type": "object"}}],
+    },
+}
+
+
+@pytest.mark.real_vllm
+@pytest.mark.skipif(
+    _REAL_PD is None, reason="no real vLLM pair: set DISAGG_REAL_VLLM_PD_URLS (docs/testing.md)"
+)
+@pytest.mark.parametrize("path", sorted(_REAL_TOOL_BODIES))
+def test_tools_after_a_real_prefill_decode_on_the_clients_route_and_find_the_kv(
+    path: str, tmp_path: Path
+) -> None:
+    assert _REAL_PD is not None
+    prefill, decode = _REAL_PD.split(",")
+    # llm-d's coordinator document over ExampleConnector (kv-shared-storage), the default steps.
+    steps = [
+        {"type": "render", "params": {"address": decode}},
+        {"type": "prefill"},
+        {"type": "decode", "params": {"output_mode": "auto", "wrap_chat_completion": True}},
+    ]
+    pipeline = {"use_openai_format": False, "kv_connector": "kv-shared-storage", "steps": steps}
+    document = tmp_path / "pd.json"
+    document.write_text(json.dumps({"pipeline": pipeline}))
+    args = ["serve", "--port", "0", "--config", str(document)]
+    # A prompt no worker has seen: the decode's own prefix cache cannot hold it already.
+    body = json.loads(json.dumps(_REAL_TOOL_BODIES[path]).replace("Weather?", uuid.uuid4().hex))
+    body.update(model="tiny", temperature=0)
+    before = _external_hits(decode)
+    urls = ["--prefill-url", prefill, "--decode-url", decode]
+    with running(([*args, *urls], tmp_path / "serve.log")) as [proxy]:
+        served = httpx.post(proxy.url + path, json=body, timeout=120)
+        log = proxy.log()
+    assert served.status_code == 200, served.text
+    assert "kv_transfer_params" not in served.json()
+    # The decode leg went to the worker's own route, and found the KV the prefill stored.
+    assert " render=200/" in log
+    assert " prefill=200/" in log
+    assert _external_hits(decode) > before
