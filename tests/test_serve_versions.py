@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +22,7 @@ import pytest
 
 pytest.importorskip("uvicorn")
 import httpx
-from proxy_helpers import Server, refused, running, start, wait_ready
+from proxy_helpers import Server, command, environment, refused, running, start, wait_ready
 
 CHAT = "/v1/chat/completions"
 GENERATE = "/inference/v1/generate"
@@ -98,7 +99,19 @@ def test_a_derender_step_against_032_stops_serve_at_startup(
     assert given == line
     versioned = {"vllm_version": "0.32.0", "use_openai_format": False, "steps": steps}
     document.write_text(json.dumps(versioned))
-    assert refused("--config", str(document), "--decode-url", "http://127.0.0.1:9") == line
+    # Named in the document, it is the document's error, as check-config names it.
+    message = line.removeprefix("disagg-transforms: error: ")
+    served = refused("--config", str(document), "--decode-url", "http://127.0.0.1:9")
+    assert served == f"{document}: {message}"
+    checked = subprocess.run(  # noqa: S603 - our own interpreter and command
+        command("check-config", str(document)),
+        capture_output=True,
+        text=True,
+        env=environment(),
+        timeout=60,
+        check=False,
+    )
+    assert (checked.returncode, checked.stderr.strip()) == (2, served)
 
 
 def test_a_bad_release_is_refused() -> None:

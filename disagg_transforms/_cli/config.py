@@ -12,7 +12,7 @@ from pathlib import Path
 
 import msgspec
 
-from disagg_transforms import parse_pipeline_params, validate_vllm_version
+from disagg_transforms import parse_pipeline_params, validate_vllm_version, version_errors
 from disagg_transforms._cli.commands import CliError
 from disagg_transforms._wire.describe import describe
 from disagg_transforms.errors import ConfigError
@@ -161,4 +161,8 @@ def config_errors(document: object) -> list[ConfigError]:
             continue
         for key, value in params.items():
             _collect(errors, {name: {key: value}})
+    version = document.get("vllm_version")
+    if not errors and version is not None:  # a rule across keys: a step's mode, the release
+        config = parse_pipeline_params(steps, use_openai_format=document.get("use_openai_format"))
+        errors.extend(version_errors(config, version))
     return errors
