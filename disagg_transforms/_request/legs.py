@@ -445,8 +445,8 @@ def _decode_generate(
     if not kept and body.get(w.STREAM_OPTIONS) is not None:
         dropped.append(w.STREAM_OPTIONS)
     sampling = leg[w.SAMPLING_PARAMS]
-    if sampling.get(w.DETOKENIZE) is False and not own:
-        # vLLM refuses text and derender without detokenizing (400): the step's mode wins.
+    if sampling.get(w.DETOKENIZE) is False and mode is not OutputMode.TOKENS:
+        # vLLM refuses text and derender without detokenizing (400): the mode wins.
         leg[w.SAMPLING_PARAMS] = {k: v for k, v in sampling.items() if k != w.DETOKENIZE}
         dropped.append(_DETOKENIZE)
     mapping = core.mapping
