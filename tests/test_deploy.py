@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -182,3 +183,20 @@ def test_the_container_build_copies_files_the_repository_has() -> None:
         if line.startswith("COPY "):
             *sources, _ = line.split()[1:]
             assert all((DEPLOY.parent / source).exists() for source in sources), line
+
+
+def test_the_container_build_copies_what_the_build_reads() -> None:
+    # pyproject.toml names the readme and the licence: the wheel cannot be built without them.
+    copied = {
+        source
+        for line in (DEPLOY / "Dockerfile").read_text().splitlines()
+        if line.startswith("COPY ")
+        for source in line.split()[1:-1]
+    }
+    pyproject = (DEPLOY.parent / "pyproject.toml").read_text()
+    readme = re.search(r'^readme = "([^"]+)"$', pyproject, flags=re.MULTILINE)
+    licences = re.search(r"^license-files = \[([^\]]*)\]$", pyproject, flags=re.MULTILINE)
+    assert readme is not None
+    assert licences is not None
+    needed = {readme[1], *re.findall(r'"([^"]+)"', licences[1])}
+    assert needed <= copied, needed - copied

@@ -244,7 +244,11 @@ def _gateway_errors(
         if url is not None
     ]
     if "render" in workers and render_url is None:
-        msg = "--render-url: a leg speaks the generate route, and render is not a gateway leg"
+        msg = (
+            "--render-url: a leg speaks the generate route, and render is not a gateway leg: "
+            "pass --render-url URL (a vLLM server with the render routes, such as `vllm launch "
+            "render`), or run every leg on the client's route (use_openai_format: true)"
+        )
         errors.append(ConfigError(msg, param="render"))
     return errors
 
@@ -647,7 +651,8 @@ def _client_error(
 
 
 def _too_large(request: Request, limit: int) -> Response:
-    message = f"$: the body is over the limit of {limit} bytes (Limits.max_body_bytes)"
+    # Named as the operator sets it: serve's flag (create_app's limits= is its programmatic twin).
+    message = f"$: the body is over the limit of {limit} bytes (--max-body-bytes)"
     # The rest of the body is never read, so the connection cannot carry another request.
     return _client_error(request, 413, message, "$", {"connection": "close"})
 
@@ -1196,6 +1201,7 @@ def create_app(  # noqa: PLR0913 - one URL per step and the settings, all by key
     ec_connector: EcConnector = EcConnector.NIXL,
     prefill_max_retries: int = 0,
     sidecar: SidecarSeat | None = None,
+    render_first: bool = False,
     vllm_version: str | None = None,
     probe_vllm_version: bool = False,
 ) -> Starlette:
@@ -1233,6 +1239,8 @@ def create_app(  # noqa: PLR0913 - one URL per step and the settings, all by key
         sidecar: llm-d's sidecar seat (:class:`SidecarSeat`): each request's headers name its
             prefill and encode workers, so no ``prefill_url``, ``encode_url`` or
             ``gateway_url`` is given with it.
+        render_first: render before a conditional decode
+            (:attr:`~disagg_transforms.ExchangeSettings.render_first`).
         vllm_version: the workers' vLLM release
             (:attr:`~disagg_transforms.ExchangeSettings.vllm_version`); ``None``: one that
             honours every mode, unless ``probe_vllm_version``.
@@ -1272,6 +1280,7 @@ def create_app(  # noqa: PLR0913 - one URL per step and the settings, all by key
         limits=limits,
         kv_connector=kv_connector,
         ec_connector=ec_connector,
+        render_first=render_first,
         vllm_version=vllm_version,
     )
     if vllm_version is not None and (refused := version_errors(config, vllm_version)):
