@@ -120,4 +120,4 @@ def test_an_unreachable_worker_is_a_502_naming_the_step() -> None:
     assert (health.status_code, health.content) == (200, b"")
     for answer in (models, chat):
         assert answer.status_code == 502
-        assert answer.json()["error"]["message"].startswith("decode failed: ClientConnectorError")
+        assert answer.json()["error"]["message"] == "decode failed: could not connect to the worker"

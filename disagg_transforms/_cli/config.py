@@ -13,7 +13,7 @@ from types import ModuleType
 
 import msgspec
 
-from disagg_transforms import parse_pipeline_params
+from disagg_transforms import parse_pipeline_params, validate_vllm_version, version_errors
 from disagg_transforms._cli.commands import CliError
 from disagg_transforms._wire.describe import describe
 from disagg_transforms.errors import ConfigError
@@ -28,7 +28,7 @@ __all__ = (
 )
 
 _STDIN = "-"
-_TOP_LEVEL_KEYS = ("steps", "use_openai_format")
+_TOP_LEVEL_KEYS = ("steps", "use_openai_format", "vllm_version")
 _YAML_HINT = " (if it is YAML, pass --format yaml)"
 _CONFIGMAP_KEY = "coordinator.yaml"
 # The other document check-config and serve read, named where a key is unknown to this one.
@@ -145,6 +145,26 @@ def _collect(errors: list[ConfigError], steps: object, use_openai_format: object
     return True
 
 
+def _top_level_errors(document: Mapping[str, object]) -> list[ConfigError]:
+    """Unknown top-level keys, and a ``vllm_version`` that is not a release."""
+    accepted = ", ".join(_TOP_LEVEL_KEYS)
+    errors = [
+        ConfigError(
+            f"{key}: unknown top-level key {describe(key)}; accepted: {accepted}; "
+            f"or {_COORDINATOR_FORMAT}",
+            param=str(key),
+        )
+        for key in document
+        if key not in _TOP_LEVEL_KEYS
+    ]
+    if document.get("vllm_version") is not None:
+        try:
+            validate_vllm_version(document["vllm_version"])
+        except ConfigError as error:
+            errors.append(error)
+    return errors
+
+
 def config_errors(document: object) -> list[ConfigError]:
     """Every error in a pipeline config document, each key checked on its own.
 
@@ -154,14 +174,7 @@ def config_errors(document: object) -> list[ConfigError]:
     if not isinstance(document, Mapping):
         msg = f'$: expected an object with a "steps" key, got {describe(document)}'
         return [ConfigError(msg, param="$")]
-    errors: list[ConfigError] = []
-    for key in document:
-        if key not in _TOP_LEVEL_KEYS:
-            msg = (
-                f"{key}: unknown top-level key {describe(key)}; accepted: steps, "
-                f"use_openai_format; or {_COORDINATOR_FORMAT}"
-            )
-            errors.append(ConfigError(msg, param=str(key)))
+    errors = _top_level_errors(document)
     _collect(errors, {}, document.get("use_openai_format"))
     if "steps" not in document:
         errors.append(ConfigError('steps: the "steps" key is missing', param="steps"))
@@ -178,4 +191,8 @@ def config_errors(document: object) -> list[ConfigError]:
             continue
         for key, value in params.items():
             _collect(errors, {name: {key: value}})
+    version = document.get("vllm_version")
+    if not errors and version is not None:  # a rule across keys: a step's mode, the release
+        config = parse_pipeline_params(steps, use_openai_format=document.get("use_openai_format"))
+        errors.extend(version_errors(config, version))
     return errors

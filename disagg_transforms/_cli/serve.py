@@ -22,7 +22,7 @@ import orjson
 
 from disagg_transforms._cli.commands import EXIT_USAGE, PROG, CliError, add_command
 from disagg_transforms._cli.config import config_errors, read_config
-from disagg_transforms._config import Step, StepParams, parse_pipeline_params
+from disagg_transforms._config import DecodeParams, Step, StepParams, parse_pipeline_params
 from disagg_transforms._coordinator import (
     coordinator_config_errors,
     is_coordinator_document,
@@ -104,6 +104,13 @@ def add_commands(commands: argparse._SubParsersAction[_ParserT]) -> None:
         "--simulate",
         action="store_true",
         help="call a simulated vLLM worker served by this same server (no URLs)",
+    )
+    serve.add_argument(
+        "--vllm-version",
+        type=_vllm_version,
+        metavar="X.Y.Z",
+        help="the workers' vLLM release (default: the config document's vllm_version, else "
+        "the decode worker's GET /version at startup); with --simulate, the release it plays",
     )
     _add_served_model_name(serve, "with --simulate: ")
     # The flags below without a default here take the coordinator document's value, else theirs
@@ -224,6 +231,14 @@ def add_commands(commands: argparse._SubParsersAction[_ParserT]) -> None:
     )
     _add_served_model_name(simulate)
     simulate.add_argument(
+        "--vllm-version",
+        type=_vllm_version,
+        default="0.33.0",
+        metavar="X.Y.Z",
+        help="the vLLM release played: GET /version answers it; before 0.33 the generate route "
+        "refuses output_mode derender as vLLM 0.32 does (default 0.33.0)",
+    )
+    simulate.add_argument(
         "--enable-prompt-tokens-details",
         action="store_true",
         help="as vLLM's flag: a prefill's usage reports its cached prompt tokens",
@@ -277,6 +292,16 @@ def _count(text: str, minimum: int = 0) -> int:
         msg = f"expected {expected}, got {text}"
         raise argparse.ArgumentTypeError(msg)
     return value
+
+
+def _vllm_version(text: str) -> str:
+    from disagg_transforms import ConfigError, validate_vllm_version  # noqa: PLC0415
+
+    try:
+        return validate_vllm_version(text)
+    except ConfigError:
+        msg = f"expected a vLLM release such as 0.32.0, got {text}"
+        raise argparse.ArgumentTypeError(msg) from None
 
 
 def _positive_int(text: str) -> int:
@@ -444,7 +469,9 @@ def _serve(args: argparse.Namespace) -> int:
     }
     with _metrics_dir():  # before the proxy, and so prometheus_client, is imported
         # What the user must fix in the command comes before what the machine says of the port.
-        _, warnings, problems = _pipeline(settings)
+        config, warnings, problems = _pipeline(settings)
+        version = args.vllm_version or document.get("vllm_version")
+        problems = problems or _version_problems(config, settings, version)
         if problems:
             sys.stderr.writelines(f"{PROG}: error: {line}\n" for line in problems)
             return EXIT_USAGE
@@ -456,6 +483,30 @@ def _serve(args: argparse.Namespace) -> int:
         drain = math.ceil(process["drain_timeout"])
         _run(_FACTORY, sock, workers=args.workers, drain=drain, keep_alive=args.keep_alive)
     return 0
+
+
+def _version_problems(
+    config: Mapping[Step, StepParams], settings: dict[str, Any], version: str | None
+) -> list[str]:
+    """Learn the workers' vLLM release into ``settings``; what it cannot serve, one line each.
+
+    Given (``--vllm-version``, the document's ``vllm_version``), else, when decode speaks the
+    generate route, the render worker's ``GET /version`` now (the decode URL's by default; in
+    gateway mode never the gateway's); a worker that does not answer yet is asked by the proxy
+    before its first request (docs/proxy.md, "vLLM versions"). ``--simulate`` plays the release
+    given, by default the newest.
+    """
+    from disagg_transforms import version_errors  # noqa: PLC0415
+    from disagg_transforms.integrations.proxy import worker_vllm_version  # noqa: PLC0415
+
+    decode = config.get(Step.DECODE)
+    generate = isinstance(decode, DecodeParams) and not decode.use_openai_format
+    if version is None and generate and not settings["simulate"]:
+        urls = settings["urls"]
+        version = worker_vllm_version(urls["render"] or urls["decode"])
+        settings["probe_vllm_version"] = version is None
+    settings["vllm_version"] = version
+    return [] if version is None else [e.message for e in version_errors(config, version)]
 
 
 def _simulated_urls(host: str, port: int, steps: Container[str]) -> dict[str, str | None]:
@@ -551,6 +602,8 @@ def app_from_settings() -> ASGIApp:
         prefill_max_retries=settings["prefill_max_retries"],
         sidecar=_sidecar_seat(settings["sidecar"]),
         render_first=settings["render_first"],
+        vllm_version=settings["vllm_version"],
+        probe_vllm_version=settings.get("probe_vllm_version", False),
     )
     if not settings["simulate"]:
         return app
@@ -618,6 +671,7 @@ def _simulate(args: argparse.Namespace) -> int:
         "pool_size": args.pool_size,
         "routing": args.routing,
         "log_calls": args.log_calls,
+        "vllm_version": args.vllm_version,
     }
     os.environ[_SETTINGS] = orjson.dumps(settings).decode()
     _run(
@@ -679,6 +733,7 @@ def _simulated_worker(settings: Mapping[str, Any]) -> ASGIApp:
     worker = WorkerSettings(
         served_model_names=tuple(settings["served_model_names"]),
         prompt_tokens_details=settings.get("prompt_tokens_details", False),
+        vllm_version=settings.get("vllm_version") or "0.33.0",
     )
     stream_delay = settings.get("stream_delay", 0.0)
     if settings.get("engine") == "sglang":

@@ -34,6 +34,7 @@ __all__ = (
     "chosen_output_mode",
     "client_caps",
     "decode_output_mode",
+    "own_output_mode",
     "read_client_request",
 )
 
@@ -129,7 +130,7 @@ def read_client_request(
         return request
     mapper = CLIENT_MAPPERS[route]
     mapping = None if mapper is None else mapper(body, generate_leg=generate)
-    mode = None if decode is None else chosen_output_mode(decode, _tools_context(body, mapping))
+    mode = None if decode is None else _output_mode(body, route, decode, mapping)
     return msgspec.structs.replace(
         request, mapping=mapping, caps=client_caps(body, route), generate=generate, output_mode=mode
     )
@@ -147,6 +148,39 @@ def _tools_context(
 ) -> Mapping[str, Any] | None:
     """Where the client asks for tools: its mapped ``parse_context`` (a generate client's own)."""
     return _validate.obj(body, w.PARSE_CONTEXT) if mapping is None else mapping.parse_context
+
+
+def own_output_mode(body: Mapping[str, Any], route: Route) -> OutputMode | None:
+    """A generate client's own ``output_mode``; ``None`` when it sent none (or is on another API).
+
+    A generate client speaks the leg's own wire format: its mode is kept, the step's applies
+    only when it sent none (``docs/routes-and-config.md``, "output_mode").
+
+    Raises:
+        RequestError: the value is not ``"tokens"``, ``"text"`` or ``"derender"``.
+    """
+    if route is not Route.GENERATE:
+        return None
+    value = body.get(w.OUTPUT_MODE)
+    if value is None:
+        return None
+    if isinstance(value, str) and value in _CLIENT_MODES:
+        return OutputMode(value)
+    param = f"$.{w.OUTPUT_MODE}"
+    msg = f'{param}: expected "tokens", "text" or "derender", got {describe(value)}'
+    raise RequestError(msg, param=param)
+
+
+# The modes a generate client may ask for itself (auto is a step's setting, never on the wire).
+_CLIENT_MODES = frozenset(mode.value for mode in OutputMode if mode is not OutputMode.AUTO)
+
+
+def _output_mode(
+    body: Mapping[str, Any], route: Route, params: DecodeParams, mapping: ClientMapping | None
+) -> OutputMode:
+    """The decode leg's mode: a generate client's own, else the step's for this request."""
+    own = own_output_mode(body, route)
+    return own if own is not None else chosen_output_mode(params, _tools_context(body, mapping))
 
 
 def chosen_output_mode(params: DecodeParams, tools_context: Mapping[str, Any] | None) -> OutputMode:
@@ -176,13 +210,16 @@ def decode_output_mode(
 ) -> OutputMode:
     """The ``output_mode`` a generate decode leg asks the worker for, for this client request.
 
-    The step's own mode, or for ``auto`` the one chosen for the request (``derender`` when the
-    client asks for tools, else ``text``): what :attr:`GenerateDecodeLeg.output_mode` holds.
+    A generate client's own ``output_mode`` when it sent one; else the step's own mode, or for
+    ``auto`` the one chosen for the request (``derender`` when the client asks for tools, else
+    ``text``): what :attr:`GenerateDecodeLeg.output_mode` holds.
 
     Raises:
-        RequestError: the body is not a JSON object, or asks for tools of a ``text`` step.
+        RequestError: the body is not a JSON object, asks for tools of a ``text`` step, or is
+            a generate client's with an ``output_mode`` vLLM does not have.
     """
     body = _validate.client_object(client_body)
-    mapper = CLIENT_MAPPERS[detect_route(_checked_path(client_path))]
+    route = detect_route(_checked_path(client_path))
+    mapper = CLIENT_MAPPERS[route]
     mapping = None if mapper is None else mapper(body)
-    return chosen_output_mode(params, _tools_context(body, mapping))
+    return _output_mode(body, route, params, mapping)

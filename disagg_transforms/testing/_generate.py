@@ -307,12 +307,15 @@ def _check_other_fields(body: Mapping[str, Any], issues: list[Issue]) -> None:
         issues.append(Issue("string_too_long", "body.cache_salt", msg, salt))
 
 
-def validate(body: object, *, legacy: bool) -> dict[str, Any]:
+def validate(
+    body: object, *, legacy: bool, modes: tuple[str, ...] = OUTPUT_MODES
+) -> dict[str, Any]:
     """Check a generate body the way vLLM's request model does.
 
     Args:
         body: The parsed JSON body.
         legacy: Act like a vLLM that predates ``output_mode`` (the key is ignored).
+        modes: The ``output_mode`` values the release takes (0.32: no ``derender``).
 
     Returns:
         The body, known to be well formed.
@@ -335,9 +338,13 @@ def validate(body: object, *, legacy: bool) -> dict[str, Any]:
             if key in sampling and not _kind_matches(kind, sampling[key]):
                 issues.append(_type_issue(kind, f"body.sampling_params.{key}", sampling[key]))
     mode = body.get("output_mode", "tokens")
-    if not legacy and mode not in OUTPUT_MODES:
-        msg = "Input should be 'tokens', 'text' or 'derender'"
-        issues.append(Issue("literal_error", "body.output_mode", msg, mode))
+    if not legacy and mode not in modes:
+        # pydantic's literal_error, as vLLM's handler prints it (captured from vLLM 0.32).
+        quoted = [f"'{m}'" for m in modes]
+        expected = f"{', '.join(quoted[:-1])} or {quoted[-1]}"
+        ctx: dict[str, object] = {"expected": expected}
+        msg = f"Input should be {expected}"
+        issues.append(Issue("literal_error", "body.output_mode", msg, mode, ctx))
     if not legacy:
         # A vLLM older than output_mode has no parse_context either: it drops the key unread.
         _check_parse_context(body.get("parse_context"), issues)
@@ -348,8 +355,10 @@ def validate(body: object, *, legacy: bool) -> dict[str, Any]:
     if not legacy and mode != "tokens" and sampling.get("detokenize", True) is False:
         # The model validator's failure, printed with its ValueError as vLLM's handler does.
         msg = f"output_mode={mode!r} requires sampling_params.detokenize to be true"
-        ctx: dict[str, object] = {"error": ValueError(msg)}
-        raise RequestInvalidError([Issue("value_error", "body", f"Value error, {msg}", body, ctx)])
+        error: dict[str, object] = {"error": ValueError(msg)}
+        raise RequestInvalidError(
+            [Issue("value_error", "body", f"Value error, {msg}", body, error)]
+        )
     return body
 
 
