@@ -8,6 +8,7 @@ API's error shape, and no worker is called for it.
 from __future__ import annotations
 
 import json
+import pathlib
 from typing import Any
 
 import anthropic
@@ -16,6 +17,7 @@ import openai
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from proxy_helpers import running
 from simulated_router import SimulatedRouter
 from strategies import json_scalars
 
@@ -267,3 +269,23 @@ def test_the_sdks_get_the_empty_conversation_400_and_no_worker_is_called() -> No
         claude.messages.create(model="m", max_tokens=8, messages=[])
     assert EMPTY_CONVERSATION in messages.value.message
     assert router.worker.calls == []
+
+
+def test_serve_refuses_an_empty_conversation_itself(tmp_path: pathlib.Path) -> None:
+    pytest.importorskip("uvicorn")
+    # The exchange's own words, not the worker's: no worker saw the request.
+    with running((["serve", "--simulate", "--port", "0"], tmp_path / "serve.log")) as (server,):
+        with openai.OpenAI(base_url=server.url + "/v1", api_key="k", max_retries=0) as client:
+            with pytest.raises(openai.BadRequestError) as chat:
+                client.chat.completions.create(model="m", messages=[])
+            with pytest.raises(openai.BadRequestError) as responses:
+                client.responses.create(model="m", input=[])
+        with (
+            anthropic.Anthropic(base_url=server.url, api_key="k", max_retries=0) as claude,
+            pytest.raises(anthropic.BadRequestError) as messages,
+        ):
+            claude.messages.create(model="m", max_tokens=8, messages=[])
+    for refused in (chat, responses, messages):
+        assert refused.value.status_code == 400
+        assert EMPTY_CONVERSATION in refused.value.message
+    assert messages.value.body["error"]["type"] == "invalid_request_error"  # type: ignore[index]

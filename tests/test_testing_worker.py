@@ -6,6 +6,7 @@ import ast
 import asyncio
 import copy
 import json
+import os
 import re
 import subprocess
 import sys
@@ -1132,3 +1133,26 @@ def test_an_assistant_message_may_have_null_content() -> None:
     ]
     response = call(SimulatedWorker(), "POST", CHAT_RENDER, {"model": "tiny", "messages": messages})
     assert response.status_code == 200
+
+
+# The same refusals against a real vLLM 0.32 when one is named (the real-engine set-up's
+# variable, docs/testing.md): exactly its body where the simulated one writes vLLM's whole body.
+REAL_URL = os.environ.get("DISAGG_REAL_VLLM_URL")
+EXACT_REFUSALS = [
+    ("/v1/chat/completions", {"messages": []}),
+    (CHAT_RENDER, {"messages": []}),
+    ("/v1/messages", {"max_tokens": 5, "messages": []}),
+    ("/v1/messages/render", {"max_tokens": 5, "messages": []}),
+    ("/v1/messages", {"max_tokens": 5, "messages": [{"role": "user", "content": 42}]}),
+    ("/v1/responses", {"input": []}),
+    ("/v1/responses/render", {"input": []}),
+]
+
+
+@pytest.mark.skipif(REAL_URL is None, reason="no real vLLM: set DISAGG_REAL_VLLM_URL")
+@pytest.mark.parametrize(("path", "body"), EXACT_REFUSALS)
+def test_the_refusals_equal_a_real_vllms(path: str, body: dict[str, Any]) -> None:
+    request = {"model": "tiny", **body}
+    real = httpx.post(f"{REAL_URL}{path}", json=request, timeout=60)
+    simulated = call(SimulatedWorker(), "POST", path, request)
+    assert (simulated.status_code, simulated.json()) == (real.status_code, real.json())
