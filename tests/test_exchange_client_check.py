@@ -203,6 +203,12 @@ REFUSED_CONVERSATIONS = [
     pytest.param("responses", {"model": "m", "input": 42}, "$.input", id="responses-42"),
     pytest.param(
         "responses",
+        {"model": "m", "input": [{"role": "user", "content": None}]},
+        "$.input[0].content",
+        id="responses-message-content-null",
+    ),
+    pytest.param(
+        "responses",
         {"model": "m", "input": [{"role": "user", "content": 42}]},
         "$.input[0].content",
         id="responses-content-42",
@@ -215,6 +221,17 @@ SERVED_CONVERSATIONS = [
     ),
     pytest.param("responses", {"model": "m", "instructions": "Be brief", "input": []}, id="r"),
     pytest.param("responses", {"model": "m", "input": ""}, id="responses-empty-string"),
+    pytest.param(
+        "responses",
+        {
+            "model": "m",
+            "input": [
+                {"role": "user", "content": "Hi"},
+                {"type": "reasoning", "id": "rs_1", "summary": [], "content": None},
+            ],
+        },
+        id="responses-reasoning-item-null-content",
+    ),
     pytest.param(
         "chat",
         {

@@ -1073,6 +1073,10 @@ def test_an_empty_messages_conversation_is_anthropics_400() -> None:
         ("/v1/messages/render", {"max_tokens": 5, "system": "Be brief", "messages": []}),
         ("/v1/responses/render", {"instructions": "Be brief", "input": []}),
         (CHAT_RENDER, {"messages": [{"role": "user"}]}),
+        (
+            "/v1/responses/render",
+            {"input": [{"role": "user", "content": "Hi"}, {"type": "reasoning", "content": None}]},
+        ),
     ],
 )
 def test_a_system_prompt_makes_a_conversation(path: str, body: dict[str, Any]) -> None:

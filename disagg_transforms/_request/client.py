@@ -154,9 +154,9 @@ def _check_conversation(body: Mapping[str, Any], route: Route) -> None:
 
     The conversation (chat and Messages ``messages``, Responses ``input``), when sent, is a list
     of objects (Responses: or a string); each item's ``content``, when sent, a string or a list
-    (chat's assistant may send null). An empty one is refused unless a system prompt opens it,
-    as vLLM's chat template refuses an empty conversation. A missing one is the render's to
-    refuse.
+    (null too on chat's assistant and on a Responses item without a role, a reasoning item).
+    An empty one is refused unless a system prompt opens it, as vLLM's chat template refuses an
+    empty conversation. A missing one is the render's to refuse.
     """
     if route not in _CONVERSATIONS:
         return
@@ -176,9 +176,11 @@ def _check_conversation(body: Mapping[str, Any], route: Route) -> None:
         if w.CONTENT not in item:
             continue
         content = item[w.CONTENT]
-        if isinstance(content, (str, list)) or (
-            content is None and item.get(w.ROLE) == w.ASSISTANT
-        ):
+        # vLLM takes null on chat's assistant message and on a Responses item that is no
+        # message (a reasoning item).
+        role = item.get(w.ROLE)
+        nullable = role is None if route is Route.RESPONSES else role == w.ASSISTANT
+        if isinstance(content, (str, list)) or (content is None and nullable):
             continue
         raise refuse(
             content, "expected a string or an array of content parts", at=f"{at}.{w.CONTENT}"

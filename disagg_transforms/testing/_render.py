@@ -692,7 +692,8 @@ def _check_responses_input(given: object) -> None:
     if not isinstance(given, list):
         raise RequestInvalidError(_content_issues("body.input", given))
     for index, item in enumerate(given):
-        if isinstance(item, dict) and _has_bad_content(item):
+        # A reasoning item (no role) may say null; a message may not.
+        if isinstance(item, dict) and "role" in item and _has_bad_content(item):
             loc = f"body.input.{index}.EasyInputMessageParam.content"
             raise RequestInvalidError(
                 [
