@@ -162,29 +162,34 @@ def _check_conversation(body: Mapping[str, Any], route: Route) -> None:
         return
     key, opening = _CONVERSATIONS[route]
     items = body.get(key)
-    path = f"$.{key}"
     if items is None or (route is Route.RESPONSES and isinstance(items, str)):
         return
     if not isinstance(items, list):
-        raise refuse(items, "expected an array of messages", at=path)
+        raise refuse(items, "expected an array of messages", at=f"$.{key}")
     if not items and (opening is None or body.get(opening) is None):
-        raise refuse(items, _EMPTY_CONVERSATION, at=path)
+        raise refuse(items, _EMPTY_CONVERSATION, at=f"$.{key}")
     for index, item in enumerate(items):
-        at = f"{path}[{index}]"
-        if not isinstance(item, MAPPINGS):
-            raise refuse(item, "expected a message object", at=at)
-        if w.CONTENT not in item:
+        # The common message passes on its first test; a path is written only for a refusal.
+        content = item.get(w.CONTENT, "") if isinstance(item, dict) else None
+        if type(content) is str or type(content) is list:
             continue
-        content = item[w.CONTENT]
-        # vLLM takes null on chat's assistant message and on a Responses item that is no
-        # message (a reasoning item).
-        role = item.get(w.ROLE)
-        nullable = role is None if route is Route.RESPONSES else role == w.ASSISTANT
-        if isinstance(content, (str, list)) or (content is None and nullable):
-            continue
-        raise refuse(
-            content, "expected a string or an array of content parts", at=f"{at}.{w.CONTENT}"
-        )
+        _refuse_message(item, route, f"$.{key}[{index}]")
+
+
+def _refuse_message(item: object, route: Route, at: str) -> None:
+    """Refuse a conversation item that is no object, or whose ``content`` vLLM refuses."""
+    if not isinstance(item, MAPPINGS):
+        raise refuse(item, "expected a message object", at=at)
+    content = item.get(w.CONTENT, "")
+    if isinstance(content, (str, list)):
+        return
+    # vLLM takes null on chat's assistant message and on a Responses item that is no message
+    # (a reasoning item).
+    role = item.get(w.ROLE)
+    nullable = role is None if route is Route.RESPONSES else role == w.ASSISTANT
+    if content is not None or not nullable:
+        why = "expected a string or an array of content parts"
+        raise refuse(content, why, at=f"{at}.{w.CONTENT}")
 
 
 def _checked_path(client_path: object) -> str:
