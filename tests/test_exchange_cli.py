@@ -11,8 +11,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from proxy_helpers import command, environment
+from proxy_helpers import command, environment, running
 
+from disagg_transforms import parse_pipeline_params, pipeline_warnings
 from disagg_transforms._cli.main import main
 
 
@@ -89,3 +90,17 @@ def test_check_config_warns_once_for_the_library_default_decode(
     assert main(["check-config", path]) == 0
     [warning] = capsys.readouterr().err.splitlines()
     assert "decode.output_mode: text" in warning
+
+
+def test_serve_names_a_text_decode_at_startup(tmp_path: Path) -> None:
+    pytest.importorskip("uvicorn")
+    decode = {"use_openai_format": False, "wrap_chat_completion": True, "output_mode": "text"}
+    path = _write(tmp_path, {"steps": {"decode": decode}})
+    args = ["serve", "--simulate", "--config", path, "--port", "0"]
+    with running((args, tmp_path / "serve.log")) as (server,):
+        log = server.log()
+    [warning] = [line for line in log.splitlines() if ": warning: " in line]
+    assert (
+        warning
+        == f"{path}: warning: " + pipeline_warnings(parse_pipeline_params({"decode": decode}))[0]
+    )
