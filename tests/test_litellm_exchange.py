@@ -570,7 +570,8 @@ def chunks_until_error(chunks: Any) -> tuple[list[Any], CustomLLMError]:
 
 
 @pytest.mark.parametrize("entry", ["streaming", "astreaming"])
-@pytest.mark.parametrize(("first_event", "texts"), [(False, []), (True, ["H"])])
+# With the first event: the choice's opening chunk (empty text, as vLLM opens it), then "H".
+@pytest.mark.parametrize(("first_event", "texts"), [(False, []), (True, ["", "H"])])
 def test_a_decode_stream_broken_midway_is_a_502(
     entry: str, first_event: bool, texts: list[str]
 ) -> None:

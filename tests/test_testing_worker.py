@@ -856,8 +856,14 @@ def test_coupled_chat_answers_like_vllms_coupled_server(worker: SimulatedWorker)
     assert answer["id"] == expected["id"]
     assert answer["choices"][0]["message"]["content"] == "Hello!"
     stream = call(worker, "POST", "/v1/chat/completions", {**chat, "stream": True})
-    first = json.loads(events(stream)[0][len("data: ") :])
-    assert first["choices"][0]["delta"] == {"role": "assistant", "content": "H"}
+    # As the real vLLM's chat route streams (tests/fixtures/vllm-0.32-real): an opening chunk
+    # with the role and empty content, then the text.
+    first, second = (json.loads(event[len("data: ") :]) for event in events(stream)[:2])
+    assert first["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert (first["prompt_token_ids"], first["prompt_text"]) == (None, None)
+    assert second["choices"][0]["delta"] == {"content": "H"}
+    assert second["choices"][0]["token_ids"] is None
+    assert "stop_reason" not in second["choices"][0]
     assert events(stream)[-1] == "data: [DONE]"
 
 
@@ -874,7 +880,11 @@ def test_coupled_chat_cuts_logprobs_to_top_logprobs_as_vllms_chat_serving(
     chunks = [json.loads(event[len("data: ") :]) for event in events(stream)[:-1]]
     entries = [
         *whole["choices"][0]["logprobs"]["content"],
-        *(entry for chunk in chunks for entry in chunk["choices"][0]["logprobs"]["content"]),
+        *(
+            entry
+            for chunk in chunks[1:]  # the opening chunk carries no token
+            for entry in chunk["choices"][0]["logprobs"]["content"]
+        ),
     ]
     assert len(entries) == 4
     assert all(len(entry["top_logprobs"]) == alternatives for entry in entries)

@@ -15,7 +15,7 @@ import signal
 import socket
 import sys
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Container, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import orjson
@@ -27,6 +27,7 @@ from disagg_transforms._coordinator import (
     coordinator_config_errors,
     is_coordinator_document,
     parse_coordinator_config,
+    unsubstituted,
 )
 from disagg_transforms._wire.limits import DEFAULT_LIMITS
 
@@ -48,6 +49,11 @@ _SIMULATED = "/simulated"  # where ``serve --simulate`` mounts its worker on its
 _METRICS_DIR = "PROMETHEUS_MULTIPROC_DIR"
 _STEP_URLS = ("render", "encode", "prefill", "decode")
 _URLS = (*_STEP_URLS, "gateway")
+# The coordinator document's keys for the URLs it may give, as a user reads them.
+_DOCUMENT_KEYS: Mapping[str, str] = {
+    "gateway.address": "gateway",
+    "the render step's address": "render",
+}
 # The process settings a coordinator document may give; a flag wins over both.
 _PROCESS_DEFAULTS: Mapping[str, Any] = {
     "host": "127.0.0.1",
@@ -65,7 +71,8 @@ def add_commands(commands: argparse._SubParsersAction[_ParserT]) -> None:
     serve = add_command(commands, "serve", _serve)
     serve.add_argument(
         "--config",
-        help="the pipeline document check-config reads (or llm-d's coordinator YAML)",
+        help="the pipeline document check-config reads (or llm-d's coordinator YAML, alone or "
+        "in the Kubernetes ConfigMap that ships it)",
     )
     for step in _STEP_URLS:
         serve.add_argument(f"--{step}-url", help=f"the {step} worker's base URL")
@@ -101,62 +108,90 @@ def add_commands(commands: argparse._SubParsersAction[_ParserT]) -> None:
     _add_served_model_name(serve, "with --simulate: ")
     # The flags below without a default here take the coordinator document's value, else theirs
     # (_PROCESS_DEFAULTS).
-    serve.add_argument("--host", help="default 127.0.0.1")
-    serve.add_argument("--port", type=int, help="0 picks a free port (default 8000)")
-    serve.add_argument("--workers", type=_positive_int, default=1, help="server processes")
-    serve.add_argument("--connect-timeout", type=_seconds, default=5.0, help="seconds (default 5)")
+    serve.add_argument(
+        "--host",
+        help="the address to listen on (default: 127.0.0.1, or a coordinator document's "
+        "server.listen_addr)",
+    )
+    serve.add_argument(
+        "--port",
+        type=int,
+        help="0 picks a free port (default: 8000, or a coordinator document's server.listen_addr)",
+    )
+    serve.add_argument(
+        "--workers",
+        type=_positive_int,
+        default=1,
+        metavar="N",
+        help="server processes (default: %(default)s)",
+    )
+    serve.add_argument(
+        "--connect-timeout", type=_seconds, default=5.0, help="seconds (default: %(default)g)"
+    )
     serve.add_argument(
         "--first-byte-timeout",
         type=_seconds,
-        help="seconds to a whole answer or a stream's first chunk (default 300)",
+        help="seconds to a whole answer or a stream's first chunk (default: 300, or a "
+        "coordinator document's gateway.timeout)",
     )
     serve.add_argument(
         "--idle-timeout",
         type=_seconds,
         default=60.0,
-        help="seconds between two chunks of a worker stream (default 60)",
+        help="seconds between two chunks of a worker stream (default: %(default)g)",
     )
     serve.add_argument(
         "--keep-alive",
         type=int,
         default=75,
-        help="seconds an idle client connection stays open (default 75)",
+        help="seconds an idle client connection stays open (default: %(default)s)",
     )
     serve.add_argument(
         "--worker-keep-alive",
         type=_seconds,
         default=2.0,
-        help="seconds an idle pooled worker connection stays open (default 2)",
+        help="seconds an idle pooled worker connection stays open (default: %(default)g)",
     )
     serve.add_argument(
         "--prefill-max-retries",
         type=_count,
         default=0,
         metavar="N",
-        help="retries of a prefill that failed with 502, 503, 504 or in transport (default 0)",
+        help="retries of a prefill that failed with 502, 503, 504 or in transport "
+        "(default: %(default)s)",
     )
     serve.add_argument(
         "--max-body-bytes",
         type=_positive_int,
-        help=f"largest client body; a larger one is 413 (default {DEFAULT_LIMITS.max_body_bytes})",
+        help=f"largest client body; a larger one is 413 (default: "
+        f"{DEFAULT_LIMITS.max_body_bytes}, or a coordinator document's "
+        "server.max_request_body_size)",
     )
     serve.add_argument(
         "--drain-timeout",
         type=int,
-        help="seconds SIGTERM waits for replies in flight (default 60)",
+        help="seconds SIGTERM waits for replies in flight (default: 60, or a coordinator "
+        "document's server.shutdown_timeout)",
     )
     simulate = add_command(commands, "simulate", _simulate)
-    simulate.add_argument("--host", default="127.0.0.1")
-    simulate.add_argument("--port", type=int, default=8100, help="0 picks a free port")
-    simulate.add_argument("--fault", help="a fault for every request (x-simulate-fault modes)")
+    simulate.add_argument("--host", default="127.0.0.1", help="(default: %(default)s)")
     simulate.add_argument(
-        "--stream-delay", type=_seconds, default=0.0, help="seconds between stream events"
+        "--port", type=int, default=8100, help="0 picks a free port (default: %(default)s)"
+    )
+    simulate.add_argument(
+        "--fault", help="a fault for every request (x-simulate-fault modes; default: none)"
+    )
+    simulate.add_argument(
+        "--stream-delay",
+        type=_seconds,
+        default=0.0,
+        help="seconds between stream events (default: %(default)s)",
     )
     simulate.add_argument(
         "--first-byte-delay",
         type=_seconds,
         default=0.5,
-        help="seconds the slow-first-byte fault waits (default 0.5)",
+        help="seconds the slow-first-byte fault waits (default: %(default)s)",
     )
     simulate.add_argument(
         "--fault-calls",
@@ -170,13 +205,16 @@ def add_commands(commands: argparse._SubParsersAction[_ParserT]) -> None:
         help="a simulated llm-d gateway: pools of workers chosen by the EPP-Profile header",
     )
     simulate.add_argument(
-        "--pool-size", type=_positive_int, default=1, help="with --gateway: workers per pool"
+        "--pool-size",
+        type=_positive_int,
+        default=1,
+        help="with --gateway: workers per pool (default: %(default)s)",
     )
     simulate.add_argument(
         "--routing",
         choices=("round-robin", "hash"),
         default="round-robin",
-        help="with --gateway: how a pool's worker is chosen",
+        help="with --gateway: how a pool's worker is chosen (default: %(default)s)",
     )
     simulate.add_argument(
         "--log-calls",
@@ -273,16 +311,49 @@ def _sidecar_problems(args: argparse.Namespace) -> list[str]:
 
 
 def _take_document_urls(
-    urls: dict[str, str | None], given: dict[str, Any], *, sidecar: bool
+    urls: dict[str, str | None], given: dict[str, Any], args: argparse.Namespace
 ) -> list[str]:
     """Fill ``urls`` the command line left empty from the document's; what stops ``serve``."""
     document_urls: dict[str, str | None] = given.pop("urls", {})
-    if sidecar and document_urls.get("gateway") is not None:
+    if args.prefill_from_header and document_urls.get("gateway") is not None:
         # Named as the document's key: once merged it would be refused as --gateway-url.
         return ["gateway.address: the sidecar seat takes no gateway (the headers name the workers)"]
+    named = [key for key, url in _DOCUMENT_KEYS.items() if document_urls.get(url) is not None]
+    if args.simulate and named:
+        # Never ignore what the document names: a laptop runs the gateway simulated instead.
+        line = (
+            f"{', '.join(named)}: --simulate would call its own worker, not the servers the "
+            "document names; run `disagg-transforms simulate --gateway` and give its URL "
+            "there (docs/llm-d.md, on a laptop)"
+        )
+        return [line]
     for key, url in document_urls.items():
         urls[key] = urls[key] or url
     return []
+
+
+def _flag_urls(args: argparse.Namespace) -> dict[str, str | None]:
+    """The worker URLs the command line gives, each one ``serve`` could call."""
+    urls: dict[str, str | None] = {step: getattr(args, f"{step}_url") for step in _URLS}
+    if args.simulate and any(urls.values()):
+        msg = "--simulate calls its own simulated worker: give no worker URL with it"
+        raise CliError(msg)
+    for step, url in urls.items():
+        if url is not None and (problem := unsubstituted(url)):
+            msg = f"--{step}-url: {problem}"
+            raise CliError(msg)
+    return urls
+
+
+def _document(args: argparse.Namespace, urls: Mapping[str, str | None]) -> tuple[object, str]:
+    """The pipeline document ``serve`` runs (``--config``'s, or the seat's default) and its name."""
+    if args.config is not None:
+        return read_config(args.config, "auto"), args.config
+    if args.prefill_from_header:
+        return dict(_SIDECAR_DOCUMENT), "<default config>"
+    # Gateway mode runs prefill as llm-d's coordinator does: the gateway has the pools.
+    prefill = args.simulate or bool(urls["prefill"] or urls["gateway"])
+    return _default_document(prefill=prefill), "<default config>"
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -291,27 +362,14 @@ def _serve(args: argparse.Namespace) -> int:
     Serve the five client routes, calling vLLM workers through the exchange.
     """
     _need_the_extra()
-    urls = {step: getattr(args, f"{step}_url") for step in _URLS}
-    if args.simulate and any(urls.values()):
-        msg = "--simulate calls its own simulated worker: give no worker URL with it"
-        raise CliError(msg)
+    urls = _flag_urls(args)
     if args.served_model_name and not args.simulate:
         msg = "--served-model-name names the simulated worker's models: give it with --simulate"
         raise CliError(msg)
     if problems := _sidecar_problems(args):
         sys.stderr.writelines(f"{PROG}: error: {line}\n" for line in problems)
         return EXIT_USAGE
-    if args.config is None and args.prefill_from_header:
-        document: object = dict(_SIDECAR_DOCUMENT)
-        source = "<default config>"
-    elif args.config is None:
-        # Gateway mode runs prefill as llm-d's coordinator does: the gateway has the pools.
-        prefill = args.simulate or bool(urls["prefill"] or urls["gateway"])
-        document = _default_document(prefill=prefill)
-        source = "<default config>"
-    else:
-        document = read_config(args.config, "auto")
-        source = args.config
+    document, source = _document(args, urls)
     coordinator = is_coordinator_document(document)
     errors = coordinator_config_errors(document) if coordinator else config_errors(document)
     problems = [f"{source}: {error.message}" for error in errors]
@@ -320,7 +378,7 @@ def _serve(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     assert isinstance(document, Mapping)  # noqa: S101 - config_errors refuses anything else
     given = _document_settings(document) if coordinator else {}
-    if problems := _take_document_urls(urls, given, sidecar=args.prefill_from_header):
+    if problems := _take_document_urls(urls, given, args):
         sys.stderr.writelines(f"{source}: {line}\n" for line in problems)
         return EXIT_USAGE
     process = {
@@ -328,12 +386,10 @@ def _serve(args: argparse.Namespace) -> int:
         for key, default in _PROCESS_DEFAULTS.items()
     }
     sys.stderr.writelines(f"{source}: warning: {line}\n" for line in given.get("warnings", ()))
-    sock = _bind(process["host"], process["port"])
-    if args.simulate:
-        base = f"http://{_reachable(process['host'])}:{sock.getsockname()[1]}{_SIMULATED}"
-        # A Step is the str of its name: either mapping answers "prefill" in steps.
-        steps = parse_coordinator_config(document).pipeline if coordinator else document["steps"]
-        urls = {step: base if step == "decode" or step in steps else None for step in _URLS}
+    # A Step is the str of its name: either mapping answers "prefill" in steps.
+    steps = parse_coordinator_config(document).pipeline if coordinator else document["steps"]
+    if args.simulate:  # the port is the one asked for until the socket is bound
+        urls = _simulated_urls(process["host"], process["port"], steps)
     settings = {
         "document": document,
         "urls": urls,
@@ -348,6 +404,7 @@ def _serve(args: argparse.Namespace) -> int:
         "max_body_bytes": process["max_body_bytes"],
         "connectors": given.get("connectors", {}),
         "prefill_max_retries": args.prefill_max_retries,
+        "render_first": given.get("render_first", False),  # a coordinator document's order
         # The sidecar seat (the allow-list as written, "" for none), else None.
         "sidecar": {
             "allowed_worker_hosts": args.allowed_worker_hosts or "",
@@ -357,16 +414,25 @@ def _serve(args: argparse.Namespace) -> int:
         else None,
     }
     with _metrics_dir():  # before the proxy, and so prometheus_client, is imported
+        # What the user must fix in the command comes before what the machine says of the port.
         _, warnings, problems = _pipeline(settings)
         if problems:
-            sock.close()
             sys.stderr.writelines(f"{PROG}: error: {line}\n" for line in problems)
             return EXIT_USAGE
+        sock = _bind(process["host"], process["port"])
+        if args.simulate:
+            settings["urls"] = _simulated_urls(process["host"], sock.getsockname()[1], steps)
         sys.stderr.writelines(f"{source}: warning: {line}\n" for line in warnings)
         os.environ[_SETTINGS] = orjson.dumps(settings).decode()
         drain = math.ceil(process["drain_timeout"])
         _run(_FACTORY, sock, workers=args.workers, drain=drain, keep_alive=args.keep_alive)
     return 0
+
+
+def _simulated_urls(host: str, port: int, steps: Container[str]) -> dict[str, str | None]:
+    """``serve --simulate``'s worker URLs: its own server, for each step the pipeline has."""
+    base = f"http://{_reachable(host)}:{port}{_SIMULATED}"
+    return {step: base if step == "decode" or step in steps else None for step in _URLS}
 
 
 @contextlib.contextmanager
@@ -427,6 +493,7 @@ def _document_settings(document: Mapping[str, Any]) -> dict[str, Any]:
             "ec_connector": config.ec_connector.value,
         },
         "warnings": config.warnings,
+        "render_first": config.render_first,
     }
 
 
@@ -454,6 +521,7 @@ def app_from_settings() -> ASGIApp:
         ec_connector=EcConnector(connectors.get("ec_connector", EcConnector.NIXL)),
         prefill_max_retries=settings["prefill_max_retries"],
         sidecar=_sidecar_seat(settings["sidecar"]),
+        render_first=settings["render_first"],
     )
     if not settings["simulate"]:
         return app

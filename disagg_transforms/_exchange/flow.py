@@ -223,6 +223,10 @@ class ExchangeSettings(msgspec.Struct, frozen=True, kw_only=True):
     ec_connector: EcConnector = EcConnector.NIXL
     """How encode hands its encoder cache to prefill: ``NIXL``, prefill gets the encode
     answer's ``ec_transfer_params``; ``SHARED_STORAGE``, no leg carries any."""
+    render_first: bool = False
+    """Render before a conditional decode, as a coordinator document that lists render first
+    runs them (:attr:`~disagg_transforms.CoordinatorConfig.render_first`); by default the
+    conditional decode goes first, so a hit costs no render (``docs/exchange.md``)."""
 
 
 _DEFAULT_SETTINGS: Final = ExchangeSettings()
@@ -347,6 +351,7 @@ class Exchange:
             ("x-request-id", self.request_id),
         )
         self._hooks = settings.hooks
+        self._render_first = settings.render_first
         self._connectors = (settings.kv_connector, settings.ec_connector)
         self._gathered = LegInputs(limits=settings.limits)
         """What the answers so far hand the legs (render's answer, transfer params)."""
@@ -365,7 +370,7 @@ class Exchange:
                 steps=self._legs(),
                 every_field=True,
             )
-            self._go(next(iter(self._plan)))
+            self._go(self._order()[0])
         except DisaggTransformError as error:
             self._reply(self._error_reply(error, None), drops_stream=False, error_kind=_kind(error))
 
@@ -558,7 +563,7 @@ class Exchange:
 
         ``None``: from the row after the current one.
         """
-        order = list(self._plan)  # a subclass may add rows (docs/exchange.md)
+        order = self._order()
         start = order.index(self._phase) + 1 if phase is None else order.index(phase)
         for candidate in order[start:]:
             row = self._plan[candidate]
@@ -568,6 +573,14 @@ class Exchange:
                 return
         msg = "the plan ran out of phases before the client's reply"  # decode always runs
         raise ExchangeStateError(msg)
+
+    def _order(self) -> list[Phase]:
+        """The plan's phases in the order they run."""
+        order = list(self._plan)  # a subclass may add rows (docs/exchange.md)
+        if self._render_first:  # the two swap places, as a coordinator document lists them
+            order.remove(Phase.RENDER)
+            order.insert(order.index(Phase.CONDITIONAL_DECODE), Phase.RENDER)
+        return order
 
     def _decodes_if_available(self) -> bool:
         return Step.CONDITIONAL_DECODE in self._params

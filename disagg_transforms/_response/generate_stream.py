@@ -42,6 +42,7 @@ class StreamChoice(msgspec.Struct, kw_only=True, gc=False):
     finish_reason: str | UnsetType | None = UNSET
     stop_reason: int | str | UnsetType | None = UNSET
     logprobs: dict[str, Any] | UnsetType | None = UNSET
+    token_ids: msgspec.Raw | UnsetType = UNSET  # passed on undecoded when the client asked
 
 
 class StreamEvent(msgspec.Struct, kw_only=True, gc=False):
@@ -52,6 +53,7 @@ class StreamEvent(msgspec.Struct, kw_only=True, gc=False):
     object: Any = UNSET  # a client API's chunk: not a generate stream at all
     error: Any = UNSET
     usage: dict[str, Any] | UnsetType | None = UNSET
+    prompt_token_ids: msgspec.Raw | UnsetType = UNSET  # passed on undecoded when asked
     choices: list[StreamChoice] | UnsetType = UNSET
     """Never ``UNSET`` in a chunk the reader returns (only in an error event)."""
 

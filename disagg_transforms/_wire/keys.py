@@ -234,6 +234,7 @@ PARTIAL_JSON: Final = "partial_json"
 PROMPT_TOKENS: Final = "prompt_tokens"
 PROMPT_TOKENS_DETAILS: Final = "prompt_tokens_details"
 COMPLETION_TOKENS: Final = "completion_tokens"
+COMPLETION_TOKENS_DETAILS: Final = "completion_tokens_details"
 # Sampling fields a client sends under their vLLM `SamplingParams` name (the mappers' table).
 N: Final = "n"
 PRESENCE_PENALTY: Final = "presence_penalty"

@@ -234,7 +234,11 @@ def _gateway_errors(
         if url is not None
     ]
     if "render" in workers and render_url is None:
-        msg = "--render-url: a leg speaks the generate route, and render is not a gateway leg"
+        msg = (
+            "--render-url: a leg speaks the generate route, and render is not a gateway leg: "
+            "pass --render-url URL (a vLLM server with the render routes, such as `vllm launch "
+            "render`), or run every leg on the client's route (use_openai_format: true)"
+        )
         errors.append(ConfigError(msg, param="render"))
     return errors
 
@@ -562,7 +566,8 @@ def _client_error(
 
 
 def _too_large(request: Request, limit: int) -> Response:
-    message = f"$: the body is over the limit of {limit} bytes (Limits.max_body_bytes)"
+    # Named as the operator sets it: serve's flag (create_app's limits= is its programmatic twin).
+    message = f"$: the body is over the limit of {limit} bytes (--max-body-bytes)"
     # The rest of the body is never read, so the connection cannot carry another request.
     return _client_error(request, 413, message, "$", {"connection": "close"})
 
@@ -1072,6 +1077,7 @@ def create_app(  # noqa: PLR0913 - one URL per step and the settings, all by key
     ec_connector: EcConnector = EcConnector.NIXL,
     prefill_max_retries: int = 0,
     sidecar: SidecarSeat | None = None,
+    render_first: bool = False,
 ) -> Starlette:
     """The proxy as a Starlette app: the client routes and vLLM's others (``docs/proxy.md``).
 
@@ -1107,6 +1113,8 @@ def create_app(  # noqa: PLR0913 - one URL per step and the settings, all by key
         sidecar: llm-d's sidecar seat (:class:`SidecarSeat`): each request's headers name its
             prefill and encode workers, so no ``prefill_url``, ``encode_url`` or
             ``gateway_url`` is given with it.
+        render_first: render before a conditional decode
+            (:attr:`~disagg_transforms.ExchangeSettings.render_first`).
 
     Raises:
         ConfigError: the first of :func:`url_errors` (:func:`sidecar_errors` in the sidecar
@@ -1135,7 +1143,11 @@ def create_app(  # noqa: PLR0913 - one URL per step and the settings, all by key
         profiles = {}
     stripped = {k: v.rstrip("/") for k, v in urls.items()}
     settings = ExchangeSettings(
-        hooks=hooks, limits=limits, kv_connector=kv_connector, ec_connector=ec_connector
+        hooks=hooks,
+        limits=limits,
+        kv_connector=kv_connector,
+        ec_connector=ec_connector,
+        render_first=render_first,
     )
     if prefill_max_retries < 0:
         msg = f"prefill_max_retries: expected 0 or more, got {prefill_max_retries}"

@@ -927,7 +927,7 @@ def _stream(  # noqa: PLR0913 - the answer's parts, by keyword
                     "prompt_tokens": prompt_len,
                     "total_tokens": prompt_len + step + 1,
                     "completion_tokens": step + 1,
-                    "prompt_tokens_details": details,
+                    "prompt_tokens_details": None,  # the details come with the last usage
                     "completion_tokens_details": None,
                 }
             chunk: dict[str, Any] = {"request_id": request_id, "usage": usage}
