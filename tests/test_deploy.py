@@ -14,7 +14,7 @@ import pytest
 import yaml
 from proxy_helpers import command, environment, running
 
-from disagg_transforms import parse_coordinator_config
+from disagg_transforms import parse_coordinator_config, pipeline_warnings
 
 DEPLOY = Path(__file__).parent.parent / "deploy"
 MANIFESTS = sorted(DEPLOY.rglob("*.yaml"))
@@ -106,8 +106,23 @@ def test_the_coordinator_config_is_one_the_proxy_reads() -> None:
     config = parse_coordinator_config(yaml.safe_load(configmap["data"]["coordinator.yaml"]))
     assert (config.host, config.port) == ("0.0.0.0", 8080)  # noqa: S104 - a pod listens on all
     assert config.warnings == ()
+    assert pipeline_warnings(config.pipeline) == []  # it serves tools (output_mode: auto)
     render = _containers(_named("Deployment", "disagg-coordinator"))["vllm-render"]
     assert config.render_url == f"http://localhost:{_port(render)}"
+
+
+def test_check_config_calls_the_shipped_coordinator_document_valid_without_a_warning() -> None:
+    done = subprocess.run(  # noqa: S603 - our own interpreter and command
+        command("check-config", str(DEPLOY / "coordinator" / "configmap.yaml")),
+        capture_output=True,
+        text=True,
+        env=environment(),
+        timeout=60,
+        check=True,
+    )
+    assert done.stdout.startswith("valid\n")
+    assert '"output_mode":"auto"' in done.stdout
+    assert done.stderr == ""
 
 
 def test_the_sidecar_seat_is_shaped_as_llm_d_deploys_it() -> None:

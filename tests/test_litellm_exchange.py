@@ -30,7 +30,11 @@ yaml = pytest.importorskip("yaml")
 from litellm.llms.custom_llm import CustomLLMError  # noqa: E402
 
 from disagg_transforms import DecodeParams, OutputMode  # noqa: E402
-from disagg_transforms.integrations.litellm import VllmGenerateLLM  # noqa: E402
+from disagg_transforms.integrations.litellm import (  # noqa: E402
+    VllmGenerateLLM,
+    auto_provider,
+    text_provider,
+)
 from disagg_transforms.testing import SimulatedWorker, WorkerSettings  # noqa: E402
 
 pytestmark = LITELLM_WARNINGS
@@ -92,15 +96,17 @@ class Workers:
 
 
 DERENDER = DecodeParams(use_openai_format=False, output_mode=OutputMode.DERENDER)
+TEXT = DecodeParams(use_openai_format=False, output_mode=OutputMode.TEXT)
 
 
 @pytest.fixture
 def workers(monkeypatch: pytest.MonkeyPatch) -> Iterator[Workers]:
     pool = Workers()
     handlers = {
-        "pd-text": pool.provider(prefill_api_base=PREFILL),
+        "pd-text": pool.provider(prefill_api_base=PREFILL, params=TEXT),
         "pd-derender": pool.provider(prefill_api_base=PREFILL, params=DERENDER),
-        "text": pool.provider(),
+        "pd-auto": pool.provider(prefill_api_base=PREFILL, params=auto_provider.params),
+        "text": pool.provider(params=TEXT),
     }
     monkeypatch.setattr(
         litellm,
@@ -151,7 +157,7 @@ def assert_prefill_then_decode(workers: Workers, *, cap: int, stream: bool) -> N
 def test_prefill_then_decode_in_text_mode() -> None:
     pool = Workers()
     with pytest.MonkeyPatch.context() as patch:
-        provider = pool.provider(prefill_api_base=PREFILL)
+        provider = pool.provider(prefill_api_base=PREFILL, params=TEXT)
         patch.setattr(
             litellm, "custom_provider_map", [{"provider": "pd", "custom_handler": provider}]
         )
@@ -202,6 +208,52 @@ def test_derender_stream_is_one_single_frame(workers: Workers) -> None:
     assert "The user greets me." in reasoning
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
     assert_prefill_then_decode(workers, cap=400, stream=False)  # vLLM 0.33: no derender stream
+
+
+def test_the_default_provider_is_auto_and_text_provider_stays_text() -> None:
+    assert VllmGenerateLLM().params.output_mode is OutputMode.AUTO
+    assert auto_provider.params.output_mode is OutputMode.AUTO
+    assert text_provider.params.output_mode is OutputMode.TEXT
+
+
+def test_auto_streams_text_token_by_token_without_reasoning(workers: Workers) -> None:
+    chunks = stream("pd-auto/qwen", max_tokens=30)
+    deltas = [chunk.choices[0].delta.content for chunk in chunks if chunk.choices]
+    assert "".join(delta or "" for delta in deltas) == "Hello!"
+    assert len([delta for delta in deltas if delta]) == len("Hello!")  # one per token
+    assert not [
+        chunk
+        for chunk in chunks
+        if chunk.choices and (chunk.choices[0].delta.provider_specific_fields or {})
+    ]
+    assert_prefill_then_decode(workers, cap=30, stream=True)
+    assert workers.decode.calls[1].body["output_mode"] == "text"
+    message = complete("pd-auto/qwen", max_tokens=30).choices[0].message
+    assert message.content == "Hello!"
+    assert getattr(message, "reasoning_content", None) is None
+
+
+def test_auto_answers_tool_calls_plain_and_streamed(workers: Workers) -> None:
+    response = complete("pd-auto/qwen", tools=WEATHER_TOOLS, max_tokens=400)
+    assert response.choices[0].finish_reason == "tool_calls"
+    assert response.choices[0].message.tool_calls[0].function.name == "get_weather"
+    assert workers.decode.calls[1].body["output_mode"] == "derender"
+    chunks = stream("pd-auto/qwen", tools=WEATHER_TOOLS, max_tokens=400)
+    calls = [
+        c for chunk in chunks if chunk.choices for c in chunk.choices[0].delta.tool_calls or []
+    ]
+    assert [call.function.name for call in calls if call.function.name] == ["get_weather"]
+
+
+@pytest.mark.usefixtures("workers")
+def test_auto_anthropic_messages_get_no_thinking_block() -> None:
+    message = run(
+        litellm.anthropic_messages(
+            model="pd-auto/qwen", messages=MESSAGES, max_tokens=50, api_base=DECODE
+        )
+    )
+    assert [block["type"] for block in message["content"]] == ["text"]
+    assert message["content"][0]["text"] == "Hello!"
 
 
 def test_sync_completion_and_streaming(workers: Workers) -> None:
@@ -634,7 +686,7 @@ def test_the_documented_proxy_config_routes_through_a_litellm_router(
 ) -> None:
     config = _doc_yaml()
     [entry] = config["litellm_settings"]["custom_provider_map"]
-    provider = workers.provider()
+    provider = workers.provider(params=_import(entry["custom_handler"]).params)
     monkeypatch.setattr(
         litellm,
         "custom_provider_map",
@@ -653,4 +705,14 @@ def test_the_documented_proxy_config_routes_through_a_litellm_router(
     response = run(router.acompletion(model=name, messages=MESSAGES, max_tokens=9))
     assert response.choices[0].message.content == "Hello!"
     assert_prefill_then_decode(workers, cap=9, stream=False)
+    # The recommended provider serves tools and streams text as it comes.
+    tools = run(router.acompletion(model=name, messages=MESSAGES, tools=WEATHER_TOOLS))
+    assert tools.choices[0].message.tool_calls[0].function.name == "get_weather"
+
+    async def streamed() -> list[Any]:
+        chunks = await router.acompletion(model=name, messages=MESSAGES, stream=True)
+        return [chunk async for chunk in chunks]
+
+    deltas = [chunk.choices[0].delta.content for chunk in run(streamed()) if chunk.choices]
+    assert len([delta for delta in deltas if delta]) > 1
     provider.close()

@@ -114,7 +114,10 @@ def test_an_unreachable_worker_is_a_502_naming_the_step() -> None:
         with TestClient(app) as client:
             health = client.get("/health")
             models = client.get("/v1/models")
-            chat = client.post("/v1/chat/completions", json={"model": "m", "messages": []})
+            chat = client.post(
+                "/v1/chat/completions",
+                json={"model": "m", "messages": [{"role": "user", "content": "Hi"}]},
+            )
     finally:
         sock.close()
     assert (health.status_code, health.content) == (200, b"")

@@ -26,6 +26,7 @@ from disagg_transforms._wire import limits as _limits
 from disagg_transforms._wire import validate as _validate
 from disagg_transforms._wire.describe import describe
 from disagg_transforms._wire.limits import Limits
+from disagg_transforms._wire.validate import MAPPINGS, refuse
 from disagg_transforms.errors import RequestError
 
 __all__ = (
@@ -48,6 +49,16 @@ CLIENT_MAPPERS: Mapping[Route, ClientMapper | None] = {
     Route.GENERATE: None,  # a generate client's body is already a generate leg
 }
 """The one table a generate leg picks a client's field mapper from, one row per route."""
+
+# Each chat-template route: its conversation's key and the key of a system prompt that opens it.
+_CONVERSATIONS: Mapping[Route, tuple[str, str | None]] = {
+    Route.CHAT_COMPLETIONS: (w.MESSAGES, None),
+    Route.MESSAGES: (w.MESSAGES, w.SYSTEM),
+    Route.RESPONSES: (w.INPUT, w.INSTRUCTIONS),
+}
+_EMPTY_CONVERSATION = (
+    "expected at least one message: vLLM cannot apply the chat template to an empty conversation"
+)
 
 # What the caps read of a client of another API than generate (its sampling_params is an
 # unknown key, dropped); a generate client's caps read its whole body.
@@ -131,9 +142,55 @@ def read_client_request(
     mapper = CLIENT_MAPPERS[route]
     mapping = None if mapper is None else mapper(body, generate_leg=generate)
     mode = None if decode is None else _output_mode(body, route, decode, mapping)
+    caps = client_caps(body, route)
+    if every_field:
+        _check_conversation(body, route)
     return msgspec.structs.replace(
-        request, mapping=mapping, caps=client_caps(body, route), generate=generate, output_mode=mode
+        request, mapping=mapping, caps=caps, generate=generate, output_mode=mode
     )
+
+
+def _check_conversation(body: Mapping[str, Any], route: Route) -> None:
+    """Refuse a conversation vLLM refuses before its render (``docs/exchange.md``).
+
+    The conversation (chat and Messages ``messages``, Responses ``input``), when sent, is a list
+    of objects (Responses: or a string); each item's ``content``, when sent, a string or a list
+    (null too on chat's assistant and on a Responses item without a role, a reasoning item).
+    An empty one is refused unless a system prompt opens it, as vLLM's chat template refuses an
+    empty conversation. A missing one is the render's to refuse.
+    """
+    if route not in _CONVERSATIONS:
+        return
+    key, opening = _CONVERSATIONS[route]
+    items = body.get(key)
+    if items is None or (route is Route.RESPONSES and isinstance(items, str)):
+        return
+    if not isinstance(items, list):
+        raise refuse(items, "expected an array of messages", at=f"$.{key}")
+    if not items and (opening is None or body.get(opening) is None):
+        raise refuse(items, _EMPTY_CONVERSATION, at=f"$.{key}")
+    for index, item in enumerate(items):
+        # The common message passes on its first test; a path is written only for a refusal.
+        content = item.get(w.CONTENT, "") if isinstance(item, dict) else None
+        if type(content) is str or type(content) is list:
+            continue
+        _refuse_message(item, route, f"$.{key}[{index}]")
+
+
+def _refuse_message(item: object, route: Route, at: str) -> None:
+    """Refuse a conversation item that is no object, or whose ``content`` vLLM refuses."""
+    if not isinstance(item, MAPPINGS):
+        raise refuse(item, "expected a message object", at=at)
+    content = item.get(w.CONTENT, "")
+    if isinstance(content, (str, list)):
+        return
+    # vLLM takes null on chat's assistant message and on a Responses item that is no message
+    # (a reasoning item).
+    role = item.get(w.ROLE)
+    nullable = role is None if route is Route.RESPONSES else role == w.ASSISTANT
+    if content is not None or not nullable:
+        why = "expected a string or an array of content parts"
+        raise refuse(content, why, at=f"{at}.{w.CONTENT}")
 
 
 def _checked_path(client_path: object) -> str:

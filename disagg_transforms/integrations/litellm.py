@@ -58,6 +58,7 @@ __all__ = (
     "SamplingCapsCallback",
     "StripTransferParamsCallback",
     "VllmGenerateLLM",
+    "auto_provider",
     "derender_provider",
     "sampling_caps_callback",
     "strip_transfer_params_callback",
@@ -398,7 +399,8 @@ class VllmGenerateLLM(CustomLLM):
     Args:
         params: the decode step's params; ``use_openai_format`` must be false (this provider
             exists to use the generate route); ``wrap_chat_completion`` is always on (LiteLLM
-            reads the chat envelope). Defaults to text mode.
+            reads the chat envelope). Defaults to ``output_mode`` auto: a request with tools gets
+            its tool calls (a derender leg), any other text streamed as it comes.
         prefill_params: the prefill step's params, when a prefill worker is used. Defaults to
             the generate route.
         prefill_api_base: the prefill worker's URL for deployments whose ``model_info`` names
@@ -423,7 +425,8 @@ class VllmGenerateLLM(CustomLLM):
         async_http_client: httpx.AsyncClient | None = None,
     ) -> None:
         super().__init__()
-        params = DecodeParams(use_openai_format=False) if params is None else params
+        if params is None:
+            params = DecodeParams(use_openai_format=False, output_mode=OutputMode.AUTO)
         if not isinstance(params, DecodeParams) or params.use_openai_format:
             msg = (
                 "VllmGenerateLLM: params must be DecodeParams with use_openai_format false, "
@@ -637,12 +640,21 @@ class StripTransferParamsCallback(CustomLogger):
         return strip_transfer_params(kwargs)
 
 
-text_provider: Final = VllmGenerateLLM()
-"""A provider in text mode (vLLM >= 0.32), for ``custom_provider_map`` in a proxy YAML."""
+auto_provider: Final = VllmGenerateLLM()
+"""The provider to register (``custom_provider_map`` in a proxy YAML): ``output_mode`` auto.
+
+A request with tools gets its tool calls and reasoning (a derender leg), any other text
+streamed token by token with no reasoning parsed.
+"""
+text_provider: Final = VllmGenerateLLM(
+    params=DecodeParams(use_openai_format=False, output_mode=OutputMode.TEXT)
+)
+"""A provider in text mode (vLLM >= 0.32): a request with tools is refused with a 400."""
 derender_provider: Final = VllmGenerateLLM(
     params=DecodeParams(use_openai_format=False, output_mode=OutputMode.DERENDER)
 )
-"""A provider in derender mode (vLLM >= 0.33): tool calls and reasoning parsed by the worker."""
+"""A provider in derender mode (vLLM >= 0.33): tool calls and reasoning parsed by the worker,
+every answer in one frame."""
 sampling_caps_callback: Final = SamplingCapsCallback()
 """A :class:`SamplingCapsCallback` for ``litellm_settings.callbacks`` in a proxy YAML."""
 strip_transfer_params_callback: Final = StripTransferParamsCallback()

@@ -33,13 +33,13 @@ class Issue:
     ctx: dict[str, object] | None = None
 
 
-def _summary(value: object) -> object:
-    # vLLM's handler summarises containers by their size instead of echoing them.
+def _summary(value: object) -> str:
+    # vLLM's handler summarises containers by their size and writes any other value as text.
     if isinstance(value, dict):
         return f"<dict of {len(value)} items>"
     if isinstance(value, list):
         return f"<list of {len(value)} items>"
-    return value
+    return str(value)
 
 
 class RequestInvalidError(Exception):

@@ -481,12 +481,39 @@ def _structured_answer(sampling: Mapping[str, Any]) -> str | None:
     return None
 
 
+_TOOL_RESULTS_TURN: Final = tok.encode("</tool_response><|im_end|>\n<|im_start|>assistant\n")
+"""How a prompt ends whose last turn is tool results (the template's generation prompt after it)."""
+_THINKING_OFF: Final = tok.encode("<think>\n\n</think>\n\n")
+
+
+def _answers_tool_results(prompt: list[int]) -> bool:
+    """Whether the prompt's last turn is tool results.
+
+    Chat ``tool`` messages, Messages ``tool_result`` blocks and Responses
+    ``function_call_output`` items all render as one.
+    """
+    if prompt[-len(_THINKING_OFF) :] == _THINKING_OFF:
+        prompt = prompt[: -len(_THINKING_OFF)]
+    return prompt[-len(_TOOL_RESULTS_TURN) :] == _TOOL_RESULTS_TURN
+
+
+def _called_tool(body: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The tool the model calls, if any.
+
+    None after tool results unless ``tool_choice`` forces one, so an agent loop ends.
+    """
+    context: Mapping[str, Any] = body["parse_context"]
+    if context.get("tool_choice") == "auto" and _answers_tool_results(body["token_ids"]):
+        return None
+    return _chosen_tool(context)
+
+
 def _script(body: Mapping[str, Any], settings: WorkerSettings, mode: str) -> list[int]:
     """The tokens this deterministic model generates when nothing stops it."""
     structured = _structured_answer(body.get("sampling_params") or {})
     if mode != "derender":
         return [*tok.encode(structured or settings.answer), tok.IM_END]
-    function = _chosen_tool(body["parse_context"])
+    function = _called_tool(body)
     if structured is not None:
         answer = structured
     elif function is None:

@@ -131,7 +131,8 @@ class SimulatedWorker:
     (``"Hello!"`` gives the tokens of ``tests/fixtures/generate-decode-response.json``); in
     ``derender`` mode it thinks first (``<think>`` ``reasoning`` ``</think>``) and, when
     ``parse_context`` offers tools and ``tool_choice`` is not ``"none"``, calls the first (or the
-    named) tool with sample arguments (``"Paris"`` for a string, ``1`` for an integer, ...).
+    named) tool with sample arguments (``"Paris"`` for a string, ``1`` for an integer, ...),
+    except after tool results with ``tool_choice`` ``"auto"``: then it answers ``answer``.
     The cap is ``sampling_params.max_tokens``, or the rest of the context when it is absent or
     null.
 
