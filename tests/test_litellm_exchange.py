@@ -489,8 +489,8 @@ class AsyncFailing(httpx.AsyncBaseTransport):
 @pytest.mark.parametrize(
     ("fail", "status", "says"),
     [
-        (refused, 502, "render failed: ConnectError: refused"),
-        (timed_out, 504, "render failed: ReadTimeout: no answer in time"),  # a retryable 504
+        (refused, 502, "render failed: could not connect to the worker"),
+        (timed_out, 504, "render failed: no answer within the timeout"),  # a retryable 504
     ],
 )
 @pytest.mark.parametrize("entry", ENTRY_POINTS)
@@ -505,6 +505,24 @@ def test_an_unreachable_or_timed_out_worker_is_a_5xx_naming_the_step(
         answer_of(getattr(provider, entry)(**call_kwargs()))
     assert caught.value.status_code == status
     assert str(caught.value) == says
+
+
+def test_a_transport_failure_names_no_address_to_the_client_and_logs_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def unreachable(request: httpx.Request) -> httpx.Response:
+        msg = "Cannot connect to host 10.1.2.3:8206 ssl:default [Connection refused]"
+        raise httpx.ConnectError(msg, request=request)
+
+    provider = VllmGenerateLLM(http_client=REAL_CLIENT(transport=httpx.MockTransport(unreachable)))
+    with (
+        caplog.at_level("WARNING", logger="disagg_transforms.litellm"),
+        pytest.raises(CustomLLMError) as caught,
+    ):
+        answer_of(provider.completion(**call_kwargs()))
+    assert str(caught.value) == "render failed: could not connect to the worker"
+    assert "10.1.2.3" in caplog.text
+    assert "ConnectError" in caplog.text
 
 
 class BrokenStream(httpx.SyncByteStream, httpx.AsyncByteStream):
@@ -579,7 +597,7 @@ def test_a_decode_stream_broken_midway_is_a_502(
     got, error = chunks_until_error(getattr(provider, entry)(**call_kwargs()))
     assert [chunk["text"] for chunk in got] == texts  # the first event is relayed once it passed
     assert error.status_code == 502
-    assert str(error) == "decode failed: ReadError: reset"
+    assert str(error) == "decode failed: connection reset"
 
 
 # --- the shared client -----------------------------------------------------------------------

@@ -25,6 +25,7 @@ per provider.
 from __future__ import annotations
 
 import asyncio
+import logging
 import reprlib
 import threading
 import weakref
@@ -52,6 +53,8 @@ from disagg_transforms import (
 )
 from disagg_transforms.errors import ConfigError, DisaggTransformError
 from disagg_transforms.exchange import ClientReply, ClientStream, Driver, Exchange, WorkerCall
+
+_LOG: Final = logging.getLogger("disagg_transforms.litellm")
 
 __all__ = (
     "PREFILL_API_BASE",
@@ -150,9 +153,24 @@ def _client_headers(headers: Mapping[str, str] | None, api_key: object) -> dict[
     return sent
 
 
+# What a client is told of a failed call: its kind, never the worker's address nor the
+# transport's own text (docs/litellm.md, "Errors"); the most precise kind first.
+_FAILURE_KINDS: tuple[tuple[type[httpx.TransportError], str], ...] = (
+    (httpx.ConnectTimeout, "no connection within the timeout"),
+    (httpx.TimeoutException, "no answer within the timeout"),
+    (httpx.ConnectError, "could not connect to the worker"),
+    (httpx.RemoteProtocolError, "the worker closed the connection"),
+    (httpx.ReadError, "connection reset"),
+)
+
+
 def _reason(error: httpx.TransportError) -> str:
-    detail = str(error)
-    return f"{type(error).__name__}: {detail}" if detail else type(error).__name__
+    # The address and the exception go to the log only: in llm-d an address is a pod's IP.
+    _LOG.warning("worker call failed: %s: %s", type(error).__name__, error)
+    return next(
+        (kind for classes, kind in _FAILURE_KINDS if isinstance(error, classes)),
+        "the connection failed",
+    )
 
 
 def _timed_out(error: httpx.TransportError) -> bool:
