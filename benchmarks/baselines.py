@@ -297,39 +297,48 @@ def chat_stream_orjson(events: list[bytes], completion_id: str, model: str, crea
     """The minimal per-chunk converter: parse the data line, build the chunk, dump it, frame it.
 
     No checks (echo, types, bounds) and no logprobs cut: the floor of any converter written on
-    dicts with orjson.
+    dicts with orjson. Cut as vLLM's chat route cuts a stream (``docs/responses.md``): an
+    opening chunk for choice 0 (the benchmark's clients ask one), no chunk for an empty delta
+    that does not finish, ``stop_reason`` on the finishing chunk only.
     """
-    out = []
-    started: set[int] = set()
+    head = {"id": completion_id, "object": "chat.completion.chunk", "created": created}
+    head["model"] = model
+    opening = {
+        **head,
+        "choices": [
+            {
+                "index": 0,
+                "delta": {"role": "assistant", "content": ""},
+                "logprobs": None,
+                "finish_reason": None,
+            }
+        ],
+        "prompt_token_ids": None,
+        "prompt_text": None,
+    }
+    out = [b"data: " + orjson.dumps(opening) + b"\n\n"]
     for event in events:
         data = event.removeprefix(b"data: ").rstrip()
         if data == _DONE:
             out.append(b"data: [DONE]\n\n")
             continue
         chunk = orjson.loads(data)
-        choices = []
+        if not chunk["choices"]:
+            built = {**head, "choices": [], "usage": chunk["usage"]}
+            out.append(b"data: " + orjson.dumps(built) + b"\n\n")
         for choice in chunk["choices"]:
-            delta = {"content": choice["text"]}
-            if choice["index"] not in started:
-                started.add(choice["index"])
-                delta = {"role": "assistant", **delta}
-            choices.append(
-                {
-                    "index": choice["index"],
-                    "delta": delta,
-                    "logprobs": choice["logprobs"],
-                    "finish_reason": choice["finish_reason"],
-                    "stop_reason": choice["stop_reason"],
-                }
-            )
-        built = {
-            "id": completion_id,
-            "object": "chat.completion.chunk",
-            "created": created,
-            "model": model,
-            "choices": choices,
-        }
-        if chunk.get("usage") is not None:
-            built["usage"] = chunk["usage"]
-        out.append(b"data: " + orjson.dumps(built) + b"\n\n")
+            text, finish = choice["text"], choice["finish_reason"]
+            if not text and finish is None and choice["logprobs"] is None:
+                continue
+            built_choice = {
+                "index": choice["index"],
+                "delta": {"content": text} if text else {},
+                "logprobs": choice["logprobs"],
+                "finish_reason": finish,
+            }
+            if finish is not None:
+                built_choice["stop_reason"] = choice["stop_reason"]
+            built_choice["token_ids"] = None
+            built = {**head, "choices": [built_choice]}
+            out.append(b"data: " + orjson.dumps(built) + b"\n\n")
     return b"".join(out)

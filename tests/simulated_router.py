@@ -21,6 +21,7 @@ from disagg_transforms import (
     ClientStream,
     Driver,
     Exchange,
+    ExchangeSettings,
     Step,
     StepParams,
     WorkerCall,
@@ -38,8 +39,10 @@ class SimulatedRouter:
         *,
         fault: str | None = None,
         fault_step: str = "decode",
+        settings: ExchangeSettings | None = None,
     ) -> None:
         self.config = config
+        self.settings = settings
         self.worker = worker or SimulatedWorker(
             WorkerSettings(created=1796000000), first_byte_delay=0.05
         )
@@ -63,7 +66,7 @@ class SimulatedRouter:
         body: bytes,
     ) -> tuple[int, list[tuple[str, str]], bytes]:
         """The exchange loop (docs/router.md), the client's reply collected whole."""
-        drive = Driver(Exchange(self.config, path, headers, body))
+        drive = Driver(Exchange(self.config, path, headers, body, settings=self.settings))
         transport = httpx.ASGITransport(app=self.worker)
         sent = bytearray()
         async with httpx.AsyncClient(transport=transport, base_url="http://worker") as http:

@@ -317,6 +317,8 @@ def test_a_fault_after_the_stream_started_ends_it_with_the_apis_error_event(faul
     stream = _openai(router, retries=2).chat.completions.create(
         model="m", messages=MESSAGES, stream=True
     )
+    opening = next(stream).choices[0].delta  # as vLLM opens a choice: role, empty content
+    assert (opening.role, opening.content) == ("assistant", "")
     assert next(stream).choices[0].delta.content == "H"
     with pytest.raises(openai.APIError) as caught:
         next(stream)

@@ -411,6 +411,49 @@ def test_stream_error_ends_the_stream_with_the_routes_error_event(
     assert "Internal server error" in whole.text
 
 
+# -- an agent loop on the coupled routes: no tool parser runs there, so it answers text --------
+
+WEATHER: Any = {"type": "object", "properties": {"city": {"type": "string"}}}
+
+
+def test_an_agent_turn_after_a_tool_result_answers_text_on_every_coupled_route(
+    worker: SimulatedWorker,
+) -> None:
+    call = {"id": "c1", "type": "function", "function": {"name": "w", "arguments": "{}"}}
+    chat_tool: Any = {"type": "function", "function": {"name": "w", "parameters": WEATHER}}
+    responses_tool: Any = {"type": "function", "name": "w", "parameters": WEATHER}
+    after: Any = [*MESSAGE, {"role": "assistant", "tool_calls": [call]}]
+    after.append({"role": "tool", "tool_call_id": "c1", "content": "Sunny"})
+    use: Any = {"type": "tool_use", "id": "c1", "name": "w", "input": {}}
+    result: Any = {"type": "tool_result", "tool_use_id": "c1", "content": "Sunny"}
+    items: Any = [
+        {"role": "user", "content": PROMPT},
+        {"type": "function_call", "call_id": "c1", "name": "w", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "Sunny"},
+    ]
+
+    async def turns(http: httpx2.AsyncClient) -> tuple[Any, Any, Any]:
+        client, claude = _openai(http), _anthropic(http)
+        chat = await client.chat.completions.create(model="m", messages=after, tools=[chat_tool])
+        response = await client.responses.create(model="m", input=items, tools=[responses_tool])
+        message = await claude.messages.create(
+            model="m",
+            max_tokens=64,
+            messages=[
+                *MESSAGE,
+                {"role": "assistant", "content": [use]},
+                {"role": "user", "content": [result]},
+            ],
+            tools=[{"name": "w", "input_schema": WEATHER}],
+        )
+        return chat, response, message
+
+    chat, response, message = _run(worker, turns)
+    assert (chat.choices[0].message.content, chat.choices[0].finish_reason) == ("Hello!", "stop")
+    assert response.output_text == "Hello!"
+    assert (_only_text(message), message.stop_reason) == ("Hello!", "end_turn")
+
+
 # ---------------------------------------------------------------- the cache's counts
 
 

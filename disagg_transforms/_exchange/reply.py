@@ -493,8 +493,8 @@ class _GenerateRelay:
 
     __slots__ = ("_reader", "_started", "_strip", "worker_error")
 
-    def __init__(self, *, strip: bool) -> None:
-        self._reader = GenerateStreamReader(max_event_bytes=DEFAULT_MAX_EVENT_BYTES)
+    def __init__(self, *, strip: bool, mode: OutputMode) -> None:
+        self._reader = GenerateStreamReader(max_event_bytes=DEFAULT_MAX_EVENT_BYTES, mode=mode)
         self._strip = strip
         self._started = False
         self.worker_error = False
@@ -712,4 +712,4 @@ def _stream_relay(
         )
     if shape is Shape.PASS:
         return _PassRelay(client.route)
-    return _GenerateRelay(strip=shape is Shape.UNWRAPPED)
+    return _GenerateRelay(strip=shape is Shape.UNWRAPPED, mode=mode)

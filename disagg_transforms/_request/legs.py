@@ -26,7 +26,7 @@ from disagg_transforms._request.caps import (
     apply_sampling_caps,
     apply_single_token_cap,
 )
-from disagg_transforms._request.client import ClientRequest, read_client_request
+from disagg_transforms._request.client import ClientRequest, own_output_mode, read_client_request
 from disagg_transforms._request.fields import CARRIED_AS_IS, TRANSFER_KEYS
 from disagg_transforms._request.mapping import ClientMapping
 from disagg_transforms._routes import ROUTE_PATH, Route, leg_route
@@ -435,7 +435,9 @@ def _decode_generate(
     body, client_route, mode = client.body, client.route, client.output_mode
     assert mode is not None  # noqa: S101 - the request was read for a generate decode leg
     leg = _place_generate(core.body, core.transfer, params.kv_transfer_placement)
-    streams, client_streams = _leg_stream(body, mode)
+    # A generate client's own mode is sent as it asked, as the worker itself would get it.
+    own = own_output_mode(body, client_route) is not None
+    streams, client_streams = _leg_stream(body, None if own else mode)
     dropped = list(core.transfer.stripped)
     leg[w.OUTPUT_MODE] = _MODE_TEXT[mode]
     leg[w.STREAM] = streams
@@ -443,8 +445,8 @@ def _decode_generate(
     if not kept and body.get(w.STREAM_OPTIONS) is not None:
         dropped.append(w.STREAM_OPTIONS)
     sampling = leg[w.SAMPLING_PARAMS]
-    if sampling.get(w.DETOKENIZE) is False:
-        # vLLM refuses text and derender without detokenizing (400): the step's mode wins.
+    if sampling.get(w.DETOKENIZE) is False and mode is not OutputMode.TOKENS:
+        # vLLM refuses text and derender without detokenizing (400): the mode wins.
         leg[w.SAMPLING_PARAMS] = {k: v for k, v in sampling.items() if k != w.DETOKENIZE}
         dropped.append(_DETOKENIZE)
     mapping = core.mapping
