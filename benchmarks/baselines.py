@@ -94,6 +94,23 @@ def decode_leg_pydantic(raw: bytes) -> bytes:
 
 _CHOICE_KEEP = ("index", "logprobs", "finish_reason", "stop_reason")
 _TOP_KEEP = ("created", "model", "usage")
+# The nulls vLLM's own chat writes, which the library writes too (docs/responses.md).
+_MESSAGE_NULLS = dict.fromkeys(("refusal", "annotations", "audio", "function_call", "reasoning"))
+_CHOICE_NULLS = dict.fromkeys(("token_ids", "routed_experts", "weight_versions"))
+_TOP_NULLS = dict.fromkeys(
+    (
+        "service_tier",
+        "system_fingerprint",
+        "prompt_logprobs",
+        "prompt_token_ids",
+        "prompt_text",
+        "metrics",
+    )
+)
+
+
+def _text_message(text: Any) -> dict[str, Any]:  # noqa: ANN401 - JSON
+    return {"role": "assistant", "content": text, **_MESSAGE_NULLS}
 
 
 def _cut(logprobs: dict[str, Any] | None, top: int) -> dict[str, Any] | None:
@@ -114,14 +131,14 @@ def _wrap_on_dict(response: dict[str, Any], mode: str, top: int) -> dict[str, An
         if mode == "derender":
             out["message"] = choice["message"]
         else:
-            out["message"] = {"role": "assistant", "content": choice["text"]}
+            out["message"] = _text_message(choice["text"])
             out["logprobs"] = _cut(choice.get("logprobs"), top)
-        choices.append(out)
+        choices.append({**out, **_CHOICE_NULLS})
     wrapped = {key: response[key] for key in _TOP_KEEP if key in response}
     wrapped["id"] = response["request_id"].removeprefix("generate-tokens-")
     wrapped["object"] = "chat.completion"
     wrapped["choices"] = choices
-    return wrapped
+    return {**wrapped, **_TOP_NULLS}
 
 
 def wrap_orjson(raw: bytes, mode: str, top: int) -> bytes:
@@ -171,15 +188,15 @@ def _chat_completion(
         "choices": [
             {
                 "index": c.index,
-                "message": c.message
-                if mode == "derender"
-                else {"role": "assistant", "content": c.text},
+                "message": c.message if mode == "derender" else _text_message(c.text),
                 "logprobs": logprobs(c.logprobs),
                 "finish_reason": c.finish_reason,
                 "stop_reason": c.stop_reason,
+                **_CHOICE_NULLS,
             }
             for c in response.choices
         ],
+        **_TOP_NULLS,
     }
 
 

@@ -70,8 +70,10 @@ def _worker(decode_body: Any = DECODE, **answers: Any) -> Any:
 
 
 def _keys(value: Any) -> set[str]:
+    """The keys holding a value (vLLM's own chat writes ``token_ids`` null, so does the wrap)."""
     if isinstance(value, dict):
-        return set(value) | {k for v in value.values() for k in _keys(v)}
+        held = {k for k, v in value.items() if v is not None}
+        return held | {k for v in value.values() for k in _keys(v)}
     if isinstance(value, list):
         return {k for v in value for k in _keys(v)}
     return set()

@@ -69,7 +69,11 @@ def _top_keys(reply: bytes) -> list[set[str]]:
             found.append(set(value))
             choices = value.get("choices")
             if isinstance(choices, list):
-                found.extend(set(c) & {"token_ids"} for c in choices if isinstance(c, dict))
+                # vLLM's own chat writes token_ids null, and so does the wrap: no value.
+                found.extend(
+                    {"token_ids"} if isinstance(c, dict) and c.get("token_ids") else set()
+                    for c in choices
+                )
     return found
 
 

@@ -20,6 +20,7 @@ from anthropic.types import Message, MessageParam, TextBlock
 from openai.types.responses import (
     Response,
     ResponseCreatedEvent,
+    ResponseIncompleteEvent,
     ResponseOutputMessage,
     ResponseOutputText,
     ResponseStreamEvent,
@@ -134,17 +135,21 @@ def test_responses_create_answers_the_chat_routes_text_and_counts(worker: Simula
     assert usage.total_tokens == 28
     assert usage.input_tokens_details.cached_tokens == 0
     assert usage.output_tokens_details.reasoning_tokens == 0
-    # vLLM's own defaults and echoes of the request's settings.
-    assert (response.tool_choice, response.tools) == ("auto", [])
+    # vLLM's own defaults and echoes of the request's settings ("none" without tools: vLLM's
+    # check_tool_usage).
+    assert (response.tool_choice, response.tools) == ("none", [])
     assert response.parallel_tool_calls is True
     assert (response.temperature, response.top_p, response.max_output_tokens) == (1.0, 1.0, 4075)
     raw = _post(worker, "/v1/responses", {"model": "m", "input": PROMPT}).json()
     assert raw["kv_transfer_params"] is None
     assert raw["usage"]["input_tokens_details"] == {
         "cached_tokens": 0,
+        "cache_write_tokens": 0,
         "input_tokens_per_turn": [],
         "cached_tokens_per_turn": [],
     }
+    assert (raw["presence_penalty"], raw["frequency_penalty"]) == (0.0, 0.0)
+    assert raw["output"][0]["phase"] is None
 
 
 def test_responses_stream_events_in_vllms_order(worker: SimulatedWorker) -> None:
@@ -191,10 +196,19 @@ def test_responses_cap_is_max_output_tokens(worker: SimulatedWorker) -> None:
         client = _openai(http)
         whole = await client.responses.create(model="m", input=PROMPT, max_output_tokens=3)
         async with client.responses.stream(model="m", input=PROMPT, max_output_tokens=3) as events:
-            return whole, await events.get_final_response()
+            seen = [event async for event in events]
+            # vLLM 0.33 ends the stream with response.incomplete, from which the SDK's helper
+            # makes no final response.
+            with pytest.raises(RuntimeError, match=r"response\.completed"):
+                await events.get_final_response()
+        terminal = seen[-1]
+        assert isinstance(terminal, ResponseIncompleteEvent)
+        return whole, terminal.response
 
     whole, streamed = _run(worker, capped)
     for response in (whole, streamed):
+        assert isinstance(response.output[0], ResponseOutputMessage)
+        assert response.output[0].status == "incomplete"
         assert response.output_text == chat["choices"][0]["message"]["content"] == "Hel"
         assert response.status == "incomplete"
         assert response.incomplete_details is not None
@@ -438,3 +452,33 @@ def test_an_agent_turn_after_a_tool_result_answers_text_on_every_coupled_route(
     assert (chat.choices[0].message.content, chat.choices[0].finish_reason) == ("Hello!", "stop")
     assert response.output_text == "Hello!"
     assert (_only_text(message), message.stop_reason) == ("Hello!", "end_turn")
+
+
+# ---------------------------------------------------------------- the cache's counts
+
+
+def test_the_cache_counts_each_route_writes_with_prompt_token_details() -> None:
+    # vLLM 0.33 with --enable-prompt-tokens-details, a prefill call: the generate route leaves
+    # created_cache_tokens null, chat writes an integer (the simulated engine writes no prefix
+    # cache: 0), Messages subtracts both from input_tokens, Responses counts cache_write_tokens.
+    worker = SimulatedWorker(WorkerSettings(created=CREATED, prompt_tokens_details=True))
+    prefill = {"kv_transfer_params": {"do_remote_decode": True}}
+    chat = _chat(worker, **prefill)
+    assert chat["usage"]["prompt_tokens_details"] == {
+        "cached_tokens": 0,
+        "created_cache_tokens": 0,
+        "multimodal_tokens": None,
+    }
+    message = _post(
+        worker,
+        "/v1/messages",
+        {"model": "m", "max_tokens": 64, "messages": MESSAGE, **prefill},
+    ).json()
+    assert message["usage"] == {
+        "input_tokens": chat["usage"]["prompt_tokens"],
+        "output_tokens": chat["usage"]["completion_tokens"],
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 0,
+    }
+    response = _post(worker, "/v1/responses", {"model": "m", "input": PROMPT, **prefill}).json()
+    assert response["usage"]["input_tokens_details"]["cache_write_tokens"] == 0

@@ -140,7 +140,7 @@ def _message(
         got = describe(codec.load(view.text, f"{path}.text"))
         msg = f"{path}.text: expected a string, got {got}"
         raise UpstreamContractError(msg, param=f"{path}.text")
-    return {w.ROLE: w.ASSISTANT, w.CONTENT: view.text}
+    return {w.ROLE: w.ASSISTANT, w.CONTENT: view.text, **_TEXT_MESSAGE_NULLS}
 
 
 class _ClientView(msgspec.Struct, kw_only=True, gc=False):
@@ -188,6 +188,15 @@ def _not_a_client_body(client_body: object) -> UpstreamContractError:
 _NOT_ASKED: Final = _Asked(None, None)
 
 
+# The nulls vLLM's chat writes where the allow-list keeps the worker's values out (merged from
+# constants: cheaper than a key each): a text message's (vLLM's ChatMessage without a reasoning
+# parser; tool_calls dropped empty), a choice's, and the top level's around usage.
+_TEXT_MESSAGE_NULLS: Final = dict.fromkeys(
+    (w.REFUSAL, w.ANNOTATIONS, w.AUDIO, w.FUNCTION_CALL, w.REASONING)
+)
+_CHOICE_NULLS: Final = dict.fromkeys((w.TOKEN_IDS, w.ROUTED_EXPERTS, w.WEIGHT_VERSIONS))
+_HEAD_NULLS: Final = dict.fromkeys((w.SERVICE_TIER, w.SYSTEM_FINGERPRINT))
+_TAIL_NULLS: Final = dict.fromkeys((w.PROMPT_TOKEN_IDS, w.PROMPT_TEXT, w.METRICS))
 _PromptLogprobs = list[dict[str, Any] | None]
 _USAGE_PATH = f"$.{w.USAGE}"
 _PROMPT_LOGPROBS_PATH = f"$.{w.PROMPT_LOGPROBS}"
@@ -213,25 +222,46 @@ def _wrap(
             w.LOGPROBS: logprobs_out(codec, choice.logprobs, asked.top, position),
             **finish,
             w.STOP_REASON: None if choice.stop_reason is UNSET else choice.stop_reason,
+            **_CHOICE_NULLS,
         }
         choices.append(built)
     if len(choices) > 1:
         choices.sort(key=lambda built: built[w.INDEX])
+    # vLLM's ChatCompletionResponse, in its field order: its nulls written, the worker's
+    # system_fingerprint unknown here (a generate answer carries none), its kv_transfer_params
+    # and ec_transfer_params never (docs/responses.md, "Allow-list").
     result: dict[str, Any] = {
         w.ID: chat_id(view.request_id),
         w.OBJECT: w.CHAT_COMPLETION_OBJECT,
         w.CREATED: envelope_created(options, view.created),
         w.MODEL: envelope_model(options, view.model, asked.client),
         w.CHOICES: choices,
+        **_HEAD_NULLS,
     }
     if view.usage is not UNSET:
-        if not codec.is_null(view.usage):
-            codec.read(view.usage, Usage, _USAGE_PATH)
         result[w.USAGE] = view.usage
+        if not codec.is_null(view.usage):
+            usage = codec.read(view.usage, Usage, _USAGE_PATH)
+            details = usage.prompt_tokens_details
+            if isinstance(details, dict) and details.get(w.CREATED_CACHE_TOKENS, 0) is None:
+                result[w.USAGE] = _created_cache_counted(codec.load(view.usage, _USAGE_PATH))
+    prompt_logprobs = None
     if view.prompt_logprobs is not UNSET and not codec.is_null(view.prompt_logprobs):
         codec.read(view.prompt_logprobs, _PromptLogprobs, _PROMPT_LOGPROBS_PATH)
-        result[w.PROMPT_LOGPROBS] = view.prompt_logprobs
+        prompt_logprobs = view.prompt_logprobs
+    result[w.PROMPT_LOGPROBS] = prompt_logprobs
+    result.update(_TAIL_NULLS)
     return result
+
+
+def _created_cache_counted(usage: Any) -> dict[str, Any]:  # noqa: ANN401 - a JSON object
+    """The usage with ``created_cache_tokens`` 0 where the generate route wrote null.
+
+    vLLM's chat serving writes the prompt tokens its prefill wrote to the prefix cache, an
+    integer; its generate route has no such count: 0 (docs/responses.md, "Allow-list").
+    """
+    details = usage[w.PROMPT_TOKENS_DETAILS]
+    return {**usage, w.PROMPT_TOKENS_DETAILS: {**details, w.CREATED_CACHE_TOKENS: 0}}
 
 
 def wrap_chat_completion(
@@ -430,9 +460,22 @@ def _chunk_head(completion_id: str, created: int, model: str) -> dict[str, Any]:
     }
 
 
+# ChatMessage's fields that vLLM's DeltaMessage lacks, and a reasoning never set: left out of a
+# delta when null, as vLLM's stream dumps its chunks (exclude_unset).
+_NOT_IN_DELTA: Final = (w.REFUSAL, w.ANNOTATIONS, w.AUDIO, w.FUNCTION_CALL, w.REASONING)
+
+
+# A whole choice's members a chunk's choice leaves out: vLLM sets none of the nulls on its chunks.
+_NOT_IN_CHUNK: Final = frozenset({w.MESSAGE, w.TOKEN_IDS, w.ROUTED_EXPERTS, w.WEIGHT_VERSIONS})
+
+
 def _delta(message: Mapping[str, Any]) -> dict[str, Any]:
     # A streamed tool call needs its position; the rest of the message moves across whole.
-    delta = dict(message)
+    delta = {
+        key: value
+        for key, value in message.items()
+        if value is not None or key not in _NOT_IN_DELTA
+    }
     tool_calls = delta.get(w.TOOL_CALLS)
     if isinstance(tool_calls, list):
         delta[w.TOOL_CALLS] = [
@@ -470,7 +513,7 @@ def single_frame_chat_chunks(
             w.LOGPROBS: choice[w.LOGPROBS],
             w.FINISH_REASON: None,
         }
-        finished = {key: value for key, value in choice.items() if key != w.MESSAGE}
+        finished = {key: value for key, value in choice.items() if key not in _NOT_IN_CHUNK}
         finished[w.DELTA] = {}
         finished[w.LOGPROBS] = None  # sent with the delta
         chunks.append({**head, w.CHOICES: [opened]})

@@ -738,20 +738,23 @@ def cached_prefix(prompt: list[int], earlier: Iterable[object]) -> int:
     return min(longest, len(prompt) - 1) // BLOCK_SIZE * BLOCK_SIZE
 
 
-def _prompt_details(body: Mapping[str, Any], cached_tokens: int) -> dict[str, int] | None:
+def _prompt_details(body: Mapping[str, Any], cached_tokens: int) -> dict[str, Any] | None:
     """``usage.prompt_tokens_details`` of a P/D leg, as vLLM with prompt token details reports it.
 
     A prefill (``do_remote_decode``) counts the prefix cache's tokens; a decode that pulls the
     prompt's KV from prefill (``do_remote_prefill``) counts none of its own. Other calls: none.
+    vLLM 0.33's generate route writes no ``created_cache_tokens`` (its chat route does).
     """
     params = body.get("kv_transfer_params")
     if not isinstance(params, dict):
         return None
     if params.get("do_remote_decode") is True:
-        return {"cached_tokens": cached_tokens}
-    if params.get("do_remote_prefill") is True:
-        return {"cached_tokens": 0}
-    return None
+        cached = cached_tokens
+    elif params.get("do_remote_prefill") is True:
+        cached = 0
+    else:
+        return None
+    return {"cached_tokens": cached, "created_cache_tokens": None, "multimodal_tokens": None}
 
 
 def _ec_answer(body: Mapping[str, Any], settings: WorkerSettings) -> Any:  # noqa: ANN401 - JSON
@@ -830,7 +833,10 @@ def generate(  # noqa: PLR0913 - the body, then what the worker knows, by keywor
     choices = [dataclasses.replace(ended, index=index) for index in range(sampling.get("n", 1))]
     details = _prompt_details(body, cached_tokens) if settings.prompt_tokens_details else None
     if body.get("stream") is True:
-        events = _stream(body, choices, request_id, mode, legacy=legacy, details=details)
+        # vLLM dumps its last usage chunk without its nulls (exclude_none): no
+        # created_cache_tokens or multimodal_tokens in the details.
+        written = None if details is None else {k: v for k, v in details.items() if v is not None}
+        events = _stream(body, choices, request_id, mode, legacy=legacy, details=written)
         return GenerateAnswer(None, events)
     answer_choices = [_answer_choice(choice, body, mode, request_id) for choice in choices]
     completion = sum(len(choice.tokens) for choice in choices)
@@ -902,7 +908,7 @@ def _stream(  # noqa: PLR0913 - the answer's parts, by keyword
     mode: str,
     *,
     legacy: bool,
-    details: dict[str, int] | None,
+    details: dict[str, Any] | None,
 ) -> list[bytes]:
     sampling: Mapping[str, Any] = body["sampling_params"]
     options = body.get("stream_options") or {}

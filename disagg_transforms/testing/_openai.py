@@ -51,8 +51,8 @@ class TextTurn:
     finish_reason: str | None
     prompt_tokens: int
     completion_tokens: int
-    cached_tokens: int
-    """``usage.prompt_tokens_details.cached_tokens``, 0 when the usage has no details."""
+    cached_tokens: int | None
+    """``usage.prompt_tokens_details.cached_tokens``, ``None`` when the usage has no details."""
     kv_transfer_params: Any
     """A prefill's NIXL params (a whole answer only: stream chunks carry none)."""
 
@@ -101,7 +101,7 @@ def text_turn(
         finish_reason=finish,
         prompt_tokens=usage["prompt_tokens"],
         completion_tokens=usage["completion_tokens"],
-        cached_tokens=details.get("cached_tokens", 0),
+        cached_tokens=details.get("cached_tokens"),
         kv_transfer_params=None if whole is None else whole["kv_transfer_params"],
     )
 
@@ -160,7 +160,7 @@ def chat(
             ],
             "service_tier": None,
             "system_fingerprint": None,
-            "usage": whole["usage"],
+            "usage": _cache_counted(whole["usage"]),
             "prompt_logprobs": None,
             "prompt_token_ids": None,
             "prompt_text": None,
@@ -207,7 +207,7 @@ def _chat_chunks(
             out.append({**opening, "prompt_token_ids": prompt_ids, "prompt_text": None})
     for chunk in chunks:
         if not chunk["choices"]:
-            out.append({**head, "choices": [], "usage": chunk["usage"]})
+            out.append({**head, "choices": [], "usage": _cache_counted(chunk["usage"])})
             continue
         for choice in chunk["choices"]:
             logprobs = _chat_logprobs(choice["logprobs"], top)
@@ -256,6 +256,18 @@ def _chat_logprobs(logprobs: Any, top: int) -> Any:  # noqa: ANN401 - JSON
             for entry in logprobs["content"]
         ],
     }
+
+
+def _cache_counted(usage: Mapping[str, Any]) -> dict[str, Any]:
+    """The usage as vLLM's chat serving writes it: ``created_cache_tokens`` an integer.
+
+    The count of prompt tokens the prefill wrote to the prefix cache, which the generate route
+    leaves null: the simulated engine writes none, 0.
+    """
+    details = usage.get("prompt_tokens_details")
+    if not isinstance(details, dict):
+        return dict(usage)
+    return {**usage, "prompt_tokens_details": {**details, "created_cache_tokens": 0}}
 
 
 def _stream_chunk(
