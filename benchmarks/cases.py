@@ -125,9 +125,13 @@ def _decode_chat_stdlib(raw: bytes) -> bytes:
 def _decode_rendered_bytes(raw: bytes, client: bytes, path: str) -> bytes:
     # What the exchange does with render's answer (its `_read_render`, then the decode leg):
     # the answer split into raw members, its token IDs kept as their bytes.
-    rendered = RawMembers(raw, UpstreamContractError, "the render answer", token_ids_key="token_ids")
+    rendered = RawMembers(
+        raw, UpstreamContractError, "the render answer", token_ids_key="token_ids"
+    )
     inputs = LegInputs(rendered=rendered)
-    return build_decode_request_bytes(client, client_path=path, params=_AUTO_PARAMS, inputs=inputs).body
+    return build_decode_request_bytes(
+        client, client_path=path, params=_AUTO_PARAMS, inputs=inputs
+    ).body
 
 
 def _decode_rendered_dict(raw: bytes, client: bytes, path: str) -> bytes:
