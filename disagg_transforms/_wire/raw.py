@@ -38,6 +38,7 @@ _EMPTY_ARRAY: Final = re.compile(rb"\[\s*\]\Z")
 # Decoded a slice at a time, the decoder's output stays in cache (and, even as UCS-4, below
 # malloc's mmap threshold): a megabyte body is checked about 3x faster than by one decode.
 _UTF8_SLICE: Final = 1 << 15
+_ABSENT: Final = object()
 
 
 def _first_bad_utf8(data: bytes) -> tuple[int, str] | None:
@@ -270,15 +271,15 @@ class RawMembers(dict[str, Any]):
         through unchanged: its input bytes are written. A :class:`RawTokenIds` anywhere at the
         top level is written as its bytes. Everything else is encoded.
         """
-        out: dict[str, Any] = {}
-        for key, value in result.items():
-            if isinstance(value, RawTokenIds):
-                out[key] = value.raw
-            elif key in self._members and self[key] is value:
-                out[key] = self._members[key]
-            else:
-                out[key] = value
-        return encode(out)
+        members, mine = self._members, dict.get
+        return encode(
+            {
+                key: value.raw
+                if type(value) is RawTokenIds
+                else (members[key] if mine(self, key, _ABSENT) is value else value)
+                for key, value in result.items()
+            }
+        )
 
 
 def encode(value: object) -> bytes:

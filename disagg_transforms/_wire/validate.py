@@ -45,6 +45,7 @@ _MSGSPEC_GOT = re.compile(r", got `[^`]*`$")
 # msgspec writes a dict's key as "[...]": which key failed is not in the message.
 _HIDDEN_KEY = "[...]"
 _MISSING = object()
+_STR: Final = frozenset({str})
 
 
 class MsgspecFailure(NamedTuple):
@@ -139,9 +140,10 @@ def mapping(value: object, path: str) -> Mapping[str, Any]:
 def client_object(body: object) -> Mapping[str, Any]:
     """Check that a client body is a JSON object with string keys (the root, ``$``)."""
     body = mapping(body, "$")
-    for key in body:
-        if not isinstance(key, str):
-            raise refuse(key, "expected string keys", at="$")
+    if not _STR.issuperset(map(type, body)):  # a C-speed pass; the loop names a bad key
+        for key in body:
+            if not isinstance(key, str):
+                raise refuse(key, "expected string keys", at="$")
     return body
 
 
@@ -170,9 +172,6 @@ def whole_number(
 
 # The field readers: ``body[key]`` at ``{parent}.{key}``; absent and null are both ``None``
 # (vLLM reads null as "not set", and a leg must not invent a server default).
-
-
-_STR: Final = frozenset({str})
 
 
 def _str_list(value: object) -> bool:
