@@ -65,7 +65,6 @@ _WRAP_CLIENT = orjson.dumps(
 _AUTO_PARAMS = DecodeParams(use_openai_format=False, output_mode=OutputMode.AUTO)
 _RENDER_PATHS = {
     "chat": Route.CHAT_COMPLETIONS.value,
-    "completions": Route.COMPLETIONS.value,
     "responses": Route.RESPONSES.value,
     "messages": Route.MESSAGES.value,
 }
@@ -125,9 +124,8 @@ def _decode_chat_stdlib(raw: bytes) -> bytes:
 def _decode_rendered_bytes(raw: bytes, client: bytes, path: str) -> bytes:
     # What the exchange does with render's answer (its `_read_render`, then the decode leg):
     # the answer split into raw members, its token IDs kept as their bytes.
-    rendered = RawMembers(
-        raw, UpstreamContractError, "the render answer", token_ids_key="token_ids"
-    )
+    key = "token_ids"  # the member kept as its bytes
+    rendered = RawMembers(raw, UpstreamContractError, "the render answer", token_ids_key=key)
     inputs = LegInputs(rendered=rendered)
     return build_decode_request_bytes(
         client, client_path=path, params=_AUTO_PARAMS, inputs=inputs
@@ -337,7 +335,7 @@ def _wrap_case(n_tokens: int, mode: OutputMode, *, logprobs: bool) -> Case:
 def all_cases(*, quick: bool = False) -> list[Case]:
     """Every case, in phase order; ``quick`` keeps the small payloads only (a smoke run)."""
     generate_sizes = (1_000,) if quick else (1_000, 32_000, 128_000)
-    render_sizes = (256, 1_000) if quick else (256, 1_000, 32_000, 128_000)
+    render_sizes = (1_000,) if quick else (256, 1_000, 32_000, 128_000)
     wrap_sizes = (256,) if quick else (256, 8192)
     stream_chunks = 16 if quick else 512
     return [
@@ -355,6 +353,14 @@ def all_cases(*, quick: bool = False) -> list[Case]:
         *(_wrap_full_client_case(256, mode) for mode in (OutputMode.TEXT, OutputMode.DERENDER)),
         *(_stream_case(envelope, stream_chunks) for envelope in _STREAM_CONVERTERS),
     ]
+
+
+def real_shape_decode_cases(size: str) -> tuple[str, ...]:
+    """The names of the decode legs built from vLLM's real shapes at ``size`` (``1k``...)."""
+    return (
+        f"decode leg, generate every field, {size} tokens",
+        *(f"decode leg, {api} + vLLM 0.33 render, {size} tokens" for api in _RENDER_PATHS),
+    )
 
 
 def _by_name() -> dict[str, Case]:

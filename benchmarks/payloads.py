@@ -184,11 +184,11 @@ _STREAM_HEAD = {"request_id": "generate-tokens-chatcmpl-bench"}
 _FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "fixtures"
 RENDER_FIXTURES = {
     "chat": "render-chat-tools",
-    "completions": "render-completions",
     "responses": "render-responses",
     "messages": "render-messages",
 }
-"""Each client API's recorded render exchange (``<name>-request.json``, ``<name>-response.json``)."""
+"""Each rendered client API's recorded render exchange (``<name>-request.json`` and
+``-response.json``). A completions client is never rendered: its legs stay on its own route."""
 
 # What a full client body carries besides its API's own fields (every one read or dropped by
 # the leg builder): metadata, user, sampling fields.
@@ -216,8 +216,6 @@ def render_answer(api: str, n_tokens: int) -> bytes:
     """vLLM 0.33's render answer for ``api``'s recorded request, its prompt ``n_tokens`` long
     (every ``GenerateRequest`` field present, most null, as vLLM serialises it)."""
     answer = _fixture(f"{RENDER_FIXTURES[api]}-response")
-    if isinstance(answer, list):
-        answer = answer[0]  # the completions render answers one GenerateRequest per prompt
     rng = random.Random(n_tokens)  # noqa: S311 - seeded payloads, not secrets
     answer["token_ids"] = [rng.randrange(_VOCAB) for _ in range(n_tokens)]
     return orjson.dumps(answer)
@@ -226,11 +224,8 @@ def render_answer(api: str, n_tokens: int) -> bytes:
 def render_client(api: str) -> bytes:
     """The client body ``api``'s render answer was recorded for, as a full client sends it."""
     body = _fixture(f"{RENDER_FIXTURES[api]}-request")
-    if isinstance(body.get("prompt"), list):
-        body["prompt"] = body["prompt"][0]  # one prompt, one render answer
     extras = {
         "chat": _FULL_CHAT_EXTRAS,
-        "completions": {k: v for k, v in _FULL_CHAT_EXTRAS.items() if k != "response_format"},
         "responses": {
             "stream": True,
             "metadata": _FULL_CHAT_EXTRAS["metadata"],

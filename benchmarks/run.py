@@ -218,6 +218,13 @@ TARGETS = (
     Target(_STREAM.format("Responses"), "lib/orjson converter", 2.0, at_most=True),
     Target(_STREAM.format("Anthropic"), "lib/orjson converter", 2.0, at_most=True),
     Target(_G128, "peak RSS (x body)", 2.0, at_most=True),
+    # Real shapes (issue 33): every such decode leg against the orjson round trip by size.
+    *(
+        Target(case, "lib/orjson rt", bound, at_most=True)
+        for size, bound in (("1k", 1.5), ("32k", 0.45), ("128k", 0.40))
+        for case in cases.real_shape_decode_cases(size)
+    ),
+    Target("wrap, text 256 tokens, full client body", "lib/orjson rt", 0.8, at_most=True),
 )
 _SCALING_RANGE = (3.2, 4.8)
 
