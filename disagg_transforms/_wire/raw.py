@@ -12,10 +12,8 @@ the worker, the one place that knows the vocabulary.
 from __future__ import annotations
 
 import codecs
-import operator
 import re
 from collections.abc import Iterable, Mapping
-from itertools import compress, repeat
 from typing import Any, Final, TypeAlias
 
 import msgspec
@@ -273,15 +271,15 @@ class RawMembers(dict[str, Any]):
         through unchanged: its input bytes are written. A :class:`RawTokenIds` anywhere at the
         top level is written as its bytes. Everything else is encoded.
         """
-        keys = list(result)
-        out = dict(result)
-        # Which values are this mapping's own, found at C speed (no Python loop per member).
-        same = map(operator.is_, map(dict.get, repeat(self), keys, repeat(_ABSENT)), out.values())
-        kept = list(compress(keys, same))
-        out.update(zip(kept, map(self._members.__getitem__, kept), strict=True))
-        if RawTokenIds in set(map(type, out.values())):  # another body's proved token IDs
-            out.update([(k, v.raw) for k, v in out.items() if type(v) is RawTokenIds])
-        return encode(out)
+        members, mine = self._members, dict.get
+        return encode(
+            {
+                key: value.raw
+                if type(value) is RawTokenIds
+                else (members[key] if mine(self, key, _ABSENT) is value else value)
+                for key, value in result.items()
+            }
+        )
 
 
 def encode(value: object) -> bytes:
