@@ -271,13 +271,13 @@ def _size_label(n_tokens: int) -> str:
     return f"{n_tokens // 1000}k" if n_tokens >= 1000 else str(n_tokens)
 
 
-def _decode_rendered_case(api: str, n_tokens: int) -> Case:
-    client, path = payloads.render_client(api), _RENDER_PATHS[api]
+def _decode_rendered_case(api: str, n_tokens: int, version: str) -> Case:
+    client, path = payloads.render_client(api, version), _RENDER_PATHS[api]
     return Case(
-        name=f"decode leg, {api} + vLLM 0.33 render, {_size_label(n_tokens)} tokens",
+        name=f"decode leg, {api} + vLLM {version} render, {_size_label(n_tokens)} tokens",
         phase=DECODE_PHASE,
-        build=partial(payloads.render_answer, api, n_tokens),
-        warmup=partial(payloads.render_answer, api, 8),
+        build=partial(payloads.render_answer, api, n_tokens, version),
+        warmup=partial(payloads.render_answer, api, 8, version),
         runners={
             LIBRARY: partial(_decode_rendered_bytes, client=client, path=path),
             DICT_PATH: partial(_decode_rendered_dict, client=client, path=path),
@@ -343,7 +343,14 @@ def all_cases(*, quick: bool = False) -> list[Case]:
         _decode_chat_case(20),
         *(_decode_generate_case(n) for n in generate_sizes),
         *(_decode_generate_full_case(n) for n in render_sizes),
-        *(_decode_rendered_case(api, n) for api in payloads.RENDER_FIXTURES for n in render_sizes),
+        *(
+            _decode_rendered_case(api, n, version)
+            for version in payloads.RENDER_VERSIONS
+            for api in payloads.RENDER_FIXTURES
+            # vLLM 0.32's answers where the floors are (0.33's at 256 tokens too)
+            for n in render_sizes
+            if version == "0.33" or n >= 1_000
+        ),
         *(
             _wrap_case(n, mode, logprobs=logprobs)
             for n in wrap_sizes
@@ -359,7 +366,12 @@ def real_shape_decode_cases(size: str) -> tuple[str, ...]:
     """The names of the decode legs built from vLLM's real shapes at ``size`` (``1k``...)."""
     return (
         f"decode leg, generate every field, {size} tokens",
-        *(f"decode leg, {api} + vLLM 0.33 render, {size} tokens" for api in _RENDER_PATHS),
+        *(
+            f"decode leg, {api} + vLLM {version} render, {size} tokens"
+            for version in payloads.RENDER_VERSIONS
+            for api in _RENDER_PATHS
+            if version == "0.33" or size != "256"
+        ),
     )
 
 

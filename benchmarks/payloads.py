@@ -212,18 +212,29 @@ def _fixture(name: str) -> Any:  # noqa: ANN401 - a JSON value
     return json.loads((_FIXTURES / f"{name}.json").read_text(encoding="utf-8"))["body"]
 
 
-def render_answer(api: str, n_tokens: int) -> bytes:
-    """vLLM 0.33's render answer for ``api``'s recorded request, its prompt ``n_tokens`` long
+# vLLM 0.32's own render answers (the real engine, captured: the file's `_note` says how).
+_VLLM_032 = Path(__file__).resolve().parent / "vllm-0.32-render.json"
+RENDER_VERSIONS = ("0.33", "0.32")
+
+
+def _recorded(api: str, version: str, part: str) -> Any:  # noqa: ANN401 - a JSON value
+    if version == "0.32":
+        return json.loads(_VLLM_032.read_text(encoding="utf-8"))[api][part]
+    return _fixture(f"{RENDER_FIXTURES[api]}-{part}")
+
+
+def render_answer(api: str, n_tokens: int, version: str = "0.33") -> bytes:
+    """vLLM's render answer for ``api``'s recorded request, its prompt ``n_tokens`` long
     (every ``GenerateRequest`` field present, most null, as vLLM serialises it)."""
-    answer = _fixture(f"{RENDER_FIXTURES[api]}-response")
+    answer = _recorded(api, version, "response")
     rng = random.Random(n_tokens)  # noqa: S311 - seeded payloads, not secrets
     answer["token_ids"] = [rng.randrange(_VOCAB) for _ in range(n_tokens)]
     return orjson.dumps(answer)
 
 
-def render_client(api: str) -> bytes:
+def render_client(api: str, version: str = "0.33") -> bytes:
     """The client body ``api``'s render answer was recorded for, as a full client sends it."""
-    body = _fixture(f"{RENDER_FIXTURES[api]}-request")
+    body = _recorded(api, version, "request")
     extras = {
         "chat": _FULL_CHAT_EXTRAS,
         "responses": {

@@ -331,6 +331,23 @@ cases get 1024 token IDs from the router. The wrap cases use a client asking
 `top_logprobs: 2` (the generated responses carry 5 alternatives per token, so text mode cuts
 them; derender passes them on untouched, as vLLM already cut them).
 
+The real-shape cases (issue 33) use the bodies vLLM really sends. **generate every field**: a
+generate client's body as vLLM 0.33 serialises a `GenerateRequest`, every top-level field
+present (most null), `sampling_params` with the 13 fields a render answer holds, a top-level
+cap. **chat / responses / messages + vLLM render**: the client's full body (the recorded render
+request, with stream options, metadata, user and sampling fields added) and vLLM's render
+answer for it, its prompt scaled to the case's size: vLLM 0.33's from `tests/fixtures`
+(`render-*-response.json`; these clients ask for tools, so the leg is derender) and the real
+vLLM 0.32's, captured (`benchmarks/vllm-0.32-render.json`; no tools asked, a text leg). The
+answer is read as the exchange reads it (split into raw members, its token IDs kept as bytes)
+and the leg built by `build_decode_request_bytes` with the step `serve` uses by default
+(`output_mode: auto`); their
+`orjson rt` and `scan` are those of both bodies, the client's and the render answer. A
+completions client is never rendered (its legs stay on its own route): it has no such case.
+**full client body** wraps: the 256-token answer wrapped for a chat client whose body (as
+bytes) has tools, `stream_options`, `response_format`, `metadata`, `user` and `top_logprobs:
+2`; its `orjson rt` is the answer's alone, as for the other wraps.
+
 What the baselines leave out (they are floors of the job, not more): the syntax scan does not
 check UTF-8 inside the values it skips (the library does; the wrap payloads are not ASCII); the
 hand-written orjson / stdlib / pydantic transforms check `token_ids` and move the cap but do not
