@@ -142,3 +142,7 @@ def test_every_real_shape_case_has_its_floor() -> None:
             assert name in names
             assert floors.get((name, "lib/orjson rt")) == bound
     assert floors[("wrap, text 256 tokens, full client body", "lib/orjson rt")] == 0.8
+    assert floors[("wrap, text 8k tokens + logprobs", "lib/msgspec")] == 1.15
+    row = _row("wrap, text 8k tokens + logprobs", 1.1, {cases.SYNTAX_SCAN: 0.5, cases.MSGSPEC: 1})
+    lines = run.targets([row]).splitlines()
+    assert "| lib/msgspec | <= 1.15 | 1.10 | yes |" in next(x for x in lines if "msgspec" in x)
