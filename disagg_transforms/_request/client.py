@@ -13,7 +13,7 @@ from typing import Any, TypeAlias
 import msgspec
 
 from disagg_transforms._config import DecodeParams, EncodeParams, OutputMode, PrefillParams
-from disagg_transforms._request.caps import TOP_LEVEL_CAPS, sampling_caps
+from disagg_transforms._request.caps import CAP_KEYS, sampling_caps
 from disagg_transforms._request.chat import map_chat_request
 from disagg_transforms._request.completions import map_completions_request
 from disagg_transforms._request.fields import asks_for_tools
@@ -60,10 +60,6 @@ _EMPTY_CONVERSATION = (
     "expected at least one message: vLLM cannot apply the chat template to an empty conversation"
 )
 
-# What the caps read of a client of another API than generate (its sampling_params is an
-# unknown key, dropped); a generate client's caps read its whole body.
-_CAP_KEYS = (*TOP_LEVEL_CAPS, w.MIN_TOKENS)
-
 
 class ClientRequest(msgspec.Struct, frozen=True, kw_only=True):
     """A client's request, read once: what every leg builder of the request reads."""
@@ -96,7 +92,7 @@ def client_caps(body: Mapping[str, Any], route: Route) -> dict[str, Any]:
     """
     if route is Route.GENERATE:
         return sampling_caps(body, route)
-    return sampling_caps({k: body[k] for k in _CAP_KEYS if k in body}, route)
+    return sampling_caps({k: body[k] for k in CAP_KEYS if k in body}, route)
 
 
 def read_client_request(

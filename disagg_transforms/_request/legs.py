@@ -22,7 +22,7 @@ from disagg_transforms._config import (
     PrefillParams,
 )
 from disagg_transforms._request.caps import (
-    TOP_LEVEL_CAPS,
+    CAP_KEYS,
     apply_sampling_caps,
     apply_single_token_cap,
 )
@@ -70,8 +70,6 @@ USAGE_AT_END: Mapping[Route, bool] = {
 _DETOKENIZE = f"{w.SAMPLING_PARAMS}.{w.DETOKENIZE}"
 # Each mode's wire text, read without the descriptor call a member's `.value` costs.
 _MODE_TEXT: Mapping[OutputMode, str] = {mode: mode.value for mode in OutputMode}
-# What a generate client's body gives up to the leg's sampling_params (client_caps).
-_CAP_KEYS = frozenset({*TOP_LEVEL_CAPS, w.MIN_TOKENS})
 
 
 class LegInputs(msgspec.Struct, frozen=True, kw_only=True):
@@ -250,7 +248,9 @@ def _find_transfer(
 
 def _strip_transfer(body: Mapping[str, Any]) -> dict[str, Any]:
     """``body`` without a transfer param anywhere; a container this emptied goes too."""
-    result = {k: v for k, v in body.items() if k not in TRANSFER_KEYS}
+    result = dict(body)  # a C-speed copy, then the two keys out: cheaper than a filter
+    for key in TRANSFER_KEYS:
+        result.pop(key, None)
     for outer, inner, container, args in _containers(body, _EVERYWHERE):
         cleaned = {k: v for k, v in args.items() if k not in TRANSFER_KEYS}
         if inner is not None:
@@ -362,7 +362,7 @@ def _generate_core(request: _Request) -> _Core:
     where = _EVERYWHERE
     if client.route is Route.GENERATE:
         leg = dict(body)  # a C-speed copy, then the few cap keys out: cheaper than a filter
-        for key in _CAP_KEYS:
+        for key in CAP_KEYS:
             leg.pop(key, None)
         leg[w.SAMPLING_PARAMS] = dict(caps)
     else:
