@@ -365,6 +365,7 @@ class Exchange:
             ("x-request-id", self.request_id),
         )
         self._hooks = settings.hooks
+        self._vllm_version = settings.vllm_version  # the envelopes take its layout
         self._render_first = settings.render_first
         self._connectors = (settings.kv_connector, settings.ec_connector)
         self._gathered = LegInputs(limits=settings.limits)
@@ -526,6 +527,7 @@ class Exchange:
                 requested=leg.output_mode,
                 model=None if rendered is None else rendered.get(w.MODEL),
                 cached_tokens=self._prefill_cached,
+                vllm_version=self._vllm_version,
             )
         except DisaggTransformError as error:
             self._fail(error, drops_stream=True)
@@ -782,6 +784,7 @@ class Exchange:
             client=_reply.envelope_client(self._client, leg),
             hook=hook,
             cached_tokens=self._prefill_cached,
+            vllm_version=self._vllm_version,
         )
         headers = self._reply_headers(content_type)
         self._reply(ClientReply(status=200, headers=headers, body=reply), drops_stream=False)

@@ -58,6 +58,7 @@ from disagg_transforms._response.options import (
     client_mapping,
     envelope_created,
     envelope_model,
+    writes_like_032,
 )
 from disagg_transforms._routes import Route
 from disagg_transforms._wire import keys as w
@@ -195,6 +196,7 @@ _TEXT_MESSAGE_NULLS: Final = dict.fromkeys(
     (w.REFUSAL, w.ANNOTATIONS, w.AUDIO, w.FUNCTION_CALL, w.REASONING)
 )
 _CHOICE_NULLS: Final = dict.fromkeys((w.TOKEN_IDS, w.ROUTED_EXPERTS, w.WEIGHT_VERSIONS))
+_CHOICE_NULLS_032: Final = dict.fromkeys((w.TOKEN_IDS, w.ROUTED_EXPERTS))  # no weight_versions
 _HEAD_NULLS: Final = dict.fromkeys((w.SERVICE_TIER, w.SYSTEM_FINGERPRINT))
 _TAIL_NULLS: Final = dict.fromkeys((w.PROMPT_TOKEN_IDS, w.PROMPT_TEXT, w.METRICS))
 _PromptLogprobs = list[dict[str, Any] | None]
@@ -212,6 +214,7 @@ def _wrap(
 ) -> dict[str, Any]:
     """The rules of the chat envelope, on either path's view of the response."""
     choices = []
+    choice_nulls = _CHOICE_NULLS_032 if writes_like_032(options) else _CHOICE_NULLS
     for position, choice in enumerate(view.choices):
         finish = finish_fields(
             choice.finish_reason, streaming=False, passthrough=options.vllm_finish_reasons
@@ -222,7 +225,7 @@ def _wrap(
             w.LOGPROBS: logprobs_out(codec, choice.logprobs, asked.top, position),
             **finish,
             w.STOP_REASON: None if choice.stop_reason is UNSET else choice.stop_reason,
-            **_CHOICE_NULLS,
+            **choice_nulls,
         }
         choices.append(built)
     if len(choices) > 1:

@@ -84,6 +84,7 @@ def _response_object(
     carries instead of the ones the whole answer would build (docs/envelopes.md).
     """
     status, incomplete_details = _status(turn)
+    like_032 = _options.writes_like_032(options)
     tools = client.get(w.TOOLS)
     tools = tools if isinstance(tools, list) else []
     parallel = client.get(w.PARALLEL_TOOL_CALLS)
@@ -96,7 +97,7 @@ def _response_object(
         w.METADATA: client.get(w.METADATA),
         w.MODEL: _options.envelope_model(options, turn.model, client),
         w.OBJECT: w.RESPONSE_OBJECT,
-        w.OUTPUT: _output_items(turn, top) if output is None else output,
+        w.OUTPUT: _output_items(turn, top, cut_status=not like_032) if output is None else output,
         # vLLM's own defaults for a request that left them out.
         w.PARALLEL_TOOL_CALLS: parallel if isinstance(parallel, bool) else True,
         w.TEMPERATURE: temperature,
@@ -106,11 +107,9 @@ def _response_object(
         w.BACKGROUND: _sent_or(client, w.BACKGROUND, default=False),
         w.MAX_OUTPUT_TOKENS: client.get(w.MAX_OUTPUT_TOKENS),
         **{key: client.get(key) for key in _ECHOED_AS_SENT_AFTER_CAP},
-        w.PROMPT_CACHE_OPTIONS: _prompt_cache_options(client.get(w.PROMPT_CACHE_OPTIONS)),
-        w.PROMPT_CACHE_KEY: client.get(w.PROMPT_CACHE_KEY),
-        w.PROMPT_CACHE_RETENTION: _prompt_cache_retention(client.get(w.PROMPT_CACHE_RETENTION)),
+        **({} if like_032 else _cache_echo(client)),
         w.REASONING: client.get(w.REASONING),
-        w.SAFETY_IDENTIFIER: client.get(w.SAFETY_IDENTIFIER),
+        **({} if like_032 else {w.SAFETY_IDENTIFIER: client.get(w.SAFETY_IDENTIFIER)}),
         w.SERVICE_TIER: _sent_or(client, w.SERVICE_TIER, default=w.SERVICE_TIER_AUTO),
         w.STATUS: status,
         w.TEXT: client.get(w.TEXT),
@@ -135,6 +134,15 @@ def _tool_choice(choice: object, tools: list[Any]) -> Any:  # noqa: ANN401 - JSO
     if not tools and choice in (w.TOOL_CHOICE_AUTO, w.TOOL_CHOICE_NONE):
         return w.TOOL_CHOICE_NONE
     return choice
+
+
+def _cache_echo(client: Mapping[str, Any]) -> dict[str, Any]:
+    """The prompt-cache settings vLLM 0.33 echoes (0.32 writes none of them)."""
+    return {
+        w.PROMPT_CACHE_OPTIONS: _prompt_cache_options(client.get(w.PROMPT_CACHE_OPTIONS)),
+        w.PROMPT_CACHE_KEY: client.get(w.PROMPT_CACHE_KEY),
+        w.PROMPT_CACHE_RETENTION: _prompt_cache_retention(client.get(w.PROMPT_CACHE_RETENTION)),
+    }
 
 
 def _prompt_cache_options(sent: object) -> Any:  # noqa: ANN401 - JSON
@@ -178,10 +186,14 @@ def _item_status(turn: AssistantTurn) -> str:
     return w.STATUS_INCOMPLETE if turn.finish_reason == w.FINISH_LENGTH else w.STATUS_COMPLETED
 
 
-def _output_items(turn: AssistantTurn, top_logprobs: int | None) -> list[Any]:
-    """The items as vLLM's ``build_response_output_items``: only the last one can be cut short."""
+def _output_items(turn: AssistantTurn, top_logprobs: int | None, *, cut_status: bool) -> list[Any]:
+    """The items as vLLM's ``build_response_output_items``: only the last one can be cut short.
+
+    ``cut_status``: the item the cap cut is ``incomplete`` (vLLM 0.33; 0.32 writes
+    ``completed``).
+    """
     items: list[Any] = []
-    last = _item_status(turn)
+    last = _item_status(turn) if cut_status else w.STATUS_COMPLETED
     if turn.reasoning:
         items.append(_reasoning_item(turn.base_id, turn.reasoning))
     if turn.content is not None and (turn.content or not turn.tool_calls):
@@ -340,9 +352,10 @@ def single_frame_responses_events(
     whole = wrap_responses_response(
         response, requested=requested, client_body=client_body, options=options
     )
+    built = _options.DEFAULT_OPTIONS if options is None else options
     # vLLM's final response holds the items its stream closed, a reasoning item's status set.
     last = len(whole[w.OUTPUT]) - 1
-    cut = whole[w.STATUS] == w.STATUS_INCOMPLETE
+    cut = whole[w.STATUS] == w.STATUS_INCOMPLETE and not _options.writes_like_032(built)
     output = [
         {**item, w.STATUS: w.STATUS_INCOMPLETE if cut and index == last else w.STATUS_COMPLETED}
         if item[w.TYPE] == w.REASONING
@@ -355,7 +368,7 @@ def single_frame_responses_events(
         events.extend(_opening_events(item, index))
         events.extend(_full_deltas(item, index))
         events.extend(_closing_events(item, index))
-    events.append(_terminal_event(final))
+    events.append(_terminal_event(final, built))
     return [{**event, w.SEQUENCE_NUMBER: number} for number, event in enumerate(events)]
 
 
@@ -471,9 +484,9 @@ class ResponsesStreamConverter(NamedEventConverter):
     def _end(self) -> list[dict[str, Any]]:
         if self._item is None:
             # No text, no item: vLLM's final response carries the items its stream sent.
-            return [_terminal_event(self._response(output=[]))]
+            return [_terminal_event(self._response(output=[]), self._options)]
         final = self._response()
-        return [*_closing_events(final[w.OUTPUT][0], 0), _terminal_event(final)]
+        return [*_closing_events(final[w.OUTPUT][0], 0), _terminal_event(final, self._options)]
 
     def _error(
         self, message: str, status: int, error_type: str | None, param: str | None
@@ -638,10 +651,10 @@ def _stream_logprobs(logprobs: list[dict[str, Any]] | None) -> list[dict[str, An
     ]
 
 
-def _terminal_event(response: dict[str, Any]) -> dict[str, Any]:
+def _terminal_event(response: dict[str, Any], options: _options.EnvelopeOptions) -> dict[str, Any]:
     # vLLM 0.33 ends an incomplete response's stream with response.incomplete (0.32 with
     # response.completed; docs/envelopes.md).
-    incomplete = response[w.STATUS] == w.STATUS_INCOMPLETE
+    incomplete = response[w.STATUS] == w.STATUS_INCOMPLETE and not _options.writes_like_032(options)
     return {
         w.RESPONSE: response,
         w.SEQUENCE_NUMBER: _NUMBERED,
