@@ -94,6 +94,23 @@ def decode_leg_pydantic(raw: bytes) -> bytes:
 
 _CHOICE_KEEP = ("index", "logprobs", "finish_reason", "stop_reason")
 _TOP_KEEP = ("created", "model", "usage")
+# The nulls vLLM's own chat writes, which the library writes too (docs/responses.md).
+_MESSAGE_NULLS = dict.fromkeys(("refusal", "annotations", "audio", "function_call", "reasoning"))
+_CHOICE_NULLS = dict.fromkeys(("token_ids", "routed_experts", "weight_versions"))
+_TOP_NULLS = dict.fromkeys(
+    (
+        "service_tier",
+        "system_fingerprint",
+        "prompt_logprobs",
+        "prompt_token_ids",
+        "prompt_text",
+        "metrics",
+    )
+)
+
+
+def _text_message(text: Any) -> dict[str, Any]:  # noqa: ANN401 - JSON
+    return {"role": "assistant", "content": text, **_MESSAGE_NULLS}
 
 
 def _cut(logprobs: dict[str, Any] | None, top: int) -> dict[str, Any] | None:
@@ -114,14 +131,14 @@ def _wrap_on_dict(response: dict[str, Any], mode: str, top: int) -> dict[str, An
         if mode == "derender":
             out["message"] = choice["message"]
         else:
-            out["message"] = {"role": "assistant", "content": choice["text"]}
+            out["message"] = _text_message(choice["text"])
             out["logprobs"] = _cut(choice.get("logprobs"), top)
-        choices.append(out)
+        choices.append({**out, **_CHOICE_NULLS})
     wrapped = {key: response[key] for key in _TOP_KEEP if key in response}
     wrapped["id"] = response["request_id"].removeprefix("generate-tokens-")
     wrapped["object"] = "chat.completion"
     wrapped["choices"] = choices
-    return wrapped
+    return {**wrapped, **_TOP_NULLS}
 
 
 def wrap_orjson(raw: bytes, mode: str, top: int) -> bytes:
@@ -171,15 +188,15 @@ def _chat_completion(
         "choices": [
             {
                 "index": c.index,
-                "message": c.message
-                if mode == "derender"
-                else {"role": "assistant", "content": c.text},
+                "message": c.message if mode == "derender" else _text_message(c.text),
                 "logprobs": logprobs(c.logprobs),
                 "finish_reason": c.finish_reason,
                 "stop_reason": c.stop_reason,
+                **_CHOICE_NULLS,
             }
             for c in response.choices
         ],
+        **_TOP_NULLS,
     }
 
 
@@ -280,39 +297,48 @@ def chat_stream_orjson(events: list[bytes], completion_id: str, model: str, crea
     """The minimal per-chunk converter: parse the data line, build the chunk, dump it, frame it.
 
     No checks (echo, types, bounds) and no logprobs cut: the floor of any converter written on
-    dicts with orjson.
+    dicts with orjson. Cut as vLLM's chat route cuts a stream (``docs/responses.md``): an
+    opening chunk for choice 0 (the benchmark's clients ask one), no chunk for an empty delta
+    that does not finish, ``stop_reason`` on the finishing chunk only.
     """
-    out = []
-    started: set[int] = set()
+    head = {"id": completion_id, "object": "chat.completion.chunk", "created": created}
+    head["model"] = model
+    opening = {
+        **head,
+        "choices": [
+            {
+                "index": 0,
+                "delta": {"role": "assistant", "content": ""},
+                "logprobs": None,
+                "finish_reason": None,
+            }
+        ],
+        "prompt_token_ids": None,
+        "prompt_text": None,
+    }
+    out = [b"data: " + orjson.dumps(opening) + b"\n\n"]
     for event in events:
         data = event.removeprefix(b"data: ").rstrip()
         if data == _DONE:
             out.append(b"data: [DONE]\n\n")
             continue
         chunk = orjson.loads(data)
-        choices = []
+        if not chunk["choices"]:
+            built = {**head, "choices": [], "usage": chunk["usage"]}
+            out.append(b"data: " + orjson.dumps(built) + b"\n\n")
         for choice in chunk["choices"]:
-            delta = {"content": choice["text"]}
-            if choice["index"] not in started:
-                started.add(choice["index"])
-                delta = {"role": "assistant", **delta}
-            choices.append(
-                {
-                    "index": choice["index"],
-                    "delta": delta,
-                    "logprobs": choice["logprobs"],
-                    "finish_reason": choice["finish_reason"],
-                    "stop_reason": choice["stop_reason"],
-                }
-            )
-        built = {
-            "id": completion_id,
-            "object": "chat.completion.chunk",
-            "created": created,
-            "model": model,
-            "choices": choices,
-        }
-        if chunk.get("usage") is not None:
-            built["usage"] = chunk["usage"]
-        out.append(b"data: " + orjson.dumps(built) + b"\n\n")
+            text, finish = choice["text"], choice["finish_reason"]
+            if not text and finish is None and choice["logprobs"] is None:
+                continue
+            built_choice = {
+                "index": choice["index"],
+                "delta": {"content": text} if text else {},
+                "logprobs": choice["logprobs"],
+                "finish_reason": finish,
+            }
+            if finish is not None:
+                built_choice["stop_reason"] = choice["stop_reason"]
+            built_choice["token_ids"] = None
+            built = {**head, "choices": [built_choice]}
+            out.append(b"data: " + orjson.dumps(built) + b"\n\n")
     return b"".join(out)

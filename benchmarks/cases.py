@@ -29,6 +29,8 @@ from disagg_transforms import (
     wrap_chat_completion,
     wrap_chat_completion_bytes,
 )
+from disagg_transforms._wire.raw import RawMembers
+from disagg_transforms.errors import UpstreamContractError
 
 Runner = Callable[[bytes], bytes]
 
@@ -57,6 +59,15 @@ _CLIENT_TOP_LOGPROBS = 2
 _WRAP_CLIENT = orjson.dumps(
     {"model": "Qwen/Qwen3-0.6B", "logprobs": True, "top_logprobs": _CLIENT_TOP_LOGPROBS}
 )
+
+
+# The exchange's default decode step (`disagg-transforms serve`): text, derender for tools.
+_AUTO_PARAMS = DecodeParams(use_openai_format=False, output_mode=OutputMode.AUTO)
+_RENDER_PATHS = {
+    "chat": Route.CHAT_COMPLETIONS.value,
+    "responses": Route.RESPONSES.value,
+    "messages": Route.MESSAGES.value,
+}
 
 
 def _json(output: bytes) -> object:
@@ -110,12 +121,41 @@ def _decode_chat_stdlib(raw: bytes) -> bytes:
     return json.dumps(leg.body, separators=(",", ":"), ensure_ascii=False).encode()
 
 
-def _wrap_bytes(raw: bytes, mode: OutputMode) -> bytes:
-    return wrap_chat_completion_bytes(raw, requested=mode, client_body=_WRAP_CLIENT)
+def _decode_rendered_bytes(raw: bytes, client: bytes, path: str) -> bytes:
+    # What the exchange does with render's answer (its `_read_render`, then the decode leg):
+    # the answer split into raw members, its token IDs kept as their bytes.
+    key = "token_ids"  # the member kept as its bytes
+    rendered = RawMembers(raw, UpstreamContractError, "the render answer", token_ids_key=key)
+    inputs = LegInputs(rendered=rendered)
+    return build_decode_request_bytes(
+        client, client_path=path, params=_AUTO_PARAMS, inputs=inputs
+    ).body
 
 
-def _wrap_dict(raw: bytes, mode: OutputMode) -> bytes:
-    client = orjson.loads(_WRAP_CLIENT)
+def _decode_rendered_dict(raw: bytes, client: bytes, path: str) -> bytes:
+    leg = build_decode_request(
+        orjson.loads(client), client_path=path, params=_AUTO_PARAMS, rendered=orjson.loads(raw)
+    )
+    return orjson.dumps(leg.body)
+
+
+def _round_trips(raw: bytes, client: bytes) -> bytes:
+    # The floor of parsing once what the leg reads: the render answer and the client's body.
+    baselines.orjson_round_trip(client)
+    return baselines.orjson_round_trip(raw)
+
+
+def _scans(raw: bytes, client: bytes) -> bytes:
+    baselines.syntax_scan(client)
+    return baselines.syntax_scan(raw)
+
+
+def _wrap_bytes(raw: bytes, mode: OutputMode, client: bytes = _WRAP_CLIENT) -> bytes:
+    return wrap_chat_completion_bytes(raw, requested=mode, client_body=client)
+
+
+def _wrap_dict(raw: bytes, mode: OutputMode, client_body: bytes = _WRAP_CLIENT) -> bytes:
+    client = orjson.loads(client_body)
     return orjson.dumps(wrap_chat_completion(orjson.loads(raw), requested=mode, client_body=client))
 
 
@@ -227,6 +267,51 @@ def _decode_generate_case(n_tokens: int) -> Case:
     )
 
 
+def _size_label(n_tokens: int) -> str:
+    return f"{n_tokens // 1000}k" if n_tokens >= 1000 else str(n_tokens)
+
+
+def _decode_rendered_case(api: str, n_tokens: int, version: str) -> Case:
+    client, path = payloads.render_client(api, version), _RENDER_PATHS[api]
+    return Case(
+        name=f"decode leg, {api} + vLLM {version} render, {_size_label(n_tokens)} tokens",
+        phase=DECODE_PHASE,
+        build=partial(payloads.render_answer, api, n_tokens, version),
+        warmup=partial(payloads.render_answer, api, 8, version),
+        runners={
+            LIBRARY: partial(_decode_rendered_bytes, client=client, path=path),
+            DICT_PATH: partial(_decode_rendered_dict, client=client, path=path),
+            ORJSON_ROUND_TRIP: partial(_round_trips, client=client),
+            SYNTAX_SCAN: partial(_scans, client=client),
+        },
+    )
+
+
+def _decode_generate_full_case(n_tokens: int) -> Case:
+    return Case(
+        name=f"decode leg, generate every field, {_size_label(n_tokens)} tokens",
+        phase=DECODE_PHASE,
+        build=partial(payloads.generate_request_full, n_tokens),
+        warmup=partial(payloads.generate_request_full, 8),
+        runners={LIBRARY: _decode_generate_bytes, DICT_PATH: _decode_generate_dict, **_floors()},
+    )
+
+
+def _wrap_full_client_case(n_tokens: int, mode: OutputMode) -> Case:
+    client = payloads.full_chat_client()
+    return Case(
+        name=f"wrap, {mode.value} {_size_label(n_tokens)} tokens, full client body",
+        phase=WRAP_PHASE,
+        build=partial(payloads.generate_response, n_tokens, mode.value, logprobs=False),
+        warmup=partial(payloads.generate_response, 4, mode.value, logprobs=False),
+        runners={
+            LIBRARY: partial(_wrap_bytes, mode=mode, client=client),
+            DICT_PATH: partial(_wrap_dict, mode=mode, client_body=client),
+            **_floors(),
+        },
+    )
+
+
 def _wrap_case(n_tokens: int, mode: OutputMode, *, logprobs: bool) -> Case:
     top = _CLIENT_TOP_LOGPROBS
     label = "8k" if n_tokens >= 1000 else str(n_tokens)
@@ -250,20 +335,44 @@ def _wrap_case(n_tokens: int, mode: OutputMode, *, logprobs: bool) -> Case:
 def all_cases(*, quick: bool = False) -> list[Case]:
     """Every case, in phase order; ``quick`` keeps the small payloads only (a smoke run)."""
     generate_sizes = (1_000,) if quick else (1_000, 32_000, 128_000)
+    render_sizes = (1_000,) if quick else (256, 1_000, 32_000, 128_000)
     wrap_sizes = (256,) if quick else (256, 8192)
     stream_chunks = 16 if quick else 512
     return [
         _decode_chat_case(1),
         _decode_chat_case(20),
         *(_decode_generate_case(n) for n in generate_sizes),
+        *(_decode_generate_full_case(n) for n in render_sizes),
+        *(
+            _decode_rendered_case(api, n, version)
+            for version in payloads.RENDER_VERSIONS
+            for api in payloads.RENDER_FIXTURES
+            # vLLM 0.32's answers where the floors are (0.33's at 256 tokens too)
+            for n in render_sizes
+            if version == "0.33" or n >= 1_000
+        ),
         *(
             _wrap_case(n, mode, logprobs=logprobs)
             for n in wrap_sizes
             for mode in (OutputMode.TEXT, OutputMode.DERENDER)
             for logprobs in (False, True)
         ),
+        *(_wrap_full_client_case(256, mode) for mode in (OutputMode.TEXT, OutputMode.DERENDER)),
         *(_stream_case(envelope, stream_chunks) for envelope in _STREAM_CONVERTERS),
     ]
+
+
+def real_shape_decode_cases(size: str) -> tuple[str, ...]:
+    """The names of the decode legs built from vLLM's real shapes at ``size`` (``1k``...)."""
+    return (
+        f"decode leg, generate every field, {size} tokens",
+        *(
+            f"decode leg, {api} + vLLM {version} render, {size} tokens"
+            for version in payloads.RENDER_VERSIONS
+            for api in _RENDER_PATHS
+            if version == "0.33" or size != "256"
+        ),
+    )
 
 
 def _by_name() -> dict[str, Case]:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import random
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -175,3 +177,129 @@ def generate_stream(n_tokens: int) -> bytes:
 
 
 _STREAM_HEAD = {"request_id": "generate-tokens-chatcmpl-bench"}
+
+
+# Real shapes (issue 33): vLLM 0.33's render answers and the client bodies that asked for them,
+# as recorded in tests/fixtures (each file's `_note` says how), the prompt scaled to n tokens.
+_FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "fixtures"
+RENDER_FIXTURES = {
+    "chat": "render-chat-tools",
+    "responses": "render-responses",
+    "messages": "render-messages",
+}
+"""Each rendered client API's recorded render exchange (``<name>-request.json`` and
+``-response.json``). A completions client is never rendered: its legs stay on its own route."""
+
+# What a full client body carries besides its API's own fields (every one read or dropped by
+# the leg builder): metadata, user, sampling fields.
+_FULL_CHAT_EXTRAS: dict[str, Any] = {
+    "stream": True,
+    "stream_options": {"include_usage": True, "continuous_usage_stats": False},
+    "response_format": {"type": "text"},
+    "metadata": {"tenant": "a", "trace": "bench-0001"},
+    "user": "bench-user",
+    "temperature": 0.7,
+    "top_p": 0.9,
+    "seed": 7,
+    "stop": ["\n\n"],
+    "logprobs": True,
+    "top_logprobs": 2,
+    "n": 1,
+}
+
+
+def _fixture(name: str) -> Any:  # noqa: ANN401 - a JSON value
+    return json.loads((_FIXTURES / f"{name}.json").read_text(encoding="utf-8"))["body"]
+
+
+# vLLM 0.32's own render answers (the real engine, captured: the file's `_note` says how).
+_VLLM_032 = Path(__file__).resolve().parent / "vllm-0.32-render.json"
+RENDER_VERSIONS = ("0.33", "0.32")
+
+
+def _recorded(api: str, version: str, part: str) -> Any:  # noqa: ANN401 - a JSON value
+    if version == "0.32":
+        return json.loads(_VLLM_032.read_text(encoding="utf-8"))[api][part]
+    return _fixture(f"{RENDER_FIXTURES[api]}-{part}")
+
+
+def render_answer(api: str, n_tokens: int, version: str = "0.33") -> bytes:
+    """vLLM's render answer for ``api``'s recorded request, its prompt ``n_tokens`` long
+    (every ``GenerateRequest`` field present, most null, as vLLM serialises it)."""
+    answer = _recorded(api, version, "response")
+    rng = random.Random(n_tokens)  # noqa: S311 - seeded payloads, not secrets
+    answer["token_ids"] = [rng.randrange(_VOCAB) for _ in range(n_tokens)]
+    return orjson.dumps(answer)
+
+
+def render_client(api: str, version: str = "0.33") -> bytes:
+    """The client body ``api``'s render answer was recorded for, as a full client sends it."""
+    body = _recorded(api, version, "request")
+    extras = {
+        "chat": _FULL_CHAT_EXTRAS,
+        "responses": {
+            "stream": True,
+            "metadata": _FULL_CHAT_EXTRAS["metadata"],
+            "user": "bench-user",
+            "temperature": 0.7,
+            "top_p": 0.9,
+            "text": {"format": {"type": "text"}},
+            "store": False,
+        },
+        "messages": {
+            "metadata": {"user_id": "bench-user"},
+            "temperature": 0.7,
+            "top_k": 40,
+            "stop_sequences": ["\n\n"],
+        },
+    }[api]
+    return orjson.dumps({**body, **extras})
+
+
+def generate_request_full(n_tokens: int) -> bytes:
+    """A generate client's body as vLLM 0.33 serialises a ``GenerateRequest``: every top-level
+    field present (most null), ``sampling_params`` as a render answer holds them, and a cap."""
+    rng = random.Random(n_tokens)  # noqa: S311 - seeded payloads, not secrets
+    body = {
+        "request_id": "chatcmpl-bench",
+        "token_ids": [rng.randrange(_VOCAB) for _ in range(n_tokens)],
+        "token_offsets": None,
+        "features": None,
+        "content_parts": None,
+        "sampling_params": {
+            "presence_penalty": 0.0,
+            "frequency_penalty": 0.0,
+            "repetition_penalty": 1.0,
+            "temperature": 0.7,
+            "top_p": 0.9,
+            "min_p": 0.0,
+            "seed": 7,
+            "stop": [],
+            "stop_token_ids": [],
+            "output_kind": 2,
+            "skip_clone": True,
+            "bad_words": [],
+            "skip_reading_prefix_cache": False,
+        },
+        "model": "Qwen/Qwen3-0.6B",
+        "max_tokens": 256,
+        "reasoning_ended": None,
+        "reasoning_parser_kwargs": None,
+        "return_token_ids": None,
+        "output_mode": "text",
+        "parse_context": None,
+        "stream": False,
+        "stream_options": None,
+        "cache_salt": "tenant-a",
+        "priority": 0,
+        "kv_transfer_params": None,
+        "ec_transfer_params": None,
+    }
+    return orjson.dumps(body)
+
+
+def full_chat_client() -> bytes:
+    """A chat client's full body for a wrap: tools (not called), stream options, a response
+    format, metadata and a user, as SDKs send them."""
+    body = orjson.loads(chat_request(4))
+    return orjson.dumps({**body, **_FULL_CHAT_EXTRAS, "stream": False})

@@ -201,6 +201,7 @@ _BASELINES = {
     "orjson converter": cases.ORJSON_CONVERTER,
     "pydantic": cases.PYDANTIC,
     "stdlib": cases.STDLIB,
+    "msgspec": cases.MSGSPEC,
 }
 _G1, _G32, _G128 = (f"decode leg, generate {n}k tokens" for n in (1, 32, 128))
 _STREAM = "stream, {} converter, 512 tokens"
@@ -213,11 +214,20 @@ TARGETS = (
     *(Target(case, "stdlib/lib", 12.0, at_most=False) for case in (_G32, _G128)),
     Target("wrap, text 256 tokens", "lib/orjson rt", 0.8, at_most=True),
     Target("wrap, text 8k tokens + logprobs", "lib/scan", 1.5, at_most=True),
+    # What msgspec allows (docs/performance.md): the hand-written msgspec wrap, no checks.
+    Target("wrap, text 8k tokens + logprobs", "lib/msgspec", 1.15, at_most=True),
     Target("wrap, derender 8k tokens + logprobs", "lib/scan", 1.5, at_most=True),
     Target(_STREAM.format("chat"), "lib/orjson converter", 1.5, at_most=True),
     Target(_STREAM.format("Responses"), "lib/orjson converter", 2.0, at_most=True),
     Target(_STREAM.format("Anthropic"), "lib/orjson converter", 2.0, at_most=True),
     Target(_G128, "peak RSS (x body)", 2.0, at_most=True),
+    # Real shapes (issue 33): every such decode leg against the orjson round trip by size.
+    *(
+        Target(case, "lib/orjson rt", bound, at_most=True)
+        for size, bound in (("1k", 1.5), ("32k", 0.45), ("128k", 0.40))
+        for case in cases.real_shape_decode_cases(size)
+    ),
+    Target("wrap, text 256 tokens, full client body", "lib/orjson rt", 0.8, at_most=True),
 )
 _SCALING_RANGE = (3.2, 4.8)
 
@@ -323,6 +333,23 @@ The decode-leg cases send a generate leg in `text` mode (`use_openai_format: fal
 cases get 1024 token IDs from the router. The wrap cases use a client asking
 `top_logprobs: 2` (the generated responses carry 5 alternatives per token, so text mode cuts
 them; derender passes them on untouched, as vLLM already cut them).
+
+The real-shape cases (issue 33) use the bodies vLLM really sends. **generate every field**: a
+generate client's body as vLLM 0.33 serialises a `GenerateRequest`, every top-level field
+present (most null), `sampling_params` with the 13 fields a render answer holds, a top-level
+cap. **chat / responses / messages + vLLM render**: the client's full body (the recorded render
+request, with stream options, metadata, user and sampling fields added) and vLLM's render
+answer for it, its prompt scaled to the case's size: vLLM 0.33's from `tests/fixtures`
+(`render-*-response.json`; these clients ask for tools, so the leg is derender) and the real
+vLLM 0.32's, captured (`benchmarks/vllm-0.32-render.json`; no tools asked, a text leg). The
+answer is read as the exchange reads it (split into raw members, its token IDs kept as bytes)
+and the leg built by `build_decode_request_bytes` with the step `serve` uses by default
+(`output_mode: auto`); their
+`orjson rt` and `scan` are those of both bodies, the client's and the render answer. A
+completions client is never rendered (its legs stay on its own route): it has no such case.
+**full client body** wraps: the 256-token answer wrapped for a chat client whose body (as
+bytes) has tools, `stream_options`, `response_format`, `metadata`, `user` and `top_logprobs:
+2`; its `orjson rt` is the answer's alone, as for the other wraps.
 
 What the baselines leave out (they are floors of the job, not more): the syntax scan does not
 check UTF-8 inside the values it skips (the library does; the wrap payloads are not ASCII); the

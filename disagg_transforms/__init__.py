@@ -22,6 +22,7 @@ from disagg_transforms._config import (
     parse_pipeline_params,
     parse_step_params,
     validate_output_mode,
+    validate_vllm_version,
 )
 from disagg_transforms._coordinator import (
     CoordinatorConfig,
@@ -104,6 +105,7 @@ from disagg_transforms.exchange import (
     WorkerCall,
     pipeline_phases,
     pipeline_warnings,
+    version_errors,
 )
 from disagg_transforms.hooks import (
     ENTRY_POINT_GROUP,
@@ -212,6 +214,8 @@ __all__ = [
     "strip_client_transfer_params",
     "strip_transfer_params",
     "validate_output_mode",
+    "validate_vllm_version",
+    "version_errors",
     "wrap_anthropic_message",
     "wrap_chat_completion",
     "wrap_chat_completion_bytes",

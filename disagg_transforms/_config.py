@@ -9,6 +9,7 @@ text.
 from __future__ import annotations
 
 import enum
+import re
 from collections.abc import Callable, Mapping
 from typing import ClassVar, Literal, TypeAlias, TypeVar, overload
 
@@ -30,6 +31,8 @@ __all__ = (
     "parse_pipeline_params",
     "parse_step_params",
     "validate_output_mode",
+    "validate_vllm_version",
+    "vllm_honours",
 )
 
 
@@ -44,7 +47,9 @@ class OutputMode(str, enum.Enum):
     """The parsed assistant message (content, reasoning, tool_calls); needs vLLM >= 0.33.0."""
     AUTO = "auto"
     """A decode step's setting, never sent: per request ``derender`` when the client asks for
-    tools, else ``text`` (``docs/routes-and-config.md``). A leg carries the mode chosen."""
+    tools, else ``text``; on a worker older than ``derender`` (vLLM 0.32) a request with tools
+    is decoded on the client's own route instead (``docs/routes-and-config.md``). A leg carries
+    the mode chosen."""
 
 
 class Step(str, enum.Enum):
@@ -123,9 +128,47 @@ _PARAMS_CLASS: Mapping[Step, type[StepParams]] = {
 MIN_VLLM_VERSION: Mapping[OutputMode, str] = {
     OutputMode.TEXT: "0.32.0",
     OutputMode.DERENDER: "0.33.0",
-    OutputMode.AUTO: "0.33.0",
+    OutputMode.AUTO: "0.32.0",
 }
-"""The first vLLM release whose generate route honours each ``output_mode`` value."""
+"""The first vLLM release whose generate route honours each ``output_mode`` value (``auto``:
+the first that serves it, tools on the client's own route before ``derender``)."""
+
+# A release as vLLM's `GET /version` writes it: "0.32.0", "0.33.1rc1", "0.32.0+cpu", ...
+_RELEASE = re.compile(r"(\d+)\.(\d+)(?:\.(\d+))?(?:[.+\-a-z][0-9A-Za-z.+\-]*)?")
+
+
+def _release(version: str) -> tuple[int, int, int]:
+    found = _RELEASE.fullmatch(version)
+    assert found is not None  # noqa: S101 - validate_vllm_version checked it
+    major, minor, patch = found.groups()
+    return int(major), int(minor), int(patch or 0)
+
+
+def validate_vllm_version(value: object, param: str = "vllm_version") -> str:
+    """Check a vLLM release as its ``GET /version`` writes it (``"0.32.0"``); return it.
+
+    Raises:
+        ConfigError: ``value`` is not a string of the form ``MAJOR.MINOR[.PATCH][suffix]``.
+    """
+    if not isinstance(value, str) or _RELEASE.fullmatch(value) is None:
+        msg = f'{param}: expected a vLLM release such as "0.32.0", got {describe(value)}'
+        raise ConfigError(msg, param=param)
+    return value
+
+
+def vllm_honours(mode: OutputMode, vllm_version: str | None) -> bool:
+    """Whether a generate worker of ``vllm_version`` honours ``mode`` (:data:`MIN_VLLM_VERSION`).
+
+    ``None`` (the version is not known) is taken as a release that honours every mode.
+
+    Raises:
+        ConfigError: ``vllm_version`` is not a vLLM release (:func:`validate_vllm_version`).
+    """
+    if vllm_version is None:
+        return True
+    release = _release(validate_vllm_version(vllm_version))
+    needed = MIN_VLLM_VERSION.get(mode)
+    return needed is None or release >= _release(needed)
 
 
 _EnumT = TypeVar("_EnumT", bound=enum.Enum)
@@ -150,8 +193,8 @@ def _output_mode(value: object, param: str) -> OutputMode:
         text, derender = MIN_VLLM_VERSION[OutputMode.TEXT], MIN_VLLM_VERSION[OutputMode.DERENDER]
         msg = (
             f'{param}: "tokens" is refused: decode answers the client, and a tokens answer '
-            f'carries token IDs and no text; use "text" (vLLM >= {text}), '
-            f'"derender" or "auto" (vLLM >= {derender})'
+            f'carries token IDs and no text; use "text" or "auto" (vLLM >= {text}) '
+            f'or "derender" (vLLM >= {derender})'
         )
         raise ConfigError(msg, param=param)
     return mode
@@ -161,7 +204,8 @@ def validate_output_mode(value: object = None) -> OutputMode:
     """Check a decode step's ``output_mode`` at startup; absent (``None``) means ``text``.
 
     ``"text"`` (vLLM >= 0.32.0), ``"derender"`` (vLLM >= 0.33.0) and ``"auto"`` (per request:
-    ``derender`` when the client asks for tools, else ``text``; vLLM >= 0.33.0) are accepted.
+    ``derender`` when the client asks for tools, else ``text``; vLLM >= 0.32.0, see
+    :attr:`OutputMode.AUTO`) are accepted.
     ``"tokens"`` is refused: the decode leg answers the client, and token IDs carry no text. Any
     other string or a non-string raises :class:`ConfigError`.
     """

@@ -41,6 +41,7 @@ __all__ = (
     "coordinator_config_errors",
     "is_coordinator_document",
     "parse_coordinator_config",
+    "unsubstituted",
 )
 
 
@@ -85,6 +86,9 @@ class CoordinatorConfig(msgspec.Struct, frozen=True, kw_only=True):
         first_byte_timeout: ``gateway.timeout`` in seconds (default 60); ``None`` for ``0s``,
             which the coordinator reads as no limit.
         warnings: One line per key that has no equivalent in the proxy, naming it.
+        render_first: Whether the render step is listed before the conditional-decode step
+            (or there is no conditional-decode step): the steps run in the order listed, so
+            render is then called first (:attr:`ExchangeSettings.render_first`).
     """
 
     pipeline: Mapping[Step, StepParams]
@@ -98,6 +102,7 @@ class CoordinatorConfig(msgspec.Struct, frozen=True, kw_only=True):
     drain_timeout: float
     first_byte_timeout: float | None
     warnings: tuple[str, ...]
+    render_first: bool = False
 
 
 # Keys that only tune the coordinator's own process, and why the proxy has nothing for them.
@@ -142,8 +147,10 @@ _SECTIONS: Mapping[str, frozenset[str]] = {
 }
 _TOP_LEVEL: Final = frozenset({*_SECTIONS, "log_level", "tracing"})
 
-# The order the proxy runs its legs in; a document must list its steps in it.
+# The steps a document may list, and the order it must list them in: render and
+# conditional-decode in either order (they run as listed), then encode, prefill, decode.
 _STEP_ORDER: Final = ("render", "conditional-decode", "encode", "prefill", "decode")
+_STEP_RANK: Mapping[str, int] = {"render": 0, "conditional-decode": 0, "encode": 1, "prefill": 2}
 # Connector keys a step may set for itself, overriding the pipeline's.
 _STEP_CONNECTORS: Mapping[str, tuple[str, ...]] = {
     "encode": ("ec_connector",),
@@ -173,6 +180,7 @@ _UNIT_SECONDS: Mapping[str, float] = {
     "h": 3600.0,
 }
 _LISTEN = re.compile(r"(?:\[(?P<v6>[^\]]*)\]|(?P<host>[^:\[\]]*)):(?P<port>\d{1,5})")
+_PLACEHOLDER = re.compile(r"\$\{[^}]*\}")
 _URL = re.compile(r"https?://[^\s/?#]+(?:/[^\s?#]*)?", re.IGNORECASE)
 
 _EnumT = TypeVar("_EnumT", bound=enum.Enum)
@@ -228,6 +236,9 @@ class _Reader:
     def url(self, value: object, param: str) -> str | None:
         if value is None:
             return None
+        if isinstance(value, str) and (problem := unsubstituted(value)):
+            self.error(param, problem)
+            return None
         if not isinstance(value, str) or _URL.fullmatch(value) is None:
             self.error(param, f"expected an http:// or https:// URL, got {describe(value)}")
             return None
@@ -243,6 +254,21 @@ class _Reader:
             accepted = ", ".join(member.value for member in cls)
             self.error(param, f"unknown connector {describe(value)}; accepted: {accepted}")
             return None
+
+
+def unsubstituted(url: str) -> str:
+    """Why ``url`` cannot be called because it still holds a ``${...}`` placeholder, or ``""``.
+
+    llm-d's guides write ``http://${GATEWAY_SERVICE}.${NAMESPACE}.svc:80`` for ``envsubst`` to
+    fill in; sent as it is, every call fails on the name while the probes still answer 200.
+    """
+    found = _PLACEHOLDER.findall(url)
+    if not found:
+        return ""
+    return (
+        f"{url!r} still holds the placeholder {', '.join(found)}: substitute it (envsubst) or "
+        "write the address"
+    )
 
 
 def is_coordinator_document(document: object) -> bool:
@@ -316,6 +342,7 @@ def _read(reader: _Reader, document: object) -> CoordinatorConfig | None:
         drain_timeout=drain,
         first_byte_timeout=first_byte or None,
         warnings=tuple(reader.warnings),
+        render_first=steps.render_first,
     )
 
 
@@ -327,9 +354,12 @@ def _type_problem(kind: object, seen: Mapping[str, int]) -> str | None:
         return f"unknown step type {describe(kind)}; accepted: {', '.join(_STEP_ORDER)}"
     if kind in seen:
         return f"a second {kind} step (the first is steps[{seen[kind]}])"
-    later = [name for name in seen if _STEP_ORDER.index(name) > _STEP_ORDER.index(kind)]
+    later = [name for name in seen if _STEP_RANK.get(name, 3) > _STEP_RANK.get(kind, 3)]
     if later:
-        return f"{kind} after {later[0]}: the steps run in the order {' → '.join(_STEP_ORDER)}"
+        return (
+            f"{kind} after {later[0]}: the steps run in the order render and conditional-decode "
+            "(either first), encode, prefill, decode"
+        )
     return None
 
 
@@ -364,6 +394,7 @@ class _Steps:
     def __init__(self, reader: _Reader, pipeline: Mapping[object, object]) -> None:
         self.reader = reader
         self.render_url: str | None = None
+        self.render_first = False
         self.parsed: Mapping[Step, StepParams] = types.MappingProxyType({})
         use_openai_format = pipeline.get("use_openai_format")
         if use_openai_format is not None and not isinstance(use_openai_format, bool):
@@ -429,6 +460,8 @@ class _Steps:
                 params_of[kind] = own
         if "decode" not in seen:
             reader.error("pipeline.steps", "the pipeline has no decode step")
+        unlisted = len(raw_steps)
+        self.render_first = seen.get("render", unlisted) < seen.get("conditional-decode", unlisted)
         self._agree(kv_of, ec_of, seen)
         if reader.errors:
             return

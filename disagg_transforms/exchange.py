@@ -7,7 +7,7 @@ back. See ``docs/exchange.md`` and ``docs/router.md``.
 
 from __future__ import annotations
 
-from disagg_transforms._exchange.check import pipeline_warnings
+from disagg_transforms._exchange.check import pipeline_warnings, version_errors
 from disagg_transforms._exchange.drive import Driver
 from disagg_transforms._exchange.events import (
     NEED_DATA,
@@ -43,4 +43,5 @@ __all__ = (
     "WorkerCall",
     "pipeline_phases",
     "pipeline_warnings",
+    "version_errors",
 )

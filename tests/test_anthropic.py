@@ -108,8 +108,28 @@ def test_cached_tokens_become_cache_read_input_tokens() -> None:
     response = copy.deepcopy(load_fixture("response-text.json"))
     response["usage"]["prompt_tokens_details"] = {"cached_tokens": 8}
     result = wrap_anthropic_message(response, requested=OutputMode.TEXT)
-    assert result["usage"] == {"input_tokens": 4, "output_tokens": 4,
-                               "cache_read_input_tokens": 8}  # fmt: skip
+    # vLLM's AnthropicUsage, in its order: the cache's creation count beside the read one.
+    assert list(result["usage"].items()) == [("input_tokens", 4), ("output_tokens", 4),
+                                             ("cache_creation_input_tokens", 0),
+                                             ("cache_read_input_tokens", 8)]  # fmt: skip
+
+
+def test_created_cache_tokens_become_cache_creation_input_tokens() -> None:
+    # vLLM's _build_anthropic_usage: input_tokens = prompt - read - creation.
+    response = copy.deepcopy(load_fixture("response-text.json"))
+    details = {"cached_tokens": 4, "created_cache_tokens": 6, "multimodal_tokens": None}
+    response["usage"]["prompt_tokens_details"] = details
+    usage = wrap_anthropic_message(response, requested=OutputMode.TEXT)["usage"]
+    assert usage == {
+        "input_tokens": 2,
+        "output_tokens": 4,
+        "cache_creation_input_tokens": 6,
+        "cache_read_input_tokens": 4,
+    }
+    # Clamped: the three counts still add up to the 12 prompt tokens the worker read.
+    details["created_cache_tokens"] = 20
+    usage = wrap_anthropic_message(response, requested=OutputMode.TEXT)["usage"]
+    assert (usage["input_tokens"], usage["cache_creation_input_tokens"]) == (0, 8)
 
 
 @pytest.mark.parametrize(("cached", "read"), [(20, 12), (12, 12), (-3, 0)])

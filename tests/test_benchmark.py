@@ -132,3 +132,17 @@ def test_a_rerun_keeps_the_notes_written_by_hand_after_its_tables(
     assert "an older run" not in text
     assert text.endswith(notes + proxy_section)
     assert text.count(run.HAND_WRITTEN_START) == 1
+
+
+def test_every_real_shape_case_has_its_floor() -> None:
+    names = {case.name for case in cases.all_cases()}
+    floors = {(target.case, target.ratio): target.bound for target in run.TARGETS}
+    for size, bound in (("256", None), ("1k", 1.5), ("32k", 0.45), ("128k", 0.40)):
+        for name in cases.real_shape_decode_cases(size):
+            assert name in names
+            assert floors.get((name, "lib/orjson rt")) == bound
+    assert floors[("wrap, text 256 tokens, full client body", "lib/orjson rt")] == 0.8
+    assert floors[("wrap, text 8k tokens + logprobs", "lib/msgspec")] == 1.15
+    row = _row("wrap, text 8k tokens + logprobs", 1.1, {cases.SYNTAX_SCAN: 0.5, cases.MSGSPEC: 1})
+    lines = run.targets([row]).splitlines()
+    assert "| lib/msgspec | <= 1.15 | 1.10 | yes |" in next(x for x in lines if "msgspec" in x)

@@ -3,6 +3,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -66,6 +67,10 @@ def test_demo_traces_each_client_api_through_the_exchange_in_one_screen(
         assert last.split()[:2] == ["reply", "200"]
         assert reply in last
     assert "streamed" in sections["2. streaming chat: POST /v1/chat/completions"][2]
+    # One pipeline, decode in auto as every shipped configuration: it chose each leg's mode.
+    assert '"decode":{"output_mode":"auto","wrap_chat_completion":true}' in out.splitlines()[2]
+    modes = [re.findall(r"(\w+) mode", sections[heading][2]) for heading in API_TRACES]
+    assert modes == [["text"], ["text"], ["text"], ["text"], ["derender"]]
 
 
 def test_demo_full_prints_every_body(capsys: pytest.CaptureFixture[str]) -> None:

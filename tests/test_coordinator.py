@@ -63,7 +63,7 @@ def test_pd_only_example_reads_as_written() -> None:
     assert list(config.pipeline) == [Step.CONDITIONAL_DECODE, Step.PREFILL, Step.DECODE]
     assert isinstance(config.pipeline[Step.CONDITIONAL_DECODE], ConditionalDecodeParams)
     assert isinstance(config.pipeline[Step.PREFILL], PrefillParams)
-    assert config.gateway_url == "http://${GATEWAY_SERVICE}.${NAMESPACE}.svc:80"
+    assert config.gateway_url == "http://inference-gateway.llm-d.svc:80"
     assert config.render_url is None
     assert (config.host, config.port) == ("0.0.0.0", 8080)  # noqa: S104 - Go's ":8080"
     assert config.kv_connector is KvConnector.NIXL
@@ -207,6 +207,24 @@ def test_defaults_are_the_coordinators() -> None:
         warnings=(),
     )
     assert dict(config.pipeline) == {Step.DECODE: DecodeParams()}
+
+
+_RENDER = {"type": "render", "params": {"address": "http://r"}}
+_CONDITIONAL = {"type": "conditional-decode"}
+
+
+@pytest.mark.parametrize(
+    ("steps", "render_first"),
+    [((_RENDER, _CONDITIONAL), True), ((_CONDITIONAL, _RENDER), False), ((_RENDER,), True)],
+)
+def test_render_and_conditional_decode_run_in_the_documents_order(
+    steps: tuple[dict[str, Any], ...], render_first: bool
+) -> None:
+    # As llm-d's coordinator: the steps run in the order listed (its examples: render first).
+    document = _doc(*steps, {"type": "prefill"}, {"type": "decode"})
+    config = parse_coordinator_config(document)
+    assert config.render_first is render_first
+    assert list(config.pipeline)[-2:] == [Step.PREFILL, Step.DECODE]
 
 
 def test_pipeline_is_read_only() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,7 +14,7 @@ import pytest
 import yaml
 from proxy_helpers import command, environment, running
 
-from disagg_transforms import parse_coordinator_config
+from disagg_transforms import parse_coordinator_config, pipeline_warnings
 
 DEPLOY = Path(__file__).parent.parent / "deploy"
 MANIFESTS = sorted(DEPLOY.rglob("*.yaml"))
@@ -105,8 +106,23 @@ def test_the_coordinator_config_is_one_the_proxy_reads() -> None:
     config = parse_coordinator_config(yaml.safe_load(configmap["data"]["coordinator.yaml"]))
     assert (config.host, config.port) == ("0.0.0.0", 8080)  # noqa: S104 - a pod listens on all
     assert config.warnings == ()
+    assert pipeline_warnings(config.pipeline) == []  # it serves tools (output_mode: auto)
     render = _containers(_named("Deployment", "disagg-coordinator"))["vllm-render"]
     assert config.render_url == f"http://localhost:{_port(render)}"
+
+
+def test_check_config_calls_the_shipped_coordinator_document_valid_without_a_warning() -> None:
+    done = subprocess.run(  # noqa: S603 - our own interpreter and command
+        command("check-config", str(DEPLOY / "coordinator" / "configmap.yaml")),
+        capture_output=True,
+        text=True,
+        env=environment(),
+        timeout=60,
+        check=True,
+    )
+    assert done.stdout.startswith("valid\n")
+    assert '"output_mode":"auto"' in done.stdout
+    assert done.stderr == ""
 
 
 def test_the_sidecar_seat_is_shaped_as_llm_d_deploys_it() -> None:
@@ -182,3 +198,20 @@ def test_the_container_build_copies_files_the_repository_has() -> None:
         if line.startswith("COPY "):
             *sources, _ = line.split()[1:]
             assert all((DEPLOY.parent / source).exists() for source in sources), line
+
+
+def test_the_container_build_copies_what_the_build_reads() -> None:
+    # pyproject.toml names the readme and the licence: the wheel cannot be built without them.
+    copied = {
+        source
+        for line in (DEPLOY / "Dockerfile").read_text().splitlines()
+        if line.startswith("COPY ")
+        for source in line.split()[1:-1]
+    }
+    pyproject = (DEPLOY.parent / "pyproject.toml").read_text()
+    readme = re.search(r'^readme = "([^"]+)"$', pyproject, flags=re.MULTILINE)
+    licences = re.search(r"^license-files = \[([^\]]*)\]$", pyproject, flags=re.MULTILINE)
+    assert readme is not None
+    assert licences is not None
+    needed = {readme[1], *re.findall(r'"([^"]+)"', licences[1])}
+    assert needed <= copied, needed - copied

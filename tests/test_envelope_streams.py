@@ -18,7 +18,12 @@ from helpers import text_stream_converter
 from hypothesis import given
 from hypothesis import strategies as st
 from openai.lib.streaming.responses import ResponseStreamState
-from openai.types.responses import Response, ResponseStreamEvent
+from openai.types.responses import (
+    Response,
+    ResponseCompletedEvent,
+    ResponseIncompleteEvent,
+    ResponseStreamEvent,
+)
 from pydantic import TypeAdapter
 from strategies import generate_envelope_responses, single_choice_text_streams
 
@@ -90,7 +95,10 @@ def accumulate_responses(events: list[dict[str, Any]]) -> Any:
         assert event["sequence_number"] == number
         handled.extend(state.handle_event(RESPONSE_EVENT.validate_python(event)))
     terminal = handled[-1]
-    assert terminal.type == "response.completed"  # whatever the status, as vLLM
+    # vLLM 0.33 ends an incomplete response's stream with response.incomplete.
+    assert isinstance(terminal, (ResponseCompletedEvent, ResponseIncompleteEvent))
+    incomplete = terminal.response.status == "incomplete"
+    assert terminal.type == ("response.incomplete" if incomplete else "response.completed")
     return terminal.response
 
 
@@ -112,6 +120,25 @@ def without_none(value: Any) -> Any:
     if isinstance(value, list):
         return [without_none(item) for item in value]
     return value
+
+
+def as_streamed(response: dict[str, Any]) -> dict[str, Any]:
+    """The wrap's response as vLLM's stream ends it: a reasoning item closed with a status.
+
+    (The whole answer leaves a reasoning item's status unset; the stream's done event sets it:
+    the last item the cap cut is incomplete, any other completed.)
+    """
+    output = response["output"]
+    cut = response["status"] == "incomplete"
+    return {
+        **response,
+        "output": [
+            {**item, "status": "incomplete" if cut and at == len(output) - 1 else "completed"}
+            if item["type"] == "reasoning"
+            else item
+            for at, item in enumerate(output)
+        ],
+    }
 
 
 def same(accumulated: Any, built: dict[str, Any]) -> bool:
@@ -207,9 +234,14 @@ def test_responses_length_is_incomplete_and_logprobs_stream() -> None:
     assert delta["logprobs"] == [
         {"token": "a", "logprob": -1.0, "top_logprobs": [{"token": "a", "logprob": -1.0}]}
     ]
+    # vLLM's done event carries no logprobs; the part in content_part.done has them all.
     done = next(e for e in events if e["type"] == "response.output_text.done")
-    assert done["logprobs"] == delta["logprobs"]
+    assert done["logprobs"] == []
     assert final.output[0].content[0].logprobs[0].bytes == [97]
+    # The cap cut the message item too (vLLM 0.33's response_item_status), and the stream
+    # ends with response.incomplete.
+    assert final.output[0].status == "incomplete"
+    assert events[-1]["type"] == "response.incomplete"
 
 
 # ---------------------------------------------------------------------------- Anthropic
@@ -406,7 +438,7 @@ def test_single_frame_responses_accumulates_to_the_wrap(name: str, mode: OutputM
     assert events == single_frame_responses_events(response, requested=mode)
     expected = wrap_responses_response(response, requested=mode)
     Response.model_validate(expected)
-    assert same(accumulate_responses(events), expected)
+    assert same(accumulate_responses(events), as_streamed(expected))
 
 
 def test_single_frame_responses_tool_call_events() -> None:
@@ -430,6 +462,10 @@ def test_single_frame_responses_tool_call_events() -> None:
     ]
     assert events[8]["item"]["arguments"] == ""
     assert events[9]["delta"] == '{"city": "Paris"}'
+    # The reasoning item is closed "completed", as vLLM's stream closes it; so is the final
+    # response's (the whole answer leaves its status unset).
+    assert events[7]["item"]["status"] == "completed"
+    assert events[-1]["response"]["output"][0]["status"] == "completed"
 
 
 @pytest.mark.parametrize(("name", "mode"), RESPONSE_FIXTURES)
@@ -460,7 +496,7 @@ def test_single_frame_of_any_response(case: tuple[dict[str, Any], str]) -> None:
     mode = OutputMode(mode_value)
     before = copy.deepcopy(response)
     final = accumulate_responses(single_frame_responses_events(response, requested=mode))
-    assert same(final, wrap_responses_response(response, requested=mode))
+    assert same(final, as_streamed(wrap_responses_response(response, requested=mode)))
     message = accumulate_anthropic(single_frame_anthropic_events(response, requested=mode))
     assert same(message, wrap_anthropic_message(response, requested=mode))
     assert response == before

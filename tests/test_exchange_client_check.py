@@ -8,13 +8,16 @@ API's error shape, and no worker is called for it.
 from __future__ import annotations
 
 import json
+import pathlib
 from typing import Any
 
+import anthropic
 import httpx2
 import openai
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from proxy_helpers import running
 from simulated_router import SimulatedRouter
 from strategies import json_scalars
 
@@ -165,3 +168,141 @@ def test_the_openai_sdk_gets_the_400_and_no_worker_is_called() -> None:
             client.completions.create(model="m", prompt="hi", **extra)
         assert raised.value.status_code == 400
     assert router.worker.calls == []
+
+
+# -- the conversation: what vLLM refuses before rendering it, refused before any worker call --
+
+EMPTY_CONVERSATION = "vLLM cannot apply the chat template to an empty conversation"
+# Each case: route, body, the JSON path named; vLLM 0.32 answers each with a 400 (docs/exchange.md).
+REFUSED_CONVERSATIONS = [
+    pytest.param("chat", {"model": "m", "messages": []}, "$.messages", id="chat-empty"),
+    pytest.param(
+        "chat",
+        {"model": "m", "messages": [{"role": "user", "content": 42}]},
+        "$.messages[0].content",
+        id="chat-content-42",
+    ),
+    pytest.param(
+        "chat",
+        {"model": "m", "messages": [{"role": "user", "content": None}]},
+        "$.messages[0].content",
+        id="chat-user-content-null",
+    ),
+    pytest.param("chat", {"model": "m", "messages": [42]}, "$.messages[0]", id="chat-item-42"),
+    pytest.param("chat", {"model": "m", "messages": {}}, "$.messages", id="chat-object"),
+    pytest.param(
+        "messages", {"model": "m", "max_tokens": 8, "messages": []}, "$.messages", id="msg-empty"
+    ),
+    pytest.param(
+        "messages",
+        {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": 42}]},
+        "$.messages[0].content",
+        id="msg-content-42",
+    ),
+    pytest.param("responses", {"model": "m", "input": []}, "$.input", id="responses-empty"),
+    pytest.param("responses", {"model": "m", "input": 42}, "$.input", id="responses-42"),
+    pytest.param(
+        "responses",
+        {"model": "m", "input": [{"role": "user", "content": None}]},
+        "$.input[0].content",
+        id="responses-message-content-null",
+    ),
+    pytest.param(
+        "responses",
+        {"model": "m", "input": [{"role": "user", "content": 42}]},
+        "$.input[0].content",
+        id="responses-content-42",
+    ),
+]
+# What vLLM renders: a system prompt makes a conversation, chat's assistant may say null.
+SERVED_CONVERSATIONS = [
+    pytest.param(
+        "messages", {"model": "m", "max_tokens": 8, "system": "Be brief", "messages": []}, id="m"
+    ),
+    pytest.param("responses", {"model": "m", "instructions": "Be brief", "input": []}, id="r"),
+    pytest.param("responses", {"model": "m", "input": ""}, id="responses-empty-string"),
+    pytest.param(
+        "responses",
+        {
+            "model": "m",
+            "input": [
+                {"role": "user", "content": "Hi"},
+                {"type": "reasoning", "id": "rs_1", "summary": [], "content": None},
+            ],
+        },
+        id="responses-reasoning-item-null-content",
+    ),
+    pytest.param(
+        "chat",
+        {
+            "model": "m",
+            "messages": [
+                {"role": "user", "content": [{"type": "text", "text": "Hi"}]},
+                {"role": "assistant", "content": None, "tool_calls": []},
+                {"role": "user"},
+            ],
+        },
+        id="chat-parts-null-assistant-no-content",
+    ),
+]
+
+
+@pytest.mark.parametrize("pipeline", PIPELINES)
+@pytest.mark.parametrize(("route", "body", "path"), REFUSED_CONVERSATIONS)
+def test_a_conversation_vllm_refuses_is_a_400_before_any_worker_call(
+    pipeline: str, route: str, body: dict[str, Any], path: str
+) -> None:
+    reply = _assert_refused_in_client_shape(_first_event(pipeline, route, body), route)
+    message = reply["error"]["message"]
+    assert message.startswith(f"{path}: ")
+    if "empty" in str(body):
+        assert EMPTY_CONVERSATION in message
+
+
+@pytest.mark.parametrize("pipeline", PIPELINES)
+@pytest.mark.parametrize(("route", "body"), SERVED_CONVERSATIONS)
+def test_a_conversation_vllm_renders_reaches_the_first_worker(
+    pipeline: str, route: str, body: dict[str, Any]
+) -> None:
+    assert isinstance(_first_event(pipeline, route, body), WorkerCall)
+
+
+def test_the_sdks_get_the_empty_conversation_400_and_no_worker_is_called() -> None:
+    router = SimulatedRouter(PIPELINES["generate-prefill"])
+    http = httpx2.Client(transport=httpx2.MockTransport(router))
+    client = openai.OpenAI(
+        base_url="http://router/v1", api_key="k", http_client=http, max_retries=0
+    )
+    with pytest.raises(openai.BadRequestError) as chat:
+        client.chat.completions.create(model="m", messages=[])
+    assert EMPTY_CONVERSATION in chat.value.message
+    with pytest.raises(openai.BadRequestError) as responses:
+        client.responses.create(model="m", input=[])
+    assert EMPTY_CONVERSATION in responses.value.message
+    claude = anthropic.Anthropic(
+        base_url="http://router", api_key="k", http_client=http, max_retries=0
+    )
+    with pytest.raises(anthropic.BadRequestError) as messages:
+        claude.messages.create(model="m", max_tokens=8, messages=[])
+    assert EMPTY_CONVERSATION in messages.value.message
+    assert router.worker.calls == []
+
+
+def test_serve_refuses_an_empty_conversation_itself(tmp_path: pathlib.Path) -> None:
+    pytest.importorskip("uvicorn")
+    # The exchange's own words, not the worker's: no worker saw the request.
+    with running((["serve", "--simulate", "--port", "0"], tmp_path / "serve.log")) as (server,):
+        with openai.OpenAI(base_url=server.url + "/v1", api_key="k", max_retries=0) as client:
+            with pytest.raises(openai.BadRequestError) as chat:
+                client.chat.completions.create(model="m", messages=[])
+            with pytest.raises(openai.BadRequestError) as responses:
+                client.responses.create(model="m", input=[])
+        with (
+            anthropic.Anthropic(base_url=server.url, api_key="k", max_retries=0) as claude,
+            pytest.raises(anthropic.BadRequestError) as messages,
+        ):
+            claude.messages.create(model="m", max_tokens=8, messages=[])
+    for refused in (chat, responses, messages):
+        assert refused.value.status_code == 400
+        assert EMPTY_CONVERSATION in refused.value.message
+    assert messages.value.body["error"]["type"] == "invalid_request_error"  # type: ignore[index]

@@ -18,7 +18,7 @@ from disagg_transforms import ConfigError, OutputMode, Route, parse_pipeline_par
 from disagg_transforms._exchange import reply
 from disagg_transforms._request import caps, client, legs
 from disagg_transforms._response import dispatch
-from disagg_transforms.exchange import Exchange, Phase, pipeline_phases
+from disagg_transforms.exchange import Exchange, ExchangeSettings, Phase, pipeline_phases
 from disagg_transforms.integrations import proxy
 
 CHAT = "/v1/chat/completions"
@@ -146,6 +146,20 @@ def test_a_conditional_decode_runs_first_with_the_client_body_on_its_own_route()
     # 412: no decode worker holds the prompt's KV; the plan goes on as configured.
     assert out.status == 200
     assert out.json()["choices"][0]["message"]["content"] == "Hello!"
+
+
+def test_render_first_runs_render_before_the_conditional_decode() -> None:
+    # A coordinator document that lists render first runs it first (SPEC §12).
+    settings = ExchangeSettings(render_first=True)
+    exchange = Exchange(CONDITIONAL_PD, CHAT, {}, _client_body(), settings=settings)
+    out = drive(exchange, _holding((412, {}, b"")))
+    assert [c.step for c in out.calls] == ["render", "conditional-decode", "prefill", "decode"]
+    assert out.status == 200
+    hit = drive(
+        Exchange(CONDITIONAL_PD, CHAT, {}, _client_body(), settings=settings),
+        _holding((200, {"content-type": "application/json"}, HIT)),
+    )
+    assert [c.step for c in hit.calls] == ["render", "conditional-decode"]
 
 
 def test_a_conditional_decode_that_trusts_the_client_sends_its_transfer_params() -> None:

@@ -60,6 +60,8 @@ RELAYED = {
     ),
 }
 
+HI = [{"role": "user", "content": "Hi"}]
+
 
 def _open(kind: str) -> tuple[Exchange, bytes]:
     config, path, body, event = RELAYED[kind]
@@ -192,7 +194,7 @@ def test_a_generate_clients_stream_with_the_workers_error_event_ends_worker_fail
 def test_a_relayed_responses_or_messages_stream_cut_ends_with_its_apis_error_event(
     path: str, first: bytes, cut: bytes
 ) -> None:
-    body = {"model": "m", "max_tokens": 8, "messages": [], "input": "Hi", "stream": True}
+    body = {"model": "m", "max_tokens": 8, "messages": HI, "input": "Hi", "stream": True}
     if path == "/v1/responses":
         del body["max_tokens"], body["messages"]
     else:
@@ -219,7 +221,7 @@ def test_a_relayed_responses_or_messages_stream_cut_ends_with_its_apis_error_eve
     ("path", "body"),
     [
         ("/v1/completions", {"model": "m", "prompt": "Hi"}),
-        ("/v1/chat/completions", {"model": "m", "messages": []}),
+        ("/v1/chat/completions", {"model": "m", "messages": HI}),
     ],
 )
 def test_an_unstreamed_relayed_answer_that_is_not_json_is_a_502_not_retried(
@@ -239,7 +241,7 @@ def test_an_unstreamed_relayed_answer_that_is_not_json_is_a_502_not_retried(
     ("path", "body"),
     [
         ("/v1/completions", {"model": "m", "prompt": "Hi"}),
-        ("/v1/messages", {"model": "m", "max_tokens": 8, "messages": []}),
+        ("/v1/messages", {"model": "m", "max_tokens": 8, "messages": HI}),
     ],
 )
 def test_a_worker_that_timed_out_is_a_retryable_504(path: str, body: Any) -> None:

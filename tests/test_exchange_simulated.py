@@ -17,6 +17,7 @@ import httpx2
 import openai
 import pydantic
 import pytest
+from openai.types.responses import ResponseIncompleteEvent
 from simulated_router import SimulatedRouter
 
 from disagg_transforms import parse_pipeline_params
@@ -166,14 +167,18 @@ def test_responses_stream_reports_usage() -> None:
 
 
 def test_a_responses_stream_cut_by_its_cap_ends_as_vllm_ends_it() -> None:
-    # vLLM ends every Responses stream with response.completed, an incomplete response inside
-    # (docs/envelopes.md); the SDK's stream helper reads its final response only from that.
+    # vLLM 0.33 ends an incomplete response's stream with response.incomplete (docs/envelopes.md);
+    # the SDK's stream helper makes its final response from response.completed alone, so it
+    # raises here, as it does against vLLM itself. The events carry the response.
     router = SimulatedRouter(_config())
     with _openai(router).responses.stream(model="m", input="Hi", max_output_tokens=3) as stream:
-        types = [event.type for event in stream]
-        final = stream.get_final_response()
-    assert types[-1] == "response.completed"
-    assert "response.incomplete" not in types
+        events = list(stream)
+        with pytest.raises(RuntimeError, match=r"response\.completed"):
+            stream.get_final_response()
+    assert "response.completed" not in [event.type for event in events]
+    terminal = events[-1]
+    assert isinstance(terminal, ResponseIncompleteEvent)
+    final = terminal.response
     assert final.output_text == "Hel"
     assert final.status == "incomplete"
     assert final.incomplete_details is not None
@@ -312,6 +317,8 @@ def test_a_fault_after_the_stream_started_ends_it_with_the_apis_error_event(faul
     stream = _openai(router, retries=2).chat.completions.create(
         model="m", messages=MESSAGES, stream=True
     )
+    opening = next(stream).choices[0].delta  # as vLLM opens a choice: role, empty content
+    assert (opening.role, opening.content) == ("assistant", "")
     assert next(stream).choices[0].delta.content == "H"
     with pytest.raises(openai.APIError) as caught:
         next(stream)

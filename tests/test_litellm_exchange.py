@@ -30,7 +30,11 @@ yaml = pytest.importorskip("yaml")
 from litellm.llms.custom_llm import CustomLLMError  # noqa: E402
 
 from disagg_transforms import DecodeParams, OutputMode  # noqa: E402
-from disagg_transforms.integrations.litellm import VllmGenerateLLM  # noqa: E402
+from disagg_transforms.integrations.litellm import (  # noqa: E402
+    VllmGenerateLLM,
+    auto_provider,
+    text_provider,
+)
 from disagg_transforms.testing import SimulatedWorker, WorkerSettings  # noqa: E402
 
 pytestmark = LITELLM_WARNINGS
@@ -92,15 +96,17 @@ class Workers:
 
 
 DERENDER = DecodeParams(use_openai_format=False, output_mode=OutputMode.DERENDER)
+TEXT = DecodeParams(use_openai_format=False, output_mode=OutputMode.TEXT)
 
 
 @pytest.fixture
 def workers(monkeypatch: pytest.MonkeyPatch) -> Iterator[Workers]:
     pool = Workers()
     handlers = {
-        "pd-text": pool.provider(prefill_api_base=PREFILL),
+        "pd-text": pool.provider(prefill_api_base=PREFILL, params=TEXT),
         "pd-derender": pool.provider(prefill_api_base=PREFILL, params=DERENDER),
-        "text": pool.provider(),
+        "pd-auto": pool.provider(prefill_api_base=PREFILL, params=auto_provider.params),
+        "text": pool.provider(params=TEXT),
     }
     monkeypatch.setattr(
         litellm,
@@ -151,7 +157,7 @@ def assert_prefill_then_decode(workers: Workers, *, cap: int, stream: bool) -> N
 def test_prefill_then_decode_in_text_mode() -> None:
     pool = Workers()
     with pytest.MonkeyPatch.context() as patch:
-        provider = pool.provider(prefill_api_base=PREFILL)
+        provider = pool.provider(prefill_api_base=PREFILL, params=TEXT)
         patch.setattr(
             litellm, "custom_provider_map", [{"provider": "pd", "custom_handler": provider}]
         )
@@ -202,6 +208,52 @@ def test_derender_stream_is_one_single_frame(workers: Workers) -> None:
     assert "The user greets me." in reasoning
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
     assert_prefill_then_decode(workers, cap=400, stream=False)  # vLLM 0.33: no derender stream
+
+
+def test_the_default_provider_is_auto_and_text_provider_stays_text() -> None:
+    assert VllmGenerateLLM().params.output_mode is OutputMode.AUTO
+    assert auto_provider.params.output_mode is OutputMode.AUTO
+    assert text_provider.params.output_mode is OutputMode.TEXT
+
+
+def test_auto_streams_text_token_by_token_without_reasoning(workers: Workers) -> None:
+    chunks = stream("pd-auto/qwen", max_tokens=30)
+    deltas = [chunk.choices[0].delta.content for chunk in chunks if chunk.choices]
+    assert "".join(delta or "" for delta in deltas) == "Hello!"
+    assert len([delta for delta in deltas if delta]) == len("Hello!")  # one per token
+    assert not [
+        chunk
+        for chunk in chunks
+        if chunk.choices and (chunk.choices[0].delta.provider_specific_fields or {})
+    ]
+    assert_prefill_then_decode(workers, cap=30, stream=True)
+    assert workers.decode.calls[1].body["output_mode"] == "text"
+    message = complete("pd-auto/qwen", max_tokens=30).choices[0].message
+    assert message.content == "Hello!"
+    assert getattr(message, "reasoning_content", None) is None
+
+
+def test_auto_answers_tool_calls_plain_and_streamed(workers: Workers) -> None:
+    response = complete("pd-auto/qwen", tools=WEATHER_TOOLS, max_tokens=400)
+    assert response.choices[0].finish_reason == "tool_calls"
+    assert response.choices[0].message.tool_calls[0].function.name == "get_weather"
+    assert workers.decode.calls[1].body["output_mode"] == "derender"
+    chunks = stream("pd-auto/qwen", tools=WEATHER_TOOLS, max_tokens=400)
+    calls = [
+        c for chunk in chunks if chunk.choices for c in chunk.choices[0].delta.tool_calls or []
+    ]
+    assert [call.function.name for call in calls if call.function.name] == ["get_weather"]
+
+
+@pytest.mark.usefixtures("workers")
+def test_auto_anthropic_messages_get_no_thinking_block() -> None:
+    message = run(
+        litellm.anthropic_messages(
+            model="pd-auto/qwen", messages=MESSAGES, max_tokens=50, api_base=DECODE
+        )
+    )
+    assert [block["type"] for block in message["content"]] == ["text"]
+    assert message["content"][0]["text"] == "Hello!"
 
 
 def test_sync_completion_and_streaming(workers: Workers) -> None:
@@ -437,8 +489,8 @@ class AsyncFailing(httpx.AsyncBaseTransport):
 @pytest.mark.parametrize(
     ("fail", "status", "says"),
     [
-        (refused, 502, "render failed: ConnectError: refused"),
-        (timed_out, 504, "render failed: ReadTimeout: no answer in time"),  # a retryable 504
+        (refused, 502, "render failed: could not connect to the worker"),
+        (timed_out, 504, "render failed: no answer within the timeout"),  # a retryable 504
     ],
 )
 @pytest.mark.parametrize("entry", ENTRY_POINTS)
@@ -453,6 +505,24 @@ def test_an_unreachable_or_timed_out_worker_is_a_5xx_naming_the_step(
         answer_of(getattr(provider, entry)(**call_kwargs()))
     assert caught.value.status_code == status
     assert str(caught.value) == says
+
+
+def test_a_transport_failure_names_no_address_to_the_client_and_logs_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def unreachable(request: httpx.Request) -> httpx.Response:
+        msg = "Cannot connect to host 10.1.2.3:8206 ssl:default [Connection refused]"
+        raise httpx.ConnectError(msg, request=request)
+
+    provider = VllmGenerateLLM(http_client=REAL_CLIENT(transport=httpx.MockTransport(unreachable)))
+    with (
+        caplog.at_level("WARNING", logger="disagg_transforms.litellm"),
+        pytest.raises(CustomLLMError) as caught,
+    ):
+        answer_of(provider.completion(**call_kwargs()))
+    assert str(caught.value) == "render failed: could not connect to the worker"
+    assert "10.1.2.3" in caplog.text
+    assert "ConnectError" in caplog.text
 
 
 class BrokenStream(httpx.SyncByteStream, httpx.AsyncByteStream):
@@ -518,7 +588,8 @@ def chunks_until_error(chunks: Any) -> tuple[list[Any], CustomLLMError]:
 
 
 @pytest.mark.parametrize("entry", ["streaming", "astreaming"])
-@pytest.mark.parametrize(("first_event", "texts"), [(False, []), (True, ["H"])])
+# With the first event: the choice's opening chunk (empty text, as vLLM opens it), then "H".
+@pytest.mark.parametrize(("first_event", "texts"), [(False, []), (True, ["", "H"])])
 def test_a_decode_stream_broken_midway_is_a_502(
     entry: str, first_event: bool, texts: list[str]
 ) -> None:
@@ -526,7 +597,7 @@ def test_a_decode_stream_broken_midway_is_a_502(
     got, error = chunks_until_error(getattr(provider, entry)(**call_kwargs()))
     assert [chunk["text"] for chunk in got] == texts  # the first event is relayed once it passed
     assert error.status_code == 502
-    assert str(error) == "decode failed: ReadError: reset"
+    assert str(error) == "decode failed: connection reset"
 
 
 # --- the shared client -----------------------------------------------------------------------
@@ -633,7 +704,7 @@ def test_the_documented_proxy_config_routes_through_a_litellm_router(
 ) -> None:
     config = _doc_yaml()
     [entry] = config["litellm_settings"]["custom_provider_map"]
-    provider = workers.provider()
+    provider = workers.provider(params=_import(entry["custom_handler"]).params)
     monkeypatch.setattr(
         litellm,
         "custom_provider_map",
@@ -652,4 +723,14 @@ def test_the_documented_proxy_config_routes_through_a_litellm_router(
     response = run(router.acompletion(model=name, messages=MESSAGES, max_tokens=9))
     assert response.choices[0].message.content == "Hello!"
     assert_prefill_then_decode(workers, cap=9, stream=False)
+    # The recommended provider serves tools and streams text as it comes.
+    tools = run(router.acompletion(model=name, messages=MESSAGES, tools=WEATHER_TOOLS))
+    assert tools.choices[0].message.tool_calls[0].function.name == "get_weather"
+
+    async def streamed() -> list[Any]:
+        chunks = await router.acompletion(model=name, messages=MESSAGES, stream=True)
+        return [chunk async for chunk in chunks]
+
+    deltas = [chunk.choices[0].delta.content for chunk in run(streamed()) if chunk.choices]
+    assert len([delta for delta in deltas if delta]) > 1
     provider.close()

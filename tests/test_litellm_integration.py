@@ -41,6 +41,7 @@ def providers(monkeypatch: pytest.MonkeyPatch) -> None:
         [
             {"provider": "disagg-text", "custom_handler": integration.text_provider},
             {"provider": "disagg-derender", "custom_handler": integration.derender_provider},
+            {"provider": "disagg-auto", "custom_handler": integration.auto_provider},
         ],
     )
     monkeypatch.setattr(litellm, "callbacks", [])
@@ -129,6 +130,17 @@ def test_derender_streams_one_single_frame(worker: FakeWorker) -> None:
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
     [leg] = worker.bodies(GENERATE_PATH)
     assert leg["stream"] is False  # vLLM 0.33 refuses derender + stream
+
+
+def test_auto_streams_text_and_answers_tool_calls_over_sockets(worker: FakeWorker) -> None:
+    chunks = stream_chunks(worker, "disagg-auto/qwen")
+    text = "".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices)
+    assert text == "Hello!"
+    response = complete(worker, "disagg-auto/qwen", tools=WEATHER_TOOLS)
+    assert response.choices[0].message.tool_calls[0].function.name == "get_weather"
+    streamed, called = worker.bodies(GENERATE_PATH)
+    assert (streamed["output_mode"], streamed["stream"]) == ("text", True)
+    assert (called["output_mode"], called["stream"]) == ("derender", False)
 
 
 def test_sync_completion_and_streaming(worker: FakeWorker) -> None:

@@ -227,3 +227,85 @@ def test_serve_default_answers_messages_tool_use_plain_and_streamed(
     assert final.stop_reason == "tool_use"
     uses = [block for block in final.content if block.type == "tool_use"]
     assert [use.name for use in uses] == ["get_weather"]
+
+
+# -- an agent loop ends: after a tool result the simulated model answers text ----------------
+
+TURNS = 4  # an agent loop's bound: the simulated model answers on its second turn
+
+
+def _chat_loop(client: openai.OpenAI) -> tuple[int, Any]:
+    messages: list[Any] = [*MESSAGES]
+    for turn in range(1, TURNS + 1):
+        completion = client.chat.completions.create(model="m", messages=messages, tools=[CHAT_TOOL])
+        message = completion.choices[0].message
+        if not message.tool_calls:
+            return turn, message
+        messages.append(message.model_dump(exclude_none=True))
+        messages.extend(
+            {"role": "tool", "tool_call_id": call.id, "content": "Sunny"}
+            for call in message.tool_calls
+        )
+    return TURNS, None
+
+
+def _messages_loop(client: anthropic.Anthropic) -> tuple[int, Any]:
+    messages: list[Any] = [*MESSAGES]
+    for turn in range(1, TURNS + 1):
+        message = client.messages.create(
+            model="m", max_tokens=200, messages=messages, tools=[MESSAGES_TOOL]
+        )
+        if message.stop_reason != "tool_use":
+            return turn, message
+        messages.append({"role": "assistant", "content": message.content})
+        results = [
+            {"type": "tool_result", "tool_use_id": block.id, "content": "Sunny"}
+            for block in message.content
+            if block.type == "tool_use"
+        ]
+        messages.append({"role": "user", "content": results})
+    return TURNS, None
+
+
+def _responses_loop(client: openai.OpenAI) -> tuple[int, Any]:
+    items: list[Any] = [{"role": "user", "content": "Hi"}]
+    for turn in range(1, TURNS + 1):
+        response = client.responses.create(model="m", input=items, tools=[RESPONSES_TOOL])
+        calls = [item for item in response.output if item.type == "function_call"]
+        if not calls:
+            return turn, response
+        for call in calls:
+            items.append(call.model_dump(exclude_none=True))
+            items.append(
+                {"type": "function_call_output", "call_id": call.call_id, "output": "Sunny"}
+            )
+    return TURNS, None
+
+
+def test_an_agent_loop_ends_after_one_tool_call(default_serve: Server) -> None:
+    with openai.OpenAI(base_url=default_serve.url + "/v1", api_key="unused") as client:
+        turn, message = _chat_loop(client)
+        assert (turn, message.content) == (2, "Hello!")
+        turn, response = _responses_loop(client)
+        assert (turn, response.output_text) == (2, "Hello!")
+    with anthropic.Anthropic(base_url=default_serve.url, api_key="unused") as claude:
+        turn, answer = _messages_loop(claude)
+        assert turn == 2
+        assert [block.text for block in answer.content if block.type == "text"] == ["Hello!"]
+
+
+def test_a_forced_tool_choice_still_calls_after_a_tool_result(default_serve: Server) -> None:
+    call = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}
+    messages: list[Any] = [
+        *MESSAGES,
+        {"role": "assistant", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "Sunny"},
+    ]
+    with openai.OpenAI(base_url=default_serve.url + "/v1", api_key="unused") as client:
+        forced = client.chat.completions.create(
+            model="m", messages=messages, tools=[CHAT_TOOL], tool_choice="required"
+        )
+        answered = client.chat.completions.create(model="m", messages=messages, tools=[CHAT_TOOL])
+    assert forced.choices[0].message.tool_calls
+    assert answered.choices[0].message.content == "Hello!"
+    assert answered.choices[0].message.tool_calls is None

@@ -63,7 +63,16 @@ def test_the_proxy_venv_holds_the_extra_and_not_the_test_tools() -> None:
         PROXY_PYTHON,
         "-c",
         "import importlib.util as u; print(*(m for m in"
-        " ('aiohttp', 'httpx', 'pytest', 'openai', 'litellm') if u.find_spec(m)))",
+        " ('aiohttp', 'yaml', 'httpx', 'pytest', 'openai', 'litellm') if u.find_spec(m)))",
     )
-    # Without httpx: nothing the proxy or the simulated worker runs needs it.
-    assert found.split() == ["aiohttp"]
+    # Without httpx: nothing the proxy or the simulated worker runs needs it. With PyYAML: the
+    # coordinator seat reads its document as YAML.
+    assert found.split() == ["aiohttp", "yaml"]
+
+
+@only_the_extra
+def test_the_proxy_extra_alone_reads_the_coordinator_seats_yaml() -> None:
+    assert PROXY_PYTHON is not None
+    configmap = Path(__file__).parent.parent / "deploy" / "coordinator" / "configmap.yaml"
+    out = _run(PROXY_PYTHON, "-m", "disagg_transforms", "check-config", str(configmap))
+    assert out.splitlines()[0] == "valid"

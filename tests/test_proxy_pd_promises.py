@@ -129,7 +129,12 @@ def test_a_decode_worker_alone_reports_none_of_the_prefills_cache(pd: PD) -> Non
         "kv_transfer_params": {"do_remote_prefill": True, "do_remote_decode": False},
     }
     answer = httpx.post(pd.decode.url + "/inference/v1/generate", json=body).json()
-    assert answer["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
+    # vLLM 0.33's generate route: no created_cache_tokens (its chat route writes one).
+    assert answer["usage"]["prompt_tokens_details"] == {
+        "cached_tokens": 0,
+        "created_cache_tokens": None,
+        "multimodal_tokens": None,
+    }
 
 
 # -- every leg on the client's own route: the decode answer is relayed, its usage patched -----

@@ -402,3 +402,19 @@ def test_a_combination_without_sense_stops_at_startup(tmp_path: Path) -> None:
         f"{with_gateway}: gateway.address: the sidecar seat takes no gateway (the headers name "
         "the workers)"
     )
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_generate_clients_own_output_mode_reaches_decode(seat: Seat, stream: bool) -> None:
+    # docs/llm-d.md: decode gets the client's body; a generate client's mode is its own.
+    request_id = _id()
+    body = {"model": "m", "token_ids": [5, 6, 7], "output_mode": "tokens", "stream": stream}
+    body["sampling_params"] = {"max_tokens": 3}
+    headers = {"x-request-id": request_id, PREFILL: _host_port(seat.prefill_a)}
+    answer = httpx.post(seat.client_route.url + GENERATE, json=body, headers=headers, timeout=30)
+    assert answer.status_code == 200, answer.text
+    assert '"output_mode":"tokens"' in answer.text.replace(" ", "")
+    [decode] = _calls(seat.decode, request_id)
+    assert decode["body"]["output_mode"] == "tokens"
+    for call in _calls(seat.prefill_a, request_id):
+        assert call["body"].get("output_mode") in (None, "tokens")

@@ -10,11 +10,11 @@ the raw SSE events (types in order, every key and value) and what each official 
 accumulator yields are compared.
 
 Only what must differ is normalised, each by a named rule below that says where it is
-documented; JSON objects are compared as objects (key order carries no meaning in JSON, and
-vLLM's Responses events list their keys alphabetically, as the openai SDK's models declare
-them). Both render the same prompt (``test_both_render_the_same_prompt``), so no token count is
-normalised. The SDK objects are compared as a client reads them, an absent field and a null one
-alike. Logprobs are compared on chat alone: the simulated coupled completions and Responses
+documented; JSON objects are compared as objects, and a whole chat or Responses answer's keys,
+and each Responses event's, in order too, as vLLM dumps its models (``_same_layout``). Both
+render the same prompt (``test_both_render_the_same_prompt``), so no token
+count is normalised. The SDK objects are compared as a client reads them, an absent field and a
+null one alike. Logprobs are compared on chat alone: the simulated coupled completions and Responses
 routes write none (docs/testing.md).
 """
 
@@ -157,39 +157,6 @@ def created(value: Any) -> Any:
     return value
 
 
-# The chat wrap is built from an allow-list (SPEC §5.2; docs/responses.md, "Allow-list"): the
-# null fields coupled chat writes beside it are left out. A non-null value would stay and fail.
-CHAT_TOP_NULLS: Final = (
-    "service_tier",
-    "system_fingerprint",
-    "prompt_logprobs",
-    "prompt_token_ids",
-    "prompt_text",
-    "kv_transfer_params",
-    "ec_transfer_params",
-    "metrics",
-)
-CHAT_CHOICE_NULLS: Final = ("token_ids", "routed_experts", "weight_versions")
-CHAT_MESSAGE_NULLS: Final = ("refusal", "annotations", "audio", "function_call", "reasoning")
-
-
-def _without_nulls(value: Mapping[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
-    return {k: v for k, v in value.items() if not (k in keys and v is None)}
-
-
-def chat_allow_list(completion: Mapping[str, Any]) -> dict[str, Any]:
-    """CHAT ALLOW-LIST: coupled chat's null fields outside the wrap's allow-list, left out."""
-    out = _without_nulls(completion, CHAT_TOP_NULLS)
-    out["choices"] = [
-        {
-            **_without_nulls(choice, CHAT_CHOICE_NULLS),
-            "message": _without_nulls(choice["message"], CHAT_MESSAGE_NULLS),
-        }
-        for choice in completion["choices"]
-    ]
-    return out
-
-
 def transfer_params(answer: Mapping[str, Any]) -> dict[str, Any]:
     """TRANSFER PARAMS: no client of the exchange sees ``kv_transfer_params``, null or not.
 
@@ -215,21 +182,6 @@ def response_objects(value: Any, rule: Callable[[Any], Any]) -> Any:
     return value
 
 
-def cache_write_tokens(response: Mapping[str, Any]) -> dict[str, Any]:
-    """CACHE WRITE TOKENS: the rebuilt usage's ``cache_write_tokens: 0``.
-
-    The openai SDK's ``InputTokensDetails`` requires the field (``Response.model_validate``
-    fails without it), so the rebuilt usage keeps it; vLLM's usage has no such count
-    (docs/envelopes.md, the usage row).
-    """
-    usage = response.get("usage")
-    if usage is None:
-        return dict(response)
-    details = dict(usage["input_tokens_details"])
-    assert details.pop("cache_write_tokens") == 0
-    return {**response, "usage": {**usage, "input_tokens_details": details}}
-
-
 def stop_sequence(message: Mapping[str, Any]) -> dict[str, Any]:
     """STOP SEQUENCE: the rebuilt message reports a stop on a client's stop sequence as such.
 
@@ -252,6 +204,17 @@ def stop_sequence(message: Mapping[str, Any]) -> dict[str, Any]:
 def _same(rebuilt: Any, coupled: Any) -> None:
     """The two JSON values are equal; on failure the diff names the first differing path."""
     assert rebuilt == coupled, _first_difference(rebuilt, coupled, "$")
+
+
+def _same_layout(rebuilt: Any, coupled: Any, path: str = "$") -> None:
+    """Every object's keys in the same order: vLLM dumps its models in field order."""
+    if isinstance(rebuilt, dict) and isinstance(coupled, dict):
+        assert list(rebuilt) == list(coupled), path
+        for key, value in rebuilt.items():
+            _same_layout(value, coupled[key], f"{path}.{key}")
+    elif isinstance(rebuilt, list) and isinstance(coupled, list):
+        for index, (x, y) in enumerate(zip(rebuilt, coupled, strict=True)):
+            _same_layout(x, y, f"{path}[{index}]")
 
 
 def _first_difference(a: Any, b: Any, path: str) -> str:
@@ -384,7 +347,9 @@ def test_chat(body: dict[str, Any], stream: bool) -> None:
         body = {**body, "stream_options": {"include_usage": True}}
     rebuilt, coupled = _both(CHAT, body, stream)
     if not stream:
-        _same(rebuilt, chat_allow_list(coupled))
+        coupled = transfer_params(coupled)
+        _same(rebuilt, coupled)
+        _same_layout(rebuilt, coupled)
         return
     assert _types(rebuilt) == _types(coupled)
     _same(created(rebuilt), created(coupled))
@@ -404,13 +369,14 @@ def test_completions(body: dict[str, Any], stream: bool) -> None:
 @pytest.mark.parametrize(("body", "stream"), _cases(RESPONSES_CASES))
 def test_responses(body: dict[str, Any], stream: bool) -> None:
     rebuilt, coupled = _both(RESPONSES, body, stream)
-    rebuilt = response_objects(rebuilt, cache_write_tokens)
     coupled = response_objects(coupled, transfer_params)
     if not stream:
         _same(ids(rebuilt), ids(coupled))
+        _same_layout(rebuilt, coupled)
         return
     assert _types(rebuilt) == _types(coupled)
     _same(created(ids(rebuilt)), created(ids(coupled)))
+    _same_layout(rebuilt, coupled)
 
 
 @pytest.mark.parametrize(("body", "stream"), _cases(MESSAGES_CASES))
@@ -437,9 +403,8 @@ def test_an_empty_answer(path: str, body: dict[str, Any], stream: bool) -> None:
     # no item events), its Anthropic message no text block, its chat content "".
     rebuilt, coupled = _both(path, body, stream, answer="")
     if path == CHAT and not stream:
-        coupled = chat_allow_list(coupled)
+        coupled = transfer_params(coupled)
     if path == RESPONSES:
-        rebuilt = response_objects(rebuilt, cache_write_tokens)
         coupled = response_objects(coupled, transfer_params)
     if stream:
         assert _types(rebuilt) == _types(coupled)
@@ -551,21 +516,24 @@ def test_responses_sdk_objects(case: Case) -> None:
     body = dict(case.body)
     extra = {"stop": body.pop("stop")} if "stop" in body else None
     whole = _rebuilt_openai().responses.create(**body, extra_body=extra, extra_headers=HEADERS)
+    # The terminal event's response: the SDK's get_final_response() reads response.completed
+    # alone, and vLLM 0.33 ends an incomplete response with response.incomplete.
     with _rebuilt_openai().responses.stream(
         **body, extra_body=extra, extra_headers=HEADERS
     ) as stream:
-        final = stream.get_final_response()
+        final = list(stream)[-1].response  # type: ignore[union-attr]
 
     async def coupled(client: openai.AsyncOpenAI, _: anthropic.AsyncAnthropic) -> tuple[Any, Any]:
         whole = await client.responses.create(**body, extra_body=extra, extra_headers=HEADERS)
         async with client.responses.stream(
             **body, extra_body=extra, extra_headers=HEADERS
         ) as stream:
-            return whole, await stream.get_final_response()
+            events = [event async for event in stream]
+            return whole, events[-1].response  # type: ignore[union-attr]
 
     coupled_whole, coupled_final = _coupled_sdk(coupled)
     for rebuilt, vllm in ((whole, coupled_whole), (final, coupled_final)):
-        _same(cache_write_tokens(_sdk_view(rebuilt)), _sdk_view(vllm))
+        _same(_sdk_view(rebuilt), _sdk_view(vllm))
     assert whole.output_text == final.output_text == coupled_final.output_text
 
 

@@ -254,7 +254,12 @@ def test_top_logprobs_reads_the_same_on_every_envelope(top: int | None, kept: in
 def test_anthropic_usage_excludes_cached_tokens() -> None:
     answer = {**_text_answer(None), "usage": CACHED_USAGE}
     usage = wrap_anthropic_message(answer, requested=OutputMode.TEXT)["usage"]
-    assert usage == {"input_tokens": 70, "output_tokens": 4, "cache_read_input_tokens": 30}
+    assert usage == {
+        "input_tokens": 70,
+        "output_tokens": 4,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 30,
+    }
 
 
 def test_anthropic_stream_usage_through_the_sdk_accumulator() -> None:

@@ -33,17 +33,20 @@ def test_text_mode_is_one_message_with_the_text_of_choice_zero() -> None:
     result = wrap_responses_response(load_fixture("response-text.json"), requested=OutputMode.TEXT)
     assert result["status"] == "completed"
     assert result["incomplete_details"] is None
-    assert result["output"] == [
-        {
-            "id": "msg_abc123",
-            "type": "message",
-            "role": "assistant",
-            "status": "completed",
-            "content": [
-                {"type": "output_text", "text": "Hello!", "annotations": [], "logprobs": None}
-            ],
-        }
+    # In the openai SDK model's field order, phase null: vLLM dumps that model whole.
+    [item] = result["output"]
+    assert list(item.items()) == [
+        ("id", "msg_abc123"),
+        (
+            "content",
+            [{"annotations": [], "text": "Hello!", "type": "output_text", "logprobs": None}],
+        ),
+        ("role", "assistant"),
+        ("status", "completed"),
+        ("type", "message"),
+        ("phase", None),
     ]
+    assert list(item["content"][0]) == ["annotations", "text", "type", "logprobs"]
 
 
 def test_derender_tool_call_gives_reasoning_and_function_call_items() -> None:
@@ -51,16 +54,26 @@ def test_derender_tool_call_gives_reasoning_and_function_call_items() -> None:
         load_fixture("response-derender-tool-call.json"), requested=OutputMode.DERENDER
     )
     reasoning, call = result["output"]
-    assert reasoning["type"] == "reasoning"
-    assert reasoning["content"] == [{"type": "reasoning_text", "text": "User wants weather."}]
-    assert call == {
-        "id": "fc_abc123_0",
-        "type": "function_call",
-        "call_id": "chatcmpl-tool-1",
-        "name": "get_weather",
-        "arguments": '{"city": "Paris"}',
-        "status": "completed",
-    }
+    # As vLLM's build_response_output_items writes them: a reasoning item's status unset.
+    assert list(reasoning.items()) == [
+        ("id", "rs_abc123"),
+        ("summary", []),
+        ("type", "reasoning"),
+        ("content", [{"text": "User wants weather.", "type": "reasoning_text"}]),
+        ("encrypted_content", None),
+        ("status", None),
+    ]
+    assert list(call.items()) == [
+        ("arguments", '{"city": "Paris"}'),
+        ("call_id", "chatcmpl-tool-1"),
+        ("name", "get_weather"),
+        ("type", "function_call"),
+        ("id", "fc_abc123_0"),
+        ("async", None),
+        ("caller", None),
+        ("namespace", None),
+        ("status", "completed"),
+    ]
 
 
 def test_length_is_incomplete_with_max_output_tokens() -> None:
@@ -69,16 +82,18 @@ def test_length_is_incomplete_with_max_output_tokens() -> None:
     result = wrap_responses_response(response, requested=OutputMode.TEXT)
     assert result["status"] == "incomplete"
     assert result["incomplete_details"] == {"reason": "max_output_tokens"}
-    # The item is "completed" whatever the response's status, as vLLM builds it.
-    assert result["output"][0]["status"] == "completed"
+    # The cap cut the item too: vLLM 0.33's response_item_status (0.32 wrote "completed").
+    assert result["output"][0]["status"] == "incomplete"
     Response.model_validate(result)
 
 
-def test_abort_is_incomplete_without_a_reason() -> None:
+def test_abort_is_completed_as_vllms_text_path_writes_it() -> None:
+    # vLLM's responses_full_generator: only "length" is incomplete, "completed" the catch-all.
     result = wrap_responses_response(
         load_fixture("response-text-finish-abort.json"), requested=OutputMode.TEXT
     )
-    assert (result["status"], result["incomplete_details"]) == ("incomplete", None)
+    assert (result["status"], result["incomplete_details"]) == ("completed", None)
+    assert result["output"][0]["status"] == "completed"
 
 
 def test_logprobs_are_cut_to_the_clients_top_logprobs() -> None:
@@ -175,11 +190,7 @@ def test_any_valid_generate_response_gives_an_sdk_valid_response(case: Any) -> N
     response, mode = case
     _, parsed = wrap_checked(wrap_responses_response, Response, response, OutputMode(mode))
     choice = response["choices"][0]
-    assert parsed.status == (
-        "completed"
-        if choice["finish_reason"] != "length" and choice["finish_reason"] != "abort"
-        else "incomplete"
-    )
+    assert parsed.status == ("incomplete" if choice["finish_reason"] == "length" else "completed")
     if mode == "text":
         assert parsed.output_text == choice["text"]
     else:
@@ -217,4 +228,74 @@ def test_the_settings_are_echoed_as_vllms_response_writes_them(
     assert {key: result[key] for key in echoed} == echoed
     assert result["service_tier"] == "auto"
     assert result["input_messages"] is result["output_messages"] is None
+    Response.model_validate(result)
+
+
+# vLLM 0.33's ResponsesResponse fields in declaration order (it dumps the model whole), less
+# kv_transfer_params and ec_transfer_params, which no client sees (docs/exchange.md).
+VLLM_RESPONSE_KEYS = [
+    "id", "created_at", "incomplete_details", "instructions", "metadata", "model", "object",
+    "output", "parallel_tool_calls", "temperature", "tool_choice", "tools", "top_p",
+    "background", "max_output_tokens", "max_tool_calls", "previous_response_id", "prompt",
+    "prompt_cache_options", "prompt_cache_key", "prompt_cache_retention", "reasoning",
+    "safety_identifier", "service_tier", "status", "text", "top_logprobs", "truncation",
+    "usage", "user", "presence_penalty", "frequency_penalty", "input_messages",
+    "output_messages",
+]  # fmt: skip
+
+
+def test_the_response_is_laid_out_as_vllm_writes_it() -> None:
+    result = wrap_responses_response(load_fixture("response-text.json"), requested=OutputMode.TEXT)
+    assert list(result) == VLLM_RESPONSE_KEYS
+    assert list(result["usage"]["input_tokens_details"]) == [
+        "cached_tokens",
+        "cache_write_tokens",
+        "input_tokens_per_turn",
+        "cached_tokens_per_turn",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("client", "tool_choice"),
+    [
+        # vLLM's check_tool_usage: without tools, "auto" (the default) and "none" are "none".
+        ({}, "none"),
+        ({"tool_choice": "auto", "tools": []}, "none"),
+        ({"tools": [{"type": "function", "name": "f"}]}, "auto"),
+        ({"tools": [{"type": "function", "name": "f"}], "tool_choice": "required"}, "required"),
+    ],
+)
+def test_tool_choice_is_echoed_as_vllms_validator_leaves_it(
+    client: dict[str, Any], tool_choice: str
+) -> None:
+    result = wrap_responses_response(
+        load_fixture("response-text.json"), requested=OutputMode.TEXT, client_body=client
+    )
+    assert result["tool_choice"] == tool_choice
+
+
+def test_the_penalties_and_cache_settings_are_echoed() -> None:
+    plain = wrap_responses_response(load_fixture("response-text.json"), requested=OutputMode.TEXT)
+    assert (plain["presence_penalty"], plain["frequency_penalty"]) == (0.0, 0.0)
+    assert plain["prompt_cache_options"] is plain["safety_identifier"] is None
+    client = {
+        "presence_penalty": 0.5,
+        "frequency_penalty": -1.0,
+        "prompt_cache_key": "k",
+        "prompt_cache_retention": "in-memory",
+        "prompt_cache_options": {"mode": "explicit", "prewarm": True},
+        "safety_identifier": "s",
+    }
+    result = wrap_responses_response(
+        load_fixture("response-text.json"), requested=OutputMode.TEXT, client_body=client
+    )
+    assert (result["presence_penalty"], result["frequency_penalty"]) == (0.5, -1.0)
+    assert result["prompt_cache_key"] == "k"
+    assert result["prompt_cache_retention"] == "in_memory"
+    assert result["prompt_cache_options"] == {
+        "mode": "explicit",
+        "ttl": "30m",
+        "comparison_response_id": None,
+    }
+    assert result["safety_identifier"] == "s"
     Response.model_validate(result)

@@ -20,6 +20,7 @@ from anthropic.types import Message, MessageParam, TextBlock
 from openai.types.responses import (
     Response,
     ResponseCreatedEvent,
+    ResponseIncompleteEvent,
     ResponseOutputMessage,
     ResponseOutputText,
     ResponseStreamEvent,
@@ -134,17 +135,21 @@ def test_responses_create_answers_the_chat_routes_text_and_counts(worker: Simula
     assert usage.total_tokens == 28
     assert usage.input_tokens_details.cached_tokens == 0
     assert usage.output_tokens_details.reasoning_tokens == 0
-    # vLLM's own defaults and echoes of the request's settings.
-    assert (response.tool_choice, response.tools) == ("auto", [])
+    # vLLM's own defaults and echoes of the request's settings ("none" without tools: vLLM's
+    # check_tool_usage).
+    assert (response.tool_choice, response.tools) == ("none", [])
     assert response.parallel_tool_calls is True
     assert (response.temperature, response.top_p, response.max_output_tokens) == (1.0, 1.0, 4075)
     raw = _post(worker, "/v1/responses", {"model": "m", "input": PROMPT}).json()
     assert raw["kv_transfer_params"] is None
     assert raw["usage"]["input_tokens_details"] == {
         "cached_tokens": 0,
+        "cache_write_tokens": 0,
         "input_tokens_per_turn": [],
         "cached_tokens_per_turn": [],
     }
+    assert (raw["presence_penalty"], raw["frequency_penalty"]) == (0.0, 0.0)
+    assert raw["output"][0]["phase"] is None
 
 
 def test_responses_stream_events_in_vllms_order(worker: SimulatedWorker) -> None:
@@ -191,10 +196,19 @@ def test_responses_cap_is_max_output_tokens(worker: SimulatedWorker) -> None:
         client = _openai(http)
         whole = await client.responses.create(model="m", input=PROMPT, max_output_tokens=3)
         async with client.responses.stream(model="m", input=PROMPT, max_output_tokens=3) as events:
-            return whole, await events.get_final_response()
+            seen = [event async for event in events]
+            # vLLM 0.33 ends the stream with response.incomplete, from which the SDK's helper
+            # makes no final response.
+            with pytest.raises(RuntimeError, match=r"response\.completed"):
+                await events.get_final_response()
+        terminal = seen[-1]
+        assert isinstance(terminal, ResponseIncompleteEvent)
+        return whole, terminal.response
 
     whole, streamed = _run(worker, capped)
     for response in (whole, streamed):
+        assert isinstance(response.output[0], ResponseOutputMessage)
+        assert response.output[0].status == "incomplete"
         assert response.output_text == chat["choices"][0]["message"]["content"] == "Hel"
         assert response.status == "incomplete"
         assert response.incomplete_details is not None
@@ -395,3 +409,76 @@ def test_stream_error_ends_the_stream_with_the_routes_error_event(
     whole = _post(worker, path, BODIES[path], fault)
     assert whole.status_code == 500
     assert "Internal server error" in whole.text
+
+
+# -- an agent loop on the coupled routes: no tool parser runs there, so it answers text --------
+
+WEATHER: Any = {"type": "object", "properties": {"city": {"type": "string"}}}
+
+
+def test_an_agent_turn_after_a_tool_result_answers_text_on_every_coupled_route(
+    worker: SimulatedWorker,
+) -> None:
+    call = {"id": "c1", "type": "function", "function": {"name": "w", "arguments": "{}"}}
+    chat_tool: Any = {"type": "function", "function": {"name": "w", "parameters": WEATHER}}
+    responses_tool: Any = {"type": "function", "name": "w", "parameters": WEATHER}
+    after: Any = [*MESSAGE, {"role": "assistant", "tool_calls": [call]}]
+    after.append({"role": "tool", "tool_call_id": "c1", "content": "Sunny"})
+    use: Any = {"type": "tool_use", "id": "c1", "name": "w", "input": {}}
+    result: Any = {"type": "tool_result", "tool_use_id": "c1", "content": "Sunny"}
+    items: Any = [
+        {"role": "user", "content": PROMPT},
+        {"type": "function_call", "call_id": "c1", "name": "w", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "Sunny"},
+    ]
+
+    async def turns(http: httpx2.AsyncClient) -> tuple[Any, Any, Any]:
+        client, claude = _openai(http), _anthropic(http)
+        chat = await client.chat.completions.create(model="m", messages=after, tools=[chat_tool])
+        response = await client.responses.create(model="m", input=items, tools=[responses_tool])
+        message = await claude.messages.create(
+            model="m",
+            max_tokens=64,
+            messages=[
+                *MESSAGE,
+                {"role": "assistant", "content": [use]},
+                {"role": "user", "content": [result]},
+            ],
+            tools=[{"name": "w", "input_schema": WEATHER}],
+        )
+        return chat, response, message
+
+    chat, response, message = _run(worker, turns)
+    assert (chat.choices[0].message.content, chat.choices[0].finish_reason) == ("Hello!", "stop")
+    assert response.output_text == "Hello!"
+    assert (_only_text(message), message.stop_reason) == ("Hello!", "end_turn")
+
+
+# ---------------------------------------------------------------- the cache's counts
+
+
+def test_the_cache_counts_each_route_writes_with_prompt_token_details() -> None:
+    # vLLM 0.33 with --enable-prompt-tokens-details, a prefill call: the generate route leaves
+    # created_cache_tokens null, chat writes an integer (the simulated engine writes no prefix
+    # cache: 0), Messages subtracts both from input_tokens, Responses counts cache_write_tokens.
+    worker = SimulatedWorker(WorkerSettings(created=CREATED, prompt_tokens_details=True))
+    prefill = {"kv_transfer_params": {"do_remote_decode": True}}
+    chat = _chat(worker, **prefill)
+    assert chat["usage"]["prompt_tokens_details"] == {
+        "cached_tokens": 0,
+        "created_cache_tokens": 0,
+        "multimodal_tokens": None,
+    }
+    message = _post(
+        worker,
+        "/v1/messages",
+        {"model": "m", "max_tokens": 64, "messages": MESSAGE, **prefill},
+    ).json()
+    assert message["usage"] == {
+        "input_tokens": chat["usage"]["prompt_tokens"],
+        "output_tokens": chat["usage"]["completion_tokens"],
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 0,
+    }
+    response = _post(worker, "/v1/responses", {"model": "m", "input": PROMPT, **prefill}).json()
+    assert response["usage"]["input_tokens_details"]["cache_write_tokens"] == 0

@@ -100,13 +100,16 @@ def test_text_stream_golden() -> None:
     converter = _converter(client_body={"stream_options": {"include_usage": True}})
     out = converter.feed(load_stream("stream-text.sse")) + converter.close()
     chunks = _chunks(out)
-    assert [c["choices"][0]["delta"] for c in chunks[:3]] == [
-        {"role": "assistant", "content": "Hel"},
+    # Cut as vLLM's chat route cuts them: an opening chunk, then one chunk per text delta.
+    assert [c["choices"][0]["delta"] for c in chunks[:4]] == [
+        {"role": "assistant", "content": ""},
+        {"content": "Hel"},
         {"content": "lo"},
         {"content": "!"},
     ]
-    assert [c["choices"][0]["finish_reason"] for c in chunks[:3]] == [None, None, "stop"]
-    assert chunks[3] == {
+    assert [c["choices"][0]["finish_reason"] for c in chunks[:4]] == [None, None, None, "stop"]
+    assert ["stop_reason" in c["choices"][0] for c in chunks[:4]] == [False, False, False, True]
+    assert chunks[4] == {
         "id": "chatcmpl-r1",
         "object": "chat.completion.chunk",
         "created": 5,
@@ -117,7 +120,9 @@ def test_text_stream_golden() -> None:
     for chunk in chunks:
         ChatCompletionChunk.model_validate(chunk)
         assert "request_id" not in chunk
-        assert all("token_ids" not in c for c in chunk["choices"])
+        # Not asked for (return_token_ids): null where vLLM's chat route writes them.
+        assert chunk.get("prompt_token_ids") is None
+        assert all(c.get("token_ids") is None for c in chunk["choices"])
     assert _accumulate(chunks).choices[0].message.content == "Hello!"
 
 
@@ -207,7 +212,7 @@ def test_stream_logprobs_cut_and_finish_mapped() -> None:
         b'[{"token":"a","logprob":-1.0},{"token":"b","logprob":-2.0}]}]}}]}\n\n'
     )
     chunk = _chunks(_converter(client_body={"top_logprobs": 1}).feed(event + b"data: [DONE]\n\n"))[
-        0
+        1  # after the opening chunk
     ]
     choice = chunk["choices"][0]
     assert choice["finish_reason"] == "stop"

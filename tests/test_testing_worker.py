@@ -6,6 +6,7 @@ import ast
 import asyncio
 import copy
 import json
+import os
 import re
 import subprocess
 import sys
@@ -855,8 +856,14 @@ def test_coupled_chat_answers_like_vllms_coupled_server(worker: SimulatedWorker)
     assert answer["id"] == expected["id"]
     assert answer["choices"][0]["message"]["content"] == "Hello!"
     stream = call(worker, "POST", "/v1/chat/completions", {**chat, "stream": True})
-    first = json.loads(events(stream)[0][len("data: ") :])
-    assert first["choices"][0]["delta"] == {"role": "assistant", "content": "H"}
+    # As the real vLLM's chat route streams (tests/fixtures/vllm-0.32-real): an opening chunk
+    # with the role and empty content, then the text.
+    first, second = (json.loads(event[len("data: ") :]) for event in events(stream)[:2])
+    assert first["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert (first["prompt_token_ids"], first["prompt_text"]) == (None, None)
+    assert second["choices"][0]["delta"] == {"content": "H"}
+    assert second["choices"][0]["token_ids"] is None
+    assert "stop_reason" not in second["choices"][0]
     assert events(stream)[-1] == "data: [DONE]"
 
 
@@ -873,7 +880,11 @@ def test_coupled_chat_cuts_logprobs_to_top_logprobs_as_vllms_chat_serving(
     chunks = [json.loads(event[len("data: ") :]) for event in events(stream)[:-1]]
     entries = [
         *whole["choices"][0]["logprobs"]["content"],
-        *(entry for chunk in chunks for entry in chunk["choices"][0]["logprobs"]["content"]),
+        *(
+            entry
+            for chunk in chunks[1:]  # the opening chunk carries no token
+            for entry in chunk["choices"][0]["logprobs"]["content"]
+        ),
     ]
     assert len(entries) == 4
     assert all(len(entry["top_logprobs"]) == alternatives for entry in entries)
@@ -1029,3 +1040,133 @@ def test_a_request_for_structured_output_is_answered_with_a_valid_json_value(
     assert json.loads(coupled.json()["choices"][0]["message"]["content"]) == value
     plain = call(worker, "POST", "/v1/chat/completions", chat).json()
     assert plain["choices"][0]["message"]["content"] == "Hello!"
+
+
+# -- a conversation vLLM refuses: what vLLM 0.32 answers (captured from a real worker) ----------
+
+EMPTY = {
+    "message": "Cannot apply chat template to an empty conversation. Provide at least one message.",
+    "type": "BadRequestError",
+    "param": None,
+    "code": 400,
+}
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/chat/completions", {"messages": []}),
+        (CHAT_RENDER, {"messages": []}),
+        ("/v1/messages/render", {"max_tokens": 5, "messages": []}),
+        ("/v1/responses", {"input": []}),
+        ("/v1/responses/render", {"input": []}),
+    ],
+)
+def test_an_empty_conversation_is_vllms_400(path: str, body: dict[str, Any]) -> None:
+    response = call(SimulatedWorker(), "POST", path, {"model": "tiny", **body})
+    assert (response.status_code, response.json()) == (400, {"error": EMPTY})
+
+
+def test_an_empty_messages_conversation_is_anthropics_400() -> None:
+    body = {"model": "tiny", "max_tokens": 5, "messages": []}
+    response = call(SimulatedWorker(), "POST", "/v1/messages", body)
+    assert response.status_code == 400
+    assert response.json() == {
+        "type": "error",
+        "error": {"type": "BadRequestError", "message": EMPTY["message"]},
+    }
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/messages/render", {"max_tokens": 5, "system": "Be brief", "messages": []}),
+        ("/v1/responses/render", {"instructions": "Be brief", "input": []}),
+        (CHAT_RENDER, {"messages": [{"role": "user"}]}),
+        (
+            "/v1/responses/render",
+            {"input": [{"role": "user", "content": "Hi"}, {"type": "reasoning", "content": None}]},
+        ),
+    ],
+)
+def test_a_system_prompt_makes_a_conversation(path: str, body: dict[str, Any]) -> None:
+    assert call(SimulatedWorker(), "POST", path, {"model": "tiny", **body}).status_code == 200
+
+
+def test_a_messages_content_of_42_is_vllms_validation_400() -> None:
+    body = {"model": "tiny", "max_tokens": 5, "messages": [{"role": "user", "content": 42}]}
+    for path in ("/v1/messages", "/v1/messages/render"):
+        response = call(SimulatedWorker(), "POST", path, body)
+        assert response.status_code == 400
+        assert response.json() == {
+            "error": {
+                "message": "2 validation errors:\n"
+                "  {'type': 'string_type', 'loc': 'body.messages.0.content', "
+                "'msg': 'Input should be a valid string', 'input': '42'}\n"
+                "  {'type': 'list_type', 'loc': 'body.messages.0.content', "
+                "'msg': 'Input should be a valid list', 'input': '42'}",
+                "type": "Bad Request",
+                "param": "body.messages.0.content",
+                "code": 400,
+            }
+        }
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": 42}]},
+            "body.messages.0.ChatCompletionDeveloperMessageParam.content",
+        ),
+        (
+            CHAT_RENDER,
+            {"messages": [{"role": "user", "content": None}]},
+            "body.messages.0.ChatCompletionDeveloperMessageParam.content",
+        ),
+        ("/v1/responses", {"input": 42}, "body.input"),
+        ("/v1/responses/render", {"input": [{"role": "user", "content": 42}]}, "body.input"),
+    ],
+)
+def test_a_content_of_the_wrong_type_is_vllms_validation_400(
+    path: str, body: dict[str, Any], param: str
+) -> None:
+    response = call(SimulatedWorker(), "POST", path, {"model": "tiny", **body})
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert (error["type"], error["param"], error["code"]) == ("Bad Request", param, 400)
+    assert "'msg': 'Input should be a valid string'" in error["message"]
+
+
+def test_an_assistant_message_may_have_null_content() -> None:
+    messages = [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": None},
+        {"role": "user", "content": "Again"},
+    ]
+    response = call(SimulatedWorker(), "POST", CHAT_RENDER, {"model": "tiny", "messages": messages})
+    assert response.status_code == 200
+
+
+# The same refusals against a real vLLM 0.32 when one is named (the real-engine set-up's
+# variable, docs/testing.md): exactly its body where the simulated one writes vLLM's whole body.
+REAL_URL = os.environ.get("DISAGG_REAL_VLLM_URL")
+EXACT_REFUSALS = [
+    ("/v1/chat/completions", {"messages": []}),
+    (CHAT_RENDER, {"messages": []}),
+    ("/v1/messages", {"max_tokens": 5, "messages": []}),
+    ("/v1/messages/render", {"max_tokens": 5, "messages": []}),
+    ("/v1/messages", {"max_tokens": 5, "messages": [{"role": "user", "content": 42}]}),
+    ("/v1/responses", {"input": []}),
+    ("/v1/responses/render", {"input": []}),
+]
+
+
+@pytest.mark.skipif(REAL_URL is None, reason="no real vLLM: set DISAGG_REAL_VLLM_URL")
+@pytest.mark.parametrize(("path", "body"), EXACT_REFUSALS)
+def test_the_refusals_equal_a_real_vllms(path: str, body: dict[str, Any]) -> None:
+    request = {"model": "tiny", **body}
+    real = httpx.post(f"{REAL_URL}{path}", json=request, timeout=60)
+    simulated = call(SimulatedWorker(), "POST", path, request)
+    assert (simulated.status_code, simulated.json()) == (real.status_code, real.json())

@@ -3,6 +3,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import msgspec
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -14,6 +15,7 @@ from disagg_transforms import (
     build_decode_request_bytes,
     parse_pipeline_params,
 )
+from disagg_transforms._wire import validate
 from disagg_transforms._wire.validate import CONVERT_FROM, features, token_ids
 from disagg_transforms.exchange import ClientReply, Exchange
 
@@ -311,3 +313,45 @@ def test_a_body_that_is_no_object_is_named_by_its_json_type(body: bytes, kind: s
     reply = ex.next_event()
     assert isinstance(reply, ClientReply)
     assert (reply.status, json.loads(reply.body)["error"]["message"]) == (400, expected)
+
+
+_JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=3),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=2), inner),
+    max_leaves=6,
+)
+
+
+@pytest.mark.parametrize(
+    "view",
+    [
+        bool,
+        float,
+        str,
+        validate.ARRAY,
+        validate.STRINGS,
+        validate.OBJECT,
+        validate.STRING_OR_STRINGS,
+        validate.STRING_OR_OBJECT,
+    ],
+)
+@given(value=_JSON_VALUES)
+def test_a_typed_read_accepts_what_msgspec_accepts(view: Any, value: object) -> None:
+    # The typed reads take a value of the exact types without msgspec (docs/bytes.md): they
+    # must accept and refuse exactly what msgspec does (null reads as not set).
+    if value is None:
+        assert validate.typed({"key": value}, "key", view) is None
+        return
+    try:
+        msgspec.convert(value, view)
+    except msgspec.ValidationError:
+        with pytest.raises(RequestError, match=r"^\$\.key"):
+            validate.typed({"key": value}, "key", view)
+    else:
+        assert validate.typed({"key": value}, "key", view) is value
+
+
+def test_a_client_body_with_a_key_that_is_not_a_string_is_refused() -> None:
+    with pytest.raises(RequestError, match="expected string keys") as error:
+        validate.client_object({"model": "m", 1: 2})
+    assert error.value.param == "$"

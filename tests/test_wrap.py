@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import json
 from typing import Any
 
 import pytest
@@ -23,13 +24,19 @@ from disagg_transforms import (
     RequestError,
     UpstreamContractError,
     wrap_chat_completion,
+    wrap_chat_completion_bytes,
 )
 
 
 def _assert_no_generate_only_key(wrapped: dict[str, Any]) -> None:
-    assert not set(GENERATE_ONLY_TOP_KEYS) & set(wrapped)
+    # No worker value reaches the client: vLLM's own chat writes some of these keys null, and
+    # so does the wrap; the transfer params and the generate bookkeeping are never written.
+    assert not {"request_id", "output_mode", "kv_transfer_params", "ec_transfer_params"} & set(
+        wrapped
+    )
+    assert all(wrapped.get(key) is None for key in GENERATE_ONLY_TOP_KEYS)
     for choice in wrapped["choices"]:
-        assert not set(GENERATE_ONLY_CHOICE_KEYS) & set(choice)
+        assert all(choice.get(key) is None for key in GENERATE_ONLY_CHOICE_KEYS)
 
 
 @pytest.mark.parametrize(("name", "mode"), RESPONSE_FIXTURES)
@@ -198,7 +205,8 @@ def test_created_and_model_fallbacks() -> None:
 
 def test_prompt_logprobs_kept_when_present() -> None:
     response = load_fixture("response-text.json")
-    assert "prompt_logprobs" not in wrap_chat_completion(response, requested=OutputMode.TEXT)
+    # Null when the worker sent none, as vLLM's chat writes it.
+    assert wrap_chat_completion(response, requested=OutputMode.TEXT)["prompt_logprobs"] is None
     response["prompt_logprobs"] = [None, {"7": {"logprob": -1.0, "rank": 1}}]
     wrapped = wrap_chat_completion(response, requested=OutputMode.TEXT)
     assert wrapped["prompt_logprobs"] == response["prompt_logprobs"]
@@ -319,3 +327,36 @@ def test_a_lone_surrogate_in_a_derender_message_is_a_contract_error() -> None:
     with pytest.raises(UpstreamContractError) as caught:
         wrap_chat_completion(answer, requested=OutputMode.DERENDER)
     assert (caught.value.param or "").startswith("$.choices[0].message")
+
+
+def test_the_completion_is_laid_out_as_vllms_chat_writes_it() -> None:
+    # vLLM 0.33's ChatCompletionResponse, choice and ChatMessage in field order, nulls written;
+    # kv_transfer_params and ec_transfer_params never (no client sees them).
+    coupled = load_fixture("chat-completion-coupled.json")
+    response = load_fixture("response-text.json")
+    response["choices"] = response["choices"][:1]
+    wrapped = wrap_chat_completion(response, requested=OutputMode.TEXT)
+    transfer = {"kv_transfer_params", "ec_transfer_params"}
+    assert list(wrapped) == [key for key in coupled if key not in transfer]
+    assert list(wrapped["choices"][0]) == list(coupled["choices"][0])
+    assert wrapped["choices"][0]["message"] == coupled["choices"][0]["message"]
+    for key in ("service_tier", "system_fingerprint", "prompt_token_ids", "prompt_text"):
+        assert wrapped[key] is None
+
+
+def test_created_cache_tokens_is_an_integer_as_vllms_chat_writes_it() -> None:
+    # The generate route writes null; vLLM's chat serving writes the count (no generate answer
+    # has it: 0). Whole and bytes alike.
+    response = load_fixture("response-text.json")
+    details = {"cached_tokens": 32, "created_cache_tokens": None, "multimodal_tokens": None}
+    response["usage"] = {**response["usage"], "prompt_tokens_details": details}
+    wrapped = wrap_chat_completion(response, requested=OutputMode.TEXT)
+    assert wrapped["usage"]["prompt_tokens_details"] == {
+        "cached_tokens": 32,
+        "created_cache_tokens": 0,
+        "multimodal_tokens": None,
+    }
+    assert response["usage"]["prompt_tokens_details"] is details  # the input is not modified
+    assert details["created_cache_tokens"] is None
+    raw = wrap_chat_completion_bytes(json.dumps(response).encode(), requested=OutputMode.TEXT)
+    assert json.loads(raw) == wrapped

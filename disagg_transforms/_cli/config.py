@@ -9,10 +9,11 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from types import ModuleType
 
 import msgspec
 
-from disagg_transforms import parse_pipeline_params
+from disagg_transforms import parse_pipeline_params, validate_vllm_version, version_errors
 from disagg_transforms._cli.commands import CliError
 from disagg_transforms._wire.describe import describe
 from disagg_transforms.errors import ConfigError
@@ -27,8 +28,11 @@ __all__ = (
 )
 
 _STDIN = "-"
-_TOP_LEVEL_KEYS = ("steps", "use_openai_format")
+_TOP_LEVEL_KEYS = ("steps", "use_openai_format", "vllm_version")
 _YAML_HINT = " (if it is YAML, pass --format yaml)"
+_CONFIGMAP_KEY = "coordinator.yaml"
+# The other document check-config and serve read, named where a key is unknown to this one.
+_COORDINATOR_FORMAT = "llm-d's coordinator document (server, gateway, pipeline.steps: a list)"
 
 
 def one_line(error: BaseException) -> str:
@@ -87,25 +91,49 @@ def read_json(source: str, hint: str = "") -> object:
     return _decode(source, "JSON", msgspec.json.decode, msgspec.DecodeError, hint)
 
 
-def _read_yaml(source: str) -> object:
+def _yaml(name: str) -> ModuleType:
     try:
-        import yaml  # noqa: PLC0415 - optional: only this command, and only for YAML, needs it
+        import yaml  # noqa: PLC0415 - optional: only these commands, and only for YAML, need it
     except ImportError:
-        msg = (
-            f"{source_name(source)}: reading YAML needs PyYAML (pip install pyyaml); "
-            "or give the config as JSON"
-        )
+        msg = f"{name}: reading YAML needs PyYAML (pip install pyyaml); or give the config as JSON"
         raise CliError(msg) from None
+    return yaml
+
+
+def _read_yaml(source: str) -> object:
+    yaml = _yaml(source_name(source))
     return _decode(source, "YAML", yaml.safe_load, yaml.YAMLError)
 
 
 def read_config(source: str, fmt: str) -> object:
+    """The config document in a file or on stdin; a ConfigMap's embedded document unwrapped."""
     if fmt != "auto":
-        return _read_yaml(source) if fmt == "yaml" else read_json(source)
-    if Path(source).suffix.lower() in {".yaml", ".yml"}:
-        return _read_yaml(source)
-    # JSON is only the guess here (stdin, or a name without .yaml): say how to ask for YAML.
-    return read_json(source, _YAML_HINT)
+        document = _read_yaml(source) if fmt == "yaml" else read_json(source)
+    elif Path(source).suffix.lower() in {".yaml", ".yml"}:
+        document = _read_yaml(source)
+    else:
+        # JSON is only the guess here (stdin, or a name without .yaml): say how to ask for YAML.
+        document = read_json(source, _YAML_HINT)
+    return _embedded(document, source_name(source))
+
+
+def _embedded(document: object, name: str) -> object:
+    """The coordinator document a Kubernetes ConfigMap holds, as llm-d ships it; else ``document``.
+
+    llm-d mounts the coordinator's YAML from a ConfigMap's ``data.coordinator.yaml``
+    (deploy/coordinator/configmap.yaml too): the same file is what an operator checks.
+    """
+    if not isinstance(document, Mapping) or document.get("kind") != "ConfigMap":
+        return document
+    data = document.get("data")
+    if not isinstance(data, Mapping) or not isinstance(data.get(_CONFIGMAP_KEY), str):
+        keys = ", ".join(map(str, data)) if isinstance(data, Mapping) and data else "none"
+        msg = f"{name}: a ConfigMap whose data has no {_CONFIGMAP_KEY} (it has: {keys})"
+        raise CliError(msg)
+    text: str = data[_CONFIGMAP_KEY]
+    yaml = _yaml(name)
+    where = f"{name}: data.{_CONFIGMAP_KEY}"
+    return parse_document(where, "YAML", lambda: yaml.safe_load(text), yaml.YAMLError)
 
 
 def _collect(errors: list[ConfigError], steps: object, use_openai_format: object = None) -> bool:
@@ -117,6 +145,26 @@ def _collect(errors: list[ConfigError], steps: object, use_openai_format: object
     return True
 
 
+def _top_level_errors(document: Mapping[str, object]) -> list[ConfigError]:
+    """Unknown top-level keys, and a ``vllm_version`` that is not a release."""
+    accepted = ", ".join(_TOP_LEVEL_KEYS)
+    errors = [
+        ConfigError(
+            f"{key}: unknown top-level key {describe(key)}; accepted: {accepted}; "
+            f"or {_COORDINATOR_FORMAT}",
+            param=str(key),
+        )
+        for key in document
+        if key not in _TOP_LEVEL_KEYS
+    ]
+    if document.get("vllm_version") is not None:
+        try:
+            validate_vllm_version(document["vllm_version"])
+        except ConfigError as error:
+            errors.append(error)
+    return errors
+
+
 def config_errors(document: object) -> list[ConfigError]:
     """Every error in a pipeline config document, each key checked on its own.
 
@@ -126,13 +174,7 @@ def config_errors(document: object) -> list[ConfigError]:
     if not isinstance(document, Mapping):
         msg = f'$: expected an object with a "steps" key, got {describe(document)}'
         return [ConfigError(msg, param="$")]
-    errors: list[ConfigError] = []
-    for key in document:
-        if key not in _TOP_LEVEL_KEYS:
-            msg = (
-                f"{key}: unknown top-level key {describe(key)}; accepted: steps, use_openai_format"
-            )
-            errors.append(ConfigError(msg, param=str(key)))
+    errors = _top_level_errors(document)
     _collect(errors, {}, document.get("use_openai_format"))
     if "steps" not in document:
         errors.append(ConfigError('steps: the "steps" key is missing', param="steps"))
@@ -149,4 +191,8 @@ def config_errors(document: object) -> list[ConfigError]:
             continue
         for key, value in params.items():
             _collect(errors, {name: {key: value}})
+    version = document.get("vllm_version")
+    if not errors and version is not None:  # a rule across keys: a step's mode, the release
+        config = parse_pipeline_params(steps, use_openai_format=document.get("use_openai_format"))
+        errors.extend(version_errors(config, version))
     return errors

@@ -27,10 +27,10 @@ _NUMBER_ARRAY: Final = re.compile(rf"\[{_NUMBER}(?:,{_NUMBER})*\s*\]")
 
 CREATED: Final = 1796000000
 MODEL: Final = "Qwen/Qwen3-0.6B"
-_PIPELINE: Final[Mapping[str, Any]] = {"prefill": {}, "decode": {"wrap_chat_completion": True}}
-_DERENDER: Final[Mapping[str, Any]] = {
+# Auto, as every shipped configuration (docs/routes-and-config.md): derender for the tool call.
+_PIPELINE: Final[Mapping[str, Any]] = {
     "prefill": {},
-    "decode": {"output_mode": "derender", "wrap_chat_completion": True},
+    "decode": {"output_mode": "auto", "wrap_chat_completion": True},
 }
 _HI: Final = [{"role": "user", "content": "Hi"}]
 _WEATHER: Final[Mapping[str, Any]] = {
@@ -47,7 +47,6 @@ class _Request:
     title: str
     path: str
     body: Mapping[str, Any]
-    steps: Mapping[str, Any]
 
 
 REQUESTS: Final = (
@@ -61,7 +60,6 @@ REQUESTS: Final = (
             "max_tokens": 64,
             "kv_transfer_params": {"remote_host": "10.0.0.66"},
         },
-        _PIPELINE,
     ),
     _Request(
         "streaming chat",
@@ -73,19 +71,16 @@ REQUESTS: Final = (
             "stream": True,
             "stream_options": {"include_usage": True},
         },
-        _PIPELINE,
     ),
     _Request(
         "Responses",
         "/v1/responses",
         {"model": MODEL, "input": "Hi", "max_output_tokens": 64},
-        _PIPELINE,
     ),
     _Request(
         "Anthropic Messages",
         "/v1/messages",
         {"model": MODEL, "messages": _HI, "max_tokens": 64},
-        _PIPELINE,
     ),
     _Request(
         "derender tool call",
@@ -96,10 +91,9 @@ REQUESTS: Final = (
             "tools": [_WEATHER],
             "max_tokens": 256,
         },
-        _DERENDER,
     ),
 )
-"""What the demo sends, each with the pipeline's steps (generate route throughout)."""
+"""What the demo sends, each through the same pipeline (generate route throughout)."""
 
 
 def _one_line_numbers(match: re.Match[str]) -> str:
@@ -185,7 +179,7 @@ class _Run:
 
 async def _exchange(app: AsgiApp, request: _Request, request_id: str) -> _Run:
     """One client request through the exchange, every worker call answered by ``app``."""
-    config = parse_pipeline_params(request.steps, use_openai_format=False)
+    config = parse_pipeline_params(_PIPELINE, use_openai_format=False)
     body = msgspec.json.encode(request.body)
     drive = Driver(Exchange(config, request.path, {"x-request-id": request_id}, body))
     legs: list[_Leg] = []
@@ -359,7 +353,8 @@ def demo_text(*, full: bool = False) -> str:
         "Five client requests through the Exchange; a simulated vLLM 0.33 worker answers each",
         "call: render, then prefill and decode on the generate route. The pipeline (steps):",
         f"  use_openai_format false, {msgspec.json.encode(_PIPELINE).decode()}",
-        "  (the tool call: decode output_mode derender). demo --full prints every body.",
+        "  (auto: the tool call's decode asks for derender, the others for text). demo --full",
+        "  prints every body.",
     ]
     for number, run in enumerate(runs, start=1):
         lines += ["", *_trace(run, number, full=full)]

@@ -15,6 +15,8 @@ from typing import NoReturn
 
 import msgspec
 
+import disagg_transforms
+
 # The command line is a client of the public API (docs/cli.md): it imports what a router would.
 from disagg_transforms import (
     CoordinatorConfig,
@@ -67,10 +69,13 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _check_config(args: argparse.Namespace) -> int:
-    """Validate a pipeline's step params (JSON, or YAML with PyYAML).
+    """Validate a pipeline document, or llm-d's coordinator YAML (JSON, or YAML with PyYAML).
 
-    Validate {"use_openai_format": <bool, optional>, "steps": {"<step>": {...}}} and print every
-    error with its key. Exit code 0 when valid, 2 when not.
+    Read this project's pipeline document, {"use_openai_format": <bool, optional>, "steps":
+    {"<step>": {...}}}, or llm-d's coordinator YAML (server, gateway, pipeline.steps: a list of
+    {type, params}; also inside the Kubernetes ConfigMap that ships it, under
+    data.coordinator.yaml). Print what would run, or every error with its key. Exit code 0 when
+    valid, 2 when not (docs/llm-d.md).
     """
     source: str = args.file
     document = read_config(source, args.format)
@@ -223,7 +228,12 @@ def _response(args: argparse.Namespace) -> int:
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog=PROG,
-        description="Build disaggregated-serving leg bodies for vLLM, and read them back.",
+        description="Build disaggregated-serving leg bodies for vLLM, and read them back; serve "
+        "the reference proxy in front of vLLM workers, alone or in llm-d's seats. check-config "
+        "and serve --config read this project's pipeline document or llm-d's coordinator YAML.",
+    )
+    parser.add_argument(
+        "--version", action="version", version=f"{PROG} {disagg_transforms.__version__}"
     )
     commands = parser.add_subparsers(dest="command", required=True)
     demo = add_command(commands, "demo", _run_demo)

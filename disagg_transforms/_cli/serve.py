@@ -15,18 +15,19 @@ import signal
 import socket
 import sys
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Container, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import orjson
 
 from disagg_transforms._cli.commands import EXIT_USAGE, PROG, CliError, add_command
 from disagg_transforms._cli.config import config_errors, read_config
-from disagg_transforms._config import Step, StepParams, parse_pipeline_params
+from disagg_transforms._config import DecodeParams, Step, StepParams, parse_pipeline_params
 from disagg_transforms._coordinator import (
     coordinator_config_errors,
     is_coordinator_document,
     parse_coordinator_config,
+    unsubstituted,
 )
 from disagg_transforms._wire.limits import DEFAULT_LIMITS
 
@@ -48,6 +49,11 @@ _SIMULATED = "/simulated"  # where ``serve --simulate`` mounts its worker on its
 _METRICS_DIR = "PROMETHEUS_MULTIPROC_DIR"
 _STEP_URLS = ("render", "encode", "prefill", "decode")
 _URLS = (*_STEP_URLS, "gateway")
+# The coordinator document's keys for the URLs it may give, as a user reads them.
+_DOCUMENT_KEYS: Mapping[str, str] = {
+    "gateway.address": "gateway",
+    "the render step's address": "render",
+}
 # The process settings a coordinator document may give; a flag wins over both.
 _PROCESS_DEFAULTS: Mapping[str, Any] = {
     "host": "127.0.0.1",
@@ -65,7 +71,8 @@ def add_commands(commands: argparse._SubParsersAction[_ParserT]) -> None:
     serve = add_command(commands, "serve", _serve)
     serve.add_argument(
         "--config",
-        help="the pipeline document check-config reads (or llm-d's coordinator YAML)",
+        help="the pipeline document check-config reads (or llm-d's coordinator YAML, alone or "
+        "in the Kubernetes ConfigMap that ships it)",
     )
     for step in _STEP_URLS:
         serve.add_argument(f"--{step}-url", help=f"the {step} worker's base URL")
@@ -98,65 +105,100 @@ def add_commands(commands: argparse._SubParsersAction[_ParserT]) -> None:
         action="store_true",
         help="call a simulated vLLM worker served by this same server (no URLs)",
     )
+    serve.add_argument(
+        "--vllm-version",
+        type=_vllm_version,
+        metavar="X.Y.Z",
+        help="the workers' vLLM release (default: the config document's vllm_version, else "
+        "the decode worker's GET /version at startup); with --simulate, the release it plays",
+    )
     _add_served_model_name(serve, "with --simulate: ")
     # The flags below without a default here take the coordinator document's value, else theirs
     # (_PROCESS_DEFAULTS).
-    serve.add_argument("--host", help="default 127.0.0.1")
-    serve.add_argument("--port", type=int, help="0 picks a free port (default 8000)")
-    serve.add_argument("--workers", type=_positive_int, default=1, help="server processes")
-    serve.add_argument("--connect-timeout", type=_seconds, default=5.0, help="seconds (default 5)")
+    serve.add_argument(
+        "--host",
+        help="the address to listen on (default: 127.0.0.1, or a coordinator document's "
+        "server.listen_addr)",
+    )
+    serve.add_argument(
+        "--port",
+        type=int,
+        help="0 picks a free port (default: 8000, or a coordinator document's server.listen_addr)",
+    )
+    serve.add_argument(
+        "--workers",
+        type=_positive_int,
+        default=1,
+        metavar="N",
+        help="server processes (default: %(default)s)",
+    )
+    serve.add_argument(
+        "--connect-timeout", type=_seconds, default=5.0, help="seconds (default: %(default)g)"
+    )
     serve.add_argument(
         "--first-byte-timeout",
         type=_seconds,
-        help="seconds to a whole answer or a stream's first chunk (default 300)",
+        help="seconds to a whole answer or a stream's first chunk (default: 300, or a "
+        "coordinator document's gateway.timeout)",
     )
     serve.add_argument(
         "--idle-timeout",
         type=_seconds,
         default=60.0,
-        help="seconds between two chunks of a worker stream (default 60)",
+        help="seconds between two chunks of a worker stream (default: %(default)g)",
     )
     serve.add_argument(
         "--keep-alive",
         type=int,
         default=75,
-        help="seconds an idle client connection stays open (default 75)",
+        help="seconds an idle client connection stays open (default: %(default)s)",
     )
     serve.add_argument(
         "--worker-keep-alive",
         type=_seconds,
         default=2.0,
-        help="seconds an idle pooled worker connection stays open (default 2)",
+        help="seconds an idle pooled worker connection stays open (default: %(default)g)",
     )
     serve.add_argument(
         "--prefill-max-retries",
         type=_count,
         default=0,
         metavar="N",
-        help="retries of a prefill that failed with 502, 503, 504 or in transport (default 0)",
+        help="retries of a prefill that failed with 502, 503, 504 or in transport "
+        "(default: %(default)s)",
     )
     serve.add_argument(
         "--max-body-bytes",
         type=_positive_int,
-        help=f"largest client body; a larger one is 413 (default {DEFAULT_LIMITS.max_body_bytes})",
+        help=f"largest client body; a larger one is 413 (default: "
+        f"{DEFAULT_LIMITS.max_body_bytes}, or a coordinator document's "
+        "server.max_request_body_size)",
     )
     serve.add_argument(
         "--drain-timeout",
         type=int,
-        help="seconds SIGTERM waits for replies in flight (default 60)",
+        help="seconds SIGTERM waits for replies in flight (default: 60, or a coordinator "
+        "document's server.shutdown_timeout)",
     )
     simulate = add_command(commands, "simulate", _simulate)
-    simulate.add_argument("--host", default="127.0.0.1")
-    simulate.add_argument("--port", type=int, default=8100, help="0 picks a free port")
-    simulate.add_argument("--fault", help="a fault for every request (x-simulate-fault modes)")
+    simulate.add_argument("--host", default="127.0.0.1", help="(default: %(default)s)")
     simulate.add_argument(
-        "--stream-delay", type=_seconds, default=0.0, help="seconds between stream events"
+        "--port", type=int, default=8100, help="0 picks a free port (default: %(default)s)"
+    )
+    simulate.add_argument(
+        "--fault", help="a fault for every request (x-simulate-fault modes; default: none)"
+    )
+    simulate.add_argument(
+        "--stream-delay",
+        type=_seconds,
+        default=0.0,
+        help="seconds between stream events (default: %(default)s)",
     )
     simulate.add_argument(
         "--first-byte-delay",
         type=_seconds,
         default=0.5,
-        help="seconds the slow-first-byte fault waits (default 0.5)",
+        help="seconds the slow-first-byte fault waits (default: %(default)s)",
     )
     simulate.add_argument(
         "--fault-calls",
@@ -170,13 +212,16 @@ def add_commands(commands: argparse._SubParsersAction[_ParserT]) -> None:
         help="a simulated llm-d gateway: pools of workers chosen by the EPP-Profile header",
     )
     simulate.add_argument(
-        "--pool-size", type=_positive_int, default=1, help="with --gateway: workers per pool"
+        "--pool-size",
+        type=_positive_int,
+        default=1,
+        help="with --gateway: workers per pool (default: %(default)s)",
     )
     simulate.add_argument(
         "--routing",
         choices=("round-robin", "hash"),
         default="round-robin",
-        help="with --gateway: how a pool's worker is chosen",
+        help="with --gateway: how a pool's worker is chosen (default: %(default)s)",
     )
     simulate.add_argument(
         "--log-calls",
@@ -186,9 +231,46 @@ def add_commands(commands: argparse._SubParsersAction[_ParserT]) -> None:
     )
     _add_served_model_name(simulate)
     simulate.add_argument(
+        "--vllm-version",
+        type=_vllm_version,
+        default="0.33.0",
+        metavar="X.Y.Z",
+        help="the vLLM release played: GET /version answers it; before 0.33 the generate route "
+        "refuses output_mode derender as vLLM 0.32 does (default 0.33.0)",
+    )
+    simulate.add_argument(
         "--enable-prompt-tokens-details",
         action="store_true",
         help="as vLLM's flag: a prefill's usage reports its cached prompt tokens",
+    )
+    simulate.add_argument(
+        "--engine",
+        choices=("vllm", "sglang"),
+        default="vllm",
+        help="the engine simulated: vLLM 0.33 (default) or SGLang 0.5.23 (docs/sglang.md)",
+    )
+    simulate.add_argument(
+        "--disaggregation-mode",
+        choices=("prefill", "decode"),
+        help="with --engine sglang: the worker's P/D role (default: none)",
+    )
+    simulate.add_argument(
+        "--bootstrap-port",
+        type=_count,
+        default=8998,
+        help="with --engine sglang: the prefill's bootstrap port, where decodes join their "
+        "rooms (a decode's default for a request without one); 0 picks a free port",
+    )
+    simulate.add_argument(
+        "--transfer-timeout",
+        type=_seconds,
+        default=300.0,
+        help="with --engine sglang: seconds a leg waits for its peer's room (SGLang's 300)",
+    )
+    simulate.add_argument(
+        "--incremental-streaming-output",
+        action="store_true",
+        help="with --engine sglang: stream deltas, not the whole text in every event",
     )
 
 
@@ -210,6 +292,16 @@ def _count(text: str, minimum: int = 0) -> int:
         msg = f"expected {expected}, got {text}"
         raise argparse.ArgumentTypeError(msg)
     return value
+
+
+def _vllm_version(text: str) -> str:
+    from disagg_transforms import ConfigError, validate_vllm_version  # noqa: PLC0415
+
+    try:
+        return validate_vllm_version(text)
+    except ConfigError:
+        msg = f"expected a vLLM release such as 0.32.0, got {text}"
+        raise argparse.ArgumentTypeError(msg) from None
 
 
 def _positive_int(text: str) -> int:
@@ -273,16 +365,49 @@ def _sidecar_problems(args: argparse.Namespace) -> list[str]:
 
 
 def _take_document_urls(
-    urls: dict[str, str | None], given: dict[str, Any], *, sidecar: bool
+    urls: dict[str, str | None], given: dict[str, Any], args: argparse.Namespace
 ) -> list[str]:
     """Fill ``urls`` the command line left empty from the document's; what stops ``serve``."""
     document_urls: dict[str, str | None] = given.pop("urls", {})
-    if sidecar and document_urls.get("gateway") is not None:
+    if args.prefill_from_header and document_urls.get("gateway") is not None:
         # Named as the document's key: once merged it would be refused as --gateway-url.
         return ["gateway.address: the sidecar seat takes no gateway (the headers name the workers)"]
+    named = [key for key, url in _DOCUMENT_KEYS.items() if document_urls.get(url) is not None]
+    if args.simulate and named:
+        # Never ignore what the document names: a laptop runs the gateway simulated instead.
+        line = (
+            f"{', '.join(named)}: --simulate would call its own worker, not the servers the "
+            "document names; run `disagg-transforms simulate --gateway` and give its URL "
+            "there (docs/llm-d.md, on a laptop)"
+        )
+        return [line]
     for key, url in document_urls.items():
         urls[key] = urls[key] or url
     return []
+
+
+def _flag_urls(args: argparse.Namespace) -> dict[str, str | None]:
+    """The worker URLs the command line gives, each one ``serve`` could call."""
+    urls: dict[str, str | None] = {step: getattr(args, f"{step}_url") for step in _URLS}
+    if args.simulate and any(urls.values()):
+        msg = "--simulate calls its own simulated worker: give no worker URL with it"
+        raise CliError(msg)
+    for step, url in urls.items():
+        if url is not None and (problem := unsubstituted(url)):
+            msg = f"--{step}-url: {problem}"
+            raise CliError(msg)
+    return urls
+
+
+def _document(args: argparse.Namespace, urls: Mapping[str, str | None]) -> tuple[object, str]:
+    """The pipeline document ``serve`` runs (``--config``'s, or the seat's default) and its name."""
+    if args.config is not None:
+        return read_config(args.config, "auto"), args.config
+    if args.prefill_from_header:
+        return dict(_SIDECAR_DOCUMENT), "<default config>"
+    # Gateway mode runs prefill as llm-d's coordinator does: the gateway has the pools.
+    prefill = args.simulate or bool(urls["prefill"] or urls["gateway"])
+    return _default_document(prefill=prefill), "<default config>"
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -291,27 +416,14 @@ def _serve(args: argparse.Namespace) -> int:
     Serve the five client routes, calling vLLM workers through the exchange.
     """
     _need_the_extra()
-    urls = {step: getattr(args, f"{step}_url") for step in _URLS}
-    if args.simulate and any(urls.values()):
-        msg = "--simulate calls its own simulated worker: give no worker URL with it"
-        raise CliError(msg)
+    urls = _flag_urls(args)
     if args.served_model_name and not args.simulate:
         msg = "--served-model-name names the simulated worker's models: give it with --simulate"
         raise CliError(msg)
     if problems := _sidecar_problems(args):
         sys.stderr.writelines(f"{PROG}: error: {line}\n" for line in problems)
         return EXIT_USAGE
-    if args.config is None and args.prefill_from_header:
-        document: object = dict(_SIDECAR_DOCUMENT)
-        source = "<default config>"
-    elif args.config is None:
-        # Gateway mode runs prefill as llm-d's coordinator does: the gateway has the pools.
-        prefill = args.simulate or bool(urls["prefill"] or urls["gateway"])
-        document = _default_document(prefill=prefill)
-        source = "<default config>"
-    else:
-        document = read_config(args.config, "auto")
-        source = args.config
+    document, source = _document(args, urls)
     coordinator = is_coordinator_document(document)
     errors = coordinator_config_errors(document) if coordinator else config_errors(document)
     problems = [f"{source}: {error.message}" for error in errors]
@@ -320,7 +432,7 @@ def _serve(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     assert isinstance(document, Mapping)  # noqa: S101 - config_errors refuses anything else
     given = _document_settings(document) if coordinator else {}
-    if problems := _take_document_urls(urls, given, sidecar=args.prefill_from_header):
+    if problems := _take_document_urls(urls, given, args):
         sys.stderr.writelines(f"{source}: {line}\n" for line in problems)
         return EXIT_USAGE
     process = {
@@ -328,12 +440,10 @@ def _serve(args: argparse.Namespace) -> int:
         for key, default in _PROCESS_DEFAULTS.items()
     }
     sys.stderr.writelines(f"{source}: warning: {line}\n" for line in given.get("warnings", ()))
-    sock = _bind(process["host"], process["port"])
-    if args.simulate:
-        base = f"http://{_reachable(process['host'])}:{sock.getsockname()[1]}{_SIMULATED}"
-        # A Step is the str of its name: either mapping answers "prefill" in steps.
-        steps = parse_coordinator_config(document).pipeline if coordinator else document["steps"]
-        urls = {step: base if step == "decode" or step in steps else None for step in _URLS}
+    # A Step is the str of its name: either mapping answers "prefill" in steps.
+    steps = parse_coordinator_config(document).pipeline if coordinator else document["steps"]
+    if args.simulate:  # the port is the one asked for until the socket is bound
+        urls = _simulated_urls(process["host"], process["port"], steps)
     settings = {
         "document": document,
         "urls": urls,
@@ -348,6 +458,7 @@ def _serve(args: argparse.Namespace) -> int:
         "max_body_bytes": process["max_body_bytes"],
         "connectors": given.get("connectors", {}),
         "prefill_max_retries": args.prefill_max_retries,
+        "render_first": given.get("render_first", False),  # a coordinator document's order
         # The sidecar seat (the allow-list as written, "" for none), else None.
         "sidecar": {
             "allowed_worker_hosts": args.allowed_worker_hosts or "",
@@ -357,16 +468,51 @@ def _serve(args: argparse.Namespace) -> int:
         else None,
     }
     with _metrics_dir():  # before the proxy, and so prometheus_client, is imported
-        _, warnings, problems = _pipeline(settings)
+        # What the user must fix in the command comes before what the machine says of the port.
+        config, warnings, problems = _pipeline(settings)
+        version = args.vllm_version or document.get("vllm_version")
+        problems = problems or _version_problems(config, settings, version)
         if problems:
-            sock.close()
             sys.stderr.writelines(f"{PROG}: error: {line}\n" for line in problems)
             return EXIT_USAGE
+        sock = _bind(process["host"], process["port"])
+        if args.simulate:
+            settings["urls"] = _simulated_urls(process["host"], sock.getsockname()[1], steps)
         sys.stderr.writelines(f"{source}: warning: {line}\n" for line in warnings)
         os.environ[_SETTINGS] = orjson.dumps(settings).decode()
         drain = math.ceil(process["drain_timeout"])
         _run(_FACTORY, sock, workers=args.workers, drain=drain, keep_alive=args.keep_alive)
     return 0
+
+
+def _version_problems(
+    config: Mapping[Step, StepParams], settings: dict[str, Any], version: str | None
+) -> list[str]:
+    """Learn the workers' vLLM release into ``settings``; what it cannot serve, one line each.
+
+    Given (``--vllm-version``, the document's ``vllm_version``), else, when decode speaks the
+    generate route, the render worker's ``GET /version`` now (the decode URL's by default; in
+    gateway mode never the gateway's); a worker that does not answer yet is asked by the proxy
+    before its first request (docs/proxy.md, "vLLM versions"). ``--simulate`` plays the release
+    given, by default the newest.
+    """
+    from disagg_transforms import version_errors  # noqa: PLC0415
+    from disagg_transforms.integrations.proxy import worker_vllm_version  # noqa: PLC0415
+
+    decode = config.get(Step.DECODE)
+    generate = isinstance(decode, DecodeParams) and not decode.use_openai_format
+    if version is None and generate and not settings["simulate"]:
+        urls = settings["urls"]
+        version = worker_vllm_version(urls["render"] or urls["decode"])
+        settings["probe_vllm_version"] = version is None
+    settings["vllm_version"] = version
+    return [] if version is None else [e.message for e in version_errors(config, version)]
+
+
+def _simulated_urls(host: str, port: int, steps: Container[str]) -> dict[str, str | None]:
+    """``serve --simulate``'s worker URLs: its own server, for each step the pipeline has."""
+    base = f"http://{_reachable(host)}:{port}{_SIMULATED}"
+    return {step: base if step == "decode" or step in steps else None for step in _URLS}
 
 
 @contextlib.contextmanager
@@ -427,6 +573,7 @@ def _document_settings(document: Mapping[str, Any]) -> dict[str, Any]:
             "ec_connector": config.ec_connector.value,
         },
         "warnings": config.warnings,
+        "render_first": config.render_first,
     }
 
 
@@ -454,6 +601,9 @@ def app_from_settings() -> ASGIApp:
         ec_connector=EcConnector(connectors.get("ec_connector", EcConnector.NIXL)),
         prefill_max_retries=settings["prefill_max_retries"],
         sidecar=_sidecar_seat(settings["sidecar"]),
+        render_first=settings["render_first"],
+        vllm_version=settings["vllm_version"],
+        probe_vllm_version=settings.get("probe_vllm_version", False),
     )
     if not settings["simulate"]:
         return app
@@ -494,15 +644,21 @@ def _simulate(args: argparse.Namespace) -> int:
 
     Serve disagg_transforms.testing.SimulatedWorker, or with --gateway a SimulatedGateway:
     pools of simulated workers chosen by each call's EPP-Profile header (docs/testing.md).
+    With --engine sglang, a SimulatedSglangWorker in one P/D role (docs/sglang.md).
     """
     from disagg_transforms.testing import FAULT_MODES  # noqa: PLC0415
 
     _need_the_extra()
+    if args.engine == "sglang":
+        return _simulate_sglang(args)
     if args.fault is not None and args.fault not in FAULT_MODES:
         msg = f"--fault: unknown fault {args.fault!r}; expected one of {', '.join(FAULT_MODES)}"
         raise CliError(msg)
     if args.gateway and (args.fault is not None or args.log_calls):
         msg = "--fault and --log-calls play on one worker: give neither with --gateway"
+        raise CliError(msg)
+    if args.disaggregation_mode is not None or args.incremental_streaming_output:
+        msg = "--disaggregation-mode and --incremental-streaming-output need --engine sglang"
         raise CliError(msg)
     settings = {
         "fault": args.fault,
@@ -515,6 +671,7 @@ def _simulate(args: argparse.Namespace) -> int:
         "pool_size": args.pool_size,
         "routing": args.routing,
         "log_calls": args.log_calls,
+        "vllm_version": args.vllm_version,
     }
     os.environ[_SETTINGS] = orjson.dumps(settings).decode()
     _run(
@@ -523,6 +680,39 @@ def _simulate(args: argparse.Namespace) -> int:
         workers=1,
         drain=5,
     )
+    return 0
+
+
+def _simulate_sglang(args: argparse.Namespace) -> int:
+    """``simulate --engine sglang``: one simulated SGLang worker; a prefill on two ports."""
+    from disagg_transforms.testing import SGLANG_FAULT_MODES  # noqa: PLC0415
+
+    if args.gateway:
+        msg = "--gateway simulates llm-d's gateway over vLLM workers: not with --engine sglang"
+        raise CliError(msg)
+    if args.fault is not None and args.fault not in SGLANG_FAULT_MODES:
+        modes = ", ".join(SGLANG_FAULT_MODES)
+        msg = f"--fault: unknown SGLang fault {args.fault!r}; expected one of {modes}"
+        raise CliError(msg)
+    sock = _bind(args.host, args.port)
+    extra = []
+    bootstrap_port = args.bootstrap_port
+    if args.disaggregation_mode == "prefill":
+        bootstrap = _bind(args.host, bootstrap_port)
+        bootstrap_port = bootstrap.getsockname()[1]
+        extra.append(bootstrap)
+    settings = {
+        "engine": "sglang",
+        "fault": args.fault,
+        "disaggregation_mode": args.disaggregation_mode,
+        "bootstrap_port": bootstrap_port,
+        "transfer_timeout": args.transfer_timeout,
+        "incremental_streaming_output": args.incremental_streaming_output,
+        "stream_delay": args.stream_delay,
+        "served_model_names": args.served_model_name or [],
+    }
+    os.environ[_SETTINGS] = orjson.dumps(settings).decode()
+    _run("disagg_transforms._cli.serve:worker_from_settings", sock, workers=1, drain=5, extra=extra)
     return 0
 
 
@@ -543,8 +733,21 @@ def _simulated_worker(settings: Mapping[str, Any]) -> ASGIApp:
     worker = WorkerSettings(
         served_model_names=tuple(settings["served_model_names"]),
         prompt_tokens_details=settings.get("prompt_tokens_details", False),
+        vllm_version=settings.get("vllm_version") or "0.33.0",
     )
     stream_delay = settings.get("stream_delay", 0.0)
+    if settings.get("engine") == "sglang":
+        from disagg_transforms.testing import SimulatedSglangWorker  # noqa: PLC0415
+
+        return SimulatedSglangWorker(
+            worker,
+            disaggregation_mode=settings["disaggregation_mode"],
+            bootstrap_port=settings["bootstrap_port"],
+            transfer_timeout=settings["transfer_timeout"],
+            incremental_streaming_output=settings["incremental_streaming_output"],
+            stream_delay=stream_delay,
+            fault=settings["fault"],
+        )
     if settings.get("gateway"):
         return SimulatedGateway(
             worker,
@@ -598,10 +801,19 @@ def _ready(sock: socket.socket) -> None:
     sys.stdout.flush()
 
 
-def _run(
-    factory: str, sock: socket.socket, *, workers: int, drain: int, keep_alive: int = 5
+def _run(  # noqa: PLR0913 - the server's settings, by keyword
+    factory: str,
+    sock: socket.socket,
+    *,
+    workers: int,
+    drain: int,
+    keep_alive: int = 5,
+    extra: Sequence[socket.socket] = (),
 ) -> None:
     """Serve ``factory``'s app on ``sock``; print the readiness line; drain on SIGTERM.
+
+    ``extra`` sockets serve the same app (a simulated SGLang prefill's bootstrap port); the
+    readiness line names ``sock``.
 
     ``keep_alive`` is how long an idle client connection stays open: 5 s for a simulated
     worker, as vLLM's own uvicorn server; more for the proxy (docs/proxy.md).
@@ -629,7 +841,7 @@ def _run(
         _ready(sock)
         _supervisor(config, sock).run()
         return
-    _ready_server(config).run(sockets=[sock])
+    _ready_server(config).run(sockets=[sock, *extra])
 
 
 def _supervisor(config: uvicorn.Config, sock: socket.socket) -> Multiprocess:

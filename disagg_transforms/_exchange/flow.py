@@ -38,12 +38,16 @@ from disagg_transforms._config import (
     ConditionalDecodeParams,
     DecodeParams,
     EncodeParams,
+    OutputMode,
     PrefillParams,
     Step,
     StepParams,
+    validate_vllm_version,
+    vllm_honours,
 )
 from disagg_transforms._coordinator import EcConnector, KvConnector
 from disagg_transforms._exchange import reply as _reply
+from disagg_transforms._exchange.check import version_errors
 from disagg_transforms._exchange.events import (
     NEED_DATA,
     ClientReply,
@@ -223,6 +227,20 @@ class ExchangeSettings(msgspec.Struct, frozen=True, kw_only=True):
     ec_connector: EcConnector = EcConnector.NIXL
     """How encode hands its encoder cache to prefill: ``NIXL``, prefill gets the encode
     answer's ``ec_transfer_params``; ``SHARED_STORAGE``, no leg carries any."""
+    render_first: bool = False
+    """Render before a conditional decode, as a coordinator document that lists render first
+    runs them (:attr:`~disagg_transforms.CoordinatorConfig.render_first`); by default the
+    conditional decode goes first, so a hit costs no render (``docs/exchange.md``)."""
+    vllm_version: str | None = None
+    """The workers' vLLM release, as their ``GET /version`` writes it (``"0.32.0"``); ``None``:
+    one that honours every mode. On a release without ``derender`` (0.32), a request with tools
+    under ``output_mode: auto`` is decoded on the client's own route, and one that a
+    ``derender`` step would send is refused before any worker call (``docs/exchange.md``,
+    "vLLM versions")."""
+
+    def __post_init__(self) -> None:
+        if self.vllm_version is not None:
+            validate_vllm_version(self.vllm_version, "ExchangeSettings.vllm_version")
 
 
 _DEFAULT_SETTINGS: Final = ExchangeSettings()
@@ -347,6 +365,8 @@ class Exchange:
             ("x-request-id", self.request_id),
         )
         self._hooks = settings.hooks
+        self._vllm_version = settings.vllm_version  # the envelopes take its layout
+        self._render_first = settings.render_first
         self._connectors = (settings.kv_connector, settings.ec_connector)
         self._gathered = LegInputs(limits=settings.limits)
         """What the answers so far hand the legs (render's answer, transfer params)."""
@@ -358,16 +378,46 @@ class Exchange:
             members = self._client_members(client_body)
             self._client_model = _text(members.get(w.MODEL))
             # Every leg's refusals of the client's own fields come before the first call.
-            self._client = read_client_request(
-                members,
-                client_path,
-                limits=settings.limits,
-                steps=self._legs(),
-                every_field=True,
-            )
-            self._go(next(iter(self._plan)))
+
+            def read() -> ClientRequest:
+                return read_client_request(
+                    members,
+                    client_path,
+                    limits=settings.limits,
+                    steps=self._legs(),
+                    every_field=True,
+                )
+
+            self._client = read()
+            if self._lacks_derender(settings.vllm_version):
+                self._client = read()  # decode moved to the client's route: it maps nothing now
+            self._go(self._order()[0])
         except DisaggTransformError as error:
             self._reply(self._error_reply(error, None), drops_stream=False, error_kind=_kind(error))
+
+    def _lacks_derender(self, vllm_version: str | None) -> bool:
+        """Whether decode asks for ``derender`` of a worker without it.
+
+        Then, under ``auto``, decode moves to the client's own route (its worker's tool parser),
+        before any call (``docs/exchange.md``, "vLLM versions").
+
+        Raises:
+            ConfigError: the decode step asks for ``derender`` itself.
+        """
+        client = self._client
+        if (
+            client.output_mode is not OutputMode.DERENDER
+            or client.route is Route.GENERATE  # a generate client's own mode: as it asked
+            or vllm_honours(OutputMode.DERENDER, vllm_version)
+        ):
+            return False
+        decode = self._params[Step.DECODE]
+        assert isinstance(decode, DecodeParams)  # noqa: S101 - _checked_config checked it
+        if decode.output_mode is not OutputMode.AUTO:
+            assert vllm_version is not None  # noqa: S101 - None honours every mode
+            raise version_errors(self._params, vllm_version)[0]
+        self._params[Step.DECODE] = msgspec.structs.replace(decode, use_openai_format=True)
+        return True
 
     # -- what the router asks -------------------------------------------------------------
 
@@ -477,6 +527,7 @@ class Exchange:
                 requested=leg.output_mode,
                 model=None if rendered is None else rendered.get(w.MODEL),
                 cached_tokens=self._prefill_cached,
+                vllm_version=self._vllm_version,
             )
         except DisaggTransformError as error:
             self._fail(error, drops_stream=True)
@@ -558,7 +609,7 @@ class Exchange:
 
         ``None``: from the row after the current one.
         """
-        order = list(self._plan)  # a subclass may add rows (docs/exchange.md)
+        order = self._order()
         start = order.index(self._phase) + 1 if phase is None else order.index(phase)
         for candidate in order[start:]:
             row = self._plan[candidate]
@@ -568,6 +619,14 @@ class Exchange:
                 return
         msg = "the plan ran out of phases before the client's reply"  # decode always runs
         raise ExchangeStateError(msg)
+
+    def _order(self) -> list[Phase]:
+        """The plan's phases in the order they run."""
+        order = list(self._plan)  # a subclass may add rows (docs/exchange.md)
+        if self._render_first:  # the two swap places, as a coordinator document lists them
+            order.remove(Phase.RENDER)
+            order.insert(order.index(Phase.CONDITIONAL_DECODE), Phase.RENDER)
+        return order
 
     def _decodes_if_available(self) -> bool:
         return Step.CONDITIONAL_DECODE in self._params
@@ -725,6 +784,7 @@ class Exchange:
             client=_reply.envelope_client(self._client, leg),
             hook=hook,
             cached_tokens=self._prefill_cached,
+            vllm_version=self._vllm_version,
         )
         headers = self._reply_headers(content_type)
         self._reply(ClientReply(status=200, headers=headers, body=reply), drops_stream=False)

@@ -29,7 +29,7 @@ from disagg_transforms._response.dispatch import (
 )
 from disagg_transforms._response.echo import check_echoed_mode, check_output_mode_echo
 from disagg_transforms._response.generate_stream import GenerateStreamReader, StreamEvent
-from disagg_transforms._response.options import EnvelopeOptions
+from disagg_transforms._response.options import DEFAULT_OPTIONS, EnvelopeOptions
 from disagg_transforms._response.responses import responses_error_event
 from disagg_transforms._routes import Route
 from disagg_transforms._wire import keys as w
@@ -147,6 +147,7 @@ class _Whole(NamedTuple):
     client_route: Route
     client_body: Mapping[str, Any]
     hook: Hook | None
+    options: EnvelopeOptions
 
 
 # The leg's sampling values a Responses envelope echoes, by the client key they stand for.
@@ -214,16 +215,20 @@ def _unwrapped_reply(whole: _Whole) -> tuple[bytes, str]:
 
 def _envelope_reply(whole: _Whole) -> tuple[bytes, str]:
     route, mode, client_body = whole.client_route, whole.mode, whole.client_body
+    options = whole.options
     if route is Route.CHAT_COMPLETIONS and not whole.single_frame and whole.hook is None:
         return wrap_chat_completion_bytes(
-            whole.answer, requested=mode, client_body=client_body
+            whole.answer, requested=mode, client_body=client_body, options=options
         ), JSON
     answer = _decode(whole.answer, "the decode answer")
     if whole.single_frame:
-        frame = single_frame_stream(route, answer, requested=mode, client_body=client_body)
+        frame = single_frame_stream(
+            route, answer, requested=mode, client_body=client_body, options=options
+        )
         return frame, SSE
     return _hooked(
-        whole, wrap_envelope(route, answer, requested=mode, client_body=client_body)
+        whole,
+        wrap_envelope(route, answer, requested=mode, client_body=client_body, options=options),
     ), JSON
 
 
@@ -243,12 +248,14 @@ def whole_reply(  # noqa: PLR0913 - the answer and what the exchange knows of it
     client: ClientRequest,
     hook: Hook | None,
     cached_tokens: int | None = None,
+    vllm_version: str | None = None,
 ) -> tuple[bytes, str]:
     """The client's body and content type for ``leg``'s non-streamed answer.
 
     The leg says the mode it asked for and whether the client streams (a single frame).
     ``hook`` runs the host's response transforms on a JSON reply (never on a single frame).
     ``cached_tokens``: the prefill's count, written into the answer's usage first.
+    ``vllm_version``: the workers' release, whose layout a rebuilt envelope takes.
 
     Raises:
         UpstreamContractError: the answer is not JSON, not an object, or breaks the contract.
@@ -262,6 +269,9 @@ def whole_reply(  # noqa: PLR0913 - the answer and what the exchange knows of it
         client_route=client.route,
         client_body=client.body,
         hook=hook,
+        options=DEFAULT_OPTIONS
+        if vllm_version is None
+        else EnvelopeOptions(vllm_version=vllm_version),
     )
     return _WHOLE_REPLIES[shape](whole)
 
@@ -493,8 +503,8 @@ class _GenerateRelay:
 
     __slots__ = ("_reader", "_started", "_strip", "worker_error")
 
-    def __init__(self, *, strip: bool) -> None:
-        self._reader = GenerateStreamReader(max_event_bytes=DEFAULT_MAX_EVENT_BYTES)
+    def __init__(self, *, strip: bool, mode: OutputMode) -> None:
+        self._reader = GenerateStreamReader(max_event_bytes=DEFAULT_MAX_EVENT_BYTES, mode=mode)
         self._strip = strip
         self._started = False
         self.worker_error = False
@@ -670,6 +680,7 @@ def stream_relay(  # noqa: PLR0913 - the shape and what the exchange knows, by k
     model: object,
     clock: Callable[[], float] = time.time,
     cached_tokens: int | None = None,
+    vllm_version: str | None = None,
 ) -> Relay:
     """The relay of a streamed decode leg for ``shape``.
 
@@ -682,8 +693,10 @@ def stream_relay(  # noqa: PLR0913 - the shape and what the exchange knows, by k
             chunks carry none.
         clock: gives ``created``.
         cached_tokens: the prefill's count, written into the worker's usage events first.
+        vllm_version: the workers' release, whose layout a rebuilt envelope takes.
     """
-    relay = _stream_relay(shape, client=client, requested=requested, model=model, clock=clock)
+    options = EnvelopeOptions(clock=clock, vllm_version=vllm_version)
+    relay = _stream_relay(shape, client=client, requested=requested, model=model, options=options)
     if cached_tokens is None:
         return relay
     # Only a relayed stream speaks the client's route; every other shape reads generate events.
@@ -697,7 +710,7 @@ def _stream_relay(
     client: ClientRequest,
     requested: OutputMode | None,
     model: object,
-    clock: Callable[[], float],
+    options: EnvelopeOptions,
 ) -> Relay:
     mode = requested or OutputMode.TEXT
     client_body = client.body
@@ -708,8 +721,8 @@ def _stream_relay(
             client.route,
             requested=mode,
             client_body=client_body,
-            options=EnvelopeOptions(model=fallback, clock=clock),
+            options=msgspec.structs.replace(options, model=fallback),
         )
     if shape is Shape.PASS:
         return _PassRelay(client.route)
-    return _GenerateRelay(strip=shape is Shape.UNWRAPPED)
+    return _GenerateRelay(strip=shape is Shape.UNWRAPPED, mode=mode)

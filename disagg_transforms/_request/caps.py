@@ -18,7 +18,13 @@ from disagg_transforms._wire import validate as _validate
 from disagg_transforms._wire.describe import describe
 from disagg_transforms.errors import RequestError
 
-__all__ = ("TOP_LEVEL_CAPS", "apply_sampling_caps", "apply_single_token_cap", "sampling_caps")
+__all__ = (
+    "CAP_KEYS",
+    "TOP_LEVEL_CAPS",
+    "apply_sampling_caps",
+    "apply_single_token_cap",
+    "sampling_caps",
+)
 
 TOP_LEVEL_CAPS: tuple[str, ...] = (w.MAX_COMPLETION_TOKENS, w.MAX_TOKENS, w.MAX_OUTPUT_TOKENS)
 """Every top-level output-cap key of any API; none survives on a generate leg."""
@@ -32,6 +38,13 @@ _CAP_PRECEDENCE: Mapping[Route, tuple[str, ...]] = {
     Route.RESPONSES: (w.MAX_OUTPUT_TOKENS,),
     Route.GENERATE: TOP_LEVEL_CAPS,
 }
+
+CAP_KEYS: tuple[str, ...] = (*TOP_LEVEL_CAPS, w.MIN_TOKENS)
+"""What a generate leg moves from the top level into ``sampling_params``: caps, ``min_tokens``."""
+
+# Each cap key's JSON path at the top level and in sampling_params, built once.
+_PATHS: Mapping[str, str] = {key: f"$.{key}" for key in CAP_KEYS}
+_NESTED_PATHS: Mapping[str, str] = {key: f"$.{w.SAMPLING_PARAMS}.{key}" for key in CAP_KEYS}
 
 # The top-level cap field each route reads, set to 1 on a single-token leg; None: the generate
 # route reads `sampling_params.max_tokens` only. Chat also honours `max_completion_tokens`, but
@@ -83,7 +96,9 @@ def apply_sampling_caps(body: Mapping[str, Any], route: Route) -> dict[str, Any]
     {'sampling_params': {'max_tokens': 200}}
     """
     body = _validate.mapping(body, "$")
-    result = {k: v for k, v in body.items() if k not in TOP_LEVEL_CAPS and k != w.MIN_TOKENS}
+    result = dict(body)  # a C-speed copy, then the few cap keys out: cheaper than a filter
+    for key in CAP_KEYS:
+        result.pop(key, None)
     result[w.SAMPLING_PARAMS] = sampling_caps(body, route)
     return result
 
@@ -97,21 +112,21 @@ def sampling_caps(body: Mapping[str, Any], route: Route) -> dict[str, Any]:
     body = _validate.mapping(body, "$")
     sampling = _sampling_params(body)
     if w.MAX_TOKENS in sampling:
-        cap_key, cap_path = w.MAX_TOKENS, f"$.{w.SAMPLING_PARAMS}.{w.MAX_TOKENS}"
+        cap_key, cap_path = w.MAX_TOKENS, _NESTED_PATHS[w.MAX_TOKENS]
         cap = _cap(sampling[w.MAX_TOKENS], cap_path)
         sampling[w.MAX_TOKENS] = cap
     else:
         cap = None
         for key in _CAP_PRECEDENCE[route]:
-            cap = _cap(body.get(key), f"$.{key}")
+            cap = _cap(body.get(key), _PATHS[key])
             if cap is not None:
-                cap_key, cap_path = key, f"$.{key}"
+                cap_key, cap_path = key, _PATHS[key]
                 sampling[w.MAX_TOKENS] = cap
                 break
     if w.MIN_TOKENS in sampling:
-        min_path, min_value = f"$.{w.SAMPLING_PARAMS}.{w.MIN_TOKENS}", sampling[w.MIN_TOKENS]
+        min_path, min_value = _NESTED_PATHS[w.MIN_TOKENS], sampling[w.MIN_TOKENS]
     else:
-        min_path, min_value = f"$.{w.MIN_TOKENS}", body.get(w.MIN_TOKENS)
+        min_path, min_value = _PATHS[w.MIN_TOKENS], body.get(w.MIN_TOKENS)
     if min_value is not None:
         minimum = _validate.whole_number(min_value, min_path, minimum=0)
         sampling[w.MIN_TOKENS] = minimum

@@ -15,8 +15,7 @@ from typing import Any
 from disagg_transforms._request import fields as f
 from disagg_transforms._request.mapping import ClientMapping
 from disagg_transforms._wire import keys as w
-from disagg_transforms._wire.validate import client_object, obj, typed
-from disagg_transforms.envelopes import JSON
+from disagg_transforms._wire.validate import STRING_OR_OBJECT, client_object, obj, typed
 
 _CONTEXT_KEYS = (
     w.TOOLS,
@@ -75,7 +74,7 @@ def map_chat_request(body: Mapping[str, Any], /, *, generate_leg: bool = True) -
     f.logprobs(body, sampling, wanted=wanted, needs="logprobs set to true")
     context = f.parse_context(
         tools=f.chat_tools(body),
-        tool_choice=typed(body, w.TOOL_CHOICE, str | dict[str, JSON]),
+        tool_choice=typed(body, w.TOOL_CHOICE, STRING_OR_OBJECT),
         parallel_tool_calls=typed(body, w.PARALLEL_TOOL_CALLS, bool),
         chat_template_kwargs=obj(body, w.CHAT_TEMPLATE_KWARGS),
         include_reasoning=typed(body, w.INCLUDE_REASONING, bool),

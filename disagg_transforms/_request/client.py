@@ -13,7 +13,7 @@ from typing import Any, TypeAlias
 import msgspec
 
 from disagg_transforms._config import DecodeParams, EncodeParams, OutputMode, PrefillParams
-from disagg_transforms._request.caps import TOP_LEVEL_CAPS, sampling_caps
+from disagg_transforms._request.caps import CAP_KEYS, sampling_caps
 from disagg_transforms._request.chat import map_chat_request
 from disagg_transforms._request.completions import map_completions_request
 from disagg_transforms._request.fields import asks_for_tools
@@ -26,6 +26,7 @@ from disagg_transforms._wire import limits as _limits
 from disagg_transforms._wire import validate as _validate
 from disagg_transforms._wire.describe import describe
 from disagg_transforms._wire.limits import Limits
+from disagg_transforms._wire.validate import MAPPINGS, refuse
 from disagg_transforms.errors import RequestError
 
 __all__ = (
@@ -34,6 +35,7 @@ __all__ = (
     "chosen_output_mode",
     "client_caps",
     "decode_output_mode",
+    "own_output_mode",
     "read_client_request",
 )
 
@@ -48,9 +50,15 @@ CLIENT_MAPPERS: Mapping[Route, ClientMapper | None] = {
 }
 """The one table a generate leg picks a client's field mapper from, one row per route."""
 
-# What the caps read of a client of another API than generate (its sampling_params is an
-# unknown key, dropped); a generate client's caps read its whole body.
-_CAP_KEYS = (*TOP_LEVEL_CAPS, w.MIN_TOKENS)
+# Each chat-template route: its conversation's key and the key of a system prompt that opens it.
+_CONVERSATIONS: Mapping[Route, tuple[str, str | None]] = {
+    Route.CHAT_COMPLETIONS: (w.MESSAGES, None),
+    Route.MESSAGES: (w.MESSAGES, w.SYSTEM),
+    Route.RESPONSES: (w.INPUT, w.INSTRUCTIONS),
+}
+_EMPTY_CONVERSATION = (
+    "expected at least one message: vLLM cannot apply the chat template to an empty conversation"
+)
 
 
 class ClientRequest(msgspec.Struct, frozen=True, kw_only=True):
@@ -84,7 +92,7 @@ def client_caps(body: Mapping[str, Any], route: Route) -> dict[str, Any]:
     """
     if route is Route.GENERATE:
         return sampling_caps(body, route)
-    return sampling_caps({k: body[k] for k in _CAP_KEYS if k in body}, route)
+    return sampling_caps({k: body[k] for k in CAP_KEYS if k in body}, route)
 
 
 def read_client_request(
@@ -129,10 +137,56 @@ def read_client_request(
         return request
     mapper = CLIENT_MAPPERS[route]
     mapping = None if mapper is None else mapper(body, generate_leg=generate)
-    mode = None if decode is None else chosen_output_mode(decode, _tools_context(body, mapping))
+    mode = None if decode is None else _output_mode(body, route, decode, mapping)
+    caps = client_caps(body, route)
+    if every_field:
+        _check_conversation(body, route)
     return msgspec.structs.replace(
-        request, mapping=mapping, caps=client_caps(body, route), generate=generate, output_mode=mode
+        request, mapping=mapping, caps=caps, generate=generate, output_mode=mode
     )
+
+
+def _check_conversation(body: Mapping[str, Any], route: Route) -> None:
+    """Refuse a conversation vLLM refuses before its render (``docs/exchange.md``).
+
+    The conversation (chat and Messages ``messages``, Responses ``input``), when sent, is a list
+    of objects (Responses: or a string); each item's ``content``, when sent, a string or a list
+    (null too on chat's assistant and on a Responses item without a role, a reasoning item).
+    An empty one is refused unless a system prompt opens it, as vLLM's chat template refuses an
+    empty conversation. A missing one is the render's to refuse.
+    """
+    if route not in _CONVERSATIONS:
+        return
+    key, opening = _CONVERSATIONS[route]
+    items = body.get(key)
+    if items is None or (route is Route.RESPONSES and isinstance(items, str)):
+        return
+    if not isinstance(items, list):
+        raise refuse(items, "expected an array of messages", at=f"$.{key}")
+    if not items and (opening is None or body.get(opening) is None):
+        raise refuse(items, _EMPTY_CONVERSATION, at=f"$.{key}")
+    for index, item in enumerate(items):
+        # The common message passes on its first test; a path is written only for a refusal.
+        content = item.get(w.CONTENT, "") if isinstance(item, dict) else None
+        if type(content) is str or type(content) is list:
+            continue
+        _refuse_message(item, route, f"$.{key}[{index}]")
+
+
+def _refuse_message(item: object, route: Route, at: str) -> None:
+    """Refuse a conversation item that is no object, or whose ``content`` vLLM refuses."""
+    if not isinstance(item, MAPPINGS):
+        raise refuse(item, "expected a message object", at=at)
+    content = item.get(w.CONTENT, "")
+    if isinstance(content, (str, list)):
+        return
+    # vLLM takes null on chat's assistant message and on a Responses item that is no message
+    # (a reasoning item).
+    role = item.get(w.ROLE)
+    nullable = role is None if route is Route.RESPONSES else role == w.ASSISTANT
+    if content is not None or not nullable:
+        why = "expected a string or an array of content parts"
+        raise refuse(content, why, at=f"{at}.{w.CONTENT}")
 
 
 def _checked_path(client_path: object) -> str:
@@ -147,6 +201,39 @@ def _tools_context(
 ) -> Mapping[str, Any] | None:
     """Where the client asks for tools: its mapped ``parse_context`` (a generate client's own)."""
     return _validate.obj(body, w.PARSE_CONTEXT) if mapping is None else mapping.parse_context
+
+
+def own_output_mode(body: Mapping[str, Any], route: Route) -> OutputMode | None:
+    """A generate client's own ``output_mode``; ``None`` when it sent none (or is on another API).
+
+    A generate client speaks the leg's own wire format: its mode is kept, the step's applies
+    only when it sent none (``docs/routes-and-config.md``, "output_mode").
+
+    Raises:
+        RequestError: the value is not ``"tokens"``, ``"text"`` or ``"derender"``.
+    """
+    if route is not Route.GENERATE:
+        return None
+    value = body.get(w.OUTPUT_MODE)
+    if value is None:
+        return None
+    if isinstance(value, str) and value in _CLIENT_MODES:
+        return OutputMode(value)
+    param = f"$.{w.OUTPUT_MODE}"
+    msg = f'{param}: expected "tokens", "text" or "derender", got {describe(value)}'
+    raise RequestError(msg, param=param)
+
+
+# The modes a generate client may ask for itself (auto is a step's setting, never on the wire).
+_CLIENT_MODES = frozenset(mode.value for mode in OutputMode if mode is not OutputMode.AUTO)
+
+
+def _output_mode(
+    body: Mapping[str, Any], route: Route, params: DecodeParams, mapping: ClientMapping | None
+) -> OutputMode:
+    """The decode leg's mode: a generate client's own, else the step's for this request."""
+    own = own_output_mode(body, route)
+    return own if own is not None else chosen_output_mode(params, _tools_context(body, mapping))
 
 
 def chosen_output_mode(params: DecodeParams, tools_context: Mapping[str, Any] | None) -> OutputMode:
@@ -176,13 +263,16 @@ def decode_output_mode(
 ) -> OutputMode:
     """The ``output_mode`` a generate decode leg asks the worker for, for this client request.
 
-    The step's own mode, or for ``auto`` the one chosen for the request (``derender`` when the
-    client asks for tools, else ``text``): what :attr:`GenerateDecodeLeg.output_mode` holds.
+    A generate client's own ``output_mode`` when it sent one; else the step's own mode, or for
+    ``auto`` the one chosen for the request (``derender`` when the client asks for tools, else
+    ``text``): what :attr:`GenerateDecodeLeg.output_mode` holds.
 
     Raises:
-        RequestError: the body is not a JSON object, or asks for tools of a ``text`` step.
+        RequestError: the body is not a JSON object, asks for tools of a ``text`` step, or is
+            a generate client's with an ``output_mode`` vLLM does not have.
     """
     body = _validate.client_object(client_body)
-    mapper = CLIENT_MAPPERS[detect_route(_checked_path(client_path))]
+    route = detect_route(_checked_path(client_path))
+    mapper = CLIENT_MAPPERS[route]
     mapping = None if mapper is None else mapper(body)
-    return chosen_output_mode(params, _tools_context(body, mapping))
+    return _output_mode(body, route, params, mapping)

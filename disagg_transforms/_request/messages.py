@@ -15,7 +15,7 @@ from typing import Any
 from disagg_transforms._request import fields as f
 from disagg_transforms._request.mapping import ClientMapping
 from disagg_transforms._wire import keys as w
-from disagg_transforms._wire.validate import client_object, obj, refuse, typed
+from disagg_transforms._wire.validate import STRINGS, client_object, obj, refuse, typed
 
 _SAMPLING = (w.TEMPERATURE, w.TOP_P, w.TOP_K)
 _CONTEXT_KEYS = (w.TOOLS, w.TOOL_CHOICE, w.CHAT_TEMPLATE_KWARGS)
@@ -43,7 +43,7 @@ def map_messages_request(body: Mapping[str, Any], /, *, generate_leg: bool = Tru
         why = "required by the Messages API (an integer)"
         raise refuse(body.get(w.MAX_TOKENS), why, at=f"$.{w.MAX_TOKENS}")
     sampling = f.copy_sampling(body, _SAMPLING)
-    stop = typed(body, w.STOP_SEQUENCES, list[str])
+    stop = typed(body, w.STOP_SEQUENCES, STRINGS)
     if stop is not None:
         sampling[w.STOP] = stop
     kwargs = dict(obj(body, w.CHAT_TEMPLATE_KWARGS) or {})

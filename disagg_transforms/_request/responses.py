@@ -14,7 +14,7 @@ from typing import Any
 from disagg_transforms._request import fields as f
 from disagg_transforms._request.mapping import ClientMapping
 from disagg_transforms._wire import keys as w
-from disagg_transforms._wire.validate import client_object, obj, refuse, typed
+from disagg_transforms._wire.validate import STRINGS, client_object, obj, refuse, typed
 
 _SAMPLING = (
     w.TEMPERATURE,
@@ -70,7 +70,7 @@ def map_responses_request(
     if generate_leg:
         f.refuse_when_set(body, _REFUSED_WHEN_SET)
     sampling = f.copy_sampling(body, _SAMPLING)
-    include = typed(body, w.INCLUDE, list[str]) or []
+    include = typed(body, w.INCLUDE, STRINGS) or []
     # vLLM returns output logprobs only when `include` asks for them.
     f.logprobs(
         body,

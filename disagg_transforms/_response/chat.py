@@ -58,6 +58,7 @@ from disagg_transforms._response.options import (
     client_mapping,
     envelope_created,
     envelope_model,
+    writes_like_032,
 )
 from disagg_transforms._routes import Route
 from disagg_transforms._wire import keys as w
@@ -140,7 +141,7 @@ def _message(
         got = describe(codec.load(view.text, f"{path}.text"))
         msg = f"{path}.text: expected a string, got {got}"
         raise UpstreamContractError(msg, param=f"{path}.text")
-    return {w.ROLE: w.ASSISTANT, w.CONTENT: view.text}
+    return {w.ROLE: w.ASSISTANT, w.CONTENT: view.text, **_TEXT_MESSAGE_NULLS}
 
 
 class _ClientView(msgspec.Struct, kw_only=True, gc=False):
@@ -188,6 +189,16 @@ def _not_a_client_body(client_body: object) -> UpstreamContractError:
 _NOT_ASKED: Final = _Asked(None, None)
 
 
+# The nulls vLLM's chat writes where the allow-list keeps the worker's values out (merged from
+# constants: cheaper than a key each): a text message's (vLLM's ChatMessage without a reasoning
+# parser; tool_calls dropped empty), a choice's, and the top level's around usage.
+_TEXT_MESSAGE_NULLS: Final = dict.fromkeys(
+    (w.REFUSAL, w.ANNOTATIONS, w.AUDIO, w.FUNCTION_CALL, w.REASONING)
+)
+_CHOICE_NULLS: Final = dict.fromkeys((w.TOKEN_IDS, w.ROUTED_EXPERTS, w.WEIGHT_VERSIONS))
+_CHOICE_NULLS_032: Final = dict.fromkeys((w.TOKEN_IDS, w.ROUTED_EXPERTS))  # no weight_versions
+_HEAD_NULLS: Final = dict.fromkeys((w.SERVICE_TIER, w.SYSTEM_FINGERPRINT))
+_TAIL_NULLS: Final = dict.fromkeys((w.PROMPT_TOKEN_IDS, w.PROMPT_TEXT, w.METRICS))
 _PromptLogprobs = list[dict[str, Any] | None]
 _USAGE_PATH = f"$.{w.USAGE}"
 _PROMPT_LOGPROBS_PATH = f"$.{w.PROMPT_LOGPROBS}"
@@ -203,6 +214,7 @@ def _wrap(
 ) -> dict[str, Any]:
     """The rules of the chat envelope, on either path's view of the response."""
     choices = []
+    choice_nulls = _CHOICE_NULLS_032 if writes_like_032(options) else _CHOICE_NULLS
     for position, choice in enumerate(view.choices):
         finish = finish_fields(
             choice.finish_reason, streaming=False, passthrough=options.vllm_finish_reasons
@@ -213,25 +225,46 @@ def _wrap(
             w.LOGPROBS: logprobs_out(codec, choice.logprobs, asked.top, position),
             **finish,
             w.STOP_REASON: None if choice.stop_reason is UNSET else choice.stop_reason,
+            **choice_nulls,
         }
         choices.append(built)
     if len(choices) > 1:
         choices.sort(key=lambda built: built[w.INDEX])
+    # vLLM's ChatCompletionResponse, in its field order: its nulls written, the worker's
+    # system_fingerprint unknown here (a generate answer carries none), its kv_transfer_params
+    # and ec_transfer_params never (docs/responses.md, "Allow-list").
     result: dict[str, Any] = {
         w.ID: chat_id(view.request_id),
         w.OBJECT: w.CHAT_COMPLETION_OBJECT,
         w.CREATED: envelope_created(options, view.created),
         w.MODEL: envelope_model(options, view.model, asked.client),
         w.CHOICES: choices,
+        **_HEAD_NULLS,
     }
     if view.usage is not UNSET:
-        if not codec.is_null(view.usage):
-            codec.read(view.usage, Usage, _USAGE_PATH)
         result[w.USAGE] = view.usage
+        if not codec.is_null(view.usage):
+            usage = codec.read(view.usage, Usage, _USAGE_PATH)
+            details = usage.prompt_tokens_details
+            if isinstance(details, dict) and details.get(w.CREATED_CACHE_TOKENS, 0) is None:
+                result[w.USAGE] = _created_cache_counted(codec.load(view.usage, _USAGE_PATH))
+    prompt_logprobs = None
     if view.prompt_logprobs is not UNSET and not codec.is_null(view.prompt_logprobs):
         codec.read(view.prompt_logprobs, _PromptLogprobs, _PROMPT_LOGPROBS_PATH)
-        result[w.PROMPT_LOGPROBS] = view.prompt_logprobs
+        prompt_logprobs = view.prompt_logprobs
+    result[w.PROMPT_LOGPROBS] = prompt_logprobs
+    result.update(_TAIL_NULLS)
     return result
+
+
+def _created_cache_counted(usage: Any) -> dict[str, Any]:  # noqa: ANN401 - a JSON object
+    """The usage with ``created_cache_tokens`` 0 where the generate route wrote null.
+
+    vLLM's chat serving writes the prompt tokens its prefill wrote to the prefix cache, an
+    integer; its generate route has no such count: 0 (docs/responses.md, "Allow-list").
+    """
+    details = usage[w.PROMPT_TOKENS_DETAILS]
+    return {**usage, w.PROMPT_TOKENS_DETAILS: {**details, w.CREATED_CACHE_TOKENS: 0}}
 
 
 def wrap_chat_completion(
@@ -361,7 +394,9 @@ def _decode_response(data: bytes, requested: OutputMode) -> _Response[msgspec.Ra
 class _ChunkChoice(msgspec.Struct, kw_only=True, gc=False):
     """A ``chat.completion.chunk`` choice, its members in vLLM's order (``UNSET``: left out).
 
-    Encoded by msgspec straight from the struct: faster than a dict per chunk.
+    Encoded by msgspec straight from the struct: faster than a dict per chunk. ``stop_reason``
+    is written on a choice's finishing chunk only and ``token_ids`` on every text chunk, as
+    vLLM's chat route writes them (``docs/responses.md``, chat streams).
     """
 
     index: int
@@ -370,12 +405,42 @@ class _ChunkChoice(msgspec.Struct, kw_only=True, gc=False):
     finish_reason: str | None = None
     vllm_finish_reason: Any = UNSET
     stop_reason: Any = UNSET
+    token_ids: Any = UNSET
 
 
 _CHOICES_MEMBER: Final = b',"' + w.CHOICES.encode() + b'":'
 _USAGE_MEMBER: Final = b',"' + w.USAGE.encode() + b'":'
 _NO_CHOICES: Final = b"[]"
 _CHUNK_END: Final = b"}\n\n"
+# vLLM's chat route writes these two on each choice's opening chunk (null unless asked).
+_PROMPT_TOKEN_IDS_MEMBER: Final = b',"prompt_token_ids":'
+_OPENING_END: Final = b',"prompt_text":null}\n\n'
+_NULL: Final = b"null"
+_ROLE_DELTA: Final = {w.ROLE: w.ASSISTANT, w.CONTENT: ""}
+
+
+def _running_usage(usage: Mapping[str, Any], completion_tokens: int | None = None) -> bytes:
+    """A chunk's continuous usage as vLLM's chat route writes it (``docs/responses.md``)."""
+    prompt = usage.get(w.PROMPT_TOKENS)
+    if completion_tokens is None:
+        completion_tokens = usage.get(w.COMPLETION_TOKENS)
+        total = usage.get(w.TOTAL_TOKENS)
+    else:  # an opening chunk: nothing generated yet
+        total = prompt
+    return encode_event_json(
+        {
+            w.PROMPT_TOKENS: prompt,
+            w.TOTAL_TOKENS: total,
+            w.COMPLETION_TOKENS: completion_tokens,
+            w.COMPLETION_TOKENS_DETAILS: None,
+        }
+    )
+
+
+def _client_choice_count(client: Mapping[str, Any]) -> int:
+    # The request side has checked the client's n; a missing or odd one reads as vLLM's 1.
+    value = client.get(w.N)
+    return value if type(value) is int and value >= 1 else 1
 
 
 def _finish_pair(value: str, *, passthrough: bool) -> tuple[str | None, Any]:
@@ -398,9 +463,22 @@ def _chunk_head(completion_id: str, created: int, model: str) -> dict[str, Any]:
     }
 
 
+# ChatMessage's fields that vLLM's DeltaMessage lacks, and a reasoning never set: left out of a
+# delta when null, as vLLM's stream dumps its chunks (exclude_unset).
+_NOT_IN_DELTA: Final = (w.REFUSAL, w.ANNOTATIONS, w.AUDIO, w.FUNCTION_CALL, w.REASONING)
+
+
+# A whole choice's members a chunk's choice leaves out: vLLM sets none of the nulls on its chunks.
+_NOT_IN_CHUNK: Final = frozenset({w.MESSAGE, w.TOKEN_IDS, w.ROUTED_EXPERTS, w.WEIGHT_VERSIONS})
+
+
 def _delta(message: Mapping[str, Any]) -> dict[str, Any]:
     # A streamed tool call needs its position; the rest of the message moves across whole.
-    delta = dict(message)
+    delta = {
+        key: value
+        for key, value in message.items()
+        if value is not None or key not in _NOT_IN_DELTA
+    }
     tool_calls = delta.get(w.TOOL_CALLS)
     if isinstance(tool_calls, list):
         delta[w.TOOL_CALLS] = [
@@ -438,7 +516,7 @@ def single_frame_chat_chunks(
             w.LOGPROBS: choice[w.LOGPROBS],
             w.FINISH_REASON: None,
         }
-        finished = {key: value for key, value in choice.items() if key != w.MESSAGE}
+        finished = {key: value for key, value in choice.items() if key not in _NOT_IN_CHUNK}
         finished[w.DELTA] = {}
         finished[w.LOGPROBS] = None  # sent with the delta
         chunks.append({**head, w.CHOICES: [opened]})
@@ -471,10 +549,14 @@ class ChatStreamConverter:
     """Turns a text-mode generate SSE stream into a ``chat.completion.chunk`` SSE stream.
 
     Feed it the leg's body bytes as they arrive (split anywhere); each call returns the SSE
-    bytes to send on, possibly empty. Per generate chunk one chat chunk comes out: each choice
-    gets ``role: "assistant"`` on its first delta, ``content`` is the text delta, ``logprobs``
-    are cut to the client's ``top_logprobs``, finish reasons are mapped as in
-    :func:`~disagg_transforms.wrap_chat_completion` (``null`` stays: not finished). A
+    bytes to send on, possibly empty. The chunks are cut as vLLM's own chat route cuts them
+    (``docs/responses.md``, chat streams): at the first generate chunk, one opening chunk per
+    choice the client asked for (``n``) with ``{"role": "assistant", "content": ""}``; then
+    one chunk per generate choice, ``content`` its text delta (an empty text gives ``{}``, and
+    no chunk at all unless it finishes the choice or carries logprobs), ``logprobs`` cut to the
+    client's ``top_logprobs``, finish reasons mapped as in
+    :func:`~disagg_transforms.wrap_chat_completion` and ``stop_reason`` on the finishing chunk;
+    continuous usage, when the leg streams it, written as the chat route counts it. A
     usage-only generate chunk becomes a usage-only chat chunk; an in-stream ``{"error": ...}``
     event is sent on byte for byte; ``[DONE]`` is sent on. Output bytes depend only on the
     input bytes, not on how they were split.
@@ -486,15 +568,15 @@ class ChatStreamConverter:
     neither a model nor a time).
 
     Memory per stream is bounded by ``options.max_event_bytes`` (one event) and
-    ``options.max_choices`` (choice indices; a choice that appears before a lower index first
-    gets the lower ones opened with a role-only delta, as vLLM's chat route sends them). After
-    an error the converter is spent: discard it.
+    ``options.max_choices`` (choice indices; a choice past the client's ``n`` gets the ones
+    before it opened first, as vLLM's chat route sends them). After an error the converter is
+    spent: discard it.
 
     Args:
         requested: The leg's ``output_mode``; only ``text`` streams (vLLM 0.33 refuses derender
             with ``stream: true``, and tokens carry no text).
-        client_body: The client's chat request (its ``top_logprobs``, and its ``model`` as
-            the fallback).
+        client_body: The client's chat request (its ``n``, its ``top_logprobs``, and its
+            ``model`` as the fallback).
         options: How the envelope is built (:class:`EnvelopeOptions`).
         created: The ``created`` of every chunk (Unix seconds).
 
@@ -505,13 +587,16 @@ class ChatStreamConverter:
     """
 
     __slots__ = (
+        "_choice_count",
         "_created",
         "_head",
         "_max_choices",
         "_model",
         "_next",
         "_passthrough",
+        "_prompt_token_ids",
         "_reader",
+        "_token_ids",
         "_top",
         "_worker_error",
     )
@@ -533,7 +618,12 @@ class ChatStreamConverter:
         self._passthrough = built.vllm_finish_reasons
         self._reader = GenerateStreamReader(max_event_bytes=built.max_event_bytes)
         self._max_choices = built.max_choices
-        self._next = 0  # choices 0.._next-1 have had their role delta
+        client = client_mapping(client_body)
+        self._choice_count = min(_client_choice_count(client), built.max_choices)
+        # The token IDs the generate leg streams reach the client only when it asked for them.
+        self._token_ids = client.get(w.RETURN_TOKEN_IDS) is True
+        self._prompt_token_ids = _NULL
+        self._next = 0  # choices 0.._next-1 have had their opening chunk
         self._worker_error = False
 
     @property
@@ -579,12 +669,17 @@ class ChatStreamConverter:
         )
         return format_sse_event(body) + DONE_EVENT
 
-    def _first_head(self, event: StreamEvent) -> bytes:
-        head = _chunk_head(chat_id(first_request_id(event)), self._created, self._model)
+    def _begin(self, event: StreamEvent, usage: Mapping[str, Any] | None) -> tuple[bytes, bytes]:
+        """Name the stream from its first event: every chunk's head, the opening chunks."""
+        named = _chunk_head(chat_id(first_request_id(event)), self._created, self._model)
         # The same four members open every chunk: encoded once, "}" cut to splice in the
         # choices (see docs/performance.md).
-        self._head = b"data: " + encode_event_json(head)[:-1] + _CHOICES_MEMBER
-        return self._head
+        head = self._head = b"data: " + encode_event_json(named)[:-1] + _CHOICES_MEMBER
+        if self._token_ids and event.prompt_token_ids is not UNSET:
+            self._prompt_token_ids = encode_event_json(event.prompt_token_ids)
+        # vLLM's chat route opens every choice at its first engine output, before any text.
+        running = usage if event.choices else None
+        return head, self._open(self._choice_count, head, running, "$.choices[0]")
 
     def _event(self, payload: bytes, event: StreamEvent | None) -> bytes:
         if event is None:
@@ -592,51 +687,63 @@ class ChatStreamConverter:
         if event.error is not UNSET:
             self._worker_error = True
             return b"data: " + payload + b"\n\n"  # the worker's own error, sent on as is
-        head = self._head if self._head is not None else self._first_head(event)
-        usage = None if event.usage is UNSET else event.usage
+        usage = event.usage if isinstance(event.usage, dict) else None
+        if self._head is None:
+            head, opening = self._begin(event, usage)
+        else:
+            head, opening = self._head, b""
         if not event.choices:
             if usage is None:
-                return b""
-            return head + _NO_CHOICES + _USAGE_MEMBER + encode_event_json(usage) + _CHUNK_END
-        choices = encode_event_json(self._choices(event.choices))
-        if usage is None:
-            return head + choices + _CHUNK_END
-        # Continuous usage stats, as the chat route sends them.
-        return head + choices + _USAGE_MEMBER + encode_event_json(usage) + _CHUNK_END
+                return opening
+            usage_only = head + _NO_CHOICES + _USAGE_MEMBER + encode_event_json(usage)
+            return opening + usage_only + _CHUNK_END
+        out = [opening] if opening else []
+        for position, choice in enumerate(event.choices):
+            if choice.index >= self._next:
+                out.append(self._open(choice.index + 1, head, usage, f"$.choices[{position}]"))
+            built = self._choice(choice)
+            if built is None:
+                continue
+            chunk = head + encode_event_json([built])
+            if usage is not None:  # continuous usage stats, as the chat route counts them
+                chunk += _USAGE_MEMBER + _running_usage(usage)
+            out.append(chunk + _CHUNK_END)
+        return b"".join(out)
 
-    def _start(self, index: int, path: str) -> list[_ChunkChoice]:
+    def _open(self, count: int, head: bytes, usage: Mapping[str, Any] | None, path: str) -> bytes:
         # Clients (the openai SDK's accumulator among them) expect choice k to appear only
-        # after choices 0..k-1, as vLLM's chat route sends them: open the skipped ones first.
-        if index >= self._max_choices:
-            msg = f"{path}.index: {index} is past the bound of {self._max_choices} choices"
+        # after choices 0..k-1, as vLLM's chat route sends them: open each one in turn.
+        if count > self._max_choices:
+            msg = f"{path}.index: {count - 1} is past the bound of {self._max_choices} choices"
             raise UpstreamContractError(msg, param=f"{path}.index")
+        tail = _PROMPT_TOKEN_IDS_MEMBER + self._prompt_token_ids + _OPENING_END
+        if usage is not None:
+            tail = _USAGE_MEMBER + _running_usage(usage, completion_tokens=0) + tail
         opened = [
-            _ChunkChoice(index=skipped, delta={w.ROLE: w.ASSISTANT, w.CONTENT: ""})
-            for skipped in range(self._next, index)
+            head + encode_event_json([_ChunkChoice(index=index, delta=_ROLE_DELTA)]) + tail
+            for index in range(self._next, count)
         ]
-        self._next = index + 1
-        return opened
+        self._next = max(self._next, count)
+        return b"".join(opened)
 
-    def _choices(self, choices: list[StreamChoice]) -> list[_ChunkChoice]:
-        built = []
-        for position, choice in enumerate(choices):
-            index = choice.index
-            if index < self._next:
-                delta = {w.CONTENT: choice.text}
-            else:
-                built.extend(self._start(index, f"$.{w.CHOICES}[{position}]"))
-                delta = {w.ROLE: w.ASSISTANT, w.CONTENT: choice.text}
-            built_choice = _ChunkChoice(
-                index=index,
-                delta=delta,
-                stop_reason=None if choice.stop_reason is UNSET else choice.stop_reason,
+    def _choice(self, choice: StreamChoice) -> _ChunkChoice | None:
+        text = "" if choice.text is UNSET else choice.text
+        logprobs = None
+        if choice.logprobs is not None and choice.logprobs is not UNSET:
+            logprobs = cut_logprobs(choice.logprobs, self._top)
+        finish = choice.finish_reason
+        finished = isinstance(finish, str)
+        if not text and not finished and logprobs is None and not self._token_ids:
+            return None  # vLLM's chat route sends no chunk for an empty delta
+        built = _ChunkChoice(
+            index=choice.index,
+            delta={w.CONTENT: text} if text else {},
+            logprobs=logprobs,
+            token_ids=choice.token_ids if self._token_ids else None,
+        )
+        if isinstance(finish, str):  # null (not finished yet) stays
+            built.finish_reason, built.vllm_finish_reason = _finish_pair(
+                finish, passthrough=self._passthrough
             )
-            if choice.logprobs is not None and choice.logprobs is not UNSET:
-                built_choice.logprobs = cut_logprobs(choice.logprobs, self._top)
-            finish = choice.finish_reason
-            if finish is not None and finish is not UNSET:  # null (not finished yet) stays
-                built_choice.finish_reason, built_choice.vllm_finish_reason = _finish_pair(
-                    finish, passthrough=self._passthrough
-                )
-            built.append(built_choice)
+            built.stop_reason = None if choice.stop_reason is UNSET else choice.stop_reason
         return built

@@ -42,6 +42,7 @@ class StreamChoice(msgspec.Struct, kw_only=True, gc=False):
     finish_reason: str | UnsetType | None = UNSET
     stop_reason: int | str | UnsetType | None = UNSET
     logprobs: dict[str, Any] | UnsetType | None = UNSET
+    token_ids: msgspec.Raw | UnsetType = UNSET  # passed on undecoded when the client asked
 
 
 class StreamEvent(msgspec.Struct, kw_only=True, gc=False):
@@ -52,12 +53,12 @@ class StreamEvent(msgspec.Struct, kw_only=True, gc=False):
     object: Any = UNSET  # a client API's chunk: not a generate stream at all
     error: Any = UNSET
     usage: dict[str, Any] | UnsetType | None = UNSET
+    prompt_token_ids: msgspec.Raw | UnsetType = UNSET  # passed on undecoded when asked
     choices: list[StreamChoice] | UnsetType = UNSET
     """Never ``UNSET`` in a chunk the reader returns (only in an error event)."""
 
 
 _EVENT_DECODER = msgspec.json.Decoder(StreamEvent)
-_TEXT: Final = OutputMode.TEXT.value
 
 ReadEvent = tuple[bytes, StreamEvent | None]
 """An event's raw ``data`` payload and its view; ``None`` is ``[DONE]``."""
@@ -69,11 +70,15 @@ class GenerateStreamReader:
     Memory is bounded by ``max_event_bytes`` (one buffered event).
     """
 
-    __slots__ = ("_done", "_parser")
+    __slots__ = ("_done", "_mode", "_parser", "_wire")
 
-    def __init__(self, *, max_event_bytes: int) -> None:
+    def __init__(self, *, max_event_bytes: int, mode: OutputMode = OutputMode.TEXT) -> None:
         self._parser = SseParser(max_event_bytes=max_event_bytes)
         self._done = False
+        self._mode = mode
+        """The mode asked for: ``text`` (every converter), or a generate client's own
+        ``tokens`` (its stream relayed, checked against its own mode)."""
+        self._wire: str = mode.value  # read per chunk: a member's .value costs a descriptor call
 
     def feed(self, data: bytes) -> list[ReadEvent]:
         """The events ``data`` completes, in order.
@@ -112,16 +117,14 @@ class GenerateStreamReader:
             msg = f"$: a generate stream event is not a JSON object: {error}"
             raise UpstreamContractError(msg, param="$") from None
         if event.error is UNSET:  # an error event is the worker's own: no echo to check
-            _check_chunk(event)
+            _check_chunk(event, self._mode, self._wire)
         return payload, event
 
 
-def _check_chunk(event: StreamEvent) -> None:
-    if event.output_mode != _TEXT:  # the one comparison a conforming chunk costs
+def _check_chunk(event: StreamEvent, mode: OutputMode, wire: str) -> None:
+    if event.output_mode != wire:  # the one comparison a conforming chunk costs
         generate = event.choices is not UNSET and event.object is UNSET
-        check_echoed_mode(
-            event.output_mode, OutputMode.TEXT, where="stream chunk", generate=generate
-        )
+        check_echoed_mode(event.output_mode, mode, where="stream chunk", generate=generate)
     if isinstance(event.choices, UnsetType):
         msg = f"$.{w.CHOICES}: a generate stream chunk must carry choices; it has none"
         raise UpstreamContractError(msg, param=f"$.{w.CHOICES}")
@@ -133,7 +136,7 @@ def _check_chunk(event: StreamEvent) -> None:
     else:
         return  # the common chunk: nothing to look at closer, no path to build
     for position, choice in enumerate(event.choices):
-        _check_choice(choice, choice_path(position))
+        _check_choice(choice, choice_path(position), text=mode is not OutputMode.TOKENS)
 
 
 def _check(value: object, view: type[msgspec.Struct], what: str) -> None:
@@ -143,8 +146,8 @@ def _check(value: object, view: type[msgspec.Struct], what: str) -> None:
         raise contract_error(error, what) from None
 
 
-def _check_choice(choice: StreamChoice, path: str) -> None:
-    if choice.text is UNSET:
+def _check_choice(choice: StreamChoice, path: str, *, text: bool) -> None:
+    if text and choice.text is UNSET:
         msg = f"{path}.text: a text-mode stream choice must carry its text delta"
         raise UpstreamContractError(msg, param=f"{path}.text")
     if choice.index < 0:

@@ -162,10 +162,12 @@ def _no_usage() -> UpstreamContractError:
 
 
 def _usage(usage: Usage | None) -> dict[str, Any]:
-    """Anthropic's usage: ``input_tokens`` excludes the cached ``cache_read_input_tokens``.
+    """Anthropic's usage: ``input_tokens`` excludes the cache's counts, as vLLM's does.
 
-    A client adds the two. ``None`` (a stream whose leg sent no usage chunk): the counts are
-    unknown, 0.
+    A client adds the three: ``cache_read_input_tokens`` (the cached prompt tokens) and
+    ``cache_creation_input_tokens`` (vLLM's ``created_cache_tokens``; 0 where the generate
+    route writes none), in vLLM's ``AnthropicUsage`` order, when vLLM reports prompt token
+    details. ``None`` (a stream whose leg sent no usage chunk): the counts are unknown, 0.
     """
     if usage is None:
         return {w.INPUT_TOKENS: 0, w.OUTPUT_TOKENS: 0}
@@ -174,16 +176,22 @@ def _usage(usage: Usage | None) -> dict[str, Any]:
     if not isinstance(prompt, int) or not isinstance(completion, int):
         raise _no_usage()
     details = usage.prompt_tokens_details or {}
-    cached = details.get(w.CACHED_TOKENS)
-    if not isinstance(cached, int) or isinstance(cached, bool):
+    cached = _count(details.get(w.CACHED_TOKENS))
+    if cached is None:
         return {w.INPUT_TOKENS: prompt, w.OUTPUT_TOKENS: completion}
-    # Clamped to the prompt, so that the two counts still add up to what the worker read.
+    # Clamped to the prompt, so that the counts still add up to what the worker read.
     cached = min(max(cached, 0), prompt)
+    created = min(max(_count(details.get(w.CREATED_CACHE_TOKENS)) or 0, 0), prompt - cached)
     return {
-        w.INPUT_TOKENS: prompt - cached,
+        w.INPUT_TOKENS: prompt - cached - created,
         w.OUTPUT_TOKENS: completion,
+        w.CACHE_CREATION_INPUT_TOKENS: created,
         w.CACHE_READ_INPUT_TOKENS: cached,
     }
+
+
+def _count(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 # --------------------------------------------------------------------------------------------

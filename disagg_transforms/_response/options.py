@@ -13,6 +13,7 @@ from typing import Any, Final
 
 import msgspec
 
+from disagg_transforms._config import OutputMode, validate_vllm_version, vllm_honours
 from disagg_transforms._wire import keys as w
 from disagg_transforms._wire.limits import DEFAULT_LIMITS, Limits
 from disagg_transforms._wire.sse import DEFAULT_MAX_EVENT_BYTES
@@ -46,6 +47,14 @@ class EnvelopeOptions(msgspec.Struct, frozen=True, kw_only=True):
     """Chat stream converter: bound on distinct choice indices."""
     limits: Limits = DEFAULT_LIMITS
     """Bytes paths: the bounds on a worker's body (``max_body_bytes``, ``max_depth``)."""
+    vllm_version: str | None = None
+    """The vLLM release the workers run (``"0.32.0"``), when known: where releases write a
+    client API's envelope differently, it is written as that release's coupled route writes it
+    (``docs/envelopes.md``, "vLLM releases"); ``None``: as vLLM 0.33 writes it."""
+
+    def __post_init__(self) -> None:
+        if self.vllm_version is not None:
+            validate_vllm_version(self.vllm_version, "EnvelopeOptions.vllm_version")
 
 
 DEFAULT_OPTIONS: Final = EnvelopeOptions()
@@ -77,6 +86,12 @@ def envelope_created(options: EnvelopeOptions, given: object) -> int:
     if isinstance(given, int) and not isinstance(given, bool):
         return given
     return int(options.clock())
+
+
+def writes_like_032(options: EnvelopeOptions) -> bool:
+    """Whether the envelopes imitate vLLM 0.32 (a release before 0.33: no ``derender`` yet)."""
+    version = options.vllm_version
+    return version is not None and not vllm_honours(OutputMode.DERENDER, version)
 
 
 def client_mapping(client_body: object) -> Mapping[str, Any]:

@@ -37,8 +37,9 @@ __all__ = (
 # vLLM's SamplingParams reads a temperature below this as greedy and forces top_p to 1.0.
 _GREEDY: Final = 1e-5
 # Echoed as sent, null when the client left them out (vLLM's request model has no default).
-_ECHOED_AS_SENT = (w.INSTRUCTIONS, w.METADATA)
-_ECHOED_AS_SENT_AFTER_CAP = (w.MAX_TOOL_CALLS, w.PREVIOUS_RESPONSE_ID, w.PROMPT, w.REASONING)
+_ECHOED_AS_SENT_AFTER_CAP = (w.MAX_TOOL_CALLS, w.PREVIOUS_RESPONSE_ID, w.PROMPT)
+# vLLM's PromptCacheOptions: the request's options less ``prewarm``, its defaults filled in.
+_PROMPT_CACHE_DEFAULTS: Final = {w.MODE: "implicit", w.TTL: "30m", w.COMPARISON_RESPONSE_ID: None}
 
 
 def wrap_responses_response(
@@ -74,56 +75,85 @@ def _response_object(
     client: Mapping[str, Any],
     options: _options.EnvelopeOptions,
     top: int | None,
+    output: list[Any] | None = None,
 ) -> dict[str, Any]:
-    """The ``response`` object of a turn: the wrap's and the stream's, one builder."""
+    """The ``response`` object of a turn: the wrap's and the stream's, one builder.
+
+    Keys in the order vLLM's ``ResponsesResponse`` declares its fields (it dumps the model
+    whole, nulls included). ``output``: the items a stream sent, which vLLM's final response
+    carries instead of the ones the whole answer would build (docs/envelopes.md).
+    """
     status, incomplete_details = _status(turn)
+    like_032 = _options.writes_like_032(options)
     tools = client.get(w.TOOLS)
-    tool_choice = client.get(w.TOOL_CHOICE)
+    tools = tools if isinstance(tools, list) else []
     parallel = client.get(w.PARALLEL_TOOL_CALLS)
-    result: dict[str, Any] = {
+    temperature = _number(client.get(w.TEMPERATURE), 1.0)
+    return {
         w.ID: f"resp_{turn.base_id}",
-        w.OBJECT: w.RESPONSE_OBJECT,
         w.CREATED_AT: _options.envelope_created(options, turn.created),
-        w.MODEL: _options.envelope_model(options, turn.model, client),
-        w.STATUS: status,
         w.INCOMPLETE_DETAILS: incomplete_details,
-        w.OUTPUT: _output_items(turn, status, top),
+        w.INSTRUCTIONS: client.get(w.INSTRUCTIONS),
+        w.METADATA: client.get(w.METADATA),
+        w.MODEL: _options.envelope_model(options, turn.model, client),
+        w.OBJECT: w.RESPONSE_OBJECT,
+        w.OUTPUT: _output_items(turn, top, cut_status=not like_032) if output is None else output,
         # vLLM's own defaults for a request that left them out.
         w.PARALLEL_TOOL_CALLS: parallel if isinstance(parallel, bool) else True,
-        w.TOOL_CHOICE: tool_choice
-        if isinstance(tool_choice, (str, Mapping))
-        else w.TOOL_CHOICE_AUTO,
-        w.TOOLS: tools if isinstance(tools, list) else [],
+        w.TEMPERATURE: temperature,
+        w.TOOL_CHOICE: _tool_choice(client.get(w.TOOL_CHOICE), tools),
+        w.TOOLS: tools,
+        w.TOP_P: 1.0 if temperature < _GREEDY else _number(client.get(w.TOP_P), 1.0),
+        w.BACKGROUND: _sent_or(client, w.BACKGROUND, default=False),
+        w.MAX_OUTPUT_TOKENS: client.get(w.MAX_OUTPUT_TOKENS),
+        **{key: client.get(key) for key in _ECHOED_AS_SENT_AFTER_CAP},
+        **({} if like_032 else _cache_echo(client)),
+        w.REASONING: client.get(w.REASONING),
+        **({} if like_032 else {w.SAFETY_IDENTIFIER: client.get(w.SAFETY_IDENTIFIER)}),
+        w.SERVICE_TIER: _sent_or(client, w.SERVICE_TIER, default=w.SERVICE_TIER_AUTO),
+        w.STATUS: status,
+        w.TEXT: client.get(w.TEXT),
+        w.TOP_LOGPROBS: _logprobs_asked(client),
+        w.TRUNCATION: _sent_or(client, w.TRUNCATION, default=w.TRUNCATION_DISABLED),
         w.USAGE: _usage(turn.usage),
+        w.USER: client.get(w.USER),
+        # The sampling values the answer ran with: the client's, else SamplingParams' 0.0.
+        w.PRESENCE_PENALTY: _number(client.get(w.PRESENCE_PENALTY), 0.0),
+        w.FREQUENCY_PENALTY: _number(client.get(w.FREQUENCY_PENALTY), 0.0),
+        # vLLM-only: the prompt and output tokens, for enable_response_messages (refused here).
+        # Its kv_transfer_params and ec_transfer_params are never written (docs/exchange.md).
+        w.INPUT_MESSAGES: None,
+        w.OUTPUT_MESSAGES: None,
     }
-    result.update(_request_echo(client))
-    return result
 
 
-def _request_echo(client: Mapping[str, Any]) -> dict[str, Any]:
-    """The request's settings as vLLM's ``ResponsesResponse.from_request`` writes them: all of them.
+def _tool_choice(choice: object, tools: list[Any]) -> Any:  # noqa: ANN401 - JSON
+    """``tool_choice`` as vLLM's request validator leaves it: ``none`` without tools."""
+    if not isinstance(choice, (str, Mapping)):
+        choice = w.TOOL_CHOICE_AUTO
+    if not tools and choice in (w.TOOL_CHOICE_AUTO, w.TOOL_CHOICE_NONE):
+        return w.TOOL_CHOICE_NONE
+    return choice
 
-    In vLLM's field order, the request model's default standing in for what the client left
-    out. ``temperature``, ``top_p``, ``max_output_tokens`` and ``top_logprobs`` are the sampling
-    values the answer ran with there: the client's (an exchange hands over its leg's own,
-    docs/envelopes.md), else vLLM's defaults (1.0, 1.0, and no cap known: null).
-    """
-    echo = {key: client.get(key) for key in _ECHOED_AS_SENT}
-    temperature = _number(client.get(w.TEMPERATURE), 1.0)
-    echo[w.TEMPERATURE] = temperature
-    echo[w.TOP_P] = 1.0 if temperature < _GREEDY else _number(client.get(w.TOP_P), 1.0)
-    echo[w.BACKGROUND] = _sent_or(client, w.BACKGROUND, default=False)
-    echo[w.MAX_OUTPUT_TOKENS] = client.get(w.MAX_OUTPUT_TOKENS)
-    echo.update((key, client.get(key)) for key in _ECHOED_AS_SENT_AFTER_CAP)
-    echo[w.SERVICE_TIER] = _sent_or(client, w.SERVICE_TIER, default=w.SERVICE_TIER_AUTO)
-    echo[w.TEXT] = client.get(w.TEXT)
-    echo[w.TOP_LOGPROBS] = _logprobs_asked(client)
-    echo[w.TRUNCATION] = _sent_or(client, w.TRUNCATION, default=w.TRUNCATION_DISABLED)
-    echo[w.USER] = client.get(w.USER)
-    # vLLM-only: the prompt and output tokens, for enable_response_messages (refused here).
-    echo[w.INPUT_MESSAGES] = None
-    echo[w.OUTPUT_MESSAGES] = None
-    return echo
+
+def _cache_echo(client: Mapping[str, Any]) -> dict[str, Any]:
+    """The prompt-cache settings vLLM 0.33 echoes (0.32 writes none of them)."""
+    return {
+        w.PROMPT_CACHE_OPTIONS: _prompt_cache_options(client.get(w.PROMPT_CACHE_OPTIONS)),
+        w.PROMPT_CACHE_KEY: client.get(w.PROMPT_CACHE_KEY),
+        w.PROMPT_CACHE_RETENTION: _prompt_cache_retention(client.get(w.PROMPT_CACHE_RETENTION)),
+    }
+
+
+def _prompt_cache_options(sent: object) -> Any:  # noqa: ANN401 - JSON
+    if not isinstance(sent, Mapping):
+        return sent
+    return {key: sent.get(key, default) for key, default in _PROMPT_CACHE_DEFAULTS.items()}
+
+
+def _prompt_cache_retention(sent: object) -> object:
+    # vLLM's request validator reads OpenAI's older spelling as the current one.
+    return "in_memory" if sent == "in-memory" else sent
 
 
 def _number(value: object, default: float) -> Any:  # noqa: ANN401 - the client's own number
@@ -145,18 +175,27 @@ def _logprobs_asked(client: Mapping[str, Any]) -> Any:  # noqa: ANN401 - JSON
 
 
 def _status(turn: AssistantTurn) -> tuple[str, dict[str, Any] | None]:
+    # vLLM's only incomplete answer: the cap cut it; an abort is "completed" too (its catch-all).
     if turn.finish_reason == w.FINISH_LENGTH:
         return w.STATUS_INCOMPLETE, {w.REASON: w.INCOMPLETE_MAX_OUTPUT_TOKENS}
-    if turn.finish_reason in (None, w.FINISH_STOP, w.FINISH_TOOL_CALLS, w.FINISH_REPETITION):
-        return w.STATUS_COMPLETED, None
-    # abort and anything newer: the output stopped short for no reason the API can name.
-    return w.STATUS_INCOMPLETE, None
+    return w.STATUS_COMPLETED, None
 
 
-def _output_items(turn: AssistantTurn, status: str, top_logprobs: int | None) -> list[Any]:
+def _item_status(turn: AssistantTurn) -> str:
+    """The status of the item a finish reason ended: vLLM's ``response_item_status``."""
+    return w.STATUS_INCOMPLETE if turn.finish_reason == w.FINISH_LENGTH else w.STATUS_COMPLETED
+
+
+def _output_items(turn: AssistantTurn, top_logprobs: int | None, *, cut_status: bool) -> list[Any]:
+    """The items as vLLM's ``build_response_output_items``: only the last one can be cut short.
+
+    ``cut_status``: the item the cap cut is ``incomplete`` (vLLM 0.33; 0.32 writes
+    ``completed``).
+    """
     items: list[Any] = []
+    last = _item_status(turn) if cut_status else w.STATUS_COMPLETED
     if turn.reasoning:
-        items.append(_reasoning_item(turn.base_id, turn.reasoning, status))
+        items.append(_reasoning_item(turn.base_id, turn.reasoning))
     if turn.content is not None and (turn.content or not turn.tool_calls):
         content = None if turn.logprobs is None else turn.logprobs.content
         logprobs = (
@@ -164,47 +203,66 @@ def _output_items(turn: AssistantTurn, status: str, top_logprobs: int | None) ->
             if isinstance(content, list)
             else None
         )
-        items.append(_message_item(turn.base_id, turn.content, logprobs))
+        status = w.STATUS_COMPLETED if turn.tool_calls else last
+        items.append(_message_item(turn.base_id, turn.content, logprobs, status))
+    count = len(turn.tool_calls)
     items.extend(
-        _function_call_item(turn.base_id, index, call) for index, call in enumerate(turn.tool_calls)
+        _function_call_item(
+            turn.base_id, index, call, last if index == count - 1 else w.STATUS_COMPLETED
+        )
+        for index, call in enumerate(turn.tool_calls)
     )
     return items
 
 
-def _reasoning_item(base_id: str, text: str, status: str) -> dict[str, Any]:
+# Each item and part in the field order of the openai SDK model vLLM dumps, nulls included.
+
+
+def _reasoning_item(base_id: str, text: str) -> dict[str, Any]:
     return {
         w.ID: f"rs_{base_id}",
-        w.TYPE: w.REASONING,
         w.SUMMARY: [],
-        w.CONTENT: [{w.TYPE: w.REASONING_TEXT, w.TEXT: text}],
-        w.STATUS: status,
+        w.TYPE: w.REASONING,
+        w.CONTENT: [{w.TEXT: text, w.TYPE: w.REASONING_TEXT}],
+        w.ENCRYPTED_CONTENT: None,
+        # vLLM leaves a reasoning item's status unset.
+        w.STATUS: None,
     }
 
 
 def _text_part(text: str, logprobs: list[dict[str, Any]] | None) -> dict[str, Any]:
-    return {w.TYPE: w.OUTPUT_TEXT, w.TEXT: text, w.ANNOTATIONS: [], w.LOGPROBS: logprobs}
+    return {w.ANNOTATIONS: [], w.TEXT: text, w.TYPE: w.OUTPUT_TEXT, w.LOGPROBS: logprobs}
 
 
-def _message_item(base_id: str, text: str, logprobs: list[dict[str, Any]] | None) -> dict[str, Any]:
-    # vLLM's message and function call items are "completed" whatever the response's status,
-    # and an empty text is no part (docs/envelopes.md).
+def _message_item(
+    base_id: str, text: str, logprobs: list[dict[str, Any]] | None, status: str
+) -> dict[str, Any]:
+    # An empty text is no part (docs/envelopes.md).
+    return _message(f"msg_{base_id}", [_text_part(text, logprobs)] if text else [], status)
+
+
+def _message(item_id: str, content: list[dict[str, Any]], status: str) -> dict[str, Any]:
     return {
-        w.ID: f"msg_{base_id}",
-        w.TYPE: w.MESSAGE,
+        w.ID: item_id,
+        w.CONTENT: content,
         w.ROLE: w.ASSISTANT,
-        w.STATUS: w.STATUS_COMPLETED,
-        w.CONTENT: [_text_part(text, logprobs)] if text else [],
+        w.STATUS: status,
+        w.TYPE: w.MESSAGE,
+        w.PHASE: None,
     }
 
 
-def _function_call_item(base_id: str, index: int, call: ToolCallOut) -> dict[str, Any]:
+def _function_call_item(base_id: str, index: int, call: ToolCallOut, status: str) -> dict[str, Any]:
     return {
-        w.ID: f"fc_{base_id}_{index}",
-        w.TYPE: w.FUNCTION_CALL,
+        w.ARGUMENTS: call.arguments,
         w.CALL_ID: call.id,
         w.NAME: call.name,
-        w.ARGUMENTS: call.arguments,
-        w.STATUS: w.STATUS_COMPLETED,
+        w.TYPE: w.FUNCTION_CALL,
+        w.ID: f"fc_{base_id}_{index}",
+        w.ASYNC: None,
+        w.CALLER: None,
+        w.NAMESPACE: None,
+        w.STATUS: status,
     }
 
 
@@ -237,15 +295,16 @@ def _usage(usage: Usage | None) -> dict[str, Any] | None:
     total = usage.total_tokens if isinstance(usage.total_tokens, int) else prompt + completion
     prompt_details = usage.prompt_tokens_details or {}
     completion_details = usage.completion_tokens_details or {}
-    # vLLM's details, its per-turn lists empty for one generation as vLLM's own are; and
-    # cache_write_tokens, which the openai SDK's model requires: vLLM counts no cache writes.
+    # vLLM's details, its per-turn lists empty for one generation as vLLM's own are; its
+    # cache_write_tokens counts the prompt tokens the worker wrote to its prefix cache, which
+    # no generate answer reports: 0 (docs/envelopes.md, the usage row).
     return {
         w.INPUT_TOKENS: prompt,
         w.INPUT_TOKENS_DETAILS: {
             w.CACHED_TOKENS: _count(prompt_details.get(w.CACHED_TOKENS)),
+            w.CACHE_WRITE_TOKENS: 0,
             w.INPUT_TOKENS_PER_TURN: [],
             w.CACHED_TOKENS_PER_TURN: [],
-            w.CACHE_WRITE_TOKENS: 0,
         },
         w.OUTPUT_TOKENS: completion,
         w.OUTPUT_TOKENS_DETAILS: {
@@ -281,22 +340,35 @@ def single_frame_responses_events(
     """The Responses streaming events of a whole (unstreamed) generate answer.
 
     The response is wrapped by :func:`wrap_responses_response` (same arguments, same errors),
-    then streamed as vLLM streams it: ``response.created``, ``response.in_progress``; per output
+    then streamed as vLLM streams it (a ``reasoning`` item closed with a status, as vLLM's
+    stream closes it): ``response.created``, ``response.in_progress``; per output
     item ``response.output_item.added``, its content parts added, one delta with the whole
     text (``response.reasoning_text.delta``, ``response.output_text.delta``) or arguments
     (``response.function_call_arguments.delta``), their ``.done`` events and
-    ``response.output_item.done``; then ``response.completed`` with the whole response (an
-    incomplete one too, as vLLM sends it). ``sequence_number`` counts from 0.
+    ``response.output_item.done``; then ``response.completed`` with the whole response
+    (``response.incomplete`` for an incomplete one, as vLLM 0.33 sends it). ``sequence_number``
+    counts from 0.
     """
-    final = wrap_responses_response(
+    whole = wrap_responses_response(
         response, requested=requested, client_body=client_body, options=options
     )
+    built = _options.DEFAULT_OPTIONS if options is None else options
+    # vLLM's final response holds the items its stream closed, a reasoning item's status set.
+    last = len(whole[w.OUTPUT]) - 1
+    cut = whole[w.STATUS] == w.STATUS_INCOMPLETE and not _options.writes_like_032(built)
+    output = [
+        {**item, w.STATUS: w.STATUS_INCOMPLETE if cut and index == last else w.STATUS_COMPLETED}
+        if item[w.TYPE] == w.REASONING
+        else item
+        for index, item in enumerate(whole[w.OUTPUT])
+    ]
+    final = {**whole, w.OUTPUT: output}
     events = _preamble(final)
-    for index, item in enumerate(final[w.OUTPUT]):
+    for index, item in enumerate(output):
         events.extend(_opening_events(item, index))
         events.extend(_full_deltas(item, index))
         events.extend(_closing_events(item, index))
-    events.append(_terminal_event(final))
+    events.append(_terminal_event(final, built))
     return [{**event, w.SEQUENCE_NUMBER: number} for number, event in enumerate(events)]
 
 
@@ -309,7 +381,8 @@ def single_frame_responses_stream(
 ) -> bytes:
     r"""The SSE body of :func:`single_frame_responses_events`: ``event: <type>\ndata: ...``.
 
-    As OpenAI's, the stream has no ``data: [DONE]``: ``response.completed`` ends it.
+    As OpenAI's, the stream has no ``data: [DONE]``: ``response.completed`` (or
+    ``response.incomplete``) ends it.
     """
     events = single_frame_responses_events(
         response, requested=requested, client_body=client_body, options=options
@@ -326,11 +399,12 @@ class ResponsesStreamConverter(NamedEventConverter):
     output); the first choice delta opens the ``message`` item and its ``output_text`` part;
     each non-empty text delta is a ``response.output_text.delta`` (with its ``logprobs`` in
     the streaming shape, cut to the client's ``top_logprobs``); ``[DONE]`` gives the
-    ``.done`` events and ``response.completed`` (whatever the status, as vLLM) carrying the
-    whole response as :func:`wrap_responses_response` builds it from the same turn (its
-    ``usage`` from the leg's usage chunk; ``null`` without one). Ids come from the worker's
-    ``request_id`` by the wrap's rules. ``sequence_number`` counts from 0. No ``[DONE]`` is
-    sent.
+    ``.done`` events and ``response.completed`` (``response.incomplete`` when the cap cut it,
+    as vLLM 0.33) carrying the whole response as :func:`wrap_responses_response` builds it
+    from the same turn (its ``usage`` from the leg's usage chunk; ``null`` without one; no
+    output item when no text came, as vLLM's final response holds the items its stream sent).
+    Ids come from the worker's ``request_id`` by the wrap's rules. ``sequence_number`` counts
+    from 0. No ``[DONE]`` is sent.
 
     An in-stream ``{"error": ...}`` becomes an ``error`` event (``code``: vLLM's error
     ``type``; ``message``; ``param``) and ends the client's stream; :meth:`error_event` gives
@@ -375,9 +449,9 @@ class ResponsesStreamConverter(NamedEventConverter):
         self._item: dict[str, Any] | None = None  # the message item, once opened
         self._sequence = 0
 
-    def _response(self) -> dict[str, Any]:
+    def _response(self, output: list[Any] | None = None) -> dict[str, Any]:
         return _response_object(
-            self._turn(), _options.client_mapping(self._client), self._options, self._top
+            self._turn(), _options.client_mapping(self._client), self._options, self._top, output
         )
 
     def _open(self) -> list[dict[str, Any]]:
@@ -408,11 +482,11 @@ class ResponsesStreamConverter(NamedEventConverter):
         return events
 
     def _end(self) -> list[dict[str, Any]]:
+        if self._item is None:
+            # No text, no item: vLLM's final response carries the items its stream sent.
+            return [_terminal_event(self._response(output=[]), self._options)]
         final = self._response()
-        # An answer with no text has its (empty) message item in the final response alone.
-        events = [] if self._item is None else _closing_events(final[w.OUTPUT][0], 0)
-        events.append(_terminal_event(final))
-        return events
+        return [*_closing_events(final[w.OUTPUT][0], 0), _terminal_event(final, self._options)]
 
     def _error(
         self, message: str, status: int, error_type: str | None, param: str | None
@@ -443,6 +517,11 @@ def responses_error_event(
     return {w.TYPE: w.ERROR, w.CODE: code, w.MESSAGE: message, w.PARAM: param}
 
 
+# Each event's keys in the order of the openai SDK's event model, the one vLLM dumps: the
+# fields sorted, ``sequence_number`` (numbered in place when sent) before ``type``.
+_NUMBERED: Final = 0
+
+
 def _preamble(response: dict[str, Any]) -> list[dict[str, Any]]:
     started = {
         **response,
@@ -452,9 +531,13 @@ def _preamble(response: dict[str, Any]) -> list[dict[str, Any]]:
         w.USAGE: None,
     }
     return [
-        {w.TYPE: w.RESPONSE_CREATED, w.RESPONSE: started},
-        {w.TYPE: w.RESPONSE_IN_PROGRESS, w.RESPONSE: started},
+        {w.RESPONSE: started, w.SEQUENCE_NUMBER: _NUMBERED, w.TYPE: w.RESPONSE_CREATED},
+        {w.RESPONSE: started, w.SEQUENCE_NUMBER: _NUMBERED, w.TYPE: w.RESPONSE_IN_PROGRESS},
     ]
+
+
+def _item_event(kind: str, item: dict[str, Any], index: int) -> dict[str, Any]:
+    return {w.ITEM: item, w.OUTPUT_INDEX: index, w.SEQUENCE_NUMBER: _NUMBERED, w.TYPE: kind}
 
 
 def _opening_events(item: dict[str, Any], index: int) -> list[dict[str, Any]]:
@@ -464,7 +547,7 @@ def _opening_events(item: dict[str, Any], index: int) -> list[dict[str, Any]]:
         opened[w.CONTENT] = []
     if item[w.TYPE] == w.FUNCTION_CALL:
         opened[w.ARGUMENTS] = ""
-    events = [{w.TYPE: w.OUTPUT_ITEM_ADDED, w.OUTPUT_INDEX: index, w.ITEM: opened}]
+    events = [_item_event(w.OUTPUT_ITEM_ADDED, opened, index)]
     for content_index, part in enumerate(parts):
         empty = {**part, w.TEXT: ""}
         if w.LOGPROBS in part:
@@ -479,10 +562,11 @@ def _full_deltas(item: dict[str, Any], index: int) -> list[dict[str, Any]]:
     if item[w.TYPE] == w.FUNCTION_CALL:
         return [
             {
-                w.TYPE: w.FUNCTION_CALL_ARGUMENTS_DELTA,
+                w.DELTA: item[w.ARGUMENTS],
                 w.ITEM_ID: item[w.ID],
                 w.OUTPUT_INDEX: index,
-                w.DELTA: item[w.ARGUMENTS],
+                w.SEQUENCE_NUMBER: _NUMBERED,
+                w.TYPE: w.FUNCTION_CALL_ARGUMENTS_DELTA,
             }
         ]
     return [
@@ -497,41 +581,59 @@ def _closing_events(item: dict[str, Any], index: int) -> list[dict[str, Any]]:
     events = []
     for content_index, part in enumerate(item.get(w.CONTENT, [])):
         at = _at(item[w.ID], index, content_index)
-        done = {w.TYPE: _TEXT_EVENTS[part[w.TYPE]][1], **at, w.TEXT: part[w.TEXT]}
+        done = {w.CONTENT_INDEX: content_index, w.ITEM_ID: item[w.ID]}
         if part[w.TYPE] == w.OUTPUT_TEXT:
-            done[w.LOGPROBS] = _stream_logprobs(part.get(w.LOGPROBS))
+            # vLLM's done event carries none: the part's own are in content_part.done.
+            done[w.LOGPROBS] = []
+        done[w.OUTPUT_INDEX] = index
+        done[w.SEQUENCE_NUMBER] = _NUMBERED
+        done[w.TEXT] = part[w.TEXT]
+        done[w.TYPE] = _TEXT_EVENTS[part[w.TYPE]][1]
         events.append(done)
         events.append(_part_event(w.CONTENT_PART_DONE, at, part))
     if item[w.TYPE] == w.FUNCTION_CALL:
         events.append(
             {
-                w.TYPE: w.FUNCTION_CALL_ARGUMENTS_DONE,
+                w.ARGUMENTS: item[w.ARGUMENTS],
                 w.ITEM_ID: item[w.ID],
-                w.OUTPUT_INDEX: index,
                 # openai 2.x requires the name (3.x accepts it): both SDKs read the event.
                 w.NAME: item[w.NAME],
-                w.ARGUMENTS: item[w.ARGUMENTS],
+                w.OUTPUT_INDEX: index,
+                w.SEQUENCE_NUMBER: _NUMBERED,
+                w.TYPE: w.FUNCTION_CALL_ARGUMENTS_DONE,
             }
         )
-    events.append({w.TYPE: w.OUTPUT_ITEM_DONE, w.OUTPUT_INDEX: index, w.ITEM: item})
+    events.append(_item_event(w.OUTPUT_ITEM_DONE, item, index))
     return events
 
 
-def _at(item_id: str, index: int, content_index: int) -> dict[str, Any]:
-    """The fields that place an event on a content part."""
-    return {w.ITEM_ID: item_id, w.OUTPUT_INDEX: index, w.CONTENT_INDEX: content_index}
+def _at(item_id: str, index: int, content_index: int) -> tuple[int, str, int]:
+    """What places an event on a content part: its content index, item id and output index."""
+    return (content_index, item_id, index)
 
 
-def _part_event(kind: str, at: dict[str, Any], part: dict[str, Any]) -> dict[str, Any]:
-    return {w.TYPE: kind, **at, w.PART: part}
+def _part_event(kind: str, at: tuple[int, str, int], part: dict[str, Any]) -> dict[str, Any]:
+    content_index, item_id, index = at
+    return {
+        w.CONTENT_INDEX: content_index,
+        w.ITEM_ID: item_id,
+        w.OUTPUT_INDEX: index,
+        w.PART: part,
+        w.SEQUENCE_NUMBER: _NUMBERED,
+        w.TYPE: kind,
+    }
 
 
 def _text_delta(
-    at: dict[str, Any], part_type: str, text: str, logprobs: list[dict[str, Any]] | None
+    at: tuple[int, str, int], part_type: str, text: str, logprobs: list[dict[str, Any]] | None
 ) -> dict[str, Any]:
-    event = {w.TYPE: _TEXT_EVENTS[part_type][0], **at, w.DELTA: text}
+    content_index, item_id, index = at
+    event: dict[str, Any] = {w.CONTENT_INDEX: content_index, w.DELTA: text, w.ITEM_ID: item_id}
     if part_type == w.OUTPUT_TEXT:
         event[w.LOGPROBS] = _stream_logprobs(logprobs) if logprobs else []
+    event[w.OUTPUT_INDEX] = index
+    event[w.SEQUENCE_NUMBER] = _NUMBERED
+    event[w.TYPE] = _TEXT_EVENTS[part_type][0]
     return event
 
 
@@ -549,7 +651,12 @@ def _stream_logprobs(logprobs: list[dict[str, Any]] | None) -> list[dict[str, An
     ]
 
 
-def _terminal_event(response: dict[str, Any]) -> dict[str, Any]:
-    # response.completed whatever the status, as vLLM ends its streams (docs/envelopes.md): the
-    # openai SDK's stream helper reads its final response from no other event.
-    return {w.TYPE: w.RESPONSE_COMPLETED, w.RESPONSE: response}
+def _terminal_event(response: dict[str, Any], options: _options.EnvelopeOptions) -> dict[str, Any]:
+    # vLLM 0.33 ends an incomplete response's stream with response.incomplete (0.32 with
+    # response.completed; docs/envelopes.md).
+    incomplete = response[w.STATUS] == w.STATUS_INCOMPLETE and not _options.writes_like_032(options)
+    return {
+        w.RESPONSE: response,
+        w.SEQUENCE_NUMBER: _NUMBERED,
+        w.TYPE: w.RESPONSE_INCOMPLETE if incomplete else w.RESPONSE_COMPLETED,
+    }

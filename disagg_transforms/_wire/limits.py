@@ -25,6 +25,7 @@ MAX_CACHE_SALT_CHARS: Final = 128
 """vLLM's validator caps ``cache_salt`` at 128 characters (the schema says 1024)."""
 _CACHE_SALT_FORBIDDEN: Final = ("@", "/", "\\", "\x00")
 _CACHE_SALT_REFUSED: Final = re.compile("[" + re.escape("".join(_CACHE_SALT_FORBIDDEN)) + "]")
+_SAMPLING_PATH: Final = f"$.{w.SAMPLING_PARAMS}"
 _LEAF_TYPES: Final = frozenset({int, float, str, bool, type(None)})
 # What a mapping's walk skips by its exact type: scalars, and token IDs the bytes path proved flat.
 _NOT_NESTED: Final = _LEAF_TYPES | {RawTokenIds}
@@ -136,12 +137,17 @@ def check_client_body(body: Mapping[str, Any], limits: Limits) -> None:
     Raises:
         RequestError: naming the limit, the JSON path and the value.
     """
-    # A small body from bytes is proved shallow by its length: no walk.
+    # A body from bytes with few brackets is proved shallow by their count: no walk.
     if not (isinstance(body, RawMembers) and body.nests_within(limits.max_depth)):
         check_depth(body, limits.max_depth)
     sampling = body.get(w.SAMPLING_PARAMS)
-    for holder, parent in ((body, "$"), (sampling, f"$.{w.SAMPLING_PARAMS}")):
-        if isinstance(holder, _validate.MAPPINGS) and holder.get(w.N) is not None:
+    for holder, parent in ((body, "$"), (sampling, _SAMPLING_PATH)):
+        # None first: an absent sampling_params would cost the Mapping ABC's check.
+        if (
+            holder is not None
+            and isinstance(holder, _validate.MAPPINGS)
+            and holder.get(w.N) is not None
+        ):
             _validate.whole_number(holder[w.N], f"{parent}.{w.N}", minimum=1, maximum=limits.max_n)
     salt = body.get(w.CACHE_SALT)
     if salt is not None:

@@ -25,6 +25,7 @@ per provider.
 from __future__ import annotations
 
 import asyncio
+import logging
 import reprlib
 import threading
 import weakref
@@ -53,11 +54,14 @@ from disagg_transforms import (
 from disagg_transforms.errors import ConfigError, DisaggTransformError
 from disagg_transforms.exchange import ClientReply, ClientStream, Driver, Exchange, WorkerCall
 
+_LOG: Final = logging.getLogger("disagg_transforms.litellm")
+
 __all__ = (
     "PREFILL_API_BASE",
     "SamplingCapsCallback",
     "StripTransferParamsCallback",
     "VllmGenerateLLM",
+    "auto_provider",
     "derender_provider",
     "sampling_caps_callback",
     "strip_transfer_params_callback",
@@ -149,9 +153,24 @@ def _client_headers(headers: Mapping[str, str] | None, api_key: object) -> dict[
     return sent
 
 
+# What a client is told of a failed call: its kind, never the worker's address nor the
+# transport's own text (docs/litellm.md, "Errors"); the most precise kind first.
+_FAILURE_KINDS: tuple[tuple[type[httpx.TransportError], str], ...] = (
+    (httpx.ConnectTimeout, "no connection within the timeout"),
+    (httpx.TimeoutException, "no answer within the timeout"),
+    (httpx.ConnectError, "could not connect to the worker"),
+    (httpx.RemoteProtocolError, "the worker closed the connection"),
+    (httpx.ReadError, "connection reset"),
+)
+
+
 def _reason(error: httpx.TransportError) -> str:
-    detail = str(error)
-    return f"{type(error).__name__}: {detail}" if detail else type(error).__name__
+    # The address and the exception go to the log only: in llm-d an address is a pod's IP.
+    _LOG.warning("worker call failed: %s: %s", type(error).__name__, error)
+    return next(
+        (kind for classes, kind in _FAILURE_KINDS if isinstance(error, classes)),
+        "the connection failed",
+    )
 
 
 def _timed_out(error: httpx.TransportError) -> bool:
@@ -398,7 +417,8 @@ class VllmGenerateLLM(CustomLLM):
     Args:
         params: the decode step's params; ``use_openai_format`` must be false (this provider
             exists to use the generate route); ``wrap_chat_completion`` is always on (LiteLLM
-            reads the chat envelope). Defaults to text mode.
+            reads the chat envelope). Defaults to ``output_mode`` auto: a request with tools gets
+            its tool calls (a derender leg), any other text streamed as it comes.
         prefill_params: the prefill step's params, when a prefill worker is used. Defaults to
             the generate route.
         prefill_api_base: the prefill worker's URL for deployments whose ``model_info`` names
@@ -423,7 +443,8 @@ class VllmGenerateLLM(CustomLLM):
         async_http_client: httpx.AsyncClient | None = None,
     ) -> None:
         super().__init__()
-        params = DecodeParams(use_openai_format=False) if params is None else params
+        if params is None:
+            params = DecodeParams(use_openai_format=False, output_mode=OutputMode.AUTO)
         if not isinstance(params, DecodeParams) or params.use_openai_format:
             msg = (
                 "VllmGenerateLLM: params must be DecodeParams with use_openai_format false, "
@@ -637,12 +658,21 @@ class StripTransferParamsCallback(CustomLogger):
         return strip_transfer_params(kwargs)
 
 
-text_provider: Final = VllmGenerateLLM()
-"""A provider in text mode (vLLM >= 0.32), for ``custom_provider_map`` in a proxy YAML."""
+auto_provider: Final = VllmGenerateLLM()
+"""The provider to register (``custom_provider_map`` in a proxy YAML): ``output_mode`` auto.
+
+A request with tools gets its tool calls and reasoning (a derender leg), any other text
+streamed token by token with no reasoning parsed.
+"""
+text_provider: Final = VllmGenerateLLM(
+    params=DecodeParams(use_openai_format=False, output_mode=OutputMode.TEXT)
+)
+"""A provider in text mode (vLLM >= 0.32): a request with tools is refused with a 400."""
 derender_provider: Final = VllmGenerateLLM(
     params=DecodeParams(use_openai_format=False, output_mode=OutputMode.DERENDER)
 )
-"""A provider in derender mode (vLLM >= 0.33): tool calls and reasoning parsed by the worker."""
+"""A provider in derender mode (vLLM >= 0.33): tool calls and reasoning parsed by the worker,
+every answer in one frame."""
 sampling_caps_callback: Final = SamplingCapsCallback()
 """A :class:`SamplingCapsCallback` for ``litellm_settings.callbacks`` in a proxy YAML."""
 strip_transfer_params_callback: Final = StripTransferParamsCallback()

@@ -20,6 +20,7 @@ import time
 import urllib.parse
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from http import HTTPStatus
 from types import FrameType
 from typing import TypeAlias
 
@@ -52,6 +53,8 @@ from disagg_transforms import (
     StepParams,
     detect_route,
     parse_pipeline_params,
+    validate_vllm_version,
+    version_errors,
 )
 from disagg_transforms.errors import (
     ConfigError,
@@ -83,7 +86,14 @@ if sys.version_info >= (3, 11):
 else:  # aiohttp's own dependency there
     from async_timeout import timeout as _deadline
 
-__all__ = ("SidecarSeat", "Timeouts", "create_app", "sidecar_errors", "url_errors")
+__all__ = (
+    "SidecarSeat",
+    "Timeouts",
+    "create_app",
+    "sidecar_errors",
+    "url_errors",
+    "worker_vllm_version",
+)
 
 ACCESS_LOG = logging.getLogger("disagg_transforms.proxy")
 """One line per client request: its id, route, status, and each worker call's status and time."""
@@ -234,7 +244,11 @@ def _gateway_errors(
         if url is not None
     ]
     if "render" in workers and render_url is None:
-        msg = "--render-url: a leg speaks the generate route, and render is not a gateway leg"
+        msg = (
+            "--render-url: a leg speaks the generate route, and render is not a gateway leg: "
+            "pass --render-url URL (a vLLM server with the render routes, such as `vllm launch "
+            "render`), or run every leg on the client's route (use_openai_format: true)"
+        )
         errors.append(ConfigError(msg, param="render"))
     return errors
 
@@ -539,12 +553,87 @@ def _timed_out(error: BaseException) -> bool:
 
 
 def _reason(error: BaseException, timeouts: Timeouts) -> str:
-    if isinstance(error, _TIMEOUTS) and not isinstance(error, aiohttp.ClientError):
+    """The kind of a failed call, as the client is told it.
+
+    Never the worker's address nor the transport's own text: they name internal hosts
+    (docs/proxy.md, "Errors and timeouts"); ``_logged_failure`` writes them to the log.
+    """
+    if isinstance(error, _TIMEOUTS):
+        if isinstance(error, aiohttp.ClientError):  # aiohttp's own: the connect timeout
+            return f"no connection within the timeout ({timeouts.connect:g}s connect)"
         return (
             f"no answer within the timeout ({timeouts.first_byte:g}s first byte,"
             f" {timeouts.idle:g}s idle)"
         )
-    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+    return next(
+        (kind for classes, kind in _FAILURE_KINDS if isinstance(error, classes)),
+        "the connection failed",
+    )
+
+
+# The kinds of a failed call a client is told, the most precise first.
+_FAILURE_KINDS: tuple[tuple[type[aiohttp.ClientError], str], ...] = (
+    (aiohttp.ClientConnectorError, "could not connect to the worker"),
+    (aiohttp.ServerDisconnectedError, "the worker closed the connection"),
+    (aiohttp.ClientPayloadError, "the worker's answer was cut off"),
+    (aiohttp.ClientOSError, "connection reset"),
+)
+
+
+def _log_failure(step: str, url: str, error: BaseException) -> None:
+    """What a client is never told of a failed call: the worker's address, the exception."""
+    ACCESS_LOG.warning("%s call to %s failed: %s: %s", step, url, type(error).__name__, error)
+
+
+def _logged_failure(step: str, url: str, error: BaseException, timeouts: Timeouts) -> str:
+    """:func:`_reason` for the client; the worker's address and the exception to the log."""
+    _log_failure(step, url, error)
+    return _reason(error, timeouts)
+
+
+class _Version(msgspec.Struct):
+    """What a worker's ``GET /version`` is read for."""
+
+    version: object = None
+
+
+async def _asked_version(http: aiohttp.ClientSession, url: str, timeout: float) -> str | None:
+    """The vLLM release the worker at ``url`` names in its ``GET /version``.
+
+    ``None`` when it answers but names none (not a vLLM worker, an error status).
+
+    Raises:
+        aiohttp.ClientError, TimeoutError: no answer (the worker is not up, or not there).
+    """
+    async with _deadline(timeout):
+        answer = await http.get(url + "/version")
+        try:
+            body = await answer.read()
+        finally:
+            answer.release()
+    try:
+        version = msgspec.json.decode(body, type=_Version).version
+        return validate_vllm_version(version) if answer.status == HTTPStatus.OK else None
+    except (msgspec.DecodeError, RecursionError, ConfigError):
+        return None
+
+
+def worker_vllm_version(url: str, *, timeout: float = 5.0) -> str | None:
+    """The vLLM release of the worker at ``url``, from its ``GET /version`` (blocking).
+
+    What ``serve`` asks the render worker at startup (docs/proxy.md, "vLLM versions"). ``None``
+    when it cannot be reached in ``timeout`` seconds or names no release; why goes to the log.
+    """
+
+    async def ask() -> str | None:
+        async with aiohttp.ClientSession(trust_env=False) as http:
+            return await _asked_version(http, url.rstrip("/"), timeout)
+
+    try:
+        return asyncio.run(ask())
+    except _FAILURES as error:
+        _log_failure("version", url, error)
+        return None
 
 
 def _client_error(
@@ -562,7 +651,8 @@ def _client_error(
 
 
 def _too_large(request: Request, limit: int) -> Response:
-    message = f"$: the body is over the limit of {limit} bytes (Limits.max_body_bytes)"
+    # Named as the operator sets it: serve's flag (create_app's limits= is its programmatic twin).
+    message = f"$: the body is over the limit of {limit} bytes (--max-body-bytes)"
     # The rest of the body is never read, so the connection cannot carry another request.
     return _client_error(request, 413, message, "$", {"connection": "close"})
 
@@ -630,6 +720,7 @@ class _Proxy:
         profiles: Mapping[str, str],
         prefill_max_retries: int,
         seat: _Seat | None,
+        probe_version: bool,
     ) -> None:
         self.config = config
         self.seat = seat  # the sidecar seat: each request's headers name its workers
@@ -639,11 +730,16 @@ class _Proxy:
         self.timeouts = timeouts
         self.worker_keep_alive = worker_keep_alive
         self.settings = settings  # one settings object for every exchange this proxy runs
+        self.version_unknown = probe_version and settings.vllm_version is None
+        """The workers' release is asked before the next client request (serve could not)."""
+        self.probing = asyncio.Lock()
         # A count_tokens request is rendered whatever the pipeline: its exchange's first call.
-        # Its decode never runs; auto, so a count request with tools is counted, not refused.
+        # Its decode never runs; auto, so a count request with tools is counted, not refused,
+        # and rendered whatever the workers' release (its decode is never sent).
         self.rendered = parse_pipeline_params(
             {"decode": {"output_mode": "auto"}}, use_openai_format=False
         )
+        self.count_settings = msgspec.structs.replace(settings, vllm_version=None)
         self.http: aiohttp.ClientSession | None = None
         self.metrics = _Metrics()
         self.draining = False
@@ -760,7 +856,7 @@ class _Proxy:
                 finally:
                     answer.release()
         except _FAILURES as error:
-            message = f"{step} failed: {_reason(error, self.timeouts)}"
+            message = f"{step} failed: {_logged_failure(step, url, error, self.timeouts)}"
             return _openai_error(502, message)
         kind = answer.headers.get("content-type", "application/json")
         return Response(body, status_code=answer.status, media_type=kind)
@@ -802,7 +898,11 @@ class _Proxy:
             return read
         body = _with_max_tokens(read)
         ex = Exchange(
-            self.rendered, Route.MESSAGES.value, request.headers.raw, body, settings=self.settings
+            self.rendered,
+            Route.MESSAGES.value,
+            request.headers.raw,
+            body,
+            settings=self.count_settings,
         )
         log.begin(ex.client_model)
         drive = Driver(ex)
@@ -835,6 +935,8 @@ class _Proxy:
                 log.begin(_body_model(client_body))
                 log.write("-", error.status_hint, error="bad_request")
                 return _client_error(request, error.status_hint, error.message, error.param)
+        if self.version_unknown:
+            await self._ask_version()
         ex = Exchange(
             config,
             request.scope["path"],
@@ -866,6 +968,31 @@ class _Proxy:
         assert stream is not None  # noqa: S101 - a client stream relays a worker stream
         body_stream = self._relay(drive, stream, reply.first, log, reply.status)
         return StreamingResponse(body_stream, status_code=reply.status, headers=dict(reply.headers))
+
+    async def _ask_version(self) -> None:
+        """Ask the render worker's release once it answers (``serve`` could not at startup).
+
+        A worker that cannot be reached is asked again before the next request; one that
+        answers without a release is taken to honour every mode (docs/proxy.md, "vLLM
+        versions").
+        """
+        async with self.probing:
+            if not self.version_unknown:
+                return  # another request asked meanwhile
+            url = self.urls["render"]  # a vLLM worker of the fleet, never the gateway's picker
+            try:
+                version = await _asked_version(self._client(), url, self.timeouts.connect)
+            except _FAILURES as error:
+                _log_failure("version", url, error)
+                return
+            self.version_unknown = False
+            if version is None:
+                ACCESS_LOG.warning("%s/version names no vLLM release: every mode is assumed", url)
+                return
+            ACCESS_LOG.info("the workers run vLLM %s", version)
+            self.settings = msgspec.structs.replace(self.settings, vllm_version=version)
+            for refused in version_errors(self.config, version):
+                ACCESS_LOG.error("%s", refused.message)
 
     async def _send(self, call: WorkerCall, urls: Mapping[str, str]) -> aiohttp.ClientResponse:
         """Send ``call`` to its step's worker in ``urls``; its answer once its head came."""
@@ -919,7 +1046,8 @@ class _Proxy:
             while drive.opening:
                 drive.chunk(await stream.read() or None)  # b"": the stream's end
         except _FAILURES as error:
-            drive.failed(_reason(error, self.timeouts), timed_out=_timed_out(error))
+            why = _logged_failure(call.step, urls[call.step], error, self.timeouts)
+            drive.failed(why, timed_out=_timed_out(error))
             log.leg(call.step, "failed", since)
             if stream is not None:
                 stream.close()
@@ -957,8 +1085,9 @@ class _Proxy:
                         answer.release()
             except _FAILURES as error:
                 log.leg(call.step, "failed", since)
+                why = _logged_failure(call.step, urls[call.step], error, self.timeouts)
                 if not retries_left:
-                    drive.failed(_reason(error, self.timeouts), timed_out=_timed_out(error))
+                    drive.failed(why, timed_out=_timed_out(error))
                 continue
             log.leg(call.step, answer.status, since, head)
             if retries_left and answer.status in _RETRIED_STATUSES:
@@ -985,7 +1114,7 @@ class _Proxy:
                 if out := drive.chunk(await stream.read() or None):
                     yield out
         except _FAILURES as error:
-            why = _reason(error, self.timeouts)
+            why = _logged_failure("streamed", str(stream.answer.url), error, self.timeouts)
             yield drive.failed(why, timed_out=_timed_out(error))
         except BaseException:
             # Starlette cancels the relay when the client goes away: the worker's stream is
@@ -1072,6 +1201,9 @@ def create_app(  # noqa: PLR0913 - one URL per step and the settings, all by key
     ec_connector: EcConnector = EcConnector.NIXL,
     prefill_max_retries: int = 0,
     sidecar: SidecarSeat | None = None,
+    render_first: bool = False,
+    vllm_version: str | None = None,
+    probe_vllm_version: bool = False,
 ) -> Starlette:
     """The proxy as a Starlette app: the client routes and vLLM's others (``docs/proxy.md``).
 
@@ -1107,10 +1239,19 @@ def create_app(  # noqa: PLR0913 - one URL per step and the settings, all by key
         sidecar: llm-d's sidecar seat (:class:`SidecarSeat`): each request's headers name its
             prefill and encode workers, so no ``prefill_url``, ``encode_url`` or
             ``gateway_url`` is given with it.
+        render_first: render before a conditional decode
+            (:attr:`~disagg_transforms.ExchangeSettings.render_first`).
+        vllm_version: the workers' vLLM release
+            (:attr:`~disagg_transforms.ExchangeSettings.vllm_version`); ``None``: one that
+            honours every mode, unless ``probe_vllm_version``.
+        probe_vllm_version: without ``vllm_version``, ask the render worker's ``GET /version``
+            (the decode URL's by default) before the first client request (again before the
+            next while it cannot be reached), as ``serve`` does when it could not at startup.
 
     Raises:
         ConfigError: the first of :func:`url_errors` (:func:`sidecar_errors` in the sidecar
-            seat).
+            seat), a ``vllm_version`` that is not a release, or the first of
+            :func:`~disagg_transforms.version_errors`.
     """
     errors = (url_errors if sidecar is None else sidecar_errors)(
         config,
@@ -1135,8 +1276,15 @@ def create_app(  # noqa: PLR0913 - one URL per step and the settings, all by key
         profiles = {}
     stripped = {k: v.rstrip("/") for k, v in urls.items()}
     settings = ExchangeSettings(
-        hooks=hooks, limits=limits, kv_connector=kv_connector, ec_connector=ec_connector
+        hooks=hooks,
+        limits=limits,
+        kv_connector=kv_connector,
+        ec_connector=ec_connector,
+        render_first=render_first,
+        vllm_version=vllm_version,
     )
+    if vllm_version is not None and (refused := version_errors(config, vllm_version)):
+        raise refused[0]
     if prefill_max_retries < 0:
         msg = f"prefill_max_retries: expected 0 or more, got {prefill_max_retries}"
         raise ConfigError(msg, param="prefill_max_retries")
@@ -1149,6 +1297,7 @@ def create_app(  # noqa: PLR0913 - one URL per step and the settings, all by key
         profiles=profiles,
         prefill_max_retries=prefill_max_retries,
         seat=None if sidecar is None else _Seat(sidecar, config, stripped),
+        probe_version=probe_vllm_version,
     )
     routes = [HttpRoute(route.value, proxy.serve, methods=["POST"]) for route in _CLIENT_ROUTES]
     routes += [

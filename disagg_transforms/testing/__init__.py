@@ -25,6 +25,9 @@ served),
 or serve it with any ASGI server (``uvicorn.run(SimulatedWorker(), port=8100)``); the header
 ``x-simulate-fault: MODE`` then picks a fault per request.
 
+:class:`SimulatedSglangWorker` is its SGLang 0.5.23 counterpart: ``/generate`` in one P/D role,
+prefill and decode meeting by bootstrap room (docs/sglang.md).
+
 The toy tokenizer is :func:`toy_encode`: UTF-8 byte ``b`` is token ``1000 + b``; Qwen's special
 strings keep their IDs (``<|im_start|>`` 151644, ``<|im_end|>`` 151645, ``<tool_call>`` 151657,
 ``</tool_call>`` 151658, ``<think>`` 151667, ``</think>`` 151668). With it the render answers
@@ -65,6 +68,7 @@ from disagg_transforms.testing._gateway import (
     GatewayCall,
     SimulatedGateway,
 )
+from disagg_transforms.testing._sglang import SGLANG_FAULT_MODES, SimulatedSglangWorker
 from disagg_transforms.testing._tokenizer import decode as toy_decode
 from disagg_transforms.testing._tokenizer import encode as toy_encode
 from disagg_transforms.testing._worker import (
@@ -84,7 +88,9 @@ __all__ = [
     "PROFILE_HEADER",
     "ROUTING_POLICIES",
     "RecordedCall",
+    "SGLANG_FAULT_MODES",
     "SimulatedGateway",
+    "SimulatedSglangWorker",
     "SimulatedWorker",
     "WorkerSettings",
     "toy_decode",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any, Final
 
 
@@ -32,13 +33,13 @@ class Issue:
     ctx: dict[str, object] | None = None
 
 
-def _summary(value: object) -> object:
-    # vLLM's handler summarises containers by their size instead of echoing them.
+def _summary(value: object) -> str:
+    # vLLM's handler summarises containers by their size and writes any other value as text.
     if isinstance(value, dict):
         return f"<dict of {len(value)} items>"
     if isinstance(value, list):
         return f"<list of {len(value)} items>"
-    return value
+    return str(value)
 
 
 class RequestInvalidError(Exception):
@@ -90,6 +91,11 @@ class BadRequestError(Exception):
         return error_body(self.message, error_type, self.param, self.status)
 
 
+# The major and minor of a release (vLLM's /version: "0.32.0", "0.33.1rc1", "0.32.0+cpu").
+_RELEASE: Final = re.compile(r"(\d+)\.(\d+)")
+_DERENDER_RELEASE: Final = (0, 33)  # the first with output_mode derender
+
+
 DEFAULT_ENGINE_ID: Final = "4f8a0c3e-7d2b-4c1a-9e5f-2b6d8a1c3e70"
 """The ``remote_engine_id`` a prefill's ``kv_transfer_params`` names unless told otherwise."""
 
@@ -123,14 +129,30 @@ class WorkerSettings:
     """vLLM's ``--enable-prompt-tokens-details``: a P/D leg's usage reports
     ``prompt_tokens_details.cached_tokens`` (a prefill: the prefix cache's hit over the prompts
     this worker computed before; a decode that pulls the prompt's KV: 0). Off: ``null``."""
+    vllm_version: str = "0.33.0"
+    """The vLLM release played: ``GET /version`` answers it, and before 0.33 the generate route
+    has no ``derender`` (refused with vLLM 0.32's own 400, ``Input should be 'tokens' or
+    'text'``). Everything else is answered as 0.33 answers it."""
 
     def __post_init__(self) -> None:
         if self.max_model_len < 1:
             msg = "max_model_len must be positive"
             raise ValueError(msg)
+        if _RELEASE.match(self.vllm_version) is None:
+            msg = f"vllm_version must be a vLLM release such as 0.32.0, got {self.vllm_version!r}"
+            raise ValueError(msg)
         if not all(isinstance(name, str) and name for name in self.served_model_names):
             msg = "served_model_names must be non-empty strings"
             raise ValueError(msg)
+
+    @property
+    def output_modes(self) -> tuple[str, ...]:
+        """The ``output_mode`` values the played release's generate route takes."""
+        found = _RELEASE.match(self.vllm_version)
+        assert found is not None  # noqa: S101 - __post_init__ checked it
+        if (int(found[1]), int(found[2])) < _DERENDER_RELEASE:
+            return ("tokens", "text")
+        return ("tokens", "text", "derender")
 
     @property
     def default_model(self) -> str:

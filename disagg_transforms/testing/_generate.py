@@ -307,12 +307,15 @@ def _check_other_fields(body: Mapping[str, Any], issues: list[Issue]) -> None:
         issues.append(Issue("string_too_long", "body.cache_salt", msg, salt))
 
 
-def validate(body: object, *, legacy: bool) -> dict[str, Any]:
+def validate(
+    body: object, *, legacy: bool, modes: tuple[str, ...] = OUTPUT_MODES
+) -> dict[str, Any]:
     """Check a generate body the way vLLM's request model does.
 
     Args:
         body: The parsed JSON body.
         legacy: Act like a vLLM that predates ``output_mode`` (the key is ignored).
+        modes: The ``output_mode`` values the release takes (0.32: no ``derender``).
 
     Returns:
         The body, known to be well formed.
@@ -335,9 +338,13 @@ def validate(body: object, *, legacy: bool) -> dict[str, Any]:
             if key in sampling and not _kind_matches(kind, sampling[key]):
                 issues.append(_type_issue(kind, f"body.sampling_params.{key}", sampling[key]))
     mode = body.get("output_mode", "tokens")
-    if not legacy and mode not in OUTPUT_MODES:
-        msg = "Input should be 'tokens', 'text' or 'derender'"
-        issues.append(Issue("literal_error", "body.output_mode", msg, mode))
+    if not legacy and mode not in modes:
+        # pydantic's literal_error, as vLLM's handler prints it (captured from vLLM 0.32).
+        quoted = [f"'{m}'" for m in modes]
+        expected = f"{', '.join(quoted[:-1])} or {quoted[-1]}"
+        ctx: dict[str, object] = {"expected": expected}
+        msg = f"Input should be {expected}"
+        issues.append(Issue("literal_error", "body.output_mode", msg, mode, ctx))
     if not legacy:
         # A vLLM older than output_mode has no parse_context either: it drops the key unread.
         _check_parse_context(body.get("parse_context"), issues)
@@ -348,8 +355,10 @@ def validate(body: object, *, legacy: bool) -> dict[str, Any]:
     if not legacy and mode != "tokens" and sampling.get("detokenize", True) is False:
         # The model validator's failure, printed with its ValueError as vLLM's handler does.
         msg = f"output_mode={mode!r} requires sampling_params.detokenize to be true"
-        ctx: dict[str, object] = {"error": ValueError(msg)}
-        raise RequestInvalidError([Issue("value_error", "body", f"Value error, {msg}", body, ctx)])
+        error: dict[str, object] = {"error": ValueError(msg)}
+        raise RequestInvalidError(
+            [Issue("value_error", "body", f"Value error, {msg}", body, error)]
+        )
     return body
 
 
@@ -472,12 +481,39 @@ def _structured_answer(sampling: Mapping[str, Any]) -> str | None:
     return None
 
 
+_TOOL_RESULTS_TURN: Final = tok.encode("</tool_response><|im_end|>\n<|im_start|>assistant\n")
+"""How a prompt ends whose last turn is tool results (the template's generation prompt after it)."""
+_THINKING_OFF: Final = tok.encode("<think>\n\n</think>\n\n")
+
+
+def _answers_tool_results(prompt: list[int]) -> bool:
+    """Whether the prompt's last turn is tool results.
+
+    Chat ``tool`` messages, Messages ``tool_result`` blocks and Responses
+    ``function_call_output`` items all render as one.
+    """
+    if prompt[-len(_THINKING_OFF) :] == _THINKING_OFF:
+        prompt = prompt[: -len(_THINKING_OFF)]
+    return prompt[-len(_TOOL_RESULTS_TURN) :] == _TOOL_RESULTS_TURN
+
+
+def _called_tool(body: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The tool the model calls, if any.
+
+    None after tool results unless ``tool_choice`` forces one, so an agent loop ends.
+    """
+    context: Mapping[str, Any] = body["parse_context"]
+    if context.get("tool_choice") == "auto" and _answers_tool_results(body["token_ids"]):
+        return None
+    return _chosen_tool(context)
+
+
 def _script(body: Mapping[str, Any], settings: WorkerSettings, mode: str) -> list[int]:
     """The tokens this deterministic model generates when nothing stops it."""
     structured = _structured_answer(body.get("sampling_params") or {})
     if mode != "derender":
         return [*tok.encode(structured or settings.answer), tok.IM_END]
-    function = _chosen_tool(body["parse_context"])
+    function = _called_tool(body)
     if structured is not None:
         answer = structured
     elif function is None:
@@ -702,20 +738,23 @@ def cached_prefix(prompt: list[int], earlier: Iterable[object]) -> int:
     return min(longest, len(prompt) - 1) // BLOCK_SIZE * BLOCK_SIZE
 
 
-def _prompt_details(body: Mapping[str, Any], cached_tokens: int) -> dict[str, int] | None:
+def _prompt_details(body: Mapping[str, Any], cached_tokens: int) -> dict[str, Any] | None:
     """``usage.prompt_tokens_details`` of a P/D leg, as vLLM with prompt token details reports it.
 
     A prefill (``do_remote_decode``) counts the prefix cache's tokens; a decode that pulls the
     prompt's KV from prefill (``do_remote_prefill``) counts none of its own. Other calls: none.
+    vLLM 0.33's generate route writes no ``created_cache_tokens`` (its chat route does).
     """
     params = body.get("kv_transfer_params")
     if not isinstance(params, dict):
         return None
     if params.get("do_remote_decode") is True:
-        return {"cached_tokens": cached_tokens}
-    if params.get("do_remote_prefill") is True:
-        return {"cached_tokens": 0}
-    return None
+        cached = cached_tokens
+    elif params.get("do_remote_prefill") is True:
+        cached = 0
+    else:
+        return None
+    return {"cached_tokens": cached, "created_cache_tokens": None, "multimodal_tokens": None}
 
 
 def _ec_answer(body: Mapping[str, Any], settings: WorkerSettings) -> Any:  # noqa: ANN401 - JSON
@@ -794,7 +833,10 @@ def generate(  # noqa: PLR0913 - the body, then what the worker knows, by keywor
     choices = [dataclasses.replace(ended, index=index) for index in range(sampling.get("n", 1))]
     details = _prompt_details(body, cached_tokens) if settings.prompt_tokens_details else None
     if body.get("stream") is True:
-        events = _stream(body, choices, request_id, mode, legacy=legacy, details=details)
+        # vLLM dumps its last usage chunk without its nulls (exclude_none): no
+        # created_cache_tokens or multimodal_tokens in the details.
+        written = None if details is None else {k: v for k, v in details.items() if v is not None}
+        events = _stream(body, choices, request_id, mode, legacy=legacy, details=written)
         return GenerateAnswer(None, events)
     answer_choices = [_answer_choice(choice, body, mode, request_id) for choice in choices]
     completion = sum(len(choice.tokens) for choice in choices)
@@ -866,7 +908,7 @@ def _stream(  # noqa: PLR0913 - the answer's parts, by keyword
     mode: str,
     *,
     legacy: bool,
-    details: dict[str, int] | None,
+    details: dict[str, Any] | None,
 ) -> list[bytes]:
     sampling: Mapping[str, Any] = body["sampling_params"]
     options = body.get("stream_options") or {}
@@ -900,7 +942,7 @@ def _stream(  # noqa: PLR0913 - the answer's parts, by keyword
                     "prompt_tokens": prompt_len,
                     "total_tokens": prompt_len + step + 1,
                     "completion_tokens": step + 1,
-                    "prompt_tokens_details": details,
+                    "prompt_tokens_details": None,  # the details come with the last usage
                     "completion_tokens_details": None,
                 }
             chunk: dict[str, Any] = {"request_id": request_id, "usage": usage}

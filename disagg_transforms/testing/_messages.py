@@ -34,6 +34,22 @@ def anthropic_error(body: Mapping[str, Any]) -> dict[str, Any]:
     return {"type": "error", "error": {"type": error["type"], "message": error["message"]}}
 
 
+def _usage(turn: _openai.TextTurn) -> dict[str, Any]:
+    """The usage as vLLM's ``_build_anthropic_usage``: the cache's counts with details.
+
+    The chat serving's ``created_cache_tokens`` (the simulated engine writes no prefix cache: 0)
+    and ``cached_tokens`` come out of ``input_tokens``.
+    """
+    if turn.cached_tokens is None:
+        return {"input_tokens": turn.prompt_tokens, "output_tokens": turn.completion_tokens}
+    return {
+        "input_tokens": max(0, turn.prompt_tokens - turn.cached_tokens),
+        "output_tokens": turn.completion_tokens,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": turn.cached_tokens,
+    }
+
+
 def messages(
     body: object, header_id: str | None, settings: WorkerSettings, sequence: int
 ) -> dict[str, Any] | list[dict[str, Any]]:
@@ -51,7 +67,7 @@ def messages(
     """
     request = _render.render_messages(body, header_id, settings)
     turn = _openai.text_turn(request, body, settings, (header_id, sequence))
-    usage = {"input_tokens": turn.prompt_tokens, "output_tokens": turn.completion_tokens}
+    usage = _usage(turn)
     head = {"id": request["request_id"], "type": "message", "role": "assistant"}
     if request["stream"] is not True:
         message: dict[str, Any] = {

@@ -51,8 +51,8 @@ class TextTurn:
     finish_reason: str | None
     prompt_tokens: int
     completion_tokens: int
-    cached_tokens: int
-    """``usage.prompt_tokens_details.cached_tokens``, 0 when the usage has no details."""
+    cached_tokens: int | None
+    """``usage.prompt_tokens_details.cached_tokens``, ``None`` when the usage has no details."""
     kv_transfer_params: Any
     """A prefill's NIXL params (a whole answer only: stream chunks carry none)."""
 
@@ -101,7 +101,7 @@ def text_turn(
         finish_reason=finish,
         prompt_tokens=usage["prompt_tokens"],
         completion_tokens=usage["completion_tokens"],
-        cached_tokens=details.get("cached_tokens", 0),
+        cached_tokens=details.get("cached_tokens"),
         kv_transfer_params=None if whole is None else whole["kv_transfer_params"],
     )
 
@@ -160,7 +160,7 @@ def chat(
             ],
             "service_tier": None,
             "system_fingerprint": None,
-            "usage": whole["usage"],
+            "usage": _cache_counted(whole["usage"]),
             "prompt_logprobs": None,
             "prompt_token_ids": None,
             "prompt_text": None,
@@ -169,26 +169,75 @@ def chat(
             "metrics": None,
         }
     head["object"] = "chat.completion.chunk"
-    started: set[int] = set()
-    out = []
+    return _chat_chunks(head, chunks, body if isinstance(body, dict) else {}, top)
+
+
+def _chat_chunks(
+    head: dict[str, Any], chunks: list[dict[str, Any]], body: Mapping[str, Any], top: int
+) -> list[dict[str, Any]]:
+    """The generate chunks cut as vLLM's chat route (with a tool parser) streams them.
+
+    Every choice opens with ``{"role": "assistant", "content": ""}`` at the first engine
+    output; then one chunk per generate choice, an empty text giving ``{}`` and no chunk at all
+    unless it finishes or carries logprobs; ``stop_reason`` on the finishing chunk only;
+    continuous usage counted per choice; the usage chunk as the generate stream's last.
+    """
+    n = body.get("n")
+    token_ids = body.get("return_token_ids") is True
+    running = [chunk for chunk in chunks if chunk["choices"]]
+    continuous = bool(running) and running[0].get("usage") is not None
+    out: list[dict[str, Any]] = []
+    if chunks:
+        prompt = running[0]["usage"]["prompt_tokens"] if continuous else 0
+        for index in range(n if isinstance(n, int) and n > 1 else 1):
+            opening: dict[str, Any] = {
+                **head,
+                "choices": [
+                    {
+                        "index": index,
+                        "delta": {"role": "assistant", "content": ""},
+                        "logprobs": None,
+                        "finish_reason": None,
+                    }
+                ],
+            }
+            if continuous:
+                opening["usage"] = _chat_usage(prompt, 0)
+            prompt_ids = chunks[0].get("prompt_token_ids") if token_ids else None
+            out.append({**opening, "prompt_token_ids": prompt_ids, "prompt_text": None})
     for chunk in chunks:
-        choices = []
+        if not chunk["choices"]:
+            out.append({**head, "choices": [], "usage": _cache_counted(chunk["usage"])})
+            continue
         for choice in chunk["choices"]:
-            delta: dict[str, Any] = {"content": choice["text"]}
-            if choice["index"] not in started:
-                delta = {"role": "assistant", **delta}
-                started.add(choice["index"])
-            choices.append(
-                {
-                    "index": choice["index"],
-                    "delta": delta,
-                    "logprobs": _chat_logprobs(choice["logprobs"], top),
-                    "finish_reason": choice["finish_reason"],
-                    "stop_reason": choice["stop_reason"],
-                }
-            )
-        out.append(_stream_chunk(head, choices, chunk))
+            logprobs = _chat_logprobs(choice["logprobs"], top)
+            finished = choice["finish_reason"] is not None
+            if not choice["text"] and not finished and logprobs is None and not token_ids:
+                continue
+            built: dict[str, Any] = {
+                "index": choice["index"],
+                "delta": {"content": choice["text"]} if choice["text"] else {},
+                "logprobs": logprobs,
+                "finish_reason": choice["finish_reason"],
+            }
+            if finished:
+                built["stop_reason"] = choice["stop_reason"]
+            built["token_ids"] = choice["token_ids"] if token_ids else None
+            answer: dict[str, Any] = {**head, "choices": [built]}
+            if continuous:
+                usage = chunk["usage"]
+                answer["usage"] = _chat_usage(usage["prompt_tokens"], usage["completion_tokens"])
+            out.append(answer)
     return out
+
+
+def _chat_usage(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "completion_tokens": completion_tokens,
+        "completion_tokens_details": None,
+    }
 
 
 def _chat_logprobs(logprobs: Any, top: int) -> Any:  # noqa: ANN401 - JSON
@@ -207,6 +256,18 @@ def _chat_logprobs(logprobs: Any, top: int) -> Any:  # noqa: ANN401 - JSON
             for entry in logprobs["content"]
         ],
     }
+
+
+def _cache_counted(usage: Mapping[str, Any]) -> dict[str, Any]:
+    """The usage as vLLM's chat serving writes it: ``created_cache_tokens`` an integer.
+
+    The count of prompt tokens the prefill wrote to the prefix cache, which the generate route
+    leaves null: the simulated engine writes none, 0.
+    """
+    details = usage.get("prompt_tokens_details")
+    if not isinstance(details, dict):
+        return dict(usage)
+    return {**usage, "prompt_tokens_details": {**details, "created_cache_tokens": 0}}
 
 
 def _stream_chunk(

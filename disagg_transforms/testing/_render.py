@@ -29,6 +29,13 @@ _GREEDY: Final = 1e-5
 _MIN_TEMPERATURE: Final = 0.01
 
 
+EMPTY_CONVERSATION: Final = (
+    "Cannot apply chat template to an empty conversation. Provide at least one message."
+)
+"""What vLLM 0.32 answers (a 400 ``BadRequestError``) when the template gets no message."""
+_CHAT_CONTENT_MEMBERS: Final = ("Developer", "System", "User")
+"""The chat message classes with a string-or-parts ``content``, in vLLM's union order."""
+
 _IMAGE: Final = f"<|vision_start|>{'<|image_pad|>' * tok.IMAGE_TOKENS}<|vision_end|>"
 
 
@@ -105,7 +112,12 @@ def chat_prompt(  # noqa: C901 - one branch per role, as the template has
 
     Returns:
         The prompt, special strings included.
+
+    Raises:
+        BadRequestError: no message at all (after the route's conversion), as vLLM's template.
     """
+    if not messages:
+        raise BadRequestError(EMPTY_CONVERSATION)
     parts: list[str] = []
     rest = messages
     system = (
@@ -380,6 +392,51 @@ def _require_list(body: Mapping[str, Any], key: str) -> list[Any]:
     return value
 
 
+def _content_issues(loc: str, value: object) -> list[Issue]:
+    """A ``content`` that is neither a string nor a list, as pydantic reports it."""
+    return [
+        Issue("string_type", loc, "Input should be a valid string", value),
+        Issue("list_type", loc, "Input should be a valid list", value),
+    ]
+
+
+def _has_bad_content(message: Mapping[str, Any]) -> bool:
+    return "content" in message and not isinstance(message["content"], (str, list))
+
+
+def _check_chat_contents(messages: list[dict[str, Any]]) -> None:
+    """Refuse a chat message whose ``content`` is neither a string nor parts (null: assistant).
+
+    vLLM's validation tries each message class of its union; the classes with such a content
+    come first, and their issues are the ones reported here (the count of the rest is not).
+    """
+    for index, message in enumerate(messages):
+        content = message.get("content")
+        if not _has_bad_content(message) or (
+            content is None and message.get("role") == "assistant"
+        ):
+            continue
+        issues: list[Issue] = []
+        for member in _CHAT_CONTENT_MEMBERS:
+            loc = f"body.messages.{index}.ChatCompletion{member}MessageParam"
+            issues += [
+                Issue("string_type", f"{loc}.content", "Input should be a valid string", content),
+                Issue("iterable_type", f"{loc}.content", "Input should be iterable", content),
+            ]
+            role = member.lower()
+            if message.get("role") != role:
+                issues.append(
+                    Issue(
+                        "literal_error",
+                        f"{loc}.role",
+                        f"Input should be '{role}'",
+                        message.get("role"),
+                        {"expected": f"'{role}'"},
+                    )
+                )
+        raise RequestInvalidError(issues)
+
+
 def _base_id(header_id: str | None, body: Mapping[str, Any]) -> str:
     # vLLM: the X-Request-Id header wins, else the body's request_id, else a random id.
     if header_id is not None:
@@ -468,6 +525,7 @@ def render_chat(body: object, header_id: str | None, settings: WorkerSettings) -
     """
     request = _require_object(body)
     messages = _require_list(request, "messages")
+    _check_chat_contents(messages)
     tools = request.get("tools")
     if tools == []:
         msg = (
@@ -512,8 +570,10 @@ def _anthropic_messages(request: Mapping[str, Any]) -> list[dict[str, Any]]:
     system = request.get("system")
     if system is not None:
         messages.append({"role": "system", "content": _text_of(system)})
-    for message in _require_list(request, "messages"):
+    for index, message in enumerate(_require_list(request, "messages")):
         content = message.get("content")
+        if _has_bad_content(message):
+            raise RequestInvalidError(_content_issues(f"body.messages.{index}.content", content))
         if isinstance(content, str):
             messages.append({"role": message.get("role"), "content": content})
             continue
@@ -621,6 +681,28 @@ def _responses_messages(request: Mapping[str, Any]) -> list[dict[str, Any]]:
     return messages
 
 
+def _check_responses_input(given: object) -> None:
+    """Refuse an ``input`` that is neither a string nor items, or an item's bad ``content``.
+
+    vLLM's validation reports the input first (not a string), then each item class it tried:
+    the message classes come first (``param`` is ``body.input`` either way).
+    """
+    if isinstance(given, str):
+        return
+    if not isinstance(given, list):
+        raise RequestInvalidError(_content_issues("body.input", given))
+    for index, item in enumerate(given):
+        # A reasoning item (no role) may say null; a message may not.
+        if isinstance(item, dict) and "role" in item and _has_bad_content(item):
+            loc = f"body.input.{index}.EasyInputMessageParam.content"
+            raise RequestInvalidError(
+                [
+                    Issue("string_type", "body.input", "Input should be a valid string", given),
+                    *_content_issues(loc, item["content"]),
+                ]
+            )
+
+
 def _responses_tool(tool: Mapping[str, Any]) -> dict[str, Any]:
     # vLLM keeps ``strict`` (openai-agents sends ``true``): it is in the prompt's tool lines.
     keys = ("name", "description", "parameters", "strict")
@@ -639,6 +721,7 @@ def render_responses(body: object, settings: WorkerSettings) -> dict[str, Any]:
         One ``GenerateRequest`` body.
     """
     request = _require_object(body, "input")
+    _check_responses_input(request["input"])
     messages = _responses_messages(request)
     raw_tools = request.get("tools") or []
     tools = [

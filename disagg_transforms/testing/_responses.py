@@ -28,7 +28,9 @@ _ECHOED: Final[dict[str, object]] = {
     "max_tool_calls": None,
     "previous_response_id": None,
     "prompt": None,
+    "prompt_cache_key": None,
     "reasoning": None,
+    "safety_identifier": None,
     "service_tier": "auto",
     "text": None,
     "truncation": "disabled",
@@ -41,7 +43,9 @@ def _usage(turn: _openai.TextTurn) -> dict[str, Any]:
     return {
         "input_tokens": turn.prompt_tokens,
         "input_tokens_details": {
-            "cached_tokens": turn.cached_tokens,
+            "cached_tokens": turn.cached_tokens or 0,
+            # What the engine's prefill wrote to the prefix cache: the simulated one keeps none.
+            "cache_write_tokens": 0,
             "input_tokens_per_turn": [],
             "cached_tokens_per_turn": [],
         },
@@ -62,12 +66,37 @@ def _part(text: str, logprobs: object) -> dict[str, Any]:
 
 
 def _item(item_id: str, content: list[dict[str, Any]], status: str) -> dict[str, Any]:
+    """A ``message`` item, in the openai SDK model's field order (``phase`` unset: null)."""
     return {
         "id": item_id,
         "content": content,
         "role": "assistant",
         "status": status,
         "type": "message",
+        "phase": None,
+    }
+
+
+def _item_status(turn: _openai.TextTurn) -> str:
+    """The item's status as vLLM 0.33's ``response_item_status``: the cap cut it too."""
+    return "incomplete" if turn.finish_reason == "length" else "completed"
+
+
+def _tool_choice(body: Mapping[str, Any]) -> object:
+    """``tool_choice`` as vLLM's ``check_tool_usage`` leaves it: ``none`` without tools."""
+    choice = body.get("tool_choice", "auto")
+    return "none" if not body.get("tools") and choice in ("auto", "none") else choice
+
+
+def _prompt_cache_options(body: Mapping[str, Any]) -> object:
+    """The echoed ``PromptCacheOptions``: the request's less ``prewarm``, defaults filled in."""
+    sent = body.get("prompt_cache_options")
+    if not isinstance(sent, dict):
+        return None
+    return {
+        "mode": sent.get("mode", "implicit"),
+        "ttl": sent.get("ttl", "30m"),
+        "comparison_response_id": sent.get("comparison_response_id"),
     }
 
 
@@ -76,17 +105,23 @@ def _response(
     request: Mapping[str, Any],
     turn: _openai.TextTurn | None,
     settings: WorkerSettings,
+    output: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """``ResponsesResponse.from_request``'s dump: the turn's, or the in-progress one (``None``)."""
+    """``ResponsesResponse.from_request``'s dump: the turn's, or the in-progress one (``None``).
+
+    ``output``: the items a stream sent, which vLLM's final response carries.
+    """
     sampling: Mapping[str, Any] = request["sampling_params"]
     status = "in_progress"
-    output: list[dict[str, Any]] = []
     if turn is not None:
         # vLLM's only incomplete answer without a parser: the cap cut it.
         status = "incomplete" if turn.finish_reason == "length" else "completed"
-        # The no-parser fallback: a message item, with no part when the text is empty.
-        content = [_part(turn.text, None)] if turn.text else []
-        output = [_item(f"msg_{_digest(request, 'message')}", content, "completed")]
+    if output is None:
+        output = []
+        if turn is not None:
+            # The no-parser fallback: a message item, with no part when the text is empty.
+            content = [_part(turn.text, None)] if turn.text else []
+            output = [_item(f"msg_{_digest(request, 'message')}", content, _item_status(turn))]
     incomplete = {"reason": "max_output_tokens"} if status == "incomplete" else None
     echoed = {key: body.get(key, default) for key, default in _ECHOED.items()}
     return {
@@ -100,7 +135,7 @@ def _response(
         "output": output,
         "parallel_tool_calls": echoed["parallel_tool_calls"],
         "temperature": sampling["temperature"],
-        "tool_choice": echoed["tool_choice"],
+        "tool_choice": _tool_choice(body),
         "tools": echoed["tools"],
         # A greedy request's dump leaves top_p out: vLLM forces it to 1.0.
         "top_p": sampling.get("top_p", 1.0),
@@ -109,7 +144,16 @@ def _response(
         "max_tool_calls": echoed["max_tool_calls"],
         "previous_response_id": echoed["previous_response_id"],
         "prompt": echoed["prompt"],
+        "prompt_cache_options": _prompt_cache_options(body),
+        "prompt_cache_key": echoed["prompt_cache_key"],
+        # vLLM's request validator reads OpenAI's older spelling as the current one.
+        "prompt_cache_retention": (
+            "in_memory"
+            if body.get("prompt_cache_retention") == "in-memory"
+            else body.get("prompt_cache_retention")
+        ),
         "reasoning": echoed["reasoning"],
+        "safety_identifier": echoed["safety_identifier"],
         "service_tier": echoed["service_tier"],
         "status": status,
         "text": echoed["text"],
@@ -117,10 +161,13 @@ def _response(
         "truncation": echoed["truncation"],
         "usage": None if turn is None else _usage(turn),
         "user": echoed["user"],
-        "input_messages": None,
-        "output_messages": None,
+        "presence_penalty": sampling["presence_penalty"],
+        "frequency_penalty": sampling["frequency_penalty"],
         # vLLM-only (PR #37424): a prefill's NIXL params, as the chat route answers them.
         "kv_transfer_params": None if turn is None else turn.kv_transfer_params,
+        "ec_transfer_params": None,
+        "input_messages": None,
+        "output_messages": None,
     }
 
 
@@ -147,15 +194,21 @@ def responses(
     request = _render.render_responses(body, settings)
     turn = _openai.text_turn(request, body, settings, (header_id, sequence))
     assert isinstance(body, dict)  # noqa: S101 - the render accepted it
-    final = _response(body, request, turn, settings)
     if request["stream"] is not True:
-        return final
+        return _response(body, request, turn, settings)
     started = _response(body, request, None, settings)
     events = [("response.created", {"response": started})]
     events.append(("response.in_progress", {"response": started}))
+    streamed: list[dict[str, Any]] = []
     if turn.deltas:
-        events.extend(_item_events(_digest(request, "stream"), turn))
-    events.append(("response.completed", {"response": final}))
+        item_events = _item_events(f"msg_{_digest(request, 'message')}", turn)
+        events.extend(item_events)
+        streamed.append(item_events[-1][1]["item"])
+    # The final response carries the items the stream sent; 0.33 ends an incomplete one with
+    # response.incomplete (0.32: response.completed).
+    final = _response(body, request, turn, settings, streamed)
+    terminal = "response.incomplete" if final["status"] == "incomplete" else "response.completed"
+    events.append((terminal, {"response": final}))
     # The openai SDK's event models list their fields alphabetically; vLLM dumps those models.
     return [
         dict(sorted({**fields, "sequence_number": number, "type": kind}.items()))
@@ -166,8 +219,7 @@ def responses(
 def _item_events(item_id: str, turn: _openai.TextTurn) -> list[tuple[str, dict[str, Any]]]:
     """The message item's events: opened at the first text, one delta per piece, closed.
 
-    The stream names its item with a bare ``random_uuid()``, and the final response's item is
-    another, ``msg_``-prefixed id: vLLM builds the two apart.
+    The final response carries the same item (vLLM's ``streamed_output_items``).
     """
     at = {"content_index": 0, "item_id": item_id, "output_index": 0}
     done = _part(turn.text, None)
@@ -188,7 +240,7 @@ def _item_events(item_id: str, turn: _openai.TextTurn) -> list[tuple[str, dict[s
             ("response.content_part.done", {**at, "part": done}),
             (
                 "response.output_item.done",
-                {"item": _item(item_id, [done], "completed"), "output_index": 0},
+                {"item": _item(item_id, [done], _item_status(turn)), "output_index": 0},
             ),
         ]
     )

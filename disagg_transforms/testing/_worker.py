@@ -59,8 +59,6 @@ _COUPLED: Final = {
 _NAMED_EVENTS: Final = (_responses.RESPONSES_PATH, _messages.MESSAGES_PATH)
 """The coupled routes whose streams name each event (``event: <type>``) and send no ``[DONE]``."""
 VERSION_PATH: Final = "/version"
-VLLM_VERSION: Final = "0.33.0"
-"""What ``GET /version`` answers: the vLLM release the worker simulates."""
 _ROUTES: Final = {
     GENERATE_PATH: "POST",
     "/health": "GET",
@@ -133,7 +131,8 @@ class SimulatedWorker:
     (``"Hello!"`` gives the tokens of ``tests/fixtures/generate-decode-response.json``); in
     ``derender`` mode it thinks first (``<think>`` ``reasoning`` ``</think>``) and, when
     ``parse_context`` offers tools and ``tool_choice`` is not ``"none"``, calls the first (or the
-    named) tool with sample arguments (``"Paris"`` for a string, ``1`` for an integer, ...).
+    named) tool with sample arguments (``"Paris"`` for a string, ``1`` for an integer, ...),
+    except after tool results with ``tool_choice`` ``"auto"``: then it answers ``answer``.
     The cap is ``sampling_params.max_tokens``, or the rest of the context when it is absent or
     null.
 
@@ -270,7 +269,7 @@ class SimulatedWorker:
         if path == "/v1/models":
             return _json(200, self._models())
         if path == VERSION_PATH:
-            return _json(200, {"version": VLLM_VERSION})
+            return _json(200, {"version": self.settings.vllm_version})
         if (raw and body is None) or not _is_json_type(headers):
             # FastAPI reads only a JSON body; anything else fails validation.
             issue = Issue("json_invalid", "body", "JSON decode error", None)
@@ -300,7 +299,7 @@ class SimulatedWorker:
 
     def _generate(self, body: object, header_id: str | None, fault: str | None) -> _Reply:
         legacy = fault == "no-output-mode"
-        request = _generate.validate(body, legacy=legacy)
+        request = _generate.validate(body, legacy=legacy, modes=self.settings.output_modes)
         if legacy:
             request = {key: value for key, value in request.items() if key != "output_mode"}
         _generate.check_request(request, self.settings)

@@ -1,0 +1,64 @@
+"""The shape of an engine description: what the rest of the library asks of an engine."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Container, Mapping
+from typing import Any, Protocol, TypeAlias
+
+import msgspec
+
+from disagg_transforms._response.sglang import SglangFailure
+
+__all__ = ("AnswerReader", "Engine", "EngineDescription", "Meeting", "StreamReader")
+
+
+class Engine(str, enum.Enum):
+    """A worker engine; the value is its name in configuration (``engine: sglang``)."""
+
+    VLLM = "vllm"
+    SGLANG = "sglang"
+
+
+class Meeting(enum.Enum):
+    """How a request's prefill and decode meet."""
+
+    HANDOFF = "handoff"
+    """The prefill answers first; its answer's transfer params go into the decode leg."""
+    RENDEZVOUS = "rendezvous"
+    """Both legs are sent at once with the same body and room; each waits for the other."""
+
+
+AnswerReader: TypeAlias = Callable[
+    [Mapping[str, Any], Container[int]], "dict[str, Any] | SglangFailure"
+]
+"""A decode worker's whole answer (and the stop token ids the request named) read as the
+generate answer the envelopes read, or the worker failure it is."""
+
+
+class StreamReader(Protocol):
+    """A decode worker's SSE in, the generate SSE the stream converters read out."""
+
+    def feed(self, data: bytes) -> bytes:
+        """The generate SSE of the events ``data`` completes."""
+        ...
+
+    def close(self) -> bytes:
+        """The end of the worker's stream."""
+        ...
+
+
+class EngineDescription(msgspec.Struct, frozen=True, kw_only=True):
+    """What depends on one engine."""
+
+    engine: Engine
+    token_path: str
+    """The path of the token route a generate leg is sent to."""
+    meeting: Meeting
+    abort_path: str | None
+    """Where a running request is stopped by its id (``None``: by closing the connection)."""
+    read_answer: AnswerReader
+    """How a whole decode answer reads as the generate answer."""
+    stream_reader: Callable[[int, Container[int]], StreamReader] | None
+    """A reader of the decode's stream, given the largest event and the stop token ids the
+    request named; ``None``: the stream already is the generate SSE."""

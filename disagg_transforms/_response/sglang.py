@@ -1,0 +1,350 @@
+"""SGLang answers: a ``/generate`` answer or stream read as the generate answer envelopes read.
+
+Every client envelope (chat, Responses, Messages; plain and streamed) is built from a vLLM
+text-mode generate answer; SGLang's answers are read here into that one shape, so the envelope
+builders and stream converters stay engine-free (``docs/sglang.md``, "The answers"):
+``meta_info.finish_reason`` (an object) becomes vLLM's ``finish_reason``/``stop_reason``, the
+counts its ``usage``, the ``[logprob, id, text]`` triples its chat logprobs, and a cumulative
+stream its deltas. An abort is a worker failure (:class:`SglangFailure`), never a choice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Container, Mapping
+from typing import Any, Final, TypeAlias
+
+import msgspec
+from msgspec import UNSET, UnsetType
+
+from disagg_transforms._config import OutputMode
+from disagg_transforms._response.choices import contract_error
+from disagg_transforms._wire import keys as w
+from disagg_transforms._wire.describe import describe
+from disagg_transforms._wire.sse import DONE_EVENT, SseParser, format_sse_event
+from disagg_transforms._wire.validate import CONVERT_ERRORS
+from disagg_transforms.errors import UpstreamContractError
+
+__all__ = (
+    "SglangFailure",
+    "SglangStreamReader",
+    "generate_answer",
+    "sglang_error_message",
+)
+
+_Triple: TypeAlias = tuple[float | None, int, str | None]
+_TEXT: Final = OutputMode.TEXT.value
+# vLLM writes -9999.0 for a logprob it cannot give (-inf has no JSON spelling).
+_NO_LOGPROB: Final = -9999.0
+_FIRST_STATUS: Final = 400
+_LAST_STATUS: Final = 599
+# An abort without a status: cancelled (SGLang's own words for it) or failed.
+_CANCELLED: Final = frozenset({"Aborted", "Abort in waiting queue"})
+_CANCELLED_STATUS: Final = 503
+_FAILED_STATUS: Final = 500
+# How much of the text so far a cumulative event is checked against: its tail, so a delta costs
+# the new part only (docs/sglang.md, "Streams").
+_TAIL: Final = 16
+
+
+class _Finish(msgspec.Struct, kw_only=True, gc=False):
+    type: str
+    matched: int | str | list[int] | UnsetType | None = UNSET
+    message: str | UnsetType | None = UNSET
+    status_code: int | UnsetType | None = UNSET
+
+
+class _Meta(msgspec.Struct, kw_only=True, gc=False):
+    id: str
+    finish_reason: _Finish | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    output_token_logprobs: list[_Triple] | UnsetType = UNSET
+    output_top_logprobs: list[list[_Triple] | None] | UnsetType = UNSET
+
+
+class _Answer(msgspec.Struct, kw_only=True, gc=False):
+    text: str
+    output_ids: list[int]
+    meta_info: _Meta
+
+
+class _Event(msgspec.Struct, kw_only=True, gc=False):
+    """A stream event: its ids stay undecoded (the envelopes never read them)."""
+
+    text: str | UnsetType = UNSET
+    output_ids: msgspec.Raw | UnsetType = UNSET
+    meta_info: _Meta | UnsetType = UNSET
+    error: Any = UNSET
+
+
+_EVENT_DECODER = msgspec.json.Decoder(_Event)
+
+
+class SglangFailure(msgspec.Struct, frozen=True, kw_only=True):
+    """An SGLang answer that is a worker failure: an abort, or an in-stream ``error``."""
+
+    status: int
+    """The HTTP status it names (its ``status_code``), else 503 cancelled / 500 failed."""
+    message: str
+
+
+def _failure(finish: _Finish) -> SglangFailure:
+    message = finish.message if isinstance(finish.message, str) else "the request was aborted"
+    code = finish.status_code
+    if type(code) is int and _FIRST_STATUS <= code <= _LAST_STATUS:
+        return SglangFailure(status=code, message=message)
+    status = _CANCELLED_STATUS if message in _CANCELLED else _FAILED_STATUS
+    return SglangFailure(status=status, message=message)
+
+
+def _finish_fields(
+    finish: _Finish, stop_token_ids: Container[int]
+) -> tuple[str, int | str | None] | SglangFailure:
+    """VLLM's ``(finish_reason, stop_reason)`` of a finish object, or the failure it is."""
+    kind = finish.type
+    if kind == w.FINISH_STOP:
+        matched = finish.matched
+        if isinstance(matched, str):
+            return w.FINISH_STOP, matched
+        # An end of sequence has no stop reason; a stop token the request named has its id.
+        named = isinstance(matched, int) and matched in stop_token_ids
+        return w.FINISH_STOP, matched if named and isinstance(matched, int) else None
+    if kind == w.FINISH_LENGTH:
+        return w.FINISH_LENGTH, None
+    if kind == w.FINISH_ABORT:
+        return _failure(finish)
+    path = f"$.{w.META_INFO}.{w.FINISH_REASON}.{w.TYPE}"
+    msg = f"{path}: expected stop, length or abort, got {describe(kind)}"
+    raise UpstreamContractError(msg, param=path)
+
+
+def _usage(meta: _Meta) -> dict[str, Any]:
+    details = {w.CACHED_TOKENS: meta.cached_tokens} if meta.cached_tokens else None
+    return {
+        w.PROMPT_TOKENS: meta.prompt_tokens,
+        w.TOTAL_TOKENS: meta.prompt_tokens + meta.completion_tokens,
+        w.COMPLETION_TOKENS: meta.completion_tokens,
+        w.PROMPT_TOKENS_DETAILS: details,
+    }
+
+
+def _token(triple: _Triple) -> dict[str, Any]:
+    logprob, token_id, text = triple
+    token = text if text is not None else f"token_id:{token_id}"
+    return {
+        w.TOKEN: token,
+        w.LOGPROB: _NO_LOGPROB if logprob is None else logprob,
+        w.BYTES: list(token.encode()),
+    }
+
+
+def _logprobs(meta: _Meta, start: int) -> dict[str, Any] | None:
+    """Chat logprobs of the output positions from ``start`` on; ``None`` when none were asked."""
+    tokens = meta.output_token_logprobs
+    if isinstance(tokens, UnsetType):
+        return None
+    tops = meta.output_top_logprobs
+    content = []
+    for position in range(start, len(tokens)):
+        entry = _token(tokens[position])
+        top = None if isinstance(tops, UnsetType) or position >= len(tops) else tops[position]
+        entry[w.TOP_LOGPROBS] = [_token(alt) for alt in top or ()]
+        content.append(entry)
+    return {w.CONTENT: content}
+
+
+def generate_answer(
+    answer: Mapping[str, Any], *, stop_token_ids: Container[int] = ()
+) -> dict[str, Any] | SglangFailure:
+    """The generate answer the envelopes read, from an SGLang decode worker's ``/generate`` answer.
+
+    ``stop_token_ids`` are the ones the request named (``SglangLeg.stop_token_ids``): a match is
+    the ``stop_reason``; an end of sequence has none. Pass the result to
+    :func:`~disagg_transforms.wrap_envelope` with ``requested=OutputMode.TEXT``.
+
+    Returns:
+        The vLLM text-mode generate answer (a new dict), or the :class:`SglangFailure` an
+        abort is.
+
+    Raises:
+        UpstreamContractError: the answer is not SGLang's (``param`` the JSON path), or has no
+            finish reason.
+    """
+    try:
+        parsed = msgspec.convert(answer, _Answer)
+    except CONVERT_ERRORS as error:
+        raise contract_error(error, "the SGLang /generate answer") from None
+    meta = parsed.meta_info
+    if meta.finish_reason is None:
+        path = f"$.{w.META_INFO}.{w.FINISH_REASON}"
+        msg = f"{path}: a finished SGLang answer must say why it finished, got null"
+        raise UpstreamContractError(msg, param=path)
+    fields = _finish_fields(meta.finish_reason, stop_token_ids)
+    if isinstance(fields, SglangFailure):
+        return fields
+    finish_reason, stop_reason = fields
+    choice = {
+        w.INDEX: 0,
+        w.TEXT: parsed.text,
+        w.TOKEN_IDS: parsed.output_ids,
+        w.FINISH_REASON: finish_reason,
+        w.STOP_REASON: stop_reason,
+        w.LOGPROBS: _logprobs(meta, 0),
+    }
+    return {
+        w.REQUEST_ID: meta.id,
+        w.OUTPUT_MODE: _TEXT,
+        w.CHOICES: [choice],
+        w.USAGE: _usage(meta),
+    }
+
+
+class SglangStreamReader:
+    """SGLang's ``/generate`` SSE in, the generate SSE the stream converters read out.
+
+    Cumulative events (SGLang's default) become deltas: only the part past the text so far is
+    sent, and an event that does not extend it breaks the contract. ``incremental`` reads a
+    worker run with ``--incremental-streaming-output``, whose events already are deltas. The
+    last event's finish becomes the choice's finish, then a usage chunk; an abort or an
+    in-stream ``error`` becomes an ``{"error": ...}`` event (``code`` its status).
+    """
+
+    __slots__ = (
+        "_done",
+        "_ended",
+        "_incremental",
+        "_logprobs",
+        "_parser",
+        "_stop_token_ids",
+        "_tail",
+        "_text_len",
+    )
+
+    def __init__(
+        self,
+        *,
+        incremental: bool = False,
+        stop_token_ids: Container[int] = (),
+        max_event_bytes: int,
+    ) -> None:
+        self._parser = SseParser(max_event_bytes=max_event_bytes)
+        self._incremental = incremental
+        self._stop_token_ids = stop_token_ids
+        self._text_len = 0
+        self._tail = ""
+        self._logprobs = 0
+        self._done = False
+        self._ended = False
+
+    def feed(self, data: bytes) -> bytes:
+        """The generate SSE bytes of the events ``data`` completes.
+
+        Raises:
+            UpstreamContractError: an event is not SGLang's, does not extend the text so far
+                (cumulative), or comes after ``[DONE]`` or after the finish.
+        """
+        return b"".join(self._read(payload) for payload in self._parser.feed(data))
+
+    def close(self) -> bytes:
+        """End of the stream.
+
+        Raises:
+            UpstreamContractError: it stopped mid-event or before ``data: [DONE]``.
+        """
+        tail = b"".join(self._read(payload) for payload in self._parser.close())
+        if not self._done:
+            msg = "$: the SGLang stream ended without data: [DONE]"
+            raise UpstreamContractError(msg, param="$")
+        return tail
+
+    def _read(self, payload: bytes) -> bytes:
+        if self._done:
+            msg = "$: the SGLang stream sent an event after data: [DONE]"
+            raise UpstreamContractError(msg, param="$")
+        if payload == w.SSE_DONE:
+            self._done = True
+            return DONE_EVENT
+        if self._ended:
+            msg = "$: the SGLang stream sent an event after its finish"
+            raise UpstreamContractError(msg, param="$")
+        try:
+            event = _EVENT_DECODER.decode(payload)
+        except msgspec.ValidationError as error:
+            raise contract_error(error, "an SGLang stream event") from None
+        except (msgspec.DecodeError, RecursionError) as error:
+            msg = f"$: an SGLang stream event is not a JSON object: {error}"
+            raise UpstreamContractError(msg, param="$") from None
+        if event.error is not UNSET:
+            self._ended = True
+            return _error_event(event.error)
+        if isinstance(event.meta_info, UnsetType) or isinstance(event.text, UnsetType):
+            msg = "$: an SGLang stream event must carry text and meta_info"
+            raise UpstreamContractError(msg, param="$")
+        return self._chunk(event.text, event.meta_info)
+
+    def _delta(self, text: str) -> str:
+        if self._incremental:
+            return text
+        start = self._text_len
+        if len(text) < start or text[start - len(self._tail) : start] != self._tail:
+            msg = (
+                f"$.{w.TEXT}: a cumulative SGLang event must extend the text so far "
+                f"({start} characters), got {len(text)} characters that do not"
+            )
+            raise UpstreamContractError(msg, param=f"$.{w.TEXT}")
+        self._text_len = len(text)
+        self._tail = text[-_TAIL:]
+        return text[start:]
+
+    def _chunk(self, text: str, meta: _Meta) -> bytes:
+        finish = meta.finish_reason
+        fields = (None, None) if finish is None else _finish_fields(finish, self._stop_token_ids)
+        if isinstance(fields, SglangFailure):
+            self._ended = True
+            return _error_event({w.MESSAGE: fields.message, w.CODE: fields.status})
+        delta = self._delta(text)
+        logprobs = _logprobs(meta, 0 if self._incremental else self._logprobs)
+        if not isinstance(meta.output_token_logprobs, UnsetType):
+            self._logprobs = len(meta.output_token_logprobs)
+        choice = {
+            w.INDEX: 0,
+            w.TEXT: delta,
+            w.FINISH_REASON: fields[0],
+            w.STOP_REASON: fields[1],
+            w.LOGPROBS: logprobs,
+        }
+        chunk = {w.REQUEST_ID: meta.id, w.OUTPUT_MODE: _TEXT, w.CHOICES: [choice]}
+        out = format_sse_event(chunk)
+        if finish is None:
+            return out
+        self._ended = True
+        usage = {w.REQUEST_ID: meta.id, w.OUTPUT_MODE: _TEXT, w.CHOICES: [], w.USAGE: _usage(meta)}
+        return out + format_sse_event(usage)
+
+
+def _error_event(error: object) -> bytes:
+    message = _message_of(error) or f"the SGLang worker reported {describe(error)}"
+    code = error.get(w.CODE) if isinstance(error, Mapping) else None
+    status = code if type(code) is int else _FAILED_STATUS
+    return format_sse_event({w.ERROR: {w.MESSAGE: message, w.CODE: status}})
+
+
+def _message_of(error: object) -> str | None:
+    if isinstance(error, str):
+        return error
+    value = error.get(w.MESSAGE) if isinstance(error, Mapping) else None
+    return value if isinstance(value, str) else None
+
+
+def sglang_error_message(body: object) -> str | None:
+    """The message of an SGLang error answer, in any of its three shapes, else ``None``.
+
+    ``{"error": "<text>"}`` (the contract gate), ``{"error": {"message": ...}}`` (a ValueError)
+    and ``{"object": "error", "message": ...}`` (FastAPI and HTTP exceptions).
+    """
+    if not isinstance(body, Mapping):
+        return None
+    if w.ERROR in body:
+        return _message_of(body[w.ERROR])
+    return _message_of(body)

@@ -1,0 +1,471 @@
+"""SGLang as an engine: the /generate legs, the answers read back, and SGLang's own contract.
+
+Facts from ``reference/sglang-0.5-protocol.md`` and the fixtures of SGLang 0.5.23
+(``tests/fixtures/sglang-0.5.23/``); docs/sglang.md is the user's page.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import pathlib
+from typing import Any
+
+import pytest
+import sglang_contract
+from hypothesis import given
+from hypothesis import strategies as st
+from strategies import client_route_bodies
+
+from disagg_transforms import OutputMode
+from disagg_transforms._engines import ENGINES, Engine, Meeting
+from disagg_transforms._request.sglang import (
+    ROOM_MAX,
+    Rendezvous,
+    build_sglang_request,
+    new_rendezvous,
+    sglang_client_leg,
+)
+from disagg_transforms._response.dispatch import stream_converter, wrap_envelope
+from disagg_transforms._response.sglang import (
+    SglangFailure,
+    SglangStreamReader,
+    generate_answer,
+    sglang_error_message,
+)
+from disagg_transforms._routes import Route
+from disagg_transforms.errors import RequestError, UpstreamContractError
+
+FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "sglang-0.5.23"
+CHAT = "/v1/chat/completions"
+RENDEZVOUS = Rendezvous(
+    rid="0" * 32, bootstrap_host="10.0.3.17", bootstrap_port=8998, bootstrap_room=7
+)
+PROMPT = [1084, 1104, 1101]
+_MAX_EVENT = 1 << 20
+
+
+def _fixture(name: str) -> Any:
+    return json.loads((FIXTURES / f"{name}.json").read_text(encoding="utf-8"))["body"]
+
+
+def _chat(**fields: Any) -> dict[str, Any]:
+    return {"model": "m", "messages": [{"role": "user", "content": "hi"}, *()], **fields}
+
+
+def _leg(body: dict[str, Any], path: str = CHAT) -> dict[str, Any]:
+    return build_sglang_request(
+        body, client_path=path, rendezvous=RENDEZVOUS, token_ids=PROMPT
+    ).body
+
+
+# --- the legs ---------------------------------------------------------------------------------
+
+
+def test_the_leg_has_only_sglang_names_and_the_rendezvous() -> None:
+    body = _chat(
+        max_tokens=5,
+        temperature=0.5,
+        top_k=0,
+        seed=3,
+        min_tokens=2,
+        stop=["x"],
+        logprobs=True,
+        top_logprobs=2,
+        response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": {}}},
+    )
+    before = copy.deepcopy(body)
+    assert _leg(body) == {
+        "rid": "0" * 32,
+        "input_ids": PROMPT,
+        "stream": False,
+        "return_logprob": True,
+        "top_logprobs_num": 2,
+        "logprob_start_len": -1,
+        "return_text_in_logprobs": True,
+        "sampling_params": {
+            "temperature": 0.5,
+            "top_k": -1,
+            "sampling_seed": 3,
+            "stop": ["x"],
+            "json_schema": "{}",
+            "max_new_tokens": 5,
+            "min_new_tokens": 2,
+        },
+        "bootstrap_host": "10.0.3.17",
+        "bootstrap_port": 8998,
+        "bootstrap_room": 7,
+    }
+    assert body == before
+
+
+def test_the_cap_is_always_sent() -> None:
+    # SGLang's default is 128 tokens: an absent cap is null, SGLang's "up to the context".
+    assert _leg(_chat())["sampling_params"] == {"max_new_tokens": None}
+    messages = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 9}
+    assert _leg(messages, "/v1/messages")["sampling_params"] == {"max_new_tokens": 9}
+    responses = {"model": "m", "input": "hi", "text": {"format": {"type": "json_object"}}}
+    assert _leg(responses, "/v1/responses")["sampling_params"] == {
+        "json_schema": '{"type": "object"}',
+        "max_new_tokens": None,
+    }
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"bad_words": ["x"]}, "$.bad_words"),
+        ({"n": 2}, "$.n"),
+        ({"allowed_token_ids": [1]}, "$.allowed_token_ids"),
+        ({"structured_outputs": {"whitespace_pattern": " "}}, "$.structured_outputs"),
+        ({"return_token_ids": True}, "$.return_token_ids"),
+        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "$.tools"),
+    ],
+)
+def test_a_field_with_no_sglang_place_is_refused_naming_it(
+    fields: dict[str, Any], param: str
+) -> None:
+    with pytest.raises(RequestError) as caught:
+        _leg(_chat(**fields))
+    assert caught.value.param is not None
+    assert caught.value.param.startswith(param)
+    assert caught.value.status_hint == 400
+
+
+def test_a_completions_client_keeps_its_own_route() -> None:
+    with pytest.raises(RequestError, match="completions client keeps its own route"):
+        _leg({"model": "m", "prompt": "x"}, "/v1/completions")
+
+
+@pytest.mark.parametrize("room", [0, ROOM_MAX + 1, -1, "5", 5.0, True])
+def test_the_room_is_a_json_integer_in_range(room: object) -> None:
+    bad = Rendezvous(rid="r", bootstrap_host="h", bootstrap_port=None, bootstrap_room=room)  # type: ignore[arg-type]
+    with pytest.raises(RequestError, match="bootstrap_room"):
+        build_sglang_request(_chat(), client_path=CHAT, rendezvous=bad, token_ids=PROMPT)
+
+
+@pytest.mark.parametrize("bits", [0, (1 << 128) - 1])
+def test_a_new_rendezvous_has_a_fixed_length_rid_and_a_room_in_range(bits: int) -> None:
+    made = new_rendezvous("h", None, random_bits=lambda n: bits & ((1 << n) - 1))
+    assert len(made.rid) == 32
+    assert 1 <= made.bootstrap_room <= ROOM_MAX
+
+
+def test_an_empty_prompt_is_refused() -> None:
+    with pytest.raises(RequestError, match="at least one token"):
+        build_sglang_request(_chat(), client_path=CHAT, rendezvous=RENDEZVOUS, token_ids=[])
+
+
+_sampling = st.fixed_dictionaries(
+    {},
+    optional={
+        "max_tokens": st.integers(1, 4096) | st.none(),
+        "max_completion_tokens": st.integers(1, 4096),
+        "min_tokens": st.integers(0, 4),
+        "temperature": st.floats(0, 2),
+        "top_p": st.floats(0.01, 1),
+        "top_k": st.sampled_from([-1, 0, 1, 50]),
+        "min_p": st.floats(0, 1),
+        "seed": st.integers(0, 2**31),
+        "stop": st.text(min_size=1, max_size=3) | st.lists(st.text(min_size=1, max_size=3)),
+        "stop_token_ids": st.lists(st.integers(0, 10**5), max_size=3),
+        "presence_penalty": st.floats(-2, 2),
+        "frequency_penalty": st.floats(-2, 2),
+        "repetition_penalty": st.floats(0.1, 2),
+        "ignore_eos": st.booleans(),
+        "skip_special_tokens": st.booleans(),
+        "include_stop_str_in_output": st.booleans(),
+        "logprobs": st.booleans(),
+        "top_logprobs": st.integers(0, 5),
+        "stream": st.booleans(),
+        "n": st.just(1),
+        "response_format": st.sampled_from(
+            [
+                {"type": "text"},
+                {"type": "json_object"},
+                {"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "object"}}},
+            ]
+        ),
+        "priority": st.integers(-5, 5),
+        "cache_salt": st.text(min_size=1, max_size=4),
+    },
+)
+
+
+@given(fields=_sampling, room=st.integers(1, ROOM_MAX))
+def test_every_leg_passes_sglangs_own_contract(fields: dict[str, Any], room: int) -> None:
+    contract = sglang_contract.contract()
+    rendezvous = Rendezvous(
+        rid="f" * 32, bootstrap_host="h", bootstrap_port=8998, bootstrap_room=room
+    )
+    try:
+        leg = build_sglang_request(
+            _chat(**fields), client_path=CHAT, rendezvous=rendezvous, token_ids=PROMPT
+        )
+    except RequestError:
+        return  # refused before any worker call: nothing reaches SGLang
+    parsed = contract.GenerateRequest.from_json_value(json.loads(json.dumps(leg.body)))
+    assert parsed.bootstrap_room == room
+    assert "max_new_tokens" in leg.body["sampling_params"]
+
+
+@given(case=client_route_bodies)
+def test_any_client_body_is_a_contract_valid_leg_or_a_request_error(
+    case: tuple[str, dict[str, Any]],
+) -> None:
+    # Every route's bodies, with random values and unknown keys: never another error, and
+    # nothing SGLang's own contract refuses reaches a worker.
+    contract = sglang_contract.contract()
+    path, body = case
+    try:
+        leg = build_sglang_request(body, client_path=path, rendezvous=RENDEZVOUS, token_ids=PROMPT)
+    except RequestError:
+        return
+    contract.GenerateRequest.from_json_value(json.loads(json.dumps(leg.body)))
+
+
+def test_the_fixture_requests_pass_the_contract_and_a_vllm_name_does_not() -> None:
+    contract = sglang_contract.contract()
+    for name in ("generate-request", "generate-request-stream", "generate-request-length"):
+        contract.GenerateRequest.from_json_value(_fixture(name))
+    with pytest.raises(contract.JsonContractError) as caught:
+        contract.GenerateRequest.from_json_value(_fixture("error-400-contract-request"))
+    assert str(caught.value) == _fixture("error-400-contract")["error"]
+
+
+# --- the answers ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "stop_ids", "finish", "stop_reason"),
+    [
+        ("generate-response-stop-token", (), "stop", None),
+        ("generate-response-stop-token", (151645,), "stop", 151645),
+        ("generate-response-stop-str", (), "stop", "."),
+        ("generate-response-length", (), "length", None),
+    ],
+)
+def test_finish_reasons(
+    name: str, stop_ids: tuple[int, ...], finish: str, stop_reason: object
+) -> None:
+    answer = _fixture(name)
+    read = generate_answer(answer, stop_token_ids=stop_ids)
+    assert isinstance(read, dict)
+    choice = read["choices"][0]
+    assert (choice["finish_reason"], choice["stop_reason"]) == (finish, stop_reason)
+    assert choice["text"] == answer["text"]
+    meta = answer["meta_info"]
+    assert read["usage"] == {
+        "prompt_tokens": meta["prompt_tokens"],
+        "total_tokens": meta["prompt_tokens"] + meta["completion_tokens"],
+        "completion_tokens": meta["completion_tokens"],
+        "prompt_tokens_details": {"cached_tokens": meta["cached_tokens"]},
+    }
+
+
+def test_every_envelope_is_rebuilt_from_an_sglang_answer() -> None:
+    read = generate_answer(_fixture("generate-response-stop-token"))
+    assert isinstance(read, dict)
+    client = {"model": "m", "logprobs": True, "top_logprobs": 1}
+    chat = wrap_envelope(
+        Route.CHAT_COMPLETIONS, read, requested=OutputMode.TEXT, client_body=client
+    )
+    assert chat["choices"][0]["message"]["content"] == " Paris."
+    assert chat["usage"]["prompt_tokens_details"] == {"cached_tokens": 16}
+    content = chat["choices"][0]["logprobs"]["content"]
+    assert [entry["logprob"] for entry in content][:2] == [-1.71, -0.93]
+    assert len(content[0]["top_logprobs"]) == 1
+    named = {"model": "m"}
+    responses = wrap_envelope(Route.RESPONSES, read, requested=OutputMode.TEXT, client_body=named)
+    assert responses["status"] == "completed"
+    assert responses["usage"]["input_tokens_details"]["cached_tokens"] == 16
+    message = wrap_envelope(Route.MESSAGES, read, requested=OutputMode.TEXT, client_body=named)
+    assert message["stop_reason"] == "end_turn"
+    assert message["usage"]["cache_read_input_tokens"] == 16
+
+
+@pytest.mark.parametrize(
+    ("name", "status"),
+    [("generate-response-abort", 503), ("generate-response-abort-queued", 503)],
+)
+def test_an_abort_is_a_failure_not_a_choice(name: str, status: int) -> None:
+    read = generate_answer(_fixture(name))
+    assert isinstance(read, SglangFailure)
+    assert read.status == status
+
+
+def test_an_abort_with_a_status_keeps_it() -> None:
+    answer = _fixture("generate-response-abort")
+    answer["meta_info"]["finish_reason"] = {"type": "abort", "message": "m", "status_code": 400}
+    assert generate_answer(answer) == SglangFailure(status=400, message="m")
+
+
+@pytest.mark.parametrize(
+    "finish", [None, {"type": "other"}, "stop"], ids=["null", "unknown-type", "a-string"]
+)
+def test_a_broken_finish_breaks_the_contract(finish: object) -> None:
+    answer = _fixture("generate-response-stop-token")
+    answer["meta_info"]["finish_reason"] = finish
+    with pytest.raises(UpstreamContractError):
+        generate_answer(answer)
+
+
+@pytest.mark.parametrize(
+    "name", ["error-400-contract", "error-400-value", "error-500-transfer-failed"]
+)
+def test_every_error_shape_gives_its_message(name: str) -> None:
+    message = sglang_error_message(_fixture(name))
+    assert message
+    assert message.startswith(("unknown field", "The input", "Decode transfer failed"))
+
+
+# --- the streams ------------------------------------------------------------------------------
+
+
+def _read_stream(data: bytes, *, incremental: bool = False, step: int = 37) -> bytes:
+    reader = SglangStreamReader(incremental=incremental, max_event_bytes=_MAX_EVENT)
+    out = b"".join(reader.feed(data[i : i + step]) for i in range(0, len(data), step))
+    return out + reader.close()
+
+
+def _chat_stream(generate_sse: bytes) -> list[Any]:
+    client = {"model": "m", "stream": True, "stream_options": {"include_usage": True}}
+    converter = stream_converter(
+        Route.CHAT_COMPLETIONS, requested=OutputMode.TEXT, client_body=client
+    )
+    out = converter.feed(generate_sse) + converter.close()
+    events = [line[6:] for line in out.decode().split("\n\n") if line.startswith("data: ")]
+    return [event if event == "[DONE]" else json.loads(event) for event in events]
+
+
+@given(step=st.integers(1, 200))
+def test_cumulative_and_incremental_streams_give_the_same_deltas(step: int) -> None:
+    cumulative = (FIXTURES / "generate-stream-cumulative.sse").read_bytes()
+    incremental = (FIXTURES / "generate-stream-incremental.sse").read_bytes()
+    read = _read_stream(cumulative, step=step)
+    assert read == _read_stream(incremental, incremental=True, step=step)
+    events = _chat_stream(read)
+    text = "".join(e["choices"][0]["delta"].get("content", "") for e in events[:-2])
+    assert text == " Paris."
+    assert events[-3]["choices"][0]["finish_reason"] == "stop"
+    assert events[-2]["usage"]["prompt_tokens_details"] == {"cached_tokens": 16}
+    assert events[-1] == "[DONE]"
+
+
+def test_a_cumulative_event_that_does_not_extend_the_text_breaks_the_contract() -> None:
+    events = [
+        {"text": " Pa", "output_ids": [1, 2], "meta_info": {"id": "r", "finish_reason": None}},
+        {"text": " Px", "output_ids": [1, 2, 3], "meta_info": {"id": "r", "finish_reason": None}},
+    ]
+    data = b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events)
+    with pytest.raises(UpstreamContractError, match="extend the text"):
+        _read_stream(data)
+
+
+@pytest.mark.parametrize(
+    ("name", "code"), [("generate-stream-error", 400), ("generate-stream-abort-500", 500)]
+)
+def test_in_stream_errors_and_aborts_end_the_clients_stream(name: str, code: int) -> None:
+    events = _chat_stream(_read_stream((FIXTURES / f"{name}.sse").read_bytes()))
+    assert events[0]["error"]["code"] == code
+    assert events[-1] == "[DONE]"
+
+
+def test_a_stream_without_done_breaks_the_contract() -> None:
+    data = (FIXTURES / "generate-stream-cumulative.sse").read_bytes()
+    with pytest.raises(UpstreamContractError, match="DONE"):
+        _read_stream(data.replace(b"data: [DONE]\n\n", b""))
+
+
+def test_the_fixture_answers_pass_the_contract() -> None:
+    contract = sglang_contract.contract()
+    for name in (
+        "generate-response-stop-token",
+        "generate-response-stop-str",
+        "generate-response-length",
+        "generate-response-abort",
+        "generate-response-prefill",
+    ):
+        contract.GenerateResponse.from_json_value(_fixture(name))
+
+
+# --- the seam ---------------------------------------------------------------------------------
+
+
+def test_every_engine_has_its_description() -> None:
+    assert set(ENGINES) == set(Engine)
+    vllm, sglang = ENGINES[Engine.VLLM], ENGINES[Engine.SGLANG]
+    assert (vllm.meeting, sglang.meeting) == (Meeting.HANDOFF, Meeting.RENDEZVOUS)
+    assert (vllm.token_path, sglang.token_path) == ("/inference/v1/generate", "/generate")
+    assert sglang.abort_path == "/abort_request"
+    answer = _fixture("generate-response-stop-str")
+    read = sglang.read_answer(answer, ())
+    assert isinstance(read, dict)
+    assert vllm.read_answer(read, ()) == read
+    assert vllm.stream_reader is None
+    assert sglang.stream_reader is not None
+    data = (FIXTURES / "generate-stream-cumulative.sse").read_bytes()
+    reader = sglang.stream_reader(_MAX_EVENT, ())
+    assert reader.feed(data) + reader.close() == _read_stream(data)
+
+
+@pytest.mark.parametrize("route", [Route.RESPONSES, Route.MESSAGES])
+def test_named_event_streams_end_with_the_usage_and_cached_tokens(route: Route) -> None:
+    data = _read_stream((FIXTURES / "generate-stream-cumulative.sse").read_bytes())
+    client = {"model": "m", "stream": True}
+    converter = stream_converter(route, requested=OutputMode.TEXT, client_body=client)
+    out = (converter.feed(data) + converter.close()).decode()
+    events = [json.loads(line[6:]) for line in out.split("\n") if line.startswith("data: {")]
+    last = events[-2] if route is Route.MESSAGES else events[-1]
+    usage = last["usage"] if route is Route.MESSAGES else last["response"]["usage"]
+    cached = (
+        usage["cache_read_input_tokens"]
+        if route is Route.MESSAGES
+        else usage["input_tokens_details"]["cached_tokens"]
+    )
+    assert cached == 16
+
+
+# --- SGLang's own clients ---------------------------------------------------------------------
+
+
+def test_an_sglang_client_keeps_its_body_and_gets_our_rid_and_room() -> None:
+    client = _fixture("generate-request")
+    client["rid"] = "short"
+    client["bootstrap_room"] = "1"
+    leg = sglang_client_leg(client, rendezvous=RENDEZVOUS)
+    assert leg.body == {
+        **client,
+        "rid": "0" * 32,
+        "bootstrap_host": "10.0.3.17",
+        "bootstrap_port": 8998,
+        "bootstrap_room": 7,
+    }
+    assert client["rid"] == "short"
+    sglang_contract.contract().GenerateRequest.from_json_value(leg.body)
+
+
+@pytest.mark.parametrize(
+    ("change", "param"),
+    [
+        ({"sampling_params": {"max_tokens": 4}}, "$.sampling_params.max_tokens"),
+        ({"input_ids": [[1], [2]]}, "$"),
+        ({"sampling_params": {"n": 2}}, "$"),
+        ({"input_ids": None}, "$.input_ids"),
+    ],
+)
+def test_an_sglang_client_body_both_workers_would_refuse_is_refused_first(
+    change: dict[str, Any], param: str
+) -> None:
+    with pytest.raises(RequestError) as caught:
+        sglang_client_leg({**_fixture("generate-request"), **change}, rendezvous=RENDEZVOUS)
+    assert caught.value.param == param
+
+
+@given(value=st.floats(0, 2, allow_subnormal=False))
+def test_a_float_reaches_sglang_as_the_client_wrote_it(value: float) -> None:
+    # sglang-router 0.3.2 sends floats through f32 (0.7 arrives as 0.699999988079071).
+    leg = _leg(_chat(temperature=value, top_p=0.9))
+    encoded = json.dumps(leg)
+    assert json.loads(encoded)["sampling_params"]["temperature"] == value
+    assert '"top_p": 0.9' in encoded
