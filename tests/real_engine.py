@@ -180,21 +180,28 @@ def serve_args(
 
 
 def exchange_router(setup: str, workers: Workers) -> SimulatedRouter:
-    """The exchange in process, its calls over HTTP to the workers (the default pipeline)."""
+    """The exchange in process, its calls over HTTP to the workers (the default pipeline).
+
+    Told the workers' vLLM release, as ``serve`` learns it from their ``/version``.
+    """
+    version = send(workers.single, "GET", "/version", None).body.decode()
+    vllm_version = json.loads(version)["version"]
     if setup == "exchange":
         config = parse_pipeline_params(
             {"decode": {"output_mode": "auto", "wrap_chat_completion": True}},
             use_openai_format=False,
         )
         urls = {"render": workers.single, "decode": workers.single}
-        return SimulatedRouter(config, urls=urls)
+        return SimulatedRouter(
+            config, urls=urls, settings=ExchangeSettings(vllm_version=vllm_version)
+        )
     config = parse_pipeline_params(
         {"prefill": {}, "decode": {"output_mode": "auto", "wrap_chat_completion": True}},
         use_openai_format=False,
     )
     urls = {"render": workers.decode, "prefill": workers.prefill, "decode": workers.decode}
     connector = KvConnector.NIXL if nixl() else KvConnector.SHARED_STORAGE
-    settings = ExchangeSettings(kv_connector=connector)
+    settings = ExchangeSettings(kv_connector=connector, vllm_version=vllm_version)
     return SimulatedRouter(config, urls=urls, settings=settings)
 
 
