@@ -1,10 +1,10 @@
 """A router in process: the exchange's worker calls served by the simulated vLLM worker.
 
 Each client request runs one :class:`~disagg_transforms.Exchange`; every worker call goes to a
-:class:`~disagg_transforms.testing.SimulatedWorker` through ``httpx.ASGITransport``, a streamed
-one fed chunk by chunk (``receive_stream_head`` / ``feed`` / ``end_of_stream``). The router is a
-transport handler for the official SDKs (``httpx.MockTransport``, or ``httpx2``'s for the
-anthropic SDK).
+:class:`~disagg_transforms.testing.SimulatedWorker` through ``httpx.ASGITransport`` (or, given
+``urls``, over HTTP to each step's worker: a real vLLM), a streamed one fed chunk by chunk
+(``receive_stream_head`` / ``feed`` / ``end_of_stream``). The router is a transport handler for
+the official SDKs (``httpx.MockTransport``, or ``httpx2``'s for the anthropic SDK).
 """
 
 from __future__ import annotations
@@ -39,9 +39,11 @@ class SimulatedRouter:
         *,
         fault: str | None = None,
         fault_step: str = "decode",
+        urls: Mapping[str, str] | None = None,
         settings: ExchangeSettings | None = None,
     ) -> None:
         self.config = config
+        self.urls = urls
         self.settings = settings
         self.worker = worker or SimulatedWorker(
             WorkerSettings(created=1796000000), first_byte_delay=0.05
@@ -67,17 +69,18 @@ class SimulatedRouter:
     ) -> tuple[int, list[tuple[str, str]], bytes]:
         """The exchange loop (docs/router.md), the client's reply collected whole."""
         drive = Driver(Exchange(self.config, path, headers, body, settings=self.settings))
-        transport = httpx.ASGITransport(app=self.worker)
+        transport = None if self.urls else httpx.ASGITransport(app=self.worker)
         sent = bytearray()
-        async with httpx.AsyncClient(transport=transport, base_url="http://worker") as http:
+        async with httpx.AsyncClient(transport=transport, timeout=120) as http:
             while (call := drive.next_call()) is not None:
                 self.calls.append(call)
                 extra = {}
                 if self.fault is not None and call.step == self.fault_step:
                     extra["x-simulate-fault"] = self.fault
+                base = self.urls[call.step] if self.urls else "http://worker"
                 request = http.build_request(
                     call.method,
-                    call.path,
+                    base + call.path,
                     headers=[*call.headers, *extra.items()],
                     content=call.body,
                 )
