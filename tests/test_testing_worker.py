@@ -1163,6 +1163,7 @@ EXACT_REFUSALS = [
 ]
 
 
+@pytest.mark.real_vllm
 @pytest.mark.skipif(REAL_URL is None, reason="no real vLLM: set DISAGG_REAL_VLLM_URL")
 @pytest.mark.parametrize(("path", "body"), EXACT_REFUSALS)
 def test_the_refusals_equal_a_real_vllms(path: str, body: dict[str, Any]) -> None:

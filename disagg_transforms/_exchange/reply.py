@@ -288,8 +288,14 @@ class CachedCount(NamedTuple):
     prompt_has_cached: bool
     """Whether the prompt's count includes the cached part (Anthropic's leaves it out)."""
     stream_usages: tuple[tuple[str, ...], ...]
-    """Where a stream event of the route carries a usage, as key paths."""
+    """Where a stream event of the route carries the usage a client reads the cached count in,
+    as key paths."""
+    final_usage_only: bool = False
+    """Streams: only a usage-only event (``choices: []``) holds the prompt's details; the
+    continuous usage of a choice's event has none (vLLM writes it so)."""
 
+
+_NO_CHOICES: Final = b"[]"
 
 _OPENAI_COUNT = CachedCount(
     prompt=w.PROMPT_TOKENS,
@@ -297,6 +303,7 @@ _OPENAI_COUNT = CachedCount(
     cached=w.CACHED_TOKENS,
     prompt_has_cached=True,
     stream_usages=((w.USAGE,),),
+    final_usage_only=True,
 )
 CACHED_COUNTS: Mapping[Route, CachedCount] = {
     Route.GENERATE: _OPENAI_COUNT,
@@ -315,8 +322,9 @@ CACHED_COUNTS: Mapping[Route, CachedCount] = {
         details=None,
         cached=w.CACHE_READ_INPUT_TOKENS,
         prompt_has_cached=False,
-        # message_start's and message_delta's (the SDK keeps the latter's).
-        stream_usages=((w.MESSAGE, w.USAGE), (w.USAGE,)),
+        # message_delta's, which the SDK keeps (vLLM's message_start counts the whole prompt
+        # as input and names no cache count).
+        stream_usages=((w.USAGE,),),
     ),
 }
 """One row per route an answer speaks: where its usage holds the cached-prompt count."""
@@ -356,7 +364,12 @@ def _set_cached(usage: dict[str, Any], place: CachedCount, cached_tokens: int) -
 
 
 def _patched_at(
-    payload: bytes, path: tuple[str, ...], place: CachedCount, cached_tokens: int
+    payload: bytes,
+    path: tuple[str, ...],
+    place: CachedCount,
+    cached_tokens: int,
+    *,
+    final_only: bool = False,
 ) -> bytes | None:
     """``payload`` with the usage at key path ``path`` patched, its other members' bytes kept.
 
@@ -366,6 +379,8 @@ def _patched_at(
         members = msgspec.json.decode(payload, type=dict[str, msgspec.Raw])
         if path[0] not in members:
             return None
+        if final_only and bytes(members.get(w.CHOICES, _NO_CHOICES)) != _NO_CHOICES:
+            return None  # a choice's event: its continuous usage names no details
         inner = bytes(members[path[0]])
         if len(path) > 1:
             patched = _patched_at(inner, path[1:], place, cached_tokens)
@@ -393,11 +408,16 @@ def with_cached_tokens(payload: bytes, cached_tokens: int, route: Route) -> byte
 
 
 def _with_cached(
-    payload: bytes, cached_tokens: int, place: CachedCount, paths: tuple[tuple[str, ...], ...]
+    payload: bytes,
+    cached_tokens: int,
+    place: CachedCount,
+    paths: tuple[tuple[str, ...], ...],
+    *,
+    final_only: bool = False,
 ) -> bytes:
     """``payload`` with the first usage found at a key path of ``paths`` patched."""
     for path in paths:
-        patched = _patched_at(payload, path, place, cached_tokens)
+        patched = _patched_at(payload, path, place, cached_tokens, final_only=final_only)
         if patched is not None:
             return patched
     return payload
@@ -444,7 +464,13 @@ class _CachedTokensRelay:
                 cr = line.endswith(_CR)
                 payload = line[_DATA_PREFIX_SIZE : -1 if cr else None]
                 place = self._place
-                patched = _with_cached(payload, self._cached, place, place.stream_usages)
+                patched = _with_cached(
+                    payload,
+                    self._cached,
+                    place,
+                    place.stream_usages,
+                    final_only=place.final_usage_only,
+                )
                 lines[at] = _DATA_PREFIX + patched + (_CR if cr else b"")
         return _LF.join(lines)
 

@@ -437,6 +437,17 @@ def _running_usage(usage: Mapping[str, Any], completion_tokens: int | None = Non
     )
 
 
+def _final_usage(usage: dict[str, Any]) -> dict[str, Any]:
+    """A stream's usage as vLLM's chat route writes it: ``created_cache_tokens`` 0 if unnamed.
+
+    The generate route names no such count: the wrap's rule (``docs/responses.md``).
+    """
+    details = usage.get(w.PROMPT_TOKENS_DETAILS)
+    if isinstance(details, dict) and details.get(w.CREATED_CACHE_TOKENS) is None:
+        return _created_cache_counted(usage)
+    return usage
+
+
 def _client_choice_count(client: Mapping[str, Any]) -> int:
     # The request side has checked the client's n; a missing or odd one reads as vLLM's 1.
     value = client.get(w.N)
@@ -695,7 +706,7 @@ class ChatStreamConverter:
         if not event.choices:
             if usage is None:
                 return opening
-            usage_only = head + _NO_CHOICES + _USAGE_MEMBER + encode_event_json(usage)
+            usage_only = head + _NO_CHOICES + _USAGE_MEMBER + encode_event_json(_final_usage(usage))
             return opening + usage_only + _CHUNK_END
         out = [opening] if opening else []
         for position, choice in enumerate(event.choices):
