@@ -244,9 +244,6 @@ SIM_PROMPT_DETAILS: Final = (
     "simulated worker: its coupled routes write no prompt_tokens_details (nor Messages or "
     "Responses cache counts) with prompt_tokens_details=True"
 )
-SIM_COUNT_TOKENS: Final = (
-    "simulated worker: count_tokens answers without context_management (vLLM 0.32 writes it)"
-)
 
 
 class Known(NamedTuple):
@@ -259,12 +256,6 @@ class Known(NamedTuple):
 
 
 KNOWN: Final = [
-    Known(
-        SIM_COUNT_TOKENS,
-        "simulated",
-        ("count-tokens",),
-        ("decode-only", "default", "pd", "openai-format", "sidecar"),
-    ),
     Known(
         SIM_NO_PARSER,
         "simulated",

@@ -59,6 +59,7 @@ _COUPLED: Final = {
 _NAMED_EVENTS: Final = (_responses.RESPONSES_PATH, _messages.MESSAGES_PATH)
 """The coupled routes whose streams name each event (``event: <type>``) and send no ``[DONE]``."""
 VERSION_PATH: Final = "/version"
+COUNT_TOKENS_PATH: Final = "/v1/messages/count_tokens"
 _ROUTES: Final = {
     GENERATE_PATH: "POST",
     "/health": "GET",
@@ -66,6 +67,7 @@ _ROUTES: Final = {
     VERSION_PATH: "GET",
     "/tokenize": "POST",
     "/detokenize": "POST",
+    COUNT_TOKENS_PATH: "POST",
     **dict.fromkeys((*_RENDER_PATHS, *_COUPLED), "POST"),
 }
 """Every route the worker serves, and its method."""
@@ -295,6 +297,15 @@ class SimulatedWorker:
             return _json(200, _render.tokenize(body, self.settings))
         if path == "/detokenize":
             return _json(200, _render.detokenize(body))
+        if path == COUNT_TOKENS_PATH:
+            # vLLM's Anthropic count: the rendered prompt's tokens (a count takes no max_tokens,
+            # which the render route requires: any cap renders the same prompt).
+            asked = {"max_tokens": 1, **body} if isinstance(body, dict) else body
+            rendered = _render.render_messages(asked, header_id, self.settings)
+            count = len(rendered["token_ids"])
+            return _json(
+                200, {"input_tokens": count, "context_management": {"original_input_tokens": count}}
+            )
         return _json(200, render(path, body, header_id, self.settings))
 
     def _generate(self, body: object, header_id: str | None, fault: str | None) -> _Reply:
