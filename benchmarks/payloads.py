@@ -179,7 +179,7 @@ def generate_stream(n_tokens: int) -> bytes:
 _STREAM_HEAD = {"request_id": "generate-tokens-chatcmpl-bench"}
 
 
-# Real shapes (issue 33): vLLM 0.33's render answers and the client bodies that asked for them,
+# Real shapes: vLLM 0.33's render answers and the client bodies that asked for them,
 # as recorded in tests/fixtures (each file's `_note` says how), the prompt scaled to n tokens.
 _FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "fixtures"
 RENDER_FIXTURES = {

@@ -221,7 +221,7 @@ TARGETS = (
     Target(_STREAM.format("Responses"), "lib/orjson converter", 2.0, at_most=True),
     Target(_STREAM.format("Anthropic"), "lib/orjson converter", 2.0, at_most=True),
     Target(_G128, "peak RSS (x body)", 2.0, at_most=True),
-    # Real shapes (issue 33): every such decode leg against the orjson round trip by size.
+    # Real shapes: every such decode leg against the orjson round trip by size.
     *(
         Target(case, "lib/orjson rt", bound, at_most=True)
         for size, bound in (("1k", 1.5), ("32k", 0.45), ("128k", 0.40))
@@ -334,7 +334,7 @@ cases get 1024 token IDs from the router. The wrap cases use a client asking
 `top_logprobs: 2` (the generated responses carry 5 alternatives per token, so text mode cuts
 them; derender passes them on untouched, as vLLM already cut them).
 
-The real-shape cases (issue 33) use the bodies vLLM really sends. **generate every field**: a
+The real-shape cases use the bodies vLLM really sends. **generate every field**: a
 generate client's body as vLLM 0.33 serialises a `GenerateRequest`, every top-level field
 present (most null), `sampling_params` with the 13 fields a render answer holds, a top-level
 cap. **chat / responses / messages + vLLM render**: the client's full body (the recorded render

@@ -149,7 +149,7 @@ def test_a_conditional_decode_runs_first_with_the_client_body_on_its_own_route()
 
 
 def test_render_first_runs_render_before_the_conditional_decode() -> None:
-    # A coordinator document that lists render first runs it first (SPEC §12).
+    # A coordinator document that lists render first runs it first (docs/llm-d.md).
     settings = ExchangeSettings(render_first=True)
     exchange = Exchange(CONDITIONAL_PD, CHAT, {}, _client_body(), settings=settings)
     out = drive(exchange, _holding((412, {}, b"")))

@@ -1,6 +1,6 @@
 """No internal address reaches a client: a worker the proxy could not reach, or that failed in
 transport, is named by its step and the kind of failure; its address and the transport's own
-exception go to the log (SPEC §11, docs/proxy.md "Errors")."""
+exception go to the log (docs/proxy.md, "Errors")."""
 
 from __future__ import annotations
 

@@ -27,7 +27,7 @@ def test_a_real_text_answer_wraps_into_a_chat_completion() -> None:
 
 
 def test_a_real_032_worker_refuses_derender() -> None:
-    # What SPEC section 11 builds on: 0.32 knows tokens and text only.
+    # What docs/exchange.md's "vLLM versions" builds on: 0.32 knows tokens and text only.
     refusal = _load("error-400-derender.json")["error"]
     assert (refusal["code"], refusal["param"]) == (400, "body.output_mode")
     assert "'tokens' or 'text'" in refusal["message"]

@@ -387,7 +387,7 @@ INPUT_SUMMARY: Final = re.compile(r"<dict of \d+ items>")
 
 
 def step_named(value: Any) -> Any:
-    """STEP: a worker's 4xx reaches the client naming the step that got it (SPEC §10).
+    """STEP: a worker's 4xx reaches the client naming its step (docs/exchange.md, "Errors").
 
     ``decode rejected the request: <the worker's message>``: the prefix is removed, the
     worker's own message is compared. The leg the worker judged is not the client's body (it
@@ -404,7 +404,7 @@ def step_named(value: Any) -> Any:
 def transfer_params(value: Any) -> Any:
     """TRANSFER PARAMS: ``kv_transfer_params`` / ``ec_transfer_params`` written as null, removed.
 
-    No client of the exchange sees transfer params, null or not (SPEC §10; docs/exchange.md,
+    No client of the exchange sees transfer params, null or not (docs/exchange.md,
     "Which reply"): they name internal hosts. A non-null one stays, and fails the comparison.
     """
     if isinstance(value, dict):
@@ -499,7 +499,7 @@ def _is_json(body: bytes | None) -> bool:
 def not_json_refusal(reply: dict[str, Any]) -> dict[str, Any]:
     """NOT JSON: a body that is not JSON is refused by the proxy before any worker call.
 
-    SPEC §10: the client's body is checked first, in the client API's error shape and in the
+    docs/exchange.md: the client's body is checked first, in the client API's error shape and in the
     library's words (``$: the client body is not valid JSON: ...``, ``param`` ``$``), where vLLM
     answers its request validator's ``json_invalid`` text: the status, the media type and the
     error object's keys are compared, not its message, type or param.

@@ -161,7 +161,7 @@ def transfer_params(answer: Mapping[str, Any]) -> dict[str, Any]:
     """TRANSFER PARAMS: no client of the exchange sees ``kv_transfer_params``, null or not.
 
     They name internal hosts: the exchange removes them from an answer on the client's own route,
-    and a rebuilt envelope never has them (SPEC §10; docs/exchange.md, "Which reply"). vLLM's
+    and a rebuilt envelope never has them (docs/exchange.md, "Which reply"). vLLM's
     completions and Responses answers write ``kv_transfer_params: null``.
     """
     assert answer.get("kv_transfer_params") is None
@@ -357,7 +357,7 @@ def test_chat(body: dict[str, Any], stream: bool) -> None:
 
 @pytest.mark.parametrize(("body", "stream"), _cases(COMPLETION_CASES))
 def test_completions(body: dict[str, Any], stream: bool) -> None:
-    # A completions client stays on /v1/completions (SPEC §4.1): the worker's answer, relayed.
+    # A completions client stays on /v1/completions (routes-and-config.md): its answer, relayed.
     rebuilt, coupled = _both(COMPLETIONS, body, stream)
     if not stream:
         _same(rebuilt, transfer_params(coupled))

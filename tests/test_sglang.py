@@ -1,6 +1,6 @@
 """SGLang as an engine: the /generate legs, the answers read back, and SGLang's own contract.
 
-Facts from ``reference/sglang-0.5-protocol.md`` and the fixtures of SGLang 0.5.23
+Facts from docs/sglang.md and the fixtures of SGLang 0.5.23
 (``tests/fixtures/sglang-0.5.23/``); docs/sglang.md is the user's page.
 """
 

@@ -1,5 +1,5 @@
 """Every supported vLLM: what a 0.32 worker cannot do (``derender``) is never sent to it
-(SPEC §9, §11 "Every supported vLLM version"; docs/exchange.md, "vLLM versions").
+(docs/exchange.md, "vLLM versions").
 
 The exchange takes the workers' release as a setting; under ``output_mode: auto`` a request with
 tools is decoded on the client's own route (the worker's coupled route and its tool parser),

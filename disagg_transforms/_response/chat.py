@@ -196,7 +196,8 @@ _TEXT_MESSAGE_NULLS: Final = dict.fromkeys(
     (w.REFUSAL, w.ANNOTATIONS, w.AUDIO, w.FUNCTION_CALL, w.REASONING)
 )
 _CHOICE_NULLS: Final = dict.fromkeys((w.TOKEN_IDS, w.ROUTED_EXPERTS, w.WEIGHT_VERSIONS))
-_CHOICE_NULLS_032: Final = dict.fromkeys((w.TOKEN_IDS, w.ROUTED_EXPERTS))  # no weight_versions
+# vLLM 0.32's choice has no weight_versions (docs/envelopes.md, "Envelope options").
+_CHOICE_NULLS_032: Final = {k: v for k, v in _CHOICE_NULLS.items() if k != w.WEIGHT_VERSIONS}
 _HEAD_NULLS: Final = dict.fromkeys((w.SERVICE_TIER, w.SYSTEM_FINGERPRINT))
 _TAIL_NULLS: Final = dict.fromkeys((w.PROMPT_TOKEN_IDS, w.PROMPT_TEXT, w.METRICS))
 _PromptLogprobs = list[dict[str, Any] | None]
