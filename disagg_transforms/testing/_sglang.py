@@ -22,6 +22,7 @@ from disagg_transforms.testing._worker import (
     RecordedCall,
     Scope,
     Send,
+    parse_body,
     read_request,
 )
 
@@ -244,7 +245,7 @@ class SimulatedSglangWorker:
         if request is None:
             return
         method, path, headers, raw = request
-        body = _parse(raw)
+        body = parse_body(raw)
         call = RecordedCall(method, path, headers, body)
         self.calls.append(call)
         if path == "/generate" and method in ("POST", "PUT"):
@@ -656,7 +657,7 @@ async def _post(host: str, port: int, path: str, payload: object) -> tuple[int, 
         writer.close()
     status_line, _, rest = answer.partition(b"\r\n")
     _, _, body = rest.partition(b"\r\n\r\n")
-    return int(status_line.split()[1]), _parse(body)
+    return int(status_line.split()[1]), parse_body(body)
 
 
 def _as_sent(answers: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -681,13 +682,6 @@ def _incremental(answers: list[dict[str, Any]]) -> list[dict[str, Any]]:
         )
         text, ids = len(answer["text"]), len(answer["output_ids"])
     return out
-
-
-def _parse(raw: bytes | None) -> Any:  # noqa: ANN401 - any JSON value
-    try:
-        return orjson.loads(raw) if raw else None
-    except orjson.JSONDecodeError:
-        return None
 
 
 def _event(payload: object) -> bytes:

@@ -221,7 +221,7 @@ class SimulatedWorker:
         if request is None:
             return
         method, path, headers, raw = request
-        body = _parse(raw)
+        body = parse_body(raw)
         call = RecordedCall(method, path, headers, body)
         self.calls.append(call)
         if self.log_calls:
@@ -465,7 +465,8 @@ async def _read_body(receive: Receive) -> bytes | None:
     return b"".join(chunks)
 
 
-def _parse(raw: bytes | None) -> Any:  # noqa: ANN401 - any JSON value
+def parse_body(raw: bytes | None) -> Any:  # noqa: ANN401 - any JSON value
+    """A request or answer body as JSON; ``None`` when empty or not JSON (the routes judge it)."""
     if not raw:
         return None
     try:
