@@ -240,10 +240,6 @@ PROXY_CASES: Final = [
 
 # Where the simulated worker's coupled routes are not vLLM 0.32's (docs/testing.md).
 SIM_NO_PARSER: Final = "simulated worker: its coupled routes run no tool or reasoning parser"
-SIM_PROMPT_DETAILS: Final = (
-    "simulated worker: its coupled routes write no prompt_tokens_details (nor Messages or "
-    "Responses cache counts) with prompt_tokens_details=True"
-)
 
 
 class Known(NamedTuple):
@@ -267,35 +263,6 @@ KNOWN: Final = [
             "messages-tools",
         ),
         ("exchange", "exchange-pd", "default", "pd"),
-    ),
-    Known(
-        SIM_PROMPT_DETAILS, "simulated", ("responses", "responses-stream"), ("exchange-pd", "pd")
-    ),
-    Known(
-        SIM_PROMPT_DETAILS,
-        "simulated",
-        (
-            "chat",
-            "chat-stream",
-            "chat-stream-continuous-usage",
-            "chat-no-cap",
-            "chat-n2-logprobs-seed",
-            "chat-stop",
-            "chat-stop-stream",
-            "chat-tools-none",
-            "completions-stream",
-            "messages",
-            "messages-stream",
-            "generate-tokens",
-            "generate-text",
-        ),
-        ("exchange-pd", "pd", "openai-format", "sidecar"),
-    ),
-    Known(
-        SIM_PROMPT_DETAILS,
-        "simulated",
-        ("chat-tools-auto", "chat-tools-named", "chat-tools-auto-stream", "messages-tools"),
-        ("openai-format", "sidecar"),
     ),
 ]
 

@@ -474,11 +474,59 @@ def test_the_cache_counts_each_route_writes_with_prompt_token_details() -> None:
         "/v1/messages",
         {"model": "m", "max_tokens": 64, "messages": MESSAGE, **prefill},
     ).json()
+    # The chat call computed the same prompt: its whole blocks are read from the cache.
+    warm = (chat["usage"]["prompt_tokens"] - 1) // 16 * 16
     assert message["usage"] == {
-        "input_tokens": chat["usage"]["prompt_tokens"],
+        "input_tokens": chat["usage"]["prompt_tokens"] - warm,
         "output_tokens": chat["usage"]["completion_tokens"],
         "cache_creation_input_tokens": 0,
-        "cache_read_input_tokens": 0,
+        "cache_read_input_tokens": warm,
     }
     response = _post(worker, "/v1/responses", {"model": "m", "input": PROMPT, **prefill}).json()
     assert response["usage"]["input_tokens_details"]["cache_write_tokens"] == 0
+
+
+def test_every_route_reports_the_prefix_cache_the_generate_route_computes() -> None:
+    # vLLM with --enable-prompt-tokens-details: one prefix cache behind every route, each call
+    # reporting the whole blocks of its prompt some earlier call computed (16 tokens a block
+    # here), whether or not it is a P/D leg.
+    worker = SimulatedWorker(WorkerSettings(created=CREATED, prompt_tokens_details=True))
+    body = {"model": "m", "messages": [{"role": "user", "content": "A closure. " * 8}]}
+    cold = _post(worker, "/v1/chat/completions", body).json()["usage"]
+    warm = (cold["prompt_tokens"] - 1) // 16 * 16
+    assert cold["prompt_tokens_details"] == {
+        "cached_tokens": 0,
+        "created_cache_tokens": 0,
+        "multimodal_tokens": None,
+    }
+    rendered = _post(worker, "/v1/chat/completions/render", body).json()
+    generated = _post(worker, "/inference/v1/generate", rendered).json()["usage"]
+    assert generated["prompt_tokens_details"] == {
+        "cached_tokens": warm,
+        "created_cache_tokens": None,
+        "multimodal_tokens": None,
+    }
+    chat = _post(worker, "/v1/chat/completions", body).json()["usage"]
+    assert chat["prompt_tokens_details"]["cached_tokens"] == warm
+    streamed = _post(
+        worker,
+        "/v1/chat/completions",
+        {**body, "stream": True, "stream_options": {"include_usage": True}},
+    )
+    usage = json.loads(streamed.text.split("\n\n")[-3].removeprefix("data: "))["usage"]
+    assert usage["prompt_tokens_details"] == {"cached_tokens": warm, "created_cache_tokens": 0}
+    messages = {**body, "max_tokens": 64}
+    message = _post(worker, "/v1/messages", messages).json()["usage"]
+    cached = message["cache_read_input_tokens"]
+    assert (message["input_tokens"] + cached, cached) == (cold["prompt_tokens"], warm)
+    responses = {"model": "m", "input": body["messages"]}
+    response = _post(worker, "/v1/responses", responses).json()["usage"]
+    assert response["input_tokens_details"]["cached_tokens"] == warm
+    completions = {"model": "m", "prompt": "A completion prompt. " * 4}
+    _post(worker, "/v1/completions", completions)
+    completed = _post(worker, "/v1/completions", completions).json()["usage"]
+    assert completed["prompt_tokens_details"] == {
+        "cached_tokens": (completed["prompt_tokens"] - 1) // 16 * 16,
+        "created_cache_tokens": None,
+        "multimodal_tokens": None,
+    }

@@ -38,8 +38,10 @@ the random part of its ``resp_`` id. What differs from a real vLLM server:
 - The generated text is scripted (see :class:`SimulatedWorker` and :class:`WorkerSettings`);
   ``stop`` strings, ``min_tokens``, ``ignore_eos`` and seeds do not change it; logprobs are
   made up (the sampled token at -0.1 first, then alternatives).
-- ``usage.prompt_tokens_details`` is always null (vLLM without
-  ``--enable-prompt-tokens-details``), also on a decode leg that pulled its KV blocks.
+- ``usage.prompt_tokens_details`` is null unless ``prompt_tokens_details`` (vLLM's
+  ``--enable-prompt-tokens-details``) is set: then every route reports the whole 16-token blocks
+  of the prompt some earlier call computed (one prefix cache for every route), and a decode leg
+  that pulled its KV blocks none.
 - A prefill's ``remote_request_id`` ends in a hash instead of a random suffix; its blocks are
   numbered from 1 for every request (16 tokens a block).
 - Validation messages follow pydantic's wording for the common failures only; ``content_parts``

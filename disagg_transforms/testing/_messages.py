@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final
 
-from disagg_transforms.testing import _openai, _render
+from disagg_transforms.testing import _generate, _openai, _render
 from disagg_transforms.testing._common import WorkerSettings
 
 MESSAGES_PATH: Final = "/v1/messages"
@@ -51,22 +51,21 @@ def _usage(turn: _openai.TextTurn) -> dict[str, Any]:
 
 
 def messages(
-    body: object, header_id: str | None, settings: WorkerSettings, sequence: int
+    body: object, settings: WorkerSettings, call: _generate.Call
 ) -> dict[str, Any] | list[dict[str, Any]]:
     """``POST /v1/messages``: a ``message``, or its stream's events.
 
     Args:
         body: The client's Messages body.
-        header_id: The ``x-request-id`` header, if sent (the chat id's base, as on chat).
         settings: The worker's settings.
-        sequence: The call's position in the worker's log.
+        call: Where it runs (its ``x-request-id`` is the chat id's base, as on chat).
 
     Returns:
         The answer body (vLLM dumps it without its nulls), or the stream's events (each named
         by its ``type``; no ``[DONE]``).
     """
-    request = _render.render_messages(body, header_id, settings)
-    turn = _openai.text_turn(request, body, settings, (header_id, sequence))
+    request = _render.render_messages(body, call.header_id, settings)
+    turn = _openai.text_turn(request, body, settings, call)
     usage = _usage(turn)
     head = {"id": request["request_id"], "type": "message", "role": "assistant"}
     if request["stream"] is not True:

@@ -26,14 +26,19 @@ COMPLETIONS_PATH = "/v1/completions"
 
 
 def _generated(
-    request: dict[str, Any], settings: WorkerSettings, header_id: str | None, sequence: int
+    request: dict[str, Any], settings: WorkerSettings, call: _generate.Call
 ) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
     """A rendered request run in text mode: the whole answer, or the stream's chunks."""
     request = {**request, "output_mode": "text"}
     _generate.validate(request, legacy=False)
     _generate.check_request(request, settings)
     answer = _generate.generate(
-        request, settings, header_id=header_id, legacy=False, sequence=sequence
+        request,
+        settings,
+        header_id=call.header_id,
+        legacy=False,
+        sequence=call.sequence,
+        cached_tokens=call.cache.computed(request["token_ids"]),
     )
     if answer.events is None:
         return answer.body, []
@@ -63,10 +68,7 @@ class TextTurn:
 
 
 def text_turn(
-    request: dict[str, Any],
-    body: object,
-    settings: WorkerSettings,
-    where: tuple[str | None, int],
+    request: dict[str, Any], body: object, settings: WorkerSettings, call: _generate.Call
 ) -> TextTurn:
     """Generate a rendered request's first choice in text mode, whole or streamed.
 
@@ -76,7 +78,7 @@ def text_turn(
             Responses and Anthropic requests carry them since vLLM PRs #37424 and #37535 (the
             simulated render routes leave them out).
         settings: The worker's settings.
-        where: The ``x-request-id`` header (if sent) and the call's position in the log.
+        call: Where it runs.
 
     Returns:
         The turn; a stream's counts come from its usage chunk.
@@ -86,7 +88,7 @@ def text_turn(
         request = {**request, "kv_transfer_params": kv}
     if request.get("stream") is True:
         request = {**request, "stream_options": {"include_usage": True}}
-    whole, chunks = _generated(request, settings, *where)
+    whole, chunks = _generated(request, settings, call)
     if whole is not None:
         [choice] = whole["choices"][:1]
         usage, finish, deltas = whole["usage"], choice["finish_reason"], [choice["text"]]
@@ -116,21 +118,20 @@ def _head(request_id: str, kind: str, model: object, settings: WorkerSettings) -
 
 
 def chat(
-    body: object, header_id: str | None, settings: WorkerSettings, sequence: int
+    body: object, settings: WorkerSettings, call: _generate.Call
 ) -> dict[str, Any] | list[dict[str, Any]]:
     """``POST /v1/chat/completions``: a ``chat.completion``, or the chunks of its stream.
 
     Args:
         body: The client's chat body.
-        header_id: The ``x-request-id`` header, if sent.
         settings: The worker's settings.
-        sequence: The call's position in the worker's log.
+        call: Where it runs (the ``x-request-id`` header, if sent, is the id's base).
 
     Returns:
         The answer body, or the stream's chunk bodies (``[DONE]`` left to the caller).
     """
-    request = _render.render_chat(body, header_id, settings)
-    whole, chunks = _generated(request, settings, header_id, sequence)
+    request = _render.render_chat(body, call.header_id, settings)
+    whole, chunks = _generated(request, settings, call)
     head = _head(request["request_id"], "chat.completion", request["model"], settings)
     wanted = body.get("top_logprobs") if isinstance(body, dict) else None
     top = wanted if isinstance(wanted, int) else 0  # the chat request model's default
@@ -280,23 +281,23 @@ def _stream_chunk(
 
 
 def completions(
-    body: object, header_id: str | None, settings: WorkerSettings, sequence: int
+    body: object, settings: WorkerSettings, call: _generate.Call
 ) -> dict[str, Any] | list[dict[str, Any]]:
     """``POST /v1/completions``: a ``text_completion``, or the chunks of its stream.
 
     Every prompt is generated in turn; prompt ``i``'s choices are numbered from ``i * n``.
     Arguments (``body``: the client's completions body) and result as :func:`chat`.
     """
-    requests = _render.render_completions(body, header_id, settings)
+    requests = _render.render_completions(body, call.header_id, settings)
     base = requests[0]["request_id"].rsplit("-", 1)[0]
     head = _head(base, "text_completion", requests[0]["model"], settings)
     choices: list[dict[str, Any]] = []
     usage = {"prompt_tokens": 0, "total_tokens": 0, "completion_tokens": 0}
-    kv = None
+    kv = details = None
     out: list[dict[str, Any]] = []
     for number, request in enumerate(requests):
         offset = number * request["sampling_params"].get("n", 1)
-        whole, chunks = _generated(request, settings, header_id, sequence)
+        whole, chunks = _generated(request, settings, call)
         for chunk in chunks:
             texts = [
                 {
@@ -312,6 +313,8 @@ def completions(
         if whole is None:
             continue
         kv = kv or whole["kv_transfer_params"]
+        # vLLM reports the last prompt's cached tokens for them all.
+        details = whole["usage"]["prompt_tokens_details"]
         for key in usage:
             usage[key] += whole["usage"][key]
         choices.extend(
@@ -334,6 +337,6 @@ def completions(
         "choices": choices,
         "service_tier": None,
         "system_fingerprint": None,
-        "usage": {**usage, "prompt_tokens_details": None},
+        "usage": {**usage, "prompt_tokens_details": details},
         "kv_transfer_params": kv,
     }

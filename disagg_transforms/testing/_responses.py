@@ -13,7 +13,7 @@ import hashlib
 from collections.abc import Mapping
 from typing import Any, Final
 
-from disagg_transforms.testing import _openai, _render
+from disagg_transforms.testing import _generate, _openai, _render
 from disagg_transforms.testing._common import WorkerSettings
 
 RESPONSES_PATH: Final = "/v1/responses"
@@ -177,22 +177,20 @@ def _digest(request: Mapping[str, Any], what: str) -> str:
 
 
 def responses(
-    body: object, header_id: str | None, settings: WorkerSettings, sequence: int
+    body: object, settings: WorkerSettings, call: _generate.Call
 ) -> dict[str, Any] | list[dict[str, Any]]:
     """``POST /v1/responses``: a ``response``, or its stream's events in vLLM's order.
 
     Args:
         body: The client's Responses body.
-        header_id: The ``x-request-id`` header, if sent (the response's id ignores it, as
-            vLLM's does).
         settings: The worker's settings.
-        sequence: The call's position in the worker's log.
+        call: Where it runs (the response's id ignores its ``x-request-id``, as vLLM's does).
 
     Returns:
         The answer body, or the stream's events (each named by its ``type``; no ``[DONE]``).
     """
     request = _render.render_responses(body, settings)
-    turn = _openai.text_turn(request, body, settings, (header_id, sequence))
+    turn = _openai.text_turn(request, body, settings, call)
     assert isinstance(body, dict)  # noqa: S101 - the render accepted it
     if request["stream"] is not True:
         return _response(body, request, turn, settings)

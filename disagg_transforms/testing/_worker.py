@@ -194,6 +194,7 @@ class SimulatedWorker:
         self.settings = WorkerSettings() if settings is None else settings
         self.calls: list[RecordedCall] = []
         """Every request received, in order."""
+        self._cache = _generate.PrefixCache()
         self.disconnected: list[RecordedCall] = []
         """The calls whose client closed the connection before the answer started (seen while
         ``slow-first-byte`` waits); each is also logged at INFO."""
@@ -317,18 +318,13 @@ class SimulatedWorker:
         stream = request.get("stream") is True
         if fault == "stream-error" and not stream:
             return _json(500, _INTERNAL_ERROR)
-        earlier = (
-            call.body.get("token_ids")
-            for call in self.calls[:-1]
-            if call.path == GENERATE_PATH and isinstance(call.body, dict)
-        )
         answer = _generate.generate(
             request,
             self.settings,
             header_id=header_id,
             legacy=legacy,
             sequence=len(self.calls),
-            cached_tokens=_generate.cached_prefix(request["token_ids"], earlier),
+            cached_tokens=self._cache.computed(request["token_ids"]),
         )
         if answer.events is not None:
             return _Reply(200, "text/event-stream; charset=utf-8", events=answer.events)
@@ -337,7 +333,8 @@ class SimulatedWorker:
     def _coupled(self, path: str, body: object, header_id: str | None, fault: str | None) -> _Reply:
         if fault == "stream-error" and isinstance(body, dict) and body.get("stream") is not True:
             return _served_error(path, 500, _INTERNAL_ERROR)
-        answer = _COUPLED[path](body, header_id, self.settings, len(self.calls))
+        call = _generate.Call(header_id, len(self.calls), self._cache)
+        answer = _COUPLED[path](body, self.settings, call)
         if isinstance(answer, dict):
             return _json(200, answer)
         content_type = "text/event-stream; charset=utf-8"
