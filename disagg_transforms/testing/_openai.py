@@ -181,7 +181,8 @@ def _chat_chunks(
     Every choice opens with ``{"role": "assistant", "content": ""}`` at the first engine
     output; then one chunk per generate choice, an empty text giving ``{}`` and no chunk at all
     unless it finishes or carries logprobs; ``stop_reason`` on the finishing chunk only;
-    continuous usage counted per choice; the usage chunk as the generate stream's last.
+    ``weight_versions`` (null) on the finishing chunk only, as vLLM 0.33 writes it; continuous
+    usage counted per choice; the usage chunk as the generate stream's last.
     """
     n = body.get("n")
     token_ids = body.get("return_token_ids") is True
@@ -211,25 +212,35 @@ def _chat_chunks(
             out.append({**head, "choices": [], "usage": _cache_counted(chunk["usage"])})
             continue
         for choice in chunk["choices"]:
-            logprobs = _chat_logprobs(choice["logprobs"], top)
-            finished = choice["finish_reason"] is not None
-            if not choice["text"] and not finished and logprobs is None and not token_ids:
+            built = _chunk_choice(choice, top, token_ids=token_ids)
+            if built is None:
                 continue
-            built: dict[str, Any] = {
-                "index": choice["index"],
-                "delta": {"content": choice["text"]} if choice["text"] else {},
-                "logprobs": logprobs,
-                "finish_reason": choice["finish_reason"],
-            }
-            if finished:
-                built["stop_reason"] = choice["stop_reason"]
-            built["token_ids"] = choice["token_ids"] if token_ids else None
             answer: dict[str, Any] = {**head, "choices": [built]}
             if continuous:
                 usage = chunk["usage"]
                 answer["usage"] = _chat_usage(usage["prompt_tokens"], usage["completion_tokens"])
             out.append(answer)
     return out
+
+
+def _chunk_choice(choice: Mapping[str, Any], top: int, *, token_ids: bool) -> dict[str, Any] | None:
+    """A generate chunk's choice as a chat chunk's (``None``: vLLM sends no chunk for it)."""
+    logprobs = _chat_logprobs(choice["logprobs"], top)
+    finished = choice["finish_reason"] is not None
+    if not choice["text"] and not finished and logprobs is None and not token_ids:
+        return None
+    built: dict[str, Any] = {
+        "index": choice["index"],
+        "delta": {"content": choice["text"]} if choice["text"] else {},
+        "logprobs": logprobs,
+        "finish_reason": choice["finish_reason"],
+    }
+    if finished:
+        built["stop_reason"] = choice["stop_reason"]
+    built["token_ids"] = choice["token_ids"] if token_ids else None
+    if finished:
+        built["weight_versions"] = None  # vLLM 0.33's finishing chunk sets it
+    return built
 
 
 def _chat_usage(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
