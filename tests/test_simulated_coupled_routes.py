@@ -451,7 +451,10 @@ def test_an_agent_turn_after_a_tool_result_answers_text_on_every_coupled_route(
     chat, response, message = _run(worker, turns)
     assert (chat.choices[0].message.content, chat.choices[0].finish_reason) == ("Hello!", "stop")
     assert response.output_text == "Hello!"
-    assert (_only_text(message), message.stop_reason) == ("Hello!", "end_turn")
+    # The parser ran (tools offered): the model's thinking comes first, then the text.
+    texts = [block.text for block in message.content if isinstance(block, TextBlock)]
+    assert (texts, message.stop_reason) == (["Hello!"], "end_turn")
+    assert message.content[0].type == "thinking"
 
 
 # ---------------------------------------------------------------- the cache's counts
@@ -530,3 +533,99 @@ def test_every_route_reports_the_prefix_cache_the_generate_route_computes() -> N
         "created_cache_tokens": None,
         "multimodal_tokens": None,
     }
+
+
+# ---------------------------------------------------------------- the parser
+
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+}
+
+
+def test_chat_with_tools_answers_the_generate_routes_parsed_message() -> None:
+    # The coupled route runs the same parser as the generate route's derender mode.
+    worker = SimulatedWorker(WorkerSettings(created=CREATED))
+    body = {"model": "m", "messages": MESSAGE, "tools": [WEATHER_TOOL]}
+    chat = _chat(worker, tools=[WEATHER_TOOL])
+    rendered = _post(worker, "/v1/chat/completions/render", body).json()
+    derendered = _post(
+        worker, "/inference/v1/generate", {**rendered, "output_mode": "derender"}
+    ).json()
+    [choice] = chat["choices"]
+    [parsed] = derendered["choices"]
+    # The tool-call ids derive from each answer's own (random) request id.
+    for message in (choice["message"], parsed["message"]):
+        message["tool_calls"][0]["id"] = "call"
+    assert choice["message"] == parsed["message"]
+    assert choice["finish_reason"] == parsed["finish_reason"] == "tool_calls"
+    assert choice["message"]["reasoning"] == "The user greets me."
+    assert choice["message"]["tool_calls"][0]["function"] == {
+        "name": "get_weather",
+        "arguments": '{"city": "Paris"}',
+    }
+    # tool_choice none: no parser, the text answer.
+    plain = _chat(worker, tools=[WEATHER_TOOL], tool_choice="none")
+    assert plain["choices"][0]["message"]["content"] == "Hello!"
+
+
+def test_a_chat_stream_with_tools_streams_the_parse_a_delta_per_token() -> None:
+    worker = SimulatedWorker(WorkerSettings(created=CREATED))
+    body = {
+        "model": "m",
+        "messages": MESSAGE,
+        "tools": [WEATHER_TOOL],
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    events = _post(worker, "/v1/chat/completions", body).text.split("\n\n")
+    chunks = [json.loads(event[6:]) for event in events if event and event != "data: [DONE]"]
+    deltas = [chunk["choices"][0]["delta"] for chunk in chunks if chunk["choices"]]
+    assert deltas[0] == {"role": "assistant", "content": ""}
+    reasoning = "".join(delta.get("reasoning", "") for delta in deltas)
+    assert reasoning == "The user greets me."
+    assert all(len(delta.get("reasoning", "")) <= 1 for delta in deltas)
+    [call] = [c for delta in deltas for c in delta.get("tool_calls", [])]
+    assert (call["index"], call["function"]["name"]) == (0, "get_weather")
+    finishing = chunks[-2]["choices"][0]
+    assert (finishing["finish_reason"], finishing["weight_versions"]) == ("tool_calls", None)
+    # One chunk per token that grew the parse: a token inside a tool call's text sends none.
+    assert len(chunks) - 2 < chunks[-1]["usage"]["completion_tokens"]
+
+
+def test_responses_and_messages_with_tools_answer_the_parsed_turn() -> None:
+    worker = SimulatedWorker(WorkerSettings(created=CREATED))
+    function = WEATHER_TOOL["function"]
+    assert isinstance(function, dict)
+    tool = {"type": "function", **function}
+    response = _post(
+        worker, "/v1/responses", {"model": "m", "input": PROMPT, "tools": [tool]}
+    ).json()
+    reasoning, called = response["output"]
+    assert reasoning["type"] == "reasoning"
+    assert reasoning["content"] == [{"text": "The user greets me.", "type": "reasoning_text"}]
+    assert (called["type"], called["name"], called["status"]) == (
+        "function_call",
+        "get_weather",
+        "completed",
+    )
+    anthropic_tool = {"name": "get_weather", "input_schema": function["parameters"]}
+    message = _post(
+        worker,
+        "/v1/messages",
+        {"model": "m", "max_tokens": 200, "messages": MESSAGE, "tools": [anthropic_tool]},
+    ).json()
+    thinking, use = message["content"]
+    assert (thinking["type"], thinking["thinking"]) == ("thinking", "The user greets me.")
+    assert isinstance(thinking["signature"], str)
+    assert thinking["signature"]
+    assert (use["type"], use["name"], use["input"]) == (
+        "tool_use",
+        "get_weather",
+        {"city": "Paris"},
+    )
+    assert message["stop_reason"] == "tool_use"

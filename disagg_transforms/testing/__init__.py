@@ -49,8 +49,10 @@ the random part of its ``resp_`` id. What differs from a real vLLM server:
   ``features`` hashed from its URL; a call that runs the encoder answers made-up
   ``ec_transfer_params``.
 - ``/v1/chat/completions``, ``/v1/completions``, ``/v1/responses`` and ``/v1/messages``
-  (coupled serving) answer in text mode: no reasoning or tool parser, no completions,
-  Responses or Messages logprobs.
+  (coupled serving) run the tool and reasoning parser only when a request offers tools
+  (``tool_choice`` not ``none``; then as the generate route's ``derender`` mode, a chat stream
+  a delta per token; a Responses or Messages stream never), else answer in text mode; no
+  completions, Responses or Messages logprobs.
 - ``/v1/models`` lists ``simulated`` and the configured model (or the
   ``served_model_names`` alone), with ``permission: []``.
 - A request for structured output is answered with a small JSON value that satisfies its schema

@@ -650,6 +650,34 @@ def _message(
     return message, bool(tool_calls)
 
 
+def parsed_prefixes(
+    tokens: list[int], finish_reason: str, context: Mapping[str, Any], request_id: str, index: int
+) -> list[dict[str, Any]]:
+    """The message the parser makes of each prefix of a choice's tokens, the whole one last.
+
+    What a streaming parser has seen after each token: the derender mode's own parse
+    (:func:`_message`), run on every prefix.
+
+    Args:
+        tokens: The choice's tokens.
+        finish_reason: Why the choice ended (its last token's).
+        context: The request's ``parse_context``.
+        request_id: The answer's ``request_id`` (tool-call ids derive from it).
+        index: The choice's index.
+
+    Returns:
+        One message per token.
+    """
+    return [
+        _message(
+            _Choice(index, tokens[:count], finish_reason if count == len(tokens) else "length"),
+            context,
+            request_id,
+        )[0]
+        for count in range(1, len(tokens) + 1)
+    ]
+
+
 def _alternatives(token: int, count: int) -> list[int]:
     return [alt for alt in _ALTERNATIVES if alt != token][:count]
 

@@ -55,7 +55,7 @@ _COUPLED: Final = {
     _responses.RESPONSES_PATH: _responses.responses,
     _messages.MESSAGES_PATH: _messages.messages,
 }
-"""The coupled routes (vLLM serving the client's API itself, text mode) and who answers each."""
+"""The coupled routes (vLLM serving the client's API itself) and who answers each."""
 _NAMED_EVENTS: Final = (_responses.RESPONSES_PATH, _messages.MESSAGES_PATH)
 """The coupled routes whose streams name each event (``event: <type>``) and send no ``[DONE]``."""
 VERSION_PATH: Final = "/version"
@@ -123,7 +123,7 @@ class SimulatedWorker:
     Routes: ``POST /inference/v1/generate``, ``POST /v1/chat/completions/render``,
     ``/v1/completions/render``, ``/v1/responses/render``, ``/v1/messages/render``,
     ``POST /v1/chat/completions``, ``/v1/completions``, ``/v1/responses`` and ``/v1/messages``
-    (coupled, text mode),
+    (coupled),
     ``POST /tokenize`` and ``/detokenize``, ``GET /version``, ``GET /health`` and
     ``GET /v1/models``; anything else is a 404 in vLLM's error shape. Every
     answer carries ``x-request-id`` (the request's, else a fresh one).
