@@ -589,6 +589,8 @@ def test_a_chat_stream_with_tools_streams_the_parse_a_delta_per_token() -> None:
     reasoning = "".join(delta.get("reasoning", "") for delta in deltas)
     assert reasoning == "The user greets me."
     assert all(len(delta.get("reasoning", "")) <= 1 for delta in deltas)
+    # The call's text is held back until it closes: no content at all here.
+    assert not [delta for delta in deltas[1:] if "content" in delta]
     [call] = [c for delta in deltas for c in delta.get("tool_calls", [])]
     assert (call["index"], call["function"]["name"]) == (0, "get_weather")
     finishing = chunks[-2]["choices"][0]

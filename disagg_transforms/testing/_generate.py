@@ -656,7 +656,8 @@ def parsed_prefixes(
     """The message the parser makes of each prefix of a choice's tokens, the whole one last.
 
     What a streaming parser has seen after each token: the derender mode's own parse
-    (:func:`_message`), run on every prefix.
+    (:func:`_message`), run on every prefix; a tool call not closed yet is held back, not
+    shown as content (hermes' streaming parser sends nothing after ``<tool_call>``).
 
     Args:
         tokens: The choice's tokens.
@@ -668,14 +669,15 @@ def parsed_prefixes(
     Returns:
         One message per token.
     """
-    return [
-        _message(
-            _Choice(index, tokens[:count], finish_reason if count == len(tokens) else "length"),
-            context,
-            request_id,
-        )[0]
-        for count in range(1, len(tokens) + 1)
-    ]
+    messages = []
+    for count in range(1, len(tokens) + 1):
+        finish = finish_reason if count == len(tokens) else "length"
+        message, _ = _message(_Choice(index, tokens[:count], finish), context, request_id)
+        content = message["content"]
+        if count < len(tokens) and isinstance(content, str) and "<tool_call>" in content:
+            message["content"] = content[: content.index("<tool_call>")].strip()
+        messages.append(message)
+    return messages
 
 
 def _alternatives(token: int, count: int) -> list[int]:
