@@ -299,7 +299,7 @@ def chat_stream_orjson(events: list[bytes], completion_id: str, model: str, crea
     No checks (echo, types, bounds) and no logprobs cut: the floor of any converter written on
     dicts with orjson. Cut as vLLM's chat route cuts a stream (``docs/responses.md``): an
     opening chunk for choice 0 (the benchmark's clients ask one), no chunk for an empty delta
-    that does not finish, ``stop_reason`` on the finishing chunk only.
+    that does not finish, ``stop_reason`` and ``weight_versions`` on the finishing chunk only.
     """
     head = {"id": completion_id, "object": "chat.completion.chunk", "created": created}
     head["model"] = model
@@ -339,6 +339,8 @@ def chat_stream_orjson(events: list[bytes], completion_id: str, model: str, crea
             if finish is not None:
                 built_choice["stop_reason"] = choice["stop_reason"]
             built_choice["token_ids"] = None
+            if finish is not None:
+                built_choice["weight_versions"] = None  # vLLM 0.33's finishing chunk
             built = {**head, "choices": [built_choice]}
             out.append(b"data: " + orjson.dumps(built) + b"\n\n")
     return b"".join(out)

@@ -15,9 +15,11 @@ from typing import Any
 import pytest
 from openai.types.chat import ChatCompletionChunk
 
-from disagg_transforms import ChatStreamConverter, OutputMode
+from disagg_transforms import ChatStreamConverter, EnvelopeOptions, OutputMode
 
 _CAPTURES = sorted((Path(__file__).parent / "fixtures" / "vllm-0.32-real").glob("chat-stream-*"))
+# The captures' release: the converter writes its layout (docs/envelopes.md, "Envelope options").
+_VLLM_032 = EnvelopeOptions(vllm_version="0.32.0")
 
 
 def _normalised(event: str) -> Any:
@@ -47,13 +49,20 @@ def test_the_captures_are_there() -> None:
     assert len(_CAPTURES) >= 5
 
 
+def _converted(capture: dict[str, Any], options: EnvelopeOptions) -> list[str]:
+    """The converter's events (``data:`` payloads) for a capture's generate stream."""
+    converter = ChatStreamConverter(
+        requested=OutputMode.TEXT, client_body=capture["request"], options=options
+    )
+    sse = b"".join(f"data: {event}\n\n".encode() for event in capture["generate_events"])
+    out = (converter.feed(sse) + converter.close()).decode()
+    return [line[6:] for line in out.split("\n") if line.startswith("data: ")]
+
+
 @pytest.mark.parametrize("path", _CAPTURES, ids=[path.stem for path in _CAPTURES])
 def test_converted_generate_stream_is_vllms_chat_stream(path: Path) -> None:
     capture = json.loads(path.read_text(encoding="utf-8"))
-    converter = ChatStreamConverter(requested=OutputMode.TEXT, client_body=capture["request"])
-    sse = b"".join(f"data: {event}\n\n".encode() for event in capture["generate_events"])
-    out = (converter.feed(sse) + converter.close()).decode()
-    events = [line[6:] for line in out.split("\n") if line.startswith("data: ")]
+    events = _converted(capture, _VLLM_032)
     theirs = [_normalised(event) for event in capture["chat_events"]]
     assert _per_choice([_normalised(event) for event in events]) == _per_choice(theirs)
     for event in events[:-1]:
@@ -68,3 +77,22 @@ def test_the_opening_chunk_carries_the_prompt_token_ids_when_asked() -> None:
     first = json.loads((converter.feed(sse)).split(b"\n\n")[0][6:])
     assert first["prompt_token_ids"] == capture["generate_request"]["token_ids"]
     assert first["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+
+
+@pytest.mark.parametrize("path", _CAPTURES, ids=[path.stem for path in _CAPTURES])
+def test_on_033_each_finishing_chunk_writes_weight_versions_null(path: Path) -> None:
+    # vLLM 0.33's chat route sets weight_versions on the finishing chunk's choice (null unless
+    # the request asks return_weight_versions), and dumps chunks with exclude_unset: the key is
+    # written there, after token_ids; 0.32 has no such field (the captures).
+    capture = json.loads(path.read_text(encoding="utf-8"))
+    on_032 = [_normalised(event) for event in _converted(capture, _VLLM_032)]
+    on_033 = [_normalised(event) for event in _converted(capture, EnvelopeOptions())]
+    finishing = 0
+    for old, new in zip(on_032, on_033, strict=True):
+        old_choices = old["choices"] if isinstance(old, dict) else []
+        if old_choices and old_choices[0]["finish_reason"] is not None:
+            finishing += 1
+            assert list(new["choices"][0])[-2:] == ["token_ids", "weight_versions"]
+            old_choices[0]["weight_versions"] = None
+        assert new == old
+    assert finishing == int(capture["request"].get("n", 1))

@@ -451,7 +451,10 @@ def test_an_agent_turn_after_a_tool_result_answers_text_on_every_coupled_route(
     chat, response, message = _run(worker, turns)
     assert (chat.choices[0].message.content, chat.choices[0].finish_reason) == ("Hello!", "stop")
     assert response.output_text == "Hello!"
-    assert (_only_text(message), message.stop_reason) == ("Hello!", "end_turn")
+    # The parser ran (tools offered): the model's thinking comes first, then the text.
+    texts = [block.text for block in message.content if isinstance(block, TextBlock)]
+    assert (texts, message.stop_reason) == (["Hello!"], "end_turn")
+    assert message.content[0].type == "thinking"
 
 
 # ---------------------------------------------------------------- the cache's counts
@@ -474,11 +477,157 @@ def test_the_cache_counts_each_route_writes_with_prompt_token_details() -> None:
         "/v1/messages",
         {"model": "m", "max_tokens": 64, "messages": MESSAGE, **prefill},
     ).json()
+    # The chat call computed the same prompt: its whole blocks are read from the cache.
+    warm = (chat["usage"]["prompt_tokens"] - 1) // 16 * 16
     assert message["usage"] == {
-        "input_tokens": chat["usage"]["prompt_tokens"],
+        "input_tokens": chat["usage"]["prompt_tokens"] - warm,
         "output_tokens": chat["usage"]["completion_tokens"],
         "cache_creation_input_tokens": 0,
-        "cache_read_input_tokens": 0,
+        "cache_read_input_tokens": warm,
     }
     response = _post(worker, "/v1/responses", {"model": "m", "input": PROMPT, **prefill}).json()
     assert response["usage"]["input_tokens_details"]["cache_write_tokens"] == 0
+
+
+def test_every_route_reports_the_prefix_cache_the_generate_route_computes() -> None:
+    # vLLM with --enable-prompt-tokens-details: one prefix cache behind every route, each call
+    # reporting the whole blocks of its prompt some earlier call computed (16 tokens a block
+    # here), whether or not it is a P/D leg.
+    worker = SimulatedWorker(WorkerSettings(created=CREATED, prompt_tokens_details=True))
+    body = {"model": "m", "messages": [{"role": "user", "content": "A closure. " * 8}]}
+    cold = _post(worker, "/v1/chat/completions", body).json()["usage"]
+    warm = (cold["prompt_tokens"] - 1) // 16 * 16
+    assert cold["prompt_tokens_details"] == {
+        "cached_tokens": 0,
+        "created_cache_tokens": 0,
+        "multimodal_tokens": None,
+    }
+    rendered = _post(worker, "/v1/chat/completions/render", body).json()
+    generated = _post(worker, "/inference/v1/generate", rendered).json()["usage"]
+    assert generated["prompt_tokens_details"] == {
+        "cached_tokens": warm,
+        "created_cache_tokens": None,
+        "multimodal_tokens": None,
+    }
+    chat = _post(worker, "/v1/chat/completions", body).json()["usage"]
+    assert chat["prompt_tokens_details"]["cached_tokens"] == warm
+    streamed = _post(
+        worker,
+        "/v1/chat/completions",
+        {**body, "stream": True, "stream_options": {"include_usage": True}},
+    )
+    usage = json.loads(streamed.text.split("\n\n")[-3].removeprefix("data: "))["usage"]
+    assert usage["prompt_tokens_details"] == {"cached_tokens": warm, "created_cache_tokens": 0}
+    messages = {**body, "max_tokens": 64}
+    message = _post(worker, "/v1/messages", messages).json()["usage"]
+    cached = message["cache_read_input_tokens"]
+    assert (message["input_tokens"] + cached, cached) == (cold["prompt_tokens"], warm)
+    responses = {"model": "m", "input": body["messages"]}
+    response = _post(worker, "/v1/responses", responses).json()["usage"]
+    assert response["input_tokens_details"]["cached_tokens"] == warm
+    completions = {"model": "m", "prompt": "A completion prompt. " * 4}
+    _post(worker, "/v1/completions", completions)
+    completed = _post(worker, "/v1/completions", completions).json()["usage"]
+    assert completed["prompt_tokens_details"] == {
+        "cached_tokens": (completed["prompt_tokens"] - 1) // 16 * 16,
+        "created_cache_tokens": None,
+        "multimodal_tokens": None,
+    }
+
+
+# ---------------------------------------------------------------- the parser
+
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+}
+
+
+def test_chat_with_tools_answers_the_generate_routes_parsed_message() -> None:
+    # The coupled route runs the same parser as the generate route's derender mode.
+    worker = SimulatedWorker(WorkerSettings(created=CREATED))
+    body = {"model": "m", "messages": MESSAGE, "tools": [WEATHER_TOOL]}
+    chat = _chat(worker, tools=[WEATHER_TOOL])
+    rendered = _post(worker, "/v1/chat/completions/render", body).json()
+    derendered = _post(
+        worker, "/inference/v1/generate", {**rendered, "output_mode": "derender"}
+    ).json()
+    [choice] = chat["choices"]
+    [parsed] = derendered["choices"]
+    # The tool-call ids derive from each answer's own (random) request id.
+    for message in (choice["message"], parsed["message"]):
+        message["tool_calls"][0]["id"] = "call"
+    assert choice["message"] == parsed["message"]
+    assert choice["finish_reason"] == parsed["finish_reason"] == "tool_calls"
+    assert choice["message"]["reasoning"] == "The user greets me."
+    assert choice["message"]["tool_calls"][0]["function"] == {
+        "name": "get_weather",
+        "arguments": '{"city": "Paris"}',
+    }
+    # tool_choice none: no parser, the text answer.
+    plain = _chat(worker, tools=[WEATHER_TOOL], tool_choice="none")
+    assert plain["choices"][0]["message"]["content"] == "Hello!"
+
+
+def test_a_chat_stream_with_tools_streams_the_parse_a_delta_per_token() -> None:
+    worker = SimulatedWorker(WorkerSettings(created=CREATED))
+    body = {
+        "model": "m",
+        "messages": MESSAGE,
+        "tools": [WEATHER_TOOL],
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    events = _post(worker, "/v1/chat/completions", body).text.split("\n\n")
+    chunks = [json.loads(event[6:]) for event in events if event and event != "data: [DONE]"]
+    deltas = [chunk["choices"][0]["delta"] for chunk in chunks if chunk["choices"]]
+    assert deltas[0] == {"role": "assistant", "content": ""}
+    reasoning = "".join(delta.get("reasoning", "") for delta in deltas)
+    assert reasoning == "The user greets me."
+    assert all(len(delta.get("reasoning", "")) <= 1 for delta in deltas)
+    # The call's text is held back until it closes: no content at all here.
+    assert not [delta for delta in deltas[1:] if "content" in delta]
+    [call] = [c for delta in deltas for c in delta.get("tool_calls", [])]
+    assert (call["index"], call["function"]["name"]) == (0, "get_weather")
+    finishing = chunks[-2]["choices"][0]
+    assert (finishing["finish_reason"], finishing["weight_versions"]) == ("tool_calls", None)
+    # One chunk per token that grew the parse: a token inside a tool call's text sends none.
+    assert len(chunks) - 2 < chunks[-1]["usage"]["completion_tokens"]
+
+
+def test_responses_and_messages_with_tools_answer_the_parsed_turn() -> None:
+    worker = SimulatedWorker(WorkerSettings(created=CREATED))
+    function = WEATHER_TOOL["function"]
+    assert isinstance(function, dict)
+    tool = {"type": "function", **function}
+    response = _post(
+        worker, "/v1/responses", {"model": "m", "input": PROMPT, "tools": [tool]}
+    ).json()
+    reasoning, called = response["output"]
+    assert reasoning["type"] == "reasoning"
+    assert reasoning["content"] == [{"text": "The user greets me.", "type": "reasoning_text"}]
+    assert (called["type"], called["name"], called["status"]) == (
+        "function_call",
+        "get_weather",
+        "completed",
+    )
+    anthropic_tool = {"name": "get_weather", "input_schema": function["parameters"]}
+    message = _post(
+        worker,
+        "/v1/messages",
+        {"model": "m", "max_tokens": 200, "messages": MESSAGE, "tools": [anthropic_tool]},
+    ).json()
+    thinking, use = message["content"]
+    assert (thinking["type"], thinking["thinking"]) == ("thinking", "The user greets me.")
+    assert isinstance(thinking["signature"], str)
+    assert thinking["signature"]
+    assert (use["type"], use["name"], use["input"]) == (
+        "tool_use",
+        "get_weather",
+        {"city": "Paris"},
+    )
+    assert message["stop_reason"] == "tool_use"

@@ -397,7 +397,8 @@ class _ChunkChoice(msgspec.Struct, kw_only=True, gc=False):
 
     Encoded by msgspec straight from the struct: faster than a dict per chunk. ``stop_reason``
     is written on a choice's finishing chunk only and ``token_ids`` on every text chunk, as
-    vLLM's chat route writes them (``docs/responses.md``, chat streams).
+    vLLM's chat route writes them (``docs/responses.md``, chat streams); ``weight_versions``
+    (null) on the finishing chunk too, as vLLM 0.33 writes it (0.32 has none).
     """
 
     index: int
@@ -407,6 +408,7 @@ class _ChunkChoice(msgspec.Struct, kw_only=True, gc=False):
     vllm_finish_reason: Any = UNSET
     stop_reason: Any = UNSET
     token_ids: Any = UNSET
+    weight_versions: Any = UNSET
 
 
 _CHOICES_MEMBER: Final = b',"' + w.CHOICES.encode() + b'":'
@@ -610,6 +612,7 @@ class ChatStreamConverter:
         "_reader",
         "_token_ids",
         "_top",
+        "_weight_versions",
         "_worker_error",
     )
 
@@ -628,6 +631,7 @@ class ChatStreamConverter:
         self._created = envelope_created(built, created)
         self._head: bytes | None = None  # once the first chunk names the request
         self._passthrough = built.vllm_finish_reasons
+        self._weight_versions = not writes_like_032(built)
         self._reader = GenerateStreamReader(max_event_bytes=built.max_event_bytes)
         self._max_choices = built.max_choices
         client = client_mapping(client_body)
@@ -758,4 +762,6 @@ class ChatStreamConverter:
                 finish, passthrough=self._passthrough
             )
             built.stop_reason = None if choice.stop_reason is UNSET else choice.stop_reason
+            if self._weight_versions:
+                built.weight_versions = None
         return built

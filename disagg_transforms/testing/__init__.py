@@ -38,8 +38,10 @@ the random part of its ``resp_`` id. What differs from a real vLLM server:
 - The generated text is scripted (see :class:`SimulatedWorker` and :class:`WorkerSettings`);
   ``stop`` strings, ``min_tokens``, ``ignore_eos`` and seeds do not change it; logprobs are
   made up (the sampled token at -0.1 first, then alternatives).
-- ``usage.prompt_tokens_details`` is always null (vLLM without
-  ``--enable-prompt-tokens-details``), also on a decode leg that pulled its KV blocks.
+- ``usage.prompt_tokens_details`` is null unless ``prompt_tokens_details`` (vLLM's
+  ``--enable-prompt-tokens-details``) is set: then every route reports the whole 16-token blocks
+  of the prompt some earlier call computed (one prefix cache for every route), and a decode leg
+  that pulled its KV blocks none.
 - A prefill's ``remote_request_id`` ends in a hash instead of a random suffix; its blocks are
   numbered from 1 for every request (16 tokens a block).
 - Validation messages follow pydantic's wording for the common failures only; ``content_parts``
@@ -47,8 +49,10 @@ the random part of its ``resp_`` id. What differs from a real vLLM server:
   ``features`` hashed from its URL; a call that runs the encoder answers made-up
   ``ec_transfer_params``.
 - ``/v1/chat/completions``, ``/v1/completions``, ``/v1/responses`` and ``/v1/messages``
-  (coupled serving) answer in text mode: no reasoning or tool parser, no completions,
-  Responses or Messages logprobs.
+  (coupled serving) run the tool and reasoning parser only when a request offers tools
+  (``tool_choice`` not ``none``; then as the generate route's ``derender`` mode, a chat stream
+  a delta per token; a Responses or Messages stream never), else answer in text mode; no
+  completions, Responses or Messages logprobs.
 - ``/v1/models`` lists ``simulated`` and the configured model (or the
   ``served_model_names`` alone), with ``permission: []``.
 - A request for structured output is answered with a small JSON value that satisfies its schema

@@ -126,9 +126,9 @@ class WorkerSettings:
     engine_id: str = DEFAULT_ENGINE_ID
     """``remote_engine_id`` of a prefill's ``kv_transfer_params``."""
     prompt_tokens_details: bool = False
-    """vLLM's ``--enable-prompt-tokens-details``: a P/D leg's usage reports
-    ``prompt_tokens_details.cached_tokens`` (a prefill: the prefix cache's hit over the prompts
-    this worker computed before; a decode that pulls the prompt's KV: 0). Off: ``null``."""
+    """vLLM's ``--enable-prompt-tokens-details``: every route's usage reports
+    ``prompt_tokens_details.cached_tokens``, the prefix cache's hit over the prompts this worker
+    computed before on any route (a decode that pulls the prompt's KV: 0). Off: ``null``."""
     vllm_version: str = "0.33.0"
     """The vLLM release played: ``GET /version`` answers it, and before 0.33 the generate route
     has no ``derender`` (refused with vLLM 0.32's own 400, ``Input should be 'tokens' or

@@ -650,6 +650,36 @@ def _message(
     return message, bool(tool_calls)
 
 
+def parsed_prefixes(
+    tokens: list[int], finish_reason: str, context: Mapping[str, Any], request_id: str, index: int
+) -> list[dict[str, Any]]:
+    """The message the parser makes of each prefix of a choice's tokens, the whole one last.
+
+    What a streaming parser has seen after each token: the derender mode's own parse
+    (:func:`_message`), run on every prefix; a tool call not closed yet is held back, not
+    shown as content (hermes' streaming parser sends nothing after ``<tool_call>``).
+
+    Args:
+        tokens: The choice's tokens.
+        finish_reason: Why the choice ended (its last token's).
+        context: The request's ``parse_context``.
+        request_id: The answer's ``request_id`` (tool-call ids derive from it).
+        index: The choice's index.
+
+    Returns:
+        One message per token.
+    """
+    messages = []
+    for count in range(1, len(tokens) + 1):
+        finish = finish_reason if count == len(tokens) else "length"
+        message, _ = _message(_Choice(index, tokens[:count], finish), context, request_id)
+        content = message["content"]
+        if count < len(tokens) and isinstance(content, str) and "<tool_call>" in content:
+            message["content"] = content[: content.index("<tool_call>")].strip()
+        messages.append(message)
+    return messages
+
+
 def _alternatives(token: int, count: int) -> list[int]:
     return [alt for alt in _ALTERNATIVES if alt != token][:count]
 
@@ -738,22 +768,48 @@ def cached_prefix(prompt: list[int], earlier: Iterable[object]) -> int:
     return min(longest, len(prompt) - 1) // BLOCK_SIZE * BLOCK_SIZE
 
 
-def _prompt_details(body: Mapping[str, Any], cached_tokens: int) -> dict[str, Any] | None:
-    """``usage.prompt_tokens_details`` of a P/D leg, as vLLM with prompt token details reports it.
+class PrefixCache:
+    """The prompts a worker computed, which its prefix cache holds: one for every route."""
 
-    A prefill (``do_remote_decode``) counts the prefix cache's tokens; a decode that pulls the
-    prompt's KV from prefill (``do_remote_prefill``) counts none of its own. Other calls: none.
-    vLLM 0.33's generate route writes no ``created_cache_tokens`` (its chat route does).
+    def __init__(self) -> None:
+        self._prompts: list[list[int]] = []
+
+    def computed(self, prompt: list[int]) -> int:
+        """The tokens of ``prompt`` the cache held (:func:`cached_prefix`); it holds it now.
+
+        Args:
+            prompt: The prompt a generation computes.
+
+        Returns:
+            The cached tokens.
+        """
+        cached = cached_prefix(prompt, self._prompts)
+        self._prompts.append(list(prompt))
+        return cached
+
+
+@dataclasses.dataclass(frozen=True)
+class Call:
+    """Where a coupled route's generation runs: the call, and the worker's prefix cache."""
+
+    header_id: str | None
+    """The ``x-request-id`` header, if sent."""
+    sequence: int
+    """The call's position in the worker's log (makes ids unique yet repeatable)."""
+    cache: PrefixCache
+    """The worker's prefix cache."""
+
+
+def _prompt_details(body: Mapping[str, Any], cached_tokens: int) -> dict[str, Any]:
+    """``usage.prompt_tokens_details`` as vLLM with prompt token details reports it.
+
+    The prefix cache's tokens, but none for a decode that pulls the prompt's KV from prefill
+    (``do_remote_prefill``). vLLM 0.33's generate route writes no ``created_cache_tokens`` (its
+    chat route does).
     """
     params = body.get("kv_transfer_params")
-    if not isinstance(params, dict):
-        return None
-    if params.get("do_remote_decode") is True:
-        cached = cached_tokens
-    elif params.get("do_remote_prefill") is True:
-        cached = 0
-    else:
-        return None
+    pulled = isinstance(params, dict) and params.get("do_remote_prefill") is True
+    cached = 0 if pulled else cached_tokens
     return {"cached_tokens": cached, "created_cache_tokens": None, "multimodal_tokens": None}
 
 

@@ -1,19 +1,21 @@
-"""``POST /v1/messages``: vLLM 0.33's Anthropic Messages serving, in text mode.
+"""``POST /v1/messages``: vLLM 0.33's Anthropic Messages serving.
 
 vLLM serves Messages through its chat serving (``AnthropicServingMessages``): the body is
 converted to a chat request, answered, and the chat answer converted back. Here the body is
-rendered as ``/v1/messages/render`` does (that conversion included) and generated as a
-text-mode generate call would (:func:`~disagg_transforms.testing._openai.text_turn`); no
-reasoning or tool parser runs, so the answer is one ``text`` block. The message keeps the chat
-answer's id (``chatcmpl-...``), as vLLM's does.
+rendered as ``/v1/messages/render`` does (that conversion included) and generated as the chat
+route generates it (:func:`~disagg_transforms.testing._openai.text_turn`): one ``text`` block,
+or with the parser (tools offered, not streamed) the thinking, text and tool-use blocks. The
+message keeps the chat answer's id (``chatcmpl-...``), as vLLM's does.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Mapping
 from typing import Any, Final
 
-from disagg_transforms.testing import _openai, _render
+from disagg_transforms.testing import _generate, _openai, _render
 from disagg_transforms.testing._common import WorkerSettings
 
 MESSAGES_PATH: Final = "/v1/messages"
@@ -50,32 +52,57 @@ def _usage(turn: _openai.TextTurn) -> dict[str, Any]:
     }
 
 
+def _blocks(request: Mapping[str, Any], turn: _openai.TextTurn) -> list[dict[str, Any]]:
+    """The content blocks, as vLLM's ``messages_full_converter`` makes them of a chat message.
+
+    A ``thinking`` block for the reasoning (its ``signature`` a hex string standing for vLLM's
+    random one, repeatable per request), a ``text`` block, a ``tool_use`` block per call.
+    """
+    blocks: list[dict[str, Any]] = []
+    if turn.reasoning:
+        digest = hashlib.sha256(f"{request['request_id']}:signature".encode()).hexdigest()
+        blocks.append({"type": "thinking", "thinking": turn.reasoning, "signature": digest[:32]})
+    if turn.text:
+        blocks.append({"type": "text", "text": turn.text})
+    blocks.extend(
+        {
+            "type": "tool_use",
+            "id": call["id"],
+            "name": call["function"]["name"],
+            "input": json.loads(call["function"]["arguments"]),
+        }
+        for call in turn.tool_calls
+    )
+    return blocks
+
+
 def messages(
-    body: object, header_id: str | None, settings: WorkerSettings, sequence: int
+    body: object, settings: WorkerSettings, call: _generate.Call
 ) -> dict[str, Any] | list[dict[str, Any]]:
     """``POST /v1/messages``: a ``message``, or its stream's events.
 
     Args:
         body: The client's Messages body.
-        header_id: The ``x-request-id`` header, if sent (the chat id's base, as on chat).
         settings: The worker's settings.
-        sequence: The call's position in the worker's log.
+        call: Where it runs (its ``x-request-id`` is the chat id's base, as on chat).
 
     Returns:
         The answer body (vLLM dumps it without its nulls), or the stream's events (each named
         by its ``type``; no ``[DONE]``).
     """
-    request = _render.render_messages(body, header_id, settings)
-    turn = _openai.text_turn(request, body, settings, (header_id, sequence))
+    request = _render.render_messages(body, call.header_id, settings)
+    turn = _openai.text_turn(request, body, settings, call)
     usage = _usage(turn)
     head = {"id": request["request_id"], "type": "message", "role": "assistant"}
     if request["stream"] is not True:
         message: dict[str, Any] = {
             **head,
-            "content": [{"type": "text", "text": turn.text}] if turn.text else [],
+            "content": _blocks(request, turn),
             "model": request["model"],
         }
         stop_reason = _STOP_REASONS.get(turn.finish_reason or "")
+        if turn.tool_calls and stop_reason != "max_tokens":
+            stop_reason = "tool_use"  # a named call finishes with stop: vLLM says tool_use
         if stop_reason is not None:
             message["stop_reason"] = stop_reason
         message["usage"] = usage

@@ -703,7 +703,8 @@ def _check_responses_input(given: object) -> None:
             )
 
 
-def _responses_tool(tool: Mapping[str, Any]) -> dict[str, Any]:
+def responses_tool(tool: Mapping[str, Any]) -> dict[str, Any]:
+    """A Responses function tool in chat's shape, as vLLM's Responses serving converts it."""
     # vLLM keeps ``strict`` (openai-agents sends ``true``): it is in the prompt's tool lines.
     keys = ("name", "description", "parameters", "strict")
     function = {key: tool[key] for key in keys if key in tool}
@@ -725,7 +726,7 @@ def render_responses(body: object, settings: WorkerSettings) -> dict[str, Any]:
     messages = _responses_messages(request)
     raw_tools = request.get("tools") or []
     tools = [
-        _responses_tool(tool)
+        responses_tool(tool)
         for tool in raw_tools
         if isinstance(tool, dict) and tool.get("type") == "function"
     ]

@@ -1,8 +1,9 @@
-"""``POST /v1/responses``: vLLM 0.33's Responses serving, in text mode.
+"""``POST /v1/responses``: vLLM 0.33's Responses serving.
 
-vLLM's ``OpenAIServingResponses`` with no reasoning or tool parser: the generated text is one
-``message`` item holding one ``output_text`` part. The request is rendered as
-``/v1/responses/render`` does and generated as a text-mode generate call would
+vLLM's ``OpenAIServingResponses``: without the parser (a request offering no tools, or a
+stream) the generated text is one ``message`` item holding one ``output_text`` part; with it,
+the items of ``build_response_output_items``. The request is rendered as
+``/v1/responses/render`` does and generated as the chat route generates it
 (:func:`~disagg_transforms.testing._openai.text_turn`); the answer is vLLM's
 ``ResponsesResponse`` dump (every field, nulls included), or its stream of named events.
 """
@@ -13,7 +14,7 @@ import hashlib
 from collections.abc import Mapping
 from typing import Any, Final
 
-from disagg_transforms.testing import _openai, _render
+from disagg_transforms.testing import _generate, _openai, _render
 from disagg_transforms.testing._common import WorkerSettings
 
 RESPONSES_PATH: Final = "/v1/responses"
@@ -36,6 +37,21 @@ _ECHOED: Final[dict[str, object]] = {
     "truncation": "disabled",
     "user": None,
 }
+
+
+def _parse_context(body: Mapping[str, Any]) -> dict[str, Any]:
+    """What vLLM's Responses serving hands its parser: the function tools, in chat's shape."""
+    tools = [
+        _render.responses_tool(tool)
+        for tool in body.get("tools") or []
+        if isinstance(tool, dict) and tool.get("type") == "function"
+    ]
+    choice = body.get("tool_choice", "auto")
+    if isinstance(choice, dict) and choice.get("type") == "function":
+        choice = {"type": "function", "function": {"name": choice.get("name")}}
+    elif choice not in ("none", "auto", "required"):
+        choice = "auto"
+    return {"tools": tools or None, "tool_choice": choice}
 
 
 def _usage(turn: _openai.TextTurn) -> dict[str, Any]:
@@ -118,7 +134,9 @@ def _response(
         status = "incomplete" if turn.finish_reason == "length" else "completed"
     if output is None:
         output = []
-        if turn is not None:
+        if turn is not None and turn.parsed:
+            output = _parsed_items(request, turn)
+        elif turn is not None:
             # The no-parser fallback: a message item, with no part when the text is empty.
             content = [_part(turn.text, None)] if turn.text else []
             output = [_item(f"msg_{_digest(request, 'message')}", content, _item_status(turn))]
@@ -171,29 +189,68 @@ def _response(
     }
 
 
+def _parsed_items(request: Mapping[str, Any], turn: _openai.TextTurn) -> list[dict[str, Any]]:
+    """The items of a parsed turn, as vLLM's ``build_response_output_items`` makes them.
+
+    A reasoning item, a message item when there is text, a ``function_call`` item per tool
+    call; only the last can have been cut short (each in the openai SDK model's field order).
+    """
+    last = _item_status(turn)
+    items: list[dict[str, Any]] = []
+    if turn.reasoning:
+        items.append(
+            {
+                "id": f"rs_{_digest(request, 'reasoning')}",
+                "summary": [],
+                "type": "reasoning",
+                "content": [{"text": turn.reasoning, "type": "reasoning_text"}],
+                "encrypted_content": None,
+                "status": None,
+            }
+        )
+    if turn.text:
+        status = "completed" if turn.tool_calls else last
+        message_id = f"msg_{_digest(request, 'message')}"
+        items.append(_item(message_id, [_part(turn.text, None)], status))
+    for index, call in enumerate(turn.tool_calls):
+        items.append(
+            {
+                "arguments": call["function"]["arguments"],
+                "call_id": call["id"],
+                "name": call["function"]["name"],
+                "type": "function_call",
+                "id": f"fc_{_digest(request, f'call-{index}')}",
+                "async": None,
+                "caller": None,
+                "namespace": None,
+                "status": last if index == len(turn.tool_calls) - 1 else "completed",
+            }
+        )
+    return items
+
+
 def _digest(request: Mapping[str, Any], what: str) -> str:
     """32 hex digits standing for one of vLLM's ``random_uuid()``, repeatable per request."""
     return hashlib.sha256(f"{request['request_id']}:{what}".encode()).hexdigest()[:32]
 
 
 def responses(
-    body: object, header_id: str | None, settings: WorkerSettings, sequence: int
+    body: object, settings: WorkerSettings, call: _generate.Call
 ) -> dict[str, Any] | list[dict[str, Any]]:
     """``POST /v1/responses``: a ``response``, or its stream's events in vLLM's order.
 
     Args:
         body: The client's Responses body.
-        header_id: The ``x-request-id`` header, if sent (the response's id ignores it, as
-            vLLM's does).
         settings: The worker's settings.
-        sequence: The call's position in the worker's log.
+        call: Where it runs (the response's id ignores its ``x-request-id``, as vLLM's does).
 
     Returns:
         The answer body, or the stream's events (each named by its ``type``; no ``[DONE]``).
     """
     request = _render.render_responses(body, settings)
-    turn = _openai.text_turn(request, body, settings, (header_id, sequence))
     assert isinstance(body, dict)  # noqa: S101 - the render accepted it
+    request = {**request, "parse_context": _parse_context(body)}
+    turn = _openai.text_turn(request, body, settings, call)
     if request["stream"] is not True:
         return _response(body, request, turn, settings)
     started = _response(body, request, None, settings)

@@ -55,7 +55,7 @@ _COUPLED: Final = {
     _responses.RESPONSES_PATH: _responses.responses,
     _messages.MESSAGES_PATH: _messages.messages,
 }
-"""The coupled routes (vLLM serving the client's API itself, text mode) and who answers each."""
+"""The coupled routes (vLLM serving the client's API itself) and who answers each."""
 _NAMED_EVENTS: Final = (_responses.RESPONSES_PATH, _messages.MESSAGES_PATH)
 """The coupled routes whose streams name each event (``event: <type>``) and send no ``[DONE]``."""
 VERSION_PATH: Final = "/version"
@@ -123,7 +123,7 @@ class SimulatedWorker:
     Routes: ``POST /inference/v1/generate``, ``POST /v1/chat/completions/render``,
     ``/v1/completions/render``, ``/v1/responses/render``, ``/v1/messages/render``,
     ``POST /v1/chat/completions``, ``/v1/completions``, ``/v1/responses`` and ``/v1/messages``
-    (coupled, text mode),
+    (coupled),
     ``POST /tokenize`` and ``/detokenize``, ``GET /version``, ``GET /health`` and
     ``GET /v1/models``; anything else is a 404 in vLLM's error shape. Every
     answer carries ``x-request-id`` (the request's, else a fresh one).
@@ -194,6 +194,7 @@ class SimulatedWorker:
         self.settings = WorkerSettings() if settings is None else settings
         self.calls: list[RecordedCall] = []
         """Every request received, in order."""
+        self._cache = _generate.PrefixCache()
         self.disconnected: list[RecordedCall] = []
         """The calls whose client closed the connection before the answer started (seen while
         ``slow-first-byte`` waits); each is also logged at INFO."""
@@ -317,18 +318,13 @@ class SimulatedWorker:
         stream = request.get("stream") is True
         if fault == "stream-error" and not stream:
             return _json(500, _INTERNAL_ERROR)
-        earlier = (
-            call.body.get("token_ids")
-            for call in self.calls[:-1]
-            if call.path == GENERATE_PATH and isinstance(call.body, dict)
-        )
         answer = _generate.generate(
             request,
             self.settings,
             header_id=header_id,
             legacy=legacy,
             sequence=len(self.calls),
-            cached_tokens=_generate.cached_prefix(request["token_ids"], earlier),
+            cached_tokens=self._cache.computed(request["token_ids"]),
         )
         if answer.events is not None:
             return _Reply(200, "text/event-stream; charset=utf-8", events=answer.events)
@@ -337,7 +333,8 @@ class SimulatedWorker:
     def _coupled(self, path: str, body: object, header_id: str | None, fault: str | None) -> _Reply:
         if fault == "stream-error" and isinstance(body, dict) and body.get("stream") is not True:
             return _served_error(path, 500, _INTERNAL_ERROR)
-        answer = _COUPLED[path](body, header_id, self.settings, len(self.calls))
+        call = _generate.Call(header_id, len(self.calls), self._cache)
+        answer = _COUPLED[path](body, self.settings, call)
         if isinstance(answer, dict):
             return _json(200, answer)
         content_type = "text/event-stream; charset=utf-8"
