@@ -13,6 +13,7 @@ whose KV moves through a shared folder (vLLM's ExampleConnector).
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import pathlib
@@ -49,6 +50,12 @@ class Workers:
     single: str
     prefill: str
     decode: str
+
+    @functools.cached_property
+    def derender(self) -> bool:
+        """Whether their release serves ``derender`` (0.33 and later: their ``GET /version``)."""
+        release = httpx.get(self.single + "/version", timeout=30).json()["version"]
+        return tuple(int(part) for part in release.split(".")[:2]) >= (0, 33)
 
 
 def real_unavailable() -> str | None:

@@ -96,6 +96,41 @@ def test_single_frame_delta_carries_the_whole_message() -> None:
     assert chunks[0]["choices"][0]["finish_reason"] is None
 
 
+def test_single_frame_members_are_those_of_vllms_chat_stream() -> None:
+    # vLLM's chat stream (captured from 0.32, read in the 0.33 wheel) writes these around
+    # the deltas; the single frame differs only in the cut (docs/responses.md).
+    response = copy.deepcopy(load_fixture("response-derender-tool-call.json"))
+    response["usage"] = {
+        "prompt_tokens": 12,
+        "total_tokens": 16,
+        "completion_tokens": 4,
+        "prompt_tokens_details": {"cached_tokens": 0, "multimodal_tokens": None},
+        "completion_tokens_details": None,
+    }
+    client = {"stream": True, "stream_options": {"include_usage": True}}
+    opened, finished, usage = single_frame_chat_chunks(
+        response, requested=OutputMode.DERENDER, client_body=client
+    )
+    assert list(opened)[-2:] == ["prompt_token_ids", "prompt_text"]
+    assert opened["prompt_token_ids"] is None
+    assert opened["choices"][0]["token_ids"] is None
+    assert list(finished["choices"][0])[-3:] == ["stop_reason", "token_ids", "weight_versions"]
+    assert finished["choices"][0]["weight_versions"] is None
+    assert usage["usage"] == {
+        "prompt_tokens": 12,
+        "total_tokens": 16,
+        "completion_tokens": 4,
+        "prompt_tokens_details": {"cached_tokens": 0, "created_cache_tokens": 0},
+    }
+    before_033 = single_frame_chat_chunks(
+        response,
+        requested=OutputMode.DERENDER,
+        client_body=client,
+        options=EnvelopeOptions(vllm_version="0.32.0"),
+    )
+    assert "weight_versions" not in before_033[1]["choices"][0]
+
+
 def test_text_stream_golden() -> None:
     converter = _converter(client_body={"stream_options": {"include_usage": True}})
     out = converter.feed(load_stream("stream-text.sse")) + converter.close()

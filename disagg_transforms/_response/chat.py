@@ -522,6 +522,14 @@ def single_frame_chat_chunks(
         response, requested=requested, client_body=client_body, options=options
     )
     head = _chunk_head(completion[w.ID], completion[w.CREATED], completion[w.MODEL])
+    # The members vLLM's chat stream writes around the parse (docs/envelopes.md, single frame):
+    # the token IDs only when the client asked for them, weight_versions from 0.33 on.
+    token_ids = client_mapping(client_body).get(w.RETURN_TOKEN_IDS) is True
+    opening_tail = {
+        w.PROMPT_TOKEN_IDS: completion.get(w.PROMPT_TOKEN_IDS) if token_ids else None,
+        w.PROMPT_TEXT: None,
+    }
+    weight_versions = not writes_like_032(DEFAULT_OPTIONS if options is None else options)
     chunks = []
     for choice in completion[w.CHOICES]:
         opened = {
@@ -529,15 +537,32 @@ def single_frame_chat_chunks(
             w.DELTA: _delta(choice[w.MESSAGE]),
             w.LOGPROBS: choice[w.LOGPROBS],
             w.FINISH_REASON: None,
+            w.TOKEN_IDS: choice.get(w.TOKEN_IDS) if token_ids else None,
         }
         finished = {key: value for key, value in choice.items() if key not in _NOT_IN_CHUNK}
         finished[w.DELTA] = {}
         finished[w.LOGPROBS] = None  # sent with the delta
-        chunks.append({**head, w.CHOICES: [opened]})
+        finished[w.TOKEN_IDS] = [] if token_ids else None
+        if weight_versions:
+            finished[w.WEIGHT_VERSIONS] = None
+        chunks.append({**head, w.CHOICES: [opened], **opening_tail})
         chunks.append({**head, w.CHOICES: [_ordered(finished)]})
     if _include_usage(client_body):
-        chunks.append({**head, w.CHOICES: [], w.USAGE: completion.get(w.USAGE)})
+        usage = response.get(w.USAGE)
+        stream_usage = _final_usage(_set_only(usage)) if isinstance(usage, dict) else None
+        chunks.append({**head, w.CHOICES: [], w.USAGE: stream_usage})
     return chunks
+
+
+def _set_only(usage: dict[str, Any]) -> dict[str, Any]:
+    # vLLM dumps a usage-only chunk leaving every null out (exclude_none): details included.
+    return {
+        key: {name: part for name, part in value.items() if part is not None}
+        if isinstance(value, dict)
+        else value
+        for key, value in usage.items()
+        if value is not None
+    }
 
 
 def _ordered(choice: dict[str, Any]) -> dict[str, Any]:
