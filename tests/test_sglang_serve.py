@@ -37,6 +37,7 @@ def _free_port() -> int:
 class _Fleet:
     proxy: str
     faulty: str
+    stalled: str
     decode: str
 
 
@@ -61,22 +62,29 @@ def _serve(render: str, prefill: str, decode: str, port: int) -> list[str]:
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_Fleet]:
     logs = tmp_path_factory.mktemp("sglang-serve")
-    good, bad = _free_port(), _free_port()
+    good, bad, stalled = _free_port(), _free_port(), _free_port()
     prefill_args = [*SGLANG, "--disaggregation-mode", "prefill", "--bootstrap-port"]
     decode_args = [*SGLANG, "--disaggregation-mode", "decode", "--stream-delay", "0.2"]
     workers: list[tuple[list[str], pathlib.Path]] = [
         (["simulate", "--port", "0"], logs / "render.log"),
         ([*prefill_args, str(good)], logs / "prefill.log"),
         ([*prefill_args, str(bad), "--fault", "http-500"], logs / "faulty.log"),
+        # Takes the request but never its room: it fails after its own 1 s, the decode would
+        # wait its 30 s.
+        (
+            [*prefill_args, str(stalled), "--fault", "no-room", "--transfer-timeout", "1"],
+            logs / "stalled.log",
+        ),
         ([*decode_args, "--transfer-timeout", str(_TRANSFER_TIMEOUT)], logs / "decode.log"),
     ]
-    with running(*workers) as (render, prefill, faulty, decode):
+    with running(*workers) as (render, prefill, faulty, no_room, decode):
         proxies = [
             (_serve(render.url, prefill.url, decode.url, good), logs / "proxy.log"),
             (_serve(render.url, faulty.url, decode.url, bad), logs / "faulty-proxy.log"),
+            (_serve(render.url, no_room.url, decode.url, stalled), logs / "stalled-proxy.log"),
         ]
-        with running(*proxies) as (proxy, faulty_proxy):
-            yield _Fleet(proxy.url, faulty_proxy.url, decode.url)
+        with running(*proxies) as (proxy, faulty_proxy, stalled_proxy):
+            yield _Fleet(proxy.url, faulty_proxy.url, stalled_proxy.url, decode.url)
 
 
 def _openai(url: str) -> openai.OpenAI:
@@ -91,21 +99,22 @@ _MESSAGES: Any = [{"role": "user", "content": "Hi"}]
 
 
 def test_chat_plain_and_streamed(fleet: _Fleet) -> None:
-    client = _openai(fleet.proxy)
-    completion = client.chat.completions.create(model="m", messages=_MESSAGES, max_tokens=32)
+    with _openai(fleet.proxy) as client:
+        completion = client.chat.completions.create(model="m", messages=_MESSAGES, max_tokens=32)
+        with client.chat.completions.stream(model="m", messages=_MESSAGES, max_tokens=32) as stream:
+            final = stream.get_final_completion()
     assert completion.choices[0].message.content == "Hello!"
     assert completion.choices[0].finish_reason == "stop"
     assert completion.usage is not None
     assert completion.usage.completion_tokens > 0
-    with client.chat.completions.stream(model="m", messages=_MESSAGES, max_tokens=32) as stream:
-        final = stream.get_final_completion()
     assert final.choices[0].message.content == "Hello!"
 
 
 def test_chat_logprobs(fleet: _Fleet) -> None:
-    completion = _openai(fleet.proxy).chat.completions.create(
-        model="m", messages=_MESSAGES, max_tokens=32, logprobs=True, top_logprobs=2
-    )
+    with _openai(fleet.proxy) as client:
+        completion = client.chat.completions.create(
+            model="m", messages=_MESSAGES, max_tokens=32, logprobs=True, top_logprobs=2
+        )
     logprobs = completion.choices[0].logprobs
     assert logprobs is not None
     assert logprobs.content
@@ -114,31 +123,29 @@ def test_chat_logprobs(fleet: _Fleet) -> None:
 
 
 def test_responses_plain_and_streamed(fleet: _Fleet) -> None:
-    client = _openai(fleet.proxy)
-    response = client.responses.create(model="m", input="Hi", max_output_tokens=32)
+    with _openai(fleet.proxy) as client:
+        response = client.responses.create(model="m", input="Hi", max_output_tokens=32)
+        with client.responses.stream(model="m", input="Hi", max_output_tokens=32) as stream:
+            final = stream.get_final_response()
     assert response.output_text == "Hello!"
-    with client.responses.stream(model="m", input="Hi", max_output_tokens=32) as stream:
-        final = stream.get_final_response()
     assert final.output_text == "Hello!"
 
 
 def test_messages_plain_and_streamed(fleet: _Fleet) -> None:
-    client = _anthropic(fleet.proxy)
-    message = client.messages.create(model="m", messages=_MESSAGES, max_tokens=32)
+    with _anthropic(fleet.proxy) as client:
+        message = client.messages.create(model="m", messages=_MESSAGES, max_tokens=32)
+        with client.messages.stream(model="m", messages=_MESSAGES, max_tokens=32) as stream:
+            final = stream.get_final_message()
     assert message.content[0].type == "text"
     assert message.content[0].text == "Hello!"
     assert message.stop_reason == "end_turn"
-    with client.messages.stream(model="m", messages=_MESSAGES, max_tokens=32) as stream:
-        final = stream.get_final_message()
     assert final.content[0].type == "text"
     assert final.content[0].text == "Hello!"
 
 
 def test_a_field_sglang_has_no_place_for_is_refused_naming_it(fleet: _Fleet) -> None:
-    with pytest.raises(openai.BadRequestError) as refused:
-        _openai(fleet.proxy).chat.completions.create(
-            model="m", messages=_MESSAGES, max_tokens=32, n=2
-        )
+    with _openai(fleet.proxy) as client, pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model="m", messages=_MESSAGES, max_tokens=32, n=2)
     assert "n" in str(refused.value.body)
 
 
@@ -156,8 +163,8 @@ def _aborted(decode: str, before: set[str], timeout: float = 5.0) -> set[str]:
 def test_a_failed_prefill_ends_the_request_at_once_and_aborts_the_decode(fleet: _Fleet) -> None:
     before = set(httpx.get(f"{fleet.decode}/simulated/aborted").json()["aborted"])
     started = time.monotonic()
-    with pytest.raises(openai.InternalServerError) as failed:
-        _openai(fleet.faulty).chat.completions.create(model="m", messages=_MESSAGES, max_tokens=32)
+    with _openai(fleet.faulty) as client, pytest.raises(openai.InternalServerError) as failed:
+        client.chat.completions.create(model="m", messages=_MESSAGES, max_tokens=32)
     took = time.monotonic() - started
     assert failed.value.status_code == 502
     message = str(failed.value.body)
@@ -167,9 +174,26 @@ def test_a_failed_prefill_ends_the_request_at_once_and_aborts_the_decode(fleet: 
     assert len(_aborted(fleet.decode, before)) == 1
 
 
+def test_a_prefill_that_never_meets_its_decode_ends_a_stream_before_its_timeout(
+    fleet: _Fleet,
+) -> None:
+    before = set(httpx.get(f"{fleet.decode}/simulated/aborted").json()["aborted"])
+    started = time.monotonic()
+    with (
+        _openai(fleet.stalled) as client,
+        pytest.raises(openai.InternalServerError) as failed,
+        client.chat.completions.stream(model="m", messages=_MESSAGES, max_tokens=32),
+    ):
+        pass  # the stream's head is the error
+    assert failed.value.status_code == 502
+    assert "prefill failed with HTTP 500: Prefill bootstrap failed" in str(failed.value.body)
+    assert time.monotonic() - started < _TRANSFER_TIMEOUT / 6
+    assert len(_aborted(fleet.decode, before)) == 1
+
+
 def test_a_failed_prefill_in_anthropic_shape(fleet: _Fleet) -> None:
-    with pytest.raises(anthropic.APIStatusError) as failed:
-        _anthropic(fleet.faulty).messages.create(model="m", messages=_MESSAGES, max_tokens=32)
+    with _anthropic(fleet.faulty) as client, pytest.raises(anthropic.APIStatusError) as failed:
+        client.messages.create(model="m", messages=_MESSAGES, max_tokens=32)
     assert failed.value.status_code == 502
     body: Any = failed.value.body
     assert body["type"] == "error"
