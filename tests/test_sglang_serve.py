@@ -6,10 +6,11 @@ the official openai and anthropic SDKs as clients, their stream helpers too.
 
 from __future__ import annotations
 
+import contextlib
 import pathlib
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,9 +18,10 @@ import anthropic
 import httpx
 import openai
 import pytest
+from helpers import LITELLM_WARNINGS
 from proxy_helpers import refused, running
 
-from disagg_transforms import Engine
+from disagg_transforms import Engine, SglangSettings
 from disagg_transforms._cli.config import config_errors, engine_settings
 
 SGLANG = ["simulate", "--engine", "sglang", "--port", "0"]
@@ -39,6 +41,10 @@ class _Fleet:
     faulty: str
     stalled: str
     decode: str
+    render: str
+    prefill: str
+    faulty_prefill: str
+    ports: tuple[int, int]
 
 
 def _serve(render: str, prefill: str, decode: str, port: int) -> list[str]:
@@ -84,7 +90,16 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_Fleet]:
             (_serve(render.url, no_room.url, decode.url, stalled), logs / "stalled-proxy.log"),
         ]
         with running(*proxies) as (proxy, faulty_proxy, stalled_proxy):
-            yield _Fleet(proxy.url, faulty_proxy.url, stalled_proxy.url, decode.url)
+            yield _Fleet(
+                proxy.url,
+                faulty_proxy.url,
+                stalled_proxy.url,
+                decode.url,
+                render.url,
+                prefill.url,
+                faulty.url,
+                (good, bad),
+            )
 
 
 def _openai(url: str) -> openai.OpenAI:
@@ -245,3 +260,54 @@ def test_a_documents_engine_settings_are_read() -> None:
     engine, sglang = engine_settings(document)
     assert engine is Engine.SGLANG
     assert (sglang.stream_output, sglang.bootstrap_port) == ("incremental", 8998)
+
+
+def _with_litellm_warnings(test: Callable[..., None]) -> Callable[..., None]:
+    for mark in LITELLM_WARNINGS:
+        test = mark(test)
+    return test
+
+
+@contextlib.contextmanager
+def _litellm_provider(fleet: _Fleet, prefill: str, port: int) -> Iterator[Any]:
+    litellm = pytest.importorskip("litellm")
+    from disagg_transforms.integrations.litellm import VllmGenerateLLM  # noqa: PLC0415
+
+    provider = VllmGenerateLLM(
+        engine=Engine.SGLANG,
+        sglang=SglangSettings(bootstrap_port=port),
+        prefill_api_base=prefill,
+        render_api_base=fleet.render,
+    )
+    litellm.custom_provider_map = [{"provider": "sglang-pd", "custom_handler": provider}]
+    try:
+        yield litellm
+    finally:
+        litellm.custom_provider_map = []
+        provider.close()
+
+
+@_with_litellm_warnings
+def test_litellm_sync_calls_drive_sglang_workers(fleet: _Fleet) -> None:
+    call = {"model": "sglang-pd/m", "messages": _MESSAGES, "api_base": fleet.decode}
+    with _litellm_provider(fleet, fleet.prefill, fleet.ports[0]) as litellm:
+        response = litellm.completion(**call, max_tokens=32)
+        chunks = litellm.completion(**call, max_tokens=32, stream=True)
+        text = "".join(chunk.choices[0].delta.content or "" for chunk in chunks)
+    assert response.choices[0].message.content == "Hello!"
+    assert text == "Hello!"
+
+
+@_with_litellm_warnings
+def test_litellm_sync_call_with_a_failed_prefill_aborts_the_decode(fleet: _Fleet) -> None:
+    before = set(httpx.get(f"{fleet.decode}/simulated/aborted").json()["aborted"])
+    started = time.monotonic()
+    with (
+        _litellm_provider(fleet, fleet.faulty_prefill, fleet.ports[1]) as litellm,
+        pytest.raises(litellm.exceptions.BadGatewayError, match="prefill failed"),
+    ):
+        litellm.completion(
+            model="sglang-pd/m", messages=_MESSAGES, api_base=fleet.decode, max_tokens=32
+        )
+    assert time.monotonic() - started < _TRANSFER_TIMEOUT / 6
+    assert len(_aborted(fleet.decode, before)) == 1
