@@ -234,6 +234,10 @@ def test_a_client_that_leaves_aborts_the_decode(fleet: _Fleet) -> None:
             ["--engine", "sglang", "--prefill-url", "http://p:1", "--decode-url", "http://d:1"],
             "--render-url: SGLang workers do not render",
         ),
+        (
+            ["--decode-url", "http://d:1", "--kv-connector", "sglang"],
+            "--kv-connector: requests name no worker without --prefill-from-header",
+        ),
     ],
 )
 def test_serve_refuses_an_sglang_command_it_cannot_run(args: list[str], line: str) -> None:
@@ -311,3 +315,37 @@ def test_litellm_sync_call_with_a_failed_prefill_aborts_the_decode(fleet: _Fleet
         )
     assert time.monotonic() - started < _TRANSFER_TIMEOUT / 6
     assert len(_aborted(fleet.decode, before)) == 1
+
+
+def test_the_sidecar_seat_meets_the_prefill_its_header_names(
+    fleet: _Fleet, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # llm-d's sidecar: the prefill from x-prefiller-host-port, its bootstrap port from the
+    # seat's SGLANG_BOOTSTRAP_PORT; render and decode on the token route.
+    document = tmp_path / "pipeline.json"
+    document.write_text('{"use_openai_format": false, "steps": {"prefill": {}, "decode": {}}}')
+    monkeypatch.setenv("SGLANG_BOOTSTRAP_PORT", str(fleet.ports[0]))
+    seat = [
+        "serve",
+        "--prefill-from-header",
+        "--kv-connector",
+        "sglang",
+        "--config",
+        str(document),
+        "--render-url",
+        fleet.render,
+        "--decode-url",
+        fleet.decode,
+        "--port",
+        "0",
+    ]
+    prefill = fleet.prefill.removeprefix("http://")
+    with running((seat, tmp_path / "seat.log")) as (sidecar,), _openai(sidecar.url) as client:
+        completion = client.chat.completions.create(
+            model="m",
+            messages=_MESSAGES,
+            max_tokens=32,
+            extra_headers={"x-prefiller-host-port": prefill},
+        )
+    # The decode answered: it met its prefill in the room (else a 502 after its 30 s).
+    assert completion.choices[0].message.content == "Hello!"

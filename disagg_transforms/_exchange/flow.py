@@ -72,6 +72,7 @@ from disagg_transforms._request.legs import (
 from disagg_transforms._request.sglang import (
     SglangLeg,
     new_rendezvous,
+    sglang_openai_leg,
     unprompted_sglang_leg,
     with_prompt,
 )
@@ -574,7 +575,7 @@ class Exchange:
             self._fail(error, drops_stream=True)
             return
         reader = self._engine.stream_reader
-        if reader is not None:  # the engine's stream read as the generate SSE first
+        if reader is not None and leg.route is Route.GENERATE:  # read as the generate SSE first
             incremental = self._sglang.stream_output == "incremental"
             engine_stream = reader(
                 _reply.DEFAULT_MAX_EVENT_BYTES,
@@ -808,20 +809,17 @@ class Exchange:
     def _unprompted_leg(self) -> SglangLeg:
         """The rendezvous leg, refusing what SGLang has no place for before any call."""
         client = self._client
-        if not client.generate:
-            msg = (
-                "use_openai_format: SGLang's OpenAI routes are not driven by the exchange yet; "
-                "an SGLang pipeline serves chat, Responses and Messages clients on the token "
-                "route (docs/sglang.md)"
-            )
-            raise ConfigError(msg, param="use_openai_format")
         sglang = self._sglang
         rendezvous = new_rendezvous(
             self._bootstrap_host or "",
             sglang.bootstrap_port,
             random_bits=sglang.random_bits or secrets.randbits,
         )
-        leg = unprompted_sglang_leg(client, rendezvous)
+        if client.generate:
+            leg = unprompted_sglang_leg(client, rendezvous)
+        else:  # the client's own route, on SGLang's OpenAI server
+            body = strip_transfer_params(client.body)
+            leg = sglang_openai_leg(body, path=client.route.value, rendezvous=rendezvous)
         if Step.PREFILL not in self._params:  # a decode alone meets nobody
             for key in (w.BOOTSTRAP_HOST, w.BOOTSTRAP_PORT, w.BOOTSTRAP_ROOM):
                 del leg.body[key]
@@ -833,9 +831,11 @@ class Exchange:
         The host's request transforms run once, as the decode step's, on the body both get.
         """
         client = self._client
-        assert self._sglang_leg is not None  # noqa: S101 - built with the request
-        ids = _rendered_ids(self._gathered.rendered)
-        leg = with_prompt(self._sglang_leg, ids, self._gathered.limits)
+        leg = self._sglang_leg
+        assert leg is not None  # noqa: S101 - built with the request
+        route = Route.GENERATE if client.generate else client.route
+        if client.generate:
+            leg = with_prompt(leg, _rendered_ids(self._gathered.rendered), self._gathered.limits)
         body = leg.body
         data = _raw.encode(self._run_hooks(Step.DECODE, body))
         abort_path = self._engine.abort_path
@@ -861,18 +861,25 @@ class Exchange:
                 abort=abort,
             )
 
-        # What the answer reads as: a text-mode generate answer (the engine's reader makes it).
-        read_as = GenerateDecodeLeg(
+        # What the answer reads as: on the token route a text-mode generate answer (the
+        # engine's reader makes it), rebuilt whatever wrap_chat_completion says (the client
+        # never spoke SGLang's answer); on the client's own route, the client's API.
+        read_as = DecodeLeg(
             path=leg.path,
-            route=Route.GENERATE,
+            route=route,
             body=body,
             stream=leg.stream,
             single_frame=False,
-            # Rebuilt whatever wrap_chat_completion says: the client never spoke SGLang's answer.
-            wrap_chat_completion=client.route is Route.CHAT_COMPLETIONS,
-            output_mode=OutputMode.TEXT,
+            wrap_chat_completion=False,
+            output_mode=None,
             dropped=leg.dropped,
         )
+        if route is Route.GENERATE:
+            read_as = GenerateDecodeLeg(
+                **msgspec.structs.asdict(read_as)
+                | {"wrap_chat_completion": client.route is Route.CHAT_COMPLETIONS}
+                | {"output_mode": OutputMode.TEXT}
+            )
         together = (call(Phase.PREFILL),) if Step.PREFILL in self._params else ()
         return _Calling(call(Phase.DECODE, together), read_as)
 
@@ -933,7 +940,7 @@ class Exchange:
         assert isinstance(at, _Calling)  # noqa: S101 - the reader reads the call's answer
         leg = at.leg
         assert leg is not None  # noqa: S101 - the decode call carries its leg
-        if self._engine.engine is not Engine.VLLM:
+        if self._engine.engine is not Engine.VLLM and leg.route is Route.GENERATE:
             read = self._engine.read_answer(
                 _reply.decode_object(body, "the decode answer"), self._stop_ids()
             )

@@ -33,6 +33,7 @@ __all__ = (
     "build_sglang_request",
     "new_rendezvous",
     "sglang_client_leg",
+    "sglang_openai_leg",
 )
 
 ROOM_MAX: Final = 2**63 - 1
@@ -390,5 +391,30 @@ def sglang_client_leg(
         stream=stream,
         rid=rendezvous.rid,
         stop_token_ids=tuple(stop_ids or ()),
+        dropped=(),
+    )
+
+
+def sglang_openai_leg(
+    client_body: Mapping[str, Any], *, path: str, rendezvous: Rendezvous
+) -> SglangLeg:
+    """Both legs of a client served on its own route (``path``) by SGLang's OpenAI server.
+
+    The client's body (its transfer params already removed) with ``rid`` and the rendezvous
+    fields, which SGLang's OpenAI requests take (``docs/sglang.md``): SGLang's server reads the
+    API's own fields, tools included, so nothing is renamed here.
+
+    Raises:
+        RequestError: the rendezvous is out of range, or ``stream`` is not a boolean.
+    """
+    body = dict(client_body)
+    body[w.RID] = _rid(rendezvous.rid)
+    body.update(_rendezvous_fields(rendezvous))
+    return SglangLeg(
+        path=path,
+        body=body,
+        stream=_validate.typed(body, w.STREAM, bool) is True,
+        rid=rendezvous.rid,
+        stop_token_ids=(),
         dropped=(),
     )
