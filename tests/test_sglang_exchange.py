@@ -311,3 +311,35 @@ def test_a_tool_using_client_goes_to_sglangs_openai_server_with_the_rendezvous()
     assert leg["bootstrap_host"] == "prefill"
     assert isinstance(leg["bootstrap_room"], int)
     assert len(leg["rid"]) == 32
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_sglangs_own_client_gets_the_rendezvous_and_sglangs_answer_as_written(
+    *, stream: bool
+) -> None:
+    prefill, decode, workers = _workers()
+    sent = {
+        "input_ids": [1000 + ord(c) for c in "Hi"],
+        "sampling_params": {"max_new_tokens": 8},
+        "stream": stream,
+        "rid": "mine",
+        "bootstrap_room": 7,
+    }
+    ex = _exchange("/generate", sent)
+    outcome = asyncio.run(_Router(workers).run(ex))
+    assert outcome.status == 200, outcome.body
+    decode_call, prefill_call = outcome.calls
+    assert decode_call.path == prefill_call.path == "/generate"
+    leg = json.loads(decode_call.body)
+    assert leg["rid"] != "mine"  # ours: of fixed length, never a prefix of another's
+    assert leg["bootstrap_room"] != 7
+    assert leg["input_ids"] == sent["input_ids"]
+    if stream:
+        assert outcome.body.startswith(b"data: {")
+        assert outcome.body.endswith(b"data: [DONE]\n\n")
+        assert b'"meta_info"' in outcome.body
+    else:
+        answer = outcome.json()
+        assert answer["meta_info"]["finish_reason"]["type"] in {"stop", "length"}
+        assert "text" in answer
+    assert len(prefill.calls_to("/generate")) == len(decode.calls_to("/generate")) == 1

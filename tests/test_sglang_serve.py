@@ -349,3 +349,15 @@ def test_the_sidecar_seat_meets_the_prefill_its_header_names(
         )
     # The decode answered: it met its prefill in the room (else a 502 after its 30 s).
     assert completion.choices[0].message.content == "Hello!"
+
+
+def test_sglangs_own_client_is_relayed_through_serve(fleet: _Fleet) -> None:
+    body = {"input_ids": [1072, 1105], "sampling_params": {"max_new_tokens": 8}}
+    answer = httpx.post(f"{fleet.proxy}/generate", json=body, timeout=30)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["meta_info"]["finish_reason"]["type"] in {"stop", "length"}
+    with httpx.stream(
+        "POST", f"{fleet.proxy}/generate", json={**body, "stream": True}, timeout=30
+    ) as stream:
+        text = b"".join(stream.iter_bytes())
+    assert text.endswith(b"data: [DONE]\n\n")

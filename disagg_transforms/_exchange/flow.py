@@ -72,6 +72,7 @@ from disagg_transforms._request.legs import (
 from disagg_transforms._request.sglang import (
     SglangLeg,
     new_rendezvous,
+    sglang_client_leg,
     sglang_openai_leg,
     unprompted_sglang_leg,
     with_prompt,
@@ -575,7 +576,7 @@ class Exchange:
             self._fail(error, drops_stream=True)
             return
         reader = self._engine.stream_reader
-        if reader is not None and leg.route is Route.GENERATE:  # read as the generate SSE first
+        if reader is not None and leg.output_mode is not None:  # read as the generate SSE first
             incremental = self._sglang.stream_output == "incremental"
             engine_stream = reader(
                 _reply.DEFAULT_MAX_EVENT_BYTES,
@@ -815,7 +816,11 @@ class Exchange:
             sglang.bootstrap_port,
             random_bits=sglang.random_bits or secrets.randbits,
         )
-        if client.generate:
+        if self._as_written():  # SGLang's own client: its body, the rendezvous ours
+            leg = sglang_client_leg(
+                client.body, rendezvous=rendezvous, limits=self._gathered.limits
+            )
+        elif client.generate:
             leg = unprompted_sglang_leg(client, rendezvous)
         else:  # the client's own route, on SGLang's OpenAI server
             body = strip_transfer_params(client.body)
@@ -834,7 +839,7 @@ class Exchange:
         leg = self._sglang_leg
         assert leg is not None  # noqa: S101 - built with the request
         route = Route.GENERATE if client.generate else client.route
-        if client.generate:
+        if client.generate and not self._as_written():
             leg = with_prompt(leg, _rendered_ids(self._gathered.rendered), self._gathered.limits)
         body = leg.body
         data = _raw.encode(self._run_hooks(Step.DECODE, body))
@@ -874,7 +879,7 @@ class Exchange:
             output_mode=None,
             dropped=leg.dropped,
         )
-        if route is Route.GENERATE:
+        if route is Route.GENERATE and not self._as_written():
             read_as = GenerateDecodeLeg(
                 **msgspec.structs.asdict(read_as)
                 | {"wrap_chat_completion": client.route is Route.CHAT_COMPLETIONS}
@@ -940,7 +945,7 @@ class Exchange:
         assert isinstance(at, _Calling)  # noqa: S101 - the reader reads the call's answer
         leg = at.leg
         assert leg is not None  # noqa: S101 - the decode call carries its leg
-        if self._engine.engine is not Engine.VLLM and leg.route is Route.GENERATE:
+        if self._engine.engine is not Engine.VLLM and leg.output_mode is not None:
             read = self._engine.read_answer(
                 _reply.decode_object(body, "the decode answer"), self._stop_ids()
             )
@@ -1022,7 +1027,13 @@ class Exchange:
         return self._hooks.run_request(body, self._context(step))
 
     def _shape(self, leg: DecodeLeg) -> _reply.Shape:
+        if self._as_written():  # SGLang's answer to SGLang's own client, checked as it passes
+            return _reply.Shape.PASS
         return _reply.reply_shape(self._client.route, leg.route, wrap=leg.wrap_chat_completion)
+
+    def _as_written(self) -> bool:
+        """A client of SGLang's own ``/generate``, on SGLang workers: relayed as SGLang writes."""
+        return self._rendezvous() and self._client.path == w.SGLANG_GENERATE_PATH
 
     # -- client bytes and failures --------------------------------------------------------
 
