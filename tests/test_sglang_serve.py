@@ -45,6 +45,7 @@ class _Fleet:
     prefill: str
     faulty_prefill: str
     ports: tuple[int, int]
+    stalled_prefill: str
 
 
 def _serve(render: str, prefill: str, decode: str, port: int) -> list[str]:
@@ -99,6 +100,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_Fleet]:
                 prefill.url,
                 faulty.url,
                 (good, bad),
+                no_room.url,
             )
 
 
@@ -373,3 +375,16 @@ def test_metrics_count_both_legs_as_for_vllm(fleet: _Fleet) -> None:
         'llm_d_coordinator_disagg_decision_total{decision_type="prefill-decode",model_name="m"}',
     ):
         assert line in text, text
+
+
+def test_a_client_that_leaves_before_any_answer_aborts_both(fleet: _Fleet) -> None:
+    # The stalled prefill holds the request for 1 s: the client leaves before that.
+    before = {
+        url: set(httpx.get(f"{url}/simulated/aborted").json()["aborted"])
+        for url in (fleet.decode, fleet.stalled_prefill)
+    }
+    body = {"model": "m", "messages": _MESSAGES, "max_tokens": 32, "stream": True}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{fleet.stalled}/v1/chat/completions", json=body, timeout=0.3)
+    for url, seen in before.items():
+        assert len(_aborted(url, seen)) == 1, url
