@@ -23,6 +23,7 @@ from disagg_transforms.exchange import (
     Driver,
     Exchange,
     ExchangeSettings,
+    ExchangeStateError,
     Phase,
     WorkerCall,
 )
@@ -343,3 +344,26 @@ def test_sglangs_own_client_gets_the_rendezvous_and_sglangs_answer_as_written(
         assert answer["meta_info"]["finish_reason"]["type"] in {"stop", "length"}
         assert "text" in answer
     assert len(prefill.calls_to("/generate")) == len(decode.calls_to("/generate")) == 1
+
+
+def test_a_call_sent_together_is_named_by_its_step() -> None:
+    ex = _exchange("/v1/chat/completions", _CHAT)
+    with pytest.raises(ExchangeStateError, match="step"):
+        ex.receive_together("bogus", 200, {}, b"{}")
+    with pytest.raises(ExchangeStateError, match="step"):
+        ex.together_failed("bogus", "reset")
+
+
+def test_only_a_failure_sent_together_makes_a_late_answer_dropped() -> None:
+    ex = _exchange("/v1/chat/completions", {**_CHAT, "n": 2})  # refused: the reply is over
+    with pytest.raises(ExchangeStateError):
+        ex.receive(200, {}, b"{}")  # out of order, as before
+    ex = _exchange("/v1/chat/completions", _CHAT)
+    render = ex.next_event()
+    assert isinstance(render, WorkerCall)
+    ex.together_failed("prefill", "reset")
+    assert ex.reply_over
+    ex.receive(200, {}, b"{}")  # the call in flight's answer, after the failure: dropped
+    reply = ex.next_event()
+    assert isinstance(reply, ClientReply)
+    assert reply.status == 502

@@ -400,6 +400,9 @@ class Exchange:
         self._bootstrap_host = bootstrap_host
         self._sglang_leg: SglangLeg | None = None
         """A rendezvous engine's leg, built with the request; its prompt comes from render."""
+        self._together_ended = False
+        """A call sent together failed and ended the exchange: the current call's answer, fed
+        later, is dropped."""
         if self._rendezvous() and Step.PREFILL in self._params and not bootstrap_host:
             msg = "bootstrap_host: SGLang's prefill needs the prefill worker's host"
             raise ConfigError(msg, param="bootstrap_host")
@@ -663,17 +666,18 @@ class Exchange:
         """
         del headers
         _check_status(status)
+        phase = _together_phase(step)
         if self._phase in (Phase.STREAMING, Phase.REPLIED):
             return
+        read = self._engine.peer_failure
         if not 200 <= status < 300:
             message, detail = _worker_error(bytes(body))
-            self._fail_worker(status, message, detail, drops_stream=True, step=Phase(step))
+        elif (failure := None if read is None else read(bytes(body))) is not None:
+            status, message, detail = failure.status, failure.message, _NO_DETAIL
+        else:
             return
-        read = self._engine.peer_failure
-        failure = None if read is None else read(bytes(body))
-        if failure is not None:
-            status, message = failure.status, failure.message
-            self._fail_worker(status, message, _NO_DETAIL, drops_stream=True, step=Phase(step))
+        self._fail_worker(status, message, detail, drops_stream=True, step=phase)
+        self._together_ended = True
 
     def together_failed(self, step: str, reason: str, *, timed_out: bool = False) -> None:
         """A call sent together with the current one got no answer (connection, timeout).
@@ -681,10 +685,12 @@ class Exchange:
         Before the client's reply started, the reply becomes a retryable 502 (504 when
         ``timed_out``) naming ``step``; afterwards it changes nothing.
         """
+        phase = _together_phase(step)
         if self._phase in (Phase.STREAMING, Phase.REPLIED):
             return
-        reply = self._error(504 if timed_out else 502, f"{step} failed: {reason}", retry=True)
+        reply = self._error(504 if timed_out else 502, f"{phase} failed: {reason}", retry=True)
         self._reply(reply, drops_stream=True, error_kind="upstream_5xx")
+        self._together_ended = True
 
     # -- the plan -------------------------------------------------------------------------
 
@@ -1106,9 +1112,9 @@ class Exchange:
         raise ExchangeStateError(msg)
 
     def _take_call(self, *, stream: bool) -> _Calling | None:
-        """The call whose answer comes; ``None`` when the reply is over and drops it."""
+        """The call whose answer comes; ``None`` when a call sent together ended the reply."""
         at = self._at
-        if isinstance(at, _Replied) and at.drops_stream:
+        if isinstance(at, _Replied) and self._together_ended:
             return None
         if not isinstance(at, _Calling):
             msg = "no worker call is waiting for an answer"
@@ -1180,6 +1186,15 @@ def _kind(error: DisaggTransformError) -> ErrorKind:
     if isinstance(error, UpstreamContractError):
         return "upstream_5xx"
     return "internal"
+
+
+def _together_phase(step: object) -> Phase:
+    """The phase of a call sent together, as the router names it (``call.step``)."""
+    try:
+        return Phase(step)
+    except ValueError:
+        msg = f"step: expected the step of a call sent together, got {describe(step)}"
+        raise ExchangeStateError(msg, param="step") from None
 
 
 def _rendered_ids(rendered: Mapping[str, Any] | None) -> list[int]:
