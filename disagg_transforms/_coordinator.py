@@ -162,8 +162,11 @@ _NOT_CARRIED: Mapping[str, str] = {
         "the proxy downloads no images: a client's http(s) image URL would reach the workers "
         "as sent; remove the step (clients then send data: URLs)"
     ),
-    "prefill-decode": "it runs kv-sglang, which the proxy does not carry out",
-    "kv-sglang": "the proxy does not carry out SGLang's bootstrap handoff",
+    "prefill-decode": "it runs kv-sglang, which the coordinator seat does not carry out",
+    "kv-sglang": (
+        "the gateway picks the prefill, whose host SGLang's rendezvous needs: run serve "
+        "--engine sglang with the workers' URLs, or the sidecar seat (docs/sglang.md)"
+    ),
 }
 
 # A Go duration (time.ParseDuration): a sign, then number-unit pairs; "0" alone needs no unit.

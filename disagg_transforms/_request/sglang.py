@@ -33,6 +33,7 @@ __all__ = (
     "build_sglang_request",
     "new_rendezvous",
     "sglang_client_leg",
+    "sglang_openai_leg",
 )
 
 ROOM_MAX: Final = 2**63 - 1
@@ -193,6 +194,29 @@ def sglang_leg(
     client: ClientRequest, rendezvous: Rendezvous, token_ids: Sequence[int], limits: Limits
 ) -> SglangLeg:
     """The SGLang leg of a request read once (what :func:`build_sglang_request` returns)."""
+    return with_prompt(unprompted_sglang_leg(client, rendezvous), token_ids, limits)
+
+
+def with_prompt(leg: SglangLeg, token_ids: Sequence[int], limits: Limits) -> SglangLeg:
+    """``leg`` (a new body) with the rendered prompt as its ``input_ids``.
+
+    Raises:
+        RequestError: the prompt is empty or not token IDs, or over the limits.
+    """
+    body = {**leg.body, w.INPUT_IDS: _input_ids(token_ids)}
+    _limits.check_token_count(body, limits)
+    return msgspec.structs.replace(leg, body=body)
+
+
+def unprompted_sglang_leg(client: ClientRequest, rendezvous: Rendezvous) -> SglangLeg:
+    """The SGLang leg of a request read once, but its prompt (:func:`with_prompt` adds it).
+
+    What SGLang has no place for is refused here, before the prompt is rendered: an exchange
+    builds it with the request, before any worker call.
+
+    Raises:
+        RequestError: as :func:`build_sglang_request`.
+    """
     if client.route not in _CLIENT_ROUTES:
         names = ", ".join(route.value for route in _CLIENT_ROUTES)
         msg = (
@@ -214,7 +238,6 @@ def sglang_leg(
     sampling = {**mapping.sampling_params, **caps}
     body: dict[str, Any] = {
         w.RID: _rid(rendezvous.rid),
-        w.INPUT_IDS: _input_ids(token_ids),
         w.STREAM: _validate.typed(client.body, w.STREAM, bool) is True,
     }
     body[w.SAMPLING_PARAMS] = _sampling(sampling, body, client.body)
@@ -224,7 +247,6 @@ def sglang_leg(
     if client.body.get(w.RETURN_TOKEN_IDS):
         raise _no_place(w.RETURN_TOKEN_IDS, client.body)
     body.update(_rendezvous_fields(rendezvous))
-    _limits.check_token_count(body, limits)
     stop_ids = body[w.SAMPLING_PARAMS].get(w.STOP_TOKEN_IDS) or ()
     return SglangLeg(
         path=w.SGLANG_GENERATE_PATH,
@@ -369,5 +391,30 @@ def sglang_client_leg(
         stream=stream,
         rid=rendezvous.rid,
         stop_token_ids=tuple(stop_ids or ()),
+        dropped=(),
+    )
+
+
+def sglang_openai_leg(
+    client_body: Mapping[str, Any], *, path: str, rendezvous: Rendezvous
+) -> SglangLeg:
+    """Both legs of a client served on its own route (``path``) by SGLang's OpenAI server.
+
+    The client's body (its transfer params already removed) with ``rid`` and the rendezvous
+    fields, which SGLang's OpenAI requests take (``docs/sglang.md``): SGLang's server reads the
+    API's own fields, tools included, so nothing is renamed here.
+
+    Raises:
+        RequestError: the rendezvous is out of range, or ``stream`` is not a boolean.
+    """
+    body = dict(client_body)
+    body[w.RID] = _rid(rendezvous.rid)
+    body.update(_rendezvous_fields(rendezvous))
+    return SglangLeg(
+        path=path,
+        body=body,
+        stream=_validate.typed(body, w.STREAM, bool) is True,
+        rid=rendezvous.rid,
+        stop_token_ids=(),
         dropped=(),
     )
