@@ -16,7 +16,11 @@ import pytest
 import sglang_contract
 
 from disagg_transforms import OutputMode
-from disagg_transforms._request.sglang import Rendezvous, build_sglang_request
+from disagg_transforms._request.sglang import (
+    Rendezvous,
+    build_sglang_openai_request,
+    build_sglang_request,
+)
 from disagg_transforms._response.dispatch import wrap_envelope
 from disagg_transforms._response.sglang import (
     SglangFailure,
@@ -297,6 +301,18 @@ def test_a_chat_tool_call_comes_back_as_sglangs_hermes_parser_writes_it() -> Non
         "reasoning_tokens",
         "completion_tokens_details",
     ]
+
+
+def test_the_libraries_openai_route_leg_serves_a_tool_call_through_a_pair() -> None:
+    rendezvous = Rendezvous(
+        rid=f"{29:032x}", bootstrap_host="prefill", bootstrap_port=8998, bootstrap_room=29
+    )
+    chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": [WEATHER]}
+    leg = build_sglang_openai_request(chat, client_path=CHAT, rendezvous=rendezvous)
+    prefill, decode = _pair()
+    first, second = asyncio.run(_both_on(leg.path, prefill, decode, leg.body))
+    assert first.status_code == second.status_code == 200
+    assert second.json()["choices"][0]["finish_reason"] == "tool_calls"
 
 
 def test_a_streamed_tool_call_comes_as_a_name_then_its_arguments() -> None:

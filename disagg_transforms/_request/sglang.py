@@ -16,9 +16,9 @@ from typing import Any, Final
 import msgspec
 
 from disagg_transforms._config import DecodeParams, OutputMode
-from disagg_transforms._request.client import ClientRequest, read_client_request
+from disagg_transforms._request.client import ClientRequest, client_caps, read_client_request
 from disagg_transforms._request.fields import asks_for_tools
-from disagg_transforms._routes import Route
+from disagg_transforms._routes import ROUTE_PATH, Route
 from disagg_transforms._wire import keys as w
 from disagg_transforms._wire import limits as _limits
 from disagg_transforms._wire import validate as _validate
@@ -30,9 +30,11 @@ __all__ = (
     "ROOM_MAX",
     "Rendezvous",
     "SglangLeg",
+    "build_sglang_openai_request",
     "build_sglang_request",
     "new_rendezvous",
     "sglang_client_leg",
+    "sglang_openai_leg",
 )
 
 ROOM_MAX: Final = 2**63 - 1
@@ -108,6 +110,12 @@ _SGLANG_SAMPLING_KEYS: Final = frozenset(
         w.CHOICE,
     }
 )
+# The client routes SGLang's OpenAI server answers with the rendezvous fields (its
+# PDRoutingFields): the client keeps its own route there.
+_OPENAI_ROUTES: Final = (Route.CHAT_COMPLETIONS, Route.COMPLETIONS, Route.RESPONSES, Route.MESSAGES)
+# SGLang's Responses route keeps 2 tokens of max_output_tokens as headroom for BOS/EOS
+# (docs/sglang.md, "Tools"): the leg asks 2 more, so the client gets the cap it asked for.
+_RESPONSES_HEADROOM: Final = 2
 # What SGLang's chat route sends for a JSON object format.
 _ANY_OBJECT_SCHEMA: Final = '{"type": "object"}'
 
@@ -369,5 +377,53 @@ def sglang_client_leg(
         stream=stream,
         rid=rendezvous.rid,
         stop_token_ids=tuple(stop_ids or ()),
+        dropped=(),
+    )
+
+
+def build_sglang_openai_request(
+    client_body: Mapping[str, Any],
+    *,
+    client_path: str,
+    rendezvous: Rendezvous,
+    limits: Limits = DEFAULT_LIMITS,
+) -> SglangLeg:
+    """Build both legs of a client served on its own route by SGLang's OpenAI server.
+
+    What serves a tool-using client on an SGLang pipeline (``docs/sglang.md``, "Tools"): the
+    client's chat, completions, Responses or Messages body, with ``rid`` and the rendezvous
+    fields ours (whatever the client sent in them), on the client's own path.
+
+    Raises:
+        RequestError: the body is not a JSON object or is past a limit, the cap is not a
+            positive integer, the route is not one SGLang's OpenAI server answers, or the
+            rendezvous is out of range.
+    """
+    client = read_client_request(client_body, client_path, limits=limits, steps=())
+    return sglang_openai_leg(client, rendezvous, limits)
+
+
+def sglang_openai_leg(client: ClientRequest, rendezvous: Rendezvous, limits: Limits) -> SglangLeg:
+    """The OpenAI-route leg of a request read once (:func:`build_sglang_openai_request`)."""
+    if client.route not in _OPENAI_ROUTES:
+        names = ", ".join(route.value for route in _OPENAI_ROUTES)
+        msg = (
+            f"client_path: SGLang's OpenAI server answers {names} with the rendezvous fields, "
+            f"got {client.path!r}"
+        )
+        raise RequestError(msg, param="client_path")
+    body = dict(client.body)
+    cap = client_caps(body, client.route).get(w.MAX_TOKENS)  # refused here if it is no cap
+    if client.route is Route.RESPONSES and cap is not None:
+        body[w.MAX_OUTPUT_TOKENS] = cap + _RESPONSES_HEADROOM
+    body[w.RID] = _rid(rendezvous.rid)
+    body.update(_rendezvous_fields(rendezvous))
+    _limits.check_token_count(body, limits)
+    return SglangLeg(
+        path=ROUTE_PATH[client.route],
+        body=body,
+        stream=_validate.typed(body, w.STREAM, bool) is True,
+        rid=rendezvous.rid,
+        stop_token_ids=(),
         dropped=(),
     )
