@@ -390,3 +390,16 @@ def test_the_worker_tells_what_it_received_and_what_was_aborted() -> None:
     assert [call["path"] for call in recorded["calls"]] == [CHAT, "/abort_request"]
     assert recorded["calls"][0]["body"]["bootstrap_room"] == 28
     assert recorded["aborted"] == [f"{28:032x}"]
+
+
+def test_ignore_eos_writes_until_the_cap() -> None:
+    prefill, decode = _pair()
+    for cap, expected in ((128, 128), (None, 4096 - len(PROMPT))):
+        body = {**_body(room=30 + (cap is None)), "sampling_params": {"ignore_eos": True}}
+        if cap is None:
+            body["sampling_params"]["max_new_tokens"] = None
+        _, second = asyncio.run(_both(prefill, decode, body))
+        meta = second.json()["meta_info"]
+        assert meta["completion_tokens"] == expected
+        assert meta["finish_reason"] == {"type": "length", "length": expected}
+        assert second.json()["text"].startswith("Hello!Hello!")

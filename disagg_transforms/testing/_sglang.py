@@ -180,7 +180,8 @@ class SimulatedSglangWorker:
     ``transfer_timeout`` (500 ``Decode transfer failed ...``; a stream: an abort event with
     ``status_code`` 500). The model generates :attr:`WorkerSettings.answer` then EOS
     (``<|im_end|>``, 151645) with the toy tokenizer; ``stop`` strings, ``max_new_tokens``
-    (absent: 128; null: the rest of the context) and logprobs are honoured. Unknown sampling keys,
+    (absent: 128; null: the rest of the context), ``ignore_eos`` (the answer again until the
+    cap) and logprobs are honoured. Unknown sampling keys,
     wrong JSON types and a string room are refused with SGLang's own texts.
 
     What differs from SGLang: no ZMQ KV transfer (the join is one HTTP call); a dead prefill is
@@ -423,11 +424,12 @@ class SimulatedSglangWorker:
             await _finish(send, request, [answer], headers_sent=headers_sent)
             return
         ids, finish = self._output(request)
+        steps = range(1, len(ids) + 1) if request.stream else [len(ids)]
         answers = [
             self._answer(request, ids[:step], None if step < len(ids) else finish, cached, started)
-            for step in range(1, len(ids) + 1)
+            for step in steps
         ]
-        answers = _as_sent(answers) if request.stream else answers[-1:]
+        answers = _as_sent(answers) if request.stream else answers
         if request.stream and self.incremental:
             answers = _incremental(answers)
         await _finish(send, request, answers, headers_sent=headers_sent, delay=self.stream_delay)
@@ -603,6 +605,10 @@ class SimulatedSglangWorker:
         cap = sampling.get("max_new_tokens", _DEFAULT_CAP)
         if cap is None:
             cap = self.settings.max_model_len - len(request.prompt)
+        if sampling.get("ignore_eos") is True and finish["matched"] == IM_END:
+            # Past its EOS the model writes its answer again, until the cap stops it.
+            once = encode(text)
+            ids = (once * (cap // len(once) + 1))[: cap + 1] if once else ids
         if len(ids) > cap:
             ids, finish = ids[:cap], {"type": "length", "length": cap}
         return ids, finish
