@@ -7,6 +7,7 @@ back. See ``docs/exchange.md`` and ``docs/router.md``.
 
 from __future__ import annotations
 
+from disagg_transforms._engines import Engine, SglangSettings
 from disagg_transforms._exchange.check import pipeline_warnings, version_errors
 from disagg_transforms._exchange.drive import Driver
 from disagg_transforms._exchange.events import (
@@ -31,6 +32,7 @@ __all__ = (
     "ClientReply",
     "ClientStream",
     "Driver",
+    "Engine",
     "ErrorKind",
     "Event",
     "Exchange",
@@ -39,6 +41,7 @@ __all__ = (
     "NEED_DATA",
     "NeedData",
     "Phase",
+    "SglangSettings",
     "StreamEnd",
     "WorkerCall",
     "pipeline_phases",

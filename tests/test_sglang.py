@@ -466,7 +466,7 @@ def test_every_engine_has_its_description() -> None:
     assert vllm.stream_reader is None
     assert sglang.stream_reader is not None
     data = (FIXTURES / "generate-stream-cumulative.sse").read_bytes()
-    reader = sglang.stream_reader(_MAX_EVENT, ())
+    reader = sglang.stream_reader(_MAX_EVENT, (), incremental=False)
     assert reader.feed(data) + reader.close() == _read_stream(data)
 
 

@@ -13,13 +13,20 @@ from types import ModuleType
 
 import msgspec
 
-from disagg_transforms import parse_pipeline_params, validate_vllm_version, version_errors
+from disagg_transforms import (
+    Engine,
+    SglangSettings,
+    parse_pipeline_params,
+    validate_vllm_version,
+    version_errors,
+)
 from disagg_transforms._cli.commands import CliError
 from disagg_transforms._wire.describe import describe
 from disagg_transforms.errors import ConfigError
 
 __all__ = (
     "config_errors",
+    "engine_settings",
     "one_line",
     "parse_document",
     "read_config",
@@ -28,7 +35,8 @@ __all__ = (
 )
 
 _STDIN = "-"
-_TOP_LEVEL_KEYS = ("steps", "use_openai_format", "vllm_version")
+_TOP_LEVEL_KEYS = ("steps", "use_openai_format", "vllm_version", "engine", "sglang")
+_SGLANG_KEYS = ("stream_output", "bootstrap_port")
 _YAML_HINT = " (if it is YAML, pass --format yaml)"
 _CONFIGMAP_KEY = "coordinator.yaml"
 # The other document check-config and serve read, named where a key is unknown to this one.
@@ -162,7 +170,40 @@ def _top_level_errors(document: Mapping[str, object]) -> list[ConfigError]:
             validate_vllm_version(document["vllm_version"])
         except ConfigError as error:
             errors.append(error)
+    try:
+        engine_settings(document)
+    except ConfigError as error:
+        errors.append(error)
     return errors
+
+
+def engine_settings(document: Mapping[str, object]) -> tuple[Engine, SglangSettings]:
+    """A pipeline document's ``engine`` and its ``sglang`` settings (docs/sglang.md).
+
+    Raises:
+        ConfigError: an engine that is not ``vllm`` or ``sglang``, an ``sglang`` key that is
+            unknown or not valid, or ``sglang`` settings for another engine.
+    """
+    name = document.get("engine", Engine.VLLM.value)
+    engines = ", ".join(engine.value for engine in Engine)
+    if name not in {engine.value for engine in Engine}:
+        msg = f"engine: expected one of {engines}, got {describe(name)}"
+        raise ConfigError(msg, param="engine")
+    engine = Engine(name)
+    given = document.get("sglang")
+    if given is None:
+        return engine, SglangSettings()
+    if engine is not Engine.SGLANG:
+        msg = "sglang: settings for SGLang workers need engine: sglang"
+        raise ConfigError(msg, param="sglang")
+    if not isinstance(given, Mapping):
+        msg = f"sglang: expected an object, got {describe(given)}"
+        raise ConfigError(msg, param="sglang")
+    for key in given:
+        if key not in _SGLANG_KEYS:
+            msg = f"sglang.{key}: unknown key; accepted: {', '.join(_SGLANG_KEYS)}"
+            raise ConfigError(msg, param=f"sglang.{key}")
+    return engine, SglangSettings(**{str(key): value for key, value in given.items()})
 
 
 def config_errors(document: object) -> list[ConfigError]:

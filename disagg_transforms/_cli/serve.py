@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import orjson
 
 from disagg_transforms._cli.commands import EXIT_USAGE, PROG, CliError, add_command
-from disagg_transforms._cli.config import config_errors, read_config
+from disagg_transforms._cli.config import config_errors, engine_settings, read_config
 from disagg_transforms._config import DecodeParams, Step, StepParams, parse_pipeline_params
 from disagg_transforms._coordinator import (
     coordinator_config_errors,
@@ -113,6 +113,27 @@ def add_commands(commands: argparse._SubParsersAction[_ParserT]) -> None:
         "the decode worker's GET /version at startup); with --simulate, the release it plays",
     )
     _add_served_model_name(serve, "with --simulate: ")
+    serve.add_argument(
+        "--engine",
+        choices=("vllm", "sglang"),
+        help="the workers' engine (default: the config document's engine, else vllm); with "
+        "sglang, prefill and decode are sent together and --render-url names a vLLM render "
+        "worker (docs/sglang.md)",
+    )
+    serve.add_argument(
+        "--sglang-bootstrap-port",
+        type=_port,
+        metavar="N",
+        help="with --engine sglang: the prefill workers' bootstrap port (default: the config "
+        "document's sglang.bootstrap_port, else 8998)",
+    )
+    serve.add_argument(
+        "--sglang-stream-output",
+        choices=("cumulative", "incremental"),
+        help="with --engine sglang: the workers stream the whole text in every event "
+        "(cumulative, SGLang's default) or deltas (incremental: --incremental-streaming-output) "
+        "(default: the config document's sglang.stream_output, else cumulative)",
+    )
     # The flags below without a default here take the coordinator document's value, else theirs
     # (_PROCESS_DEFAULTS).
     serve.add_argument(
@@ -304,6 +325,47 @@ def _vllm_version(text: str) -> str:
         raise argparse.ArgumentTypeError(msg) from None
 
 
+def _port(text: str) -> int:
+    port = _positive_int(text)
+    if port > 65535:
+        msg = f"expected a port in 1..65535, got {text!r}"
+        raise argparse.ArgumentTypeError(msg)
+    return port
+
+
+def _engine(
+    args: argparse.Namespace, document: Mapping[str, Any], urls: Mapping[str, str | None]
+) -> dict[str, Any] | str:
+    """The workers' engine and its settings, the flags over the document's; else what stops it."""
+    from disagg_transforms import SglangSettings  # noqa: PLC0415
+
+    engine, sglang = engine_settings(document)  # config_errors checked it
+    name = args.engine or engine.value
+    flags = [
+        flag
+        for flag, value in (
+            ("--sglang-bootstrap-port", args.sglang_bootstrap_port),
+            ("--sglang-stream-output", args.sglang_stream_output),
+        )
+        if value is not None
+    ]
+    if name != "sglang":
+        return f"{flags[0]}: needs --engine sglang" if flags else {"engine": name}
+    if args.simulate:
+        return "--simulate plays a vLLM worker: run `disagg-transforms simulate --engine sglang`"
+    if urls["render"] is None:
+        return (
+            "--render-url: SGLang workers do not render a chat, Responses or Messages request: "
+            "give a vLLM render worker's URL (docs/sglang.md)"
+        )
+    sglang = SglangSettings(
+        bootstrap_port=args.sglang_bootstrap_port or sglang.bootstrap_port,
+        stream_output=args.sglang_stream_output or sglang.stream_output,
+    )
+    chosen = {"bootstrap_port": sglang.bootstrap_port, "stream_output": sglang.stream_output}
+    return {"engine": name, "sglang": chosen}
+
+
 def _positive_int(text: str) -> int:
     return _count(text, minimum=1)
 
@@ -442,9 +504,14 @@ def _serve(args: argparse.Namespace) -> int:
     sys.stderr.writelines(f"{source}: warning: {line}\n" for line in given.get("warnings", ()))
     # A Step is the str of its name: either mapping answers "prefill" in steps.
     steps = parse_coordinator_config(document).pipeline if coordinator else document["steps"]
+    engine = _engine(args, {} if coordinator else document, urls)
+    if isinstance(engine, str):
+        sys.stderr.write(f"{PROG}: error: {engine}\n")
+        return EXIT_USAGE
     if args.simulate:  # the port is the one asked for until the socket is bound
         urls = _simulated_urls(process["host"], process["port"], steps)
     settings = {
+        **engine,
         "document": document,
         "urls": urls,
         "simulate": args.simulate,
@@ -584,7 +651,13 @@ def _url_arguments(settings: Mapping[str, Any]) -> dict[str, Any]:
 
 def app_from_settings() -> ASGIApp:
     """The proxy app of the settings ``serve`` wrote: uvicorn's factory, in every process."""
-    from disagg_transforms import EcConnector, KvConnector, Limits  # noqa: PLC0415
+    from disagg_transforms import (  # noqa: PLC0415
+        EcConnector,
+        Engine,
+        KvConnector,
+        Limits,
+        SglangSettings,
+    )
     from disagg_transforms.integrations.proxy import Timeouts, create_app  # noqa: PLC0415
 
     _configure_logging()
@@ -604,6 +677,8 @@ def app_from_settings() -> ASGIApp:
         render_first=settings["render_first"],
         vllm_version=settings["vllm_version"],
         probe_vllm_version=settings.get("probe_vllm_version", False),
+        engine=Engine(settings["engine"]),
+        sglang=SglangSettings(**settings.get("sglang", {})),
     )
     if not settings["simulate"]:
         return app

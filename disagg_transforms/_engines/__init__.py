@@ -14,8 +14,9 @@ from collections.abc import Mapping
 
 from disagg_transforms._engines import sglang, vllm
 from disagg_transforms._engines.description import Engine, EngineDescription, Meeting
+from disagg_transforms._engines.sglang import SglangSettings, StreamOutput
 
-__all__ = ("ENGINES", "Engine", "EngineDescription", "Meeting")
+__all__ = ("ENGINES", "Engine", "EngineDescription", "Meeting", "SglangSettings", "StreamOutput")
 
 ENGINES: Mapping[Engine, EngineDescription] = {
     Engine.VLLM: vllm.DESCRIPTION,

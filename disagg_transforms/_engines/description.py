@@ -10,7 +10,14 @@ import msgspec
 
 from disagg_transforms._response.sglang import SglangFailure
 
-__all__ = ("AnswerReader", "Engine", "EngineDescription", "Meeting", "StreamReader")
+__all__ = (
+    "AnswerReader",
+    "Engine",
+    "EngineDescription",
+    "Meeting",
+    "StreamReader",
+    "StreamReaderFactory",
+)
 
 
 class Engine(str, enum.Enum):
@@ -48,6 +55,19 @@ class StreamReader(Protocol):
         ...
 
 
+class StreamReaderFactory(Protocol):
+    """Makes a decode stream's reader."""
+
+    def __call__(
+        self, max_event_bytes: int, stop_token_ids: Container[int], *, incremental: bool
+    ) -> StreamReader:
+        """A reader given the largest event, the stop token ids the request named, and more.
+
+        ``incremental``: the worker streams deltas (else every event repeats the text so far).
+        """
+        ...
+
+
 class EngineDescription(msgspec.Struct, frozen=True, kw_only=True):
     """What depends on one engine."""
 
@@ -59,6 +79,9 @@ class EngineDescription(msgspec.Struct, frozen=True, kw_only=True):
     """Where a running request is stopped by its id (``None``: by closing the connection)."""
     read_answer: AnswerReader
     """How a whole decode answer reads as the generate answer."""
-    stream_reader: Callable[[int, Container[int]], StreamReader] | None
-    """A reader of the decode's stream, given the largest event and the stop token ids the
-    request named; ``None``: the stream already is the generate SSE."""
+    stream_reader: StreamReaderFactory | None
+    """Makes the reader of the decode's stream; ``None``: the stream already is the generate
+    SSE."""
+    peer_failure: Callable[[bytes], SglangFailure | None] | None
+    """The failure a 2xx answer of a call sent together with decode reports (an abort), else
+    ``None``; ``None`` for an engine whose legs are never sent together."""

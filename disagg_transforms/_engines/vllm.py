@@ -25,4 +25,5 @@ DESCRIPTION = EngineDescription(
     abort_path=None,
     read_answer=_as_is,
     stream_reader=None,
+    peer_failure=None,
 )

@@ -27,6 +27,9 @@ class Driver:
 
         drive = Driver(exchange)
         while (call := drive.next_call()) is not None:
+            <start each of call.together at once; when one's answer is in, whole:
+             drive.together_answered(it, <status>, <headers>, <body>), or on a failure
+             drive.together_failed(it, <reason>); once drive.cancelling, cancel the call>
             try:
                 answer = <send call>
                 if not call.stream:
@@ -41,6 +44,11 @@ class Driver:
         while drive.relaying:  # on a failure here: send drive.failed(<reason>)
             <send> drive.chunk(<the next chunk, None at the end>)
         <close the worker's stream>
+        <if drive.cancelling, or the client left: cancel every call still in flight;
+         else read the together calls to their end>
+
+    To cancel a call is to close its connection and send its ``abort`` call, when it has one,
+    to the same worker (``docs/router.md``, "Calls that go together").
 
     Nothing reaches the client before :meth:`reply`: its :class:`ClientStream` carries every
     byte owed so far, and :meth:`chunk` returns only what follows it.
@@ -101,6 +109,25 @@ class Driver:
             msg = "failed: no worker call was made"
             raise ExchangeStateError(msg)
         return self.exchange.worker_failed(self._step, reason, timed_out=timed_out)
+
+    def together_answered(
+        self, call: WorkerCall, status: int, headers: object, body: bytes
+    ) -> None:
+        """The whole answer of ``call``, one of the ``together`` calls of the call made."""
+        self.exchange.receive_together(call.step, status, headers, body)
+
+    def together_failed(self, call: WorkerCall, reason: str, *, timed_out: bool = False) -> None:
+        """``call``, one of the ``together`` calls of the call made, got no answer."""
+        self.exchange.together_failed(call.step, reason, timed_out=timed_out)
+
+    @property
+    def cancelling(self) -> bool:
+        """The calls still in flight are to be cancelled: the client's reply is an error.
+
+        A call sent together that failed, or the call made that failed, ended the exchange:
+        what the other workers still do is for nobody.
+        """
+        return self.exchange.reply_over and self.exchange.error_kind is not None
 
     def relay_all(self, chunks: Iterable[bytes]) -> bytes:
         """Feed a worker stream held whole (its chunks, then its end) while it is read.

@@ -65,6 +65,15 @@ class WorkerCall(msgspec.Struct, frozen=True, kw_only=True):
     body: bytes
     stream: bool
     """Read the answer as a stream (``receive_stream_head``, ``feed``, ``end_of_stream``)."""
+    together: tuple[WorkerCall, ...] = ()
+    """Calls sent at the same time as this one, each to its own ``step``'s worker: the workers
+    wait for each other (SGLang's rendezvous, ``docs/exchange.md``, "Calls that go together").
+    Each is read to its end (a stream too, whole) and fed with ``receive_together`` or
+    ``together_failed``; this call's answer is read as usual and makes the client's reply."""
+    abort: WorkerCall | None = None
+    """How to cancel this call once sent, beside closing its connection: send this call to the
+    same worker (``None``: closing is enough). A call is cancelled when the client leaves, or
+    when the exchange replied with an error while the call's answer was still being read."""
 
 
 class ClientReply(msgspec.Struct, frozen=True, kw_only=True):

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import secrets
 import uuid
 from collections.abc import Callable, Container, Iterable, Mapping
 from typing import Any, ClassVar, Final, Literal, NamedTuple, TypeAlias
@@ -46,6 +47,7 @@ from disagg_transforms._config import (
     vllm_honours,
 )
 from disagg_transforms._coordinator import EcConnector, KvConnector
+from disagg_transforms._engines import ENGINES, Engine, Meeting, SglangSettings
 from disagg_transforms._exchange import reply as _reply
 from disagg_transforms._exchange.check import version_errors
 from disagg_transforms._exchange.events import (
@@ -60,13 +62,21 @@ from disagg_transforms._exchange.events import (
 from disagg_transforms._request.client import ClientRequest, read_client_request
 from disagg_transforms._request.legs import (
     DecodeLeg,
+    GenerateDecodeLeg,
     Leg,
     LegInputs,
     decode_leg,
     single_token_leg,
     strip_transfer_params,
 )
+from disagg_transforms._request.sglang import (
+    SglangLeg,
+    new_rendezvous,
+    unprompted_sglang_leg,
+    with_prompt,
+)
 from disagg_transforms._response.dispatch import ENVELOPE_ROUTES
+from disagg_transforms._response.sglang import SglangFailure
 from disagg_transforms._routes import ROUTE_PATH, Route, detect_route, resolve_format
 from disagg_transforms._wire import keys as w
 from disagg_transforms._wire import limits as _limits
@@ -198,7 +208,8 @@ def _worker_error(body: bytes) -> tuple[str | None, _Detail]:
         return _text(error.get(w.MESSAGE)), detail
     if isinstance(error, str):
         return error, _NO_DETAIL
-    return _text(value.get(w.DETAIL)), _NO_DETAIL
+    # FastAPI's detail; SGLang's HTTP errors are a top-level error object (docs/sglang.md).
+    return _text(value.get(w.DETAIL)) or _text(value.get(w.MESSAGE)), _NO_DETAIL
 
 
 def _text(value: object) -> str | None:
@@ -238,9 +249,19 @@ class ExchangeSettings(msgspec.Struct, frozen=True, kw_only=True):
     ``derender`` step would send is refused before any worker call (``docs/exchange.md``,
     "vLLM versions")."""
 
+    engine: Engine = Engine.VLLM
+    """The workers' engine: ``VLLM``, or ``SGLANG``, whose prefill and decode are sent together
+    with one ``/generate`` body and met in a bootstrap room (``docs/sglang.md``)."""
+    sglang: SglangSettings = SglangSettings()
+    """With ``engine=SGLANG``: the bootstrap port, the workers' stream output, the randomness."""
+
     def __post_init__(self) -> None:
         if self.vllm_version is not None:
             validate_vllm_version(self.vllm_version, "ExchangeSettings.vllm_version")
+        engine: object = self.engine
+        if not isinstance(engine, Engine):
+            msg = f"ExchangeSettings.engine: expected an Engine, got {describe(engine)}"
+            raise ConfigError(msg, param="engine")
 
 
 _DEFAULT_SETTINGS: Final = ExchangeSettings()
@@ -326,9 +347,12 @@ class Exchange:
         client_body: the client's body, as bytes.
         settings: the router's :class:`ExchangeSettings` (hooks, request ids, limits); ``None``
             means the defaults.
+        bootstrap_host: with SGLang workers and a prefill step, the host of the prefill worker
+            this request goes to, as its decode worker reaches it (the rendezvous).
 
     Raises:
-        ConfigError: the pipeline has no decode step.
+        ConfigError: the pipeline has no decode step, or SGLang's prefill has no
+            ``bootstrap_host``.
     """
 
     _phase: Phase
@@ -336,7 +360,7 @@ class Exchange:
     """The data of ``_phase`` (rule 1 of the module's docstring)."""
     _client: ClientRequest
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - the request, then the router's settings by keyword
         self,
         config: Mapping[Step, StepParams],
         client_path: str,
@@ -344,6 +368,7 @@ class Exchange:
         client_body: bytes,
         *,
         settings: ExchangeSettings | None = None,
+        bootstrap_host: str | None = None,
     ) -> None:
         settings = _DEFAULT_SETTINGS if settings is None else settings
         new_request_id = settings.new_request_id
@@ -368,6 +393,14 @@ class Exchange:
         self._vllm_version = settings.vllm_version  # the envelopes take its layout
         self._render_first = settings.render_first
         self._connectors = (settings.kv_connector, settings.ec_connector)
+        self._engine = ENGINES[settings.engine]
+        self._sglang = settings.sglang
+        self._bootstrap_host = bootstrap_host
+        self._sglang_leg: SglangLeg | None = None
+        """A rendezvous engine's leg, built with the request; its prompt comes from render."""
+        if self._rendezvous() and Step.PREFILL in self._params and not bootstrap_host:
+            msg = "bootstrap_host: SGLang's prefill needs the prefill worker's host"
+            raise ConfigError(msg, param="bootstrap_host")
         self._gathered = LegInputs(limits=settings.limits)
         """What the answers so far hand the legs (render's answer, transfer params)."""
         self._prefill_cached: int | None = None
@@ -391,6 +424,8 @@ class Exchange:
             self._client = read()
             if self._lacks_derender(settings.vllm_version):
                 self._client = read()  # decode moved to the client's route: it maps nothing now
+            if self._rendezvous():
+                self._sglang_leg = self._unprompted_leg()
             self._go(self._order()[0])
         except DisaggTransformError as error:
             self._reply(self._error_reply(error, None), drops_stream=False, error_kind=_kind(error))
@@ -490,14 +525,17 @@ class Exchange:
     def receive(self, status: int, headers: object, body: bytes) -> None:
         """Feed the whole answer to the current (non-streamed) worker call."""
         del headers  # nothing in a worker's headers changes the flow
-        phase = self._take_call(stream=False).call.step
+        calling = self._take_call(stream=False)
+        if calling is None:
+            return  # a call sent together failed first: the reply is over (docs/exchange.md)
+        phase = calling.call.step
         _check_status(status)
         untyped: object = body
         if not isinstance(untyped, (bytes, bytearray, memoryview)):
             msg = f"body: expected bytes, got {describe(untyped)}"
             raise ExchangeStateError(msg, param="body")
         if status not in self._plan[phase].statuses:
-            self._fail_worker(status, bytes(body), drops_stream=False)
+            self._fail_worker(status, *_worker_error(bytes(body)), drops_stream=False)
             return
         self._read(status, bytes(body))
 
@@ -513,7 +551,10 @@ class Exchange:
     def receive_stream_head(self, status: int, headers: object) -> None:
         """The status and headers of the current streamed worker call's answer."""
         del headers
-        leg = self._take_call(stream=True).leg
+        calling = self._take_call(stream=True)
+        if calling is None:
+            return  # a call sent together failed first: the reply is over (docs/exchange.md)
+        leg = calling.leg
         assert leg is not None  # noqa: S101 - only the decode leg streams
         _check_status(status)
         if not 200 <= status < 300:
@@ -532,6 +573,15 @@ class Exchange:
         except DisaggTransformError as error:
             self._fail(error, drops_stream=True)
             return
+        reader = self._engine.stream_reader
+        if reader is not None:  # the engine's stream read as the generate SSE first
+            incremental = self._sglang.stream_output == "incremental"
+            engine_stream = reader(
+                _reply.DEFAULT_MAX_EVENT_BYTES,
+                self._stop_ids(),
+                incremental=incremental,
+            )
+            relay = _reply.EngineRelay(engine_stream, relay)
         self._at = _Reading(relay, status)
 
     def feed(self, data: bytes) -> bytes:
@@ -575,7 +625,7 @@ class Exchange:
             if at.status in self._plan[self._phase].statuses:  # a non-2xx its row reads
                 self._read(at.status, bytes(at.error_body))
                 return b""
-            self._fail_worker(at.status, bytes(at.error_body), drops_stream=True)
+            self._fail_worker(at.status, *_worker_error(bytes(at.error_body)), drops_stream=True)
             return b""
         try:
             out = at.relay.close()
@@ -601,6 +651,38 @@ class Exchange:
         reply = self._error(status, message, retry=True)
         self._reply(reply, drops_stream=True, error_kind="upstream_5xx")
         return b""
+
+    def receive_together(self, step: str, status: int, headers: object, body: bytes) -> None:
+        """Feed the whole answer of a call sent together with the current one (its ``together``).
+
+        Read to its end, it never reaches the client. One that failed before the client's reply
+        started ends the exchange with its error as the reply (:attr:`reply_over`, and the call
+        in flight is to be cancelled); afterwards, or a success, it changes nothing.
+        """
+        del headers
+        _check_status(status)
+        if self._phase in (Phase.STREAMING, Phase.REPLIED):
+            return
+        if not 200 <= status < 300:
+            message, detail = _worker_error(bytes(body))
+            self._fail_worker(status, message, detail, drops_stream=True, step=Phase(step))
+            return
+        read = self._engine.peer_failure
+        failure = None if read is None else read(bytes(body))
+        if failure is not None:
+            status, message = failure.status, failure.message
+            self._fail_worker(status, message, _NO_DETAIL, drops_stream=True, step=Phase(step))
+
+    def together_failed(self, step: str, reason: str, *, timed_out: bool = False) -> None:
+        """A call sent together with the current one got no answer (connection, timeout).
+
+        Before the client's reply started, the reply becomes a retryable 502 (504 when
+        ``timed_out``) naming ``step``; afterwards it changes nothing.
+        """
+        if self._phase in (Phase.STREAMING, Phase.REPLIED):
+            return
+        reply = self._error(504 if timed_out else 502, f"{step} failed: {reason}", retry=True)
+        self._reply(reply, drops_stream=True, error_kind="upstream_5xx")
 
     # -- the plan -------------------------------------------------------------------------
 
@@ -644,7 +726,16 @@ class Exchange:
         return source.get(w.FEATURES) is not None
 
     def _prefills(self) -> bool:
-        return Step.PREFILL in self._params
+        # Met by rendezvous, the prefill's call goes together with decode's.
+        return Step.PREFILL in self._params and not self._rendezvous()
+
+    def _stop_ids(self) -> tuple[int, ...]:
+        """The stop tokens the SGLang leg named: its answer's ``stop_reason`` when matched."""
+        leg = self._sglang_leg
+        return () if leg is None else leg.stop_token_ids
+
+    def _rendezvous(self) -> bool:
+        return self._engine.meeting is Meeting.RENDEZVOUS
 
     def _decodes(self) -> bool:
         return True  # a decode step is required: it answers the client
@@ -691,6 +782,8 @@ class Exchange:
         assert isinstance(params, _LEG_PARAMS)  # noqa: S101 - the leg phases' rows
         gathered = self._gathered
         leg: Leg
+        if isinstance(params, DecodeParams) and self._rendezvous():
+            return self._rendezvous_call()
         if isinstance(params, DecodeParams):
             # Decode takes prefill's KV params; the encoder cache went to prefill.
             inputs = msgspec.structs.replace(gathered, ec_transfer_params=None)
@@ -711,6 +804,77 @@ class Exchange:
             stream=isinstance(leg, DecodeLeg) and leg.stream,
         )
         return _Calling(call, leg if isinstance(leg, DecodeLeg) else None)
+
+    def _unprompted_leg(self) -> SglangLeg:
+        """The rendezvous leg, refusing what SGLang has no place for before any call."""
+        client = self._client
+        if not client.generate:
+            msg = (
+                "use_openai_format: SGLang's OpenAI routes are not driven by the exchange yet; "
+                "an SGLang pipeline serves chat, Responses and Messages clients on the token "
+                "route (docs/sglang.md)"
+            )
+            raise ConfigError(msg, param="use_openai_format")
+        sglang = self._sglang
+        rendezvous = new_rendezvous(
+            self._bootstrap_host or "",
+            sglang.bootstrap_port,
+            random_bits=sglang.random_bits or secrets.randbits,
+        )
+        leg = unprompted_sglang_leg(client, rendezvous)
+        if Step.PREFILL not in self._params:  # a decode alone meets nobody
+            for key in (w.BOOTSTRAP_HOST, w.BOOTSTRAP_PORT, w.BOOTSTRAP_ROOM):
+                del leg.body[key]
+        return leg
+
+    def _rendezvous_call(self) -> _Calling:
+        """Decode's call, prefill's sent together with it: one body, one room (docs/sglang.md).
+
+        The host's request transforms run once, as the decode step's, on the body both get.
+        """
+        client = self._client
+        assert self._sglang_leg is not None  # noqa: S101 - built with the request
+        ids = _rendered_ids(self._gathered.rendered)
+        leg = with_prompt(self._sglang_leg, ids, self._gathered.limits)
+        body = leg.body
+        data = _raw.encode(self._run_hooks(Step.DECODE, body))
+        abort_path = self._engine.abort_path
+        assert abort_path is not None  # noqa: S101 - a rendezvous engine aborts by id
+
+        def call(step: Phase, together: tuple[WorkerCall, ...] = ()) -> WorkerCall:
+            abort = WorkerCall(
+                step=step,
+                method="POST",
+                path=abort_path,
+                headers=self._forward,
+                body=_raw.encode({w.RID: leg.rid}),
+                stream=False,
+            )
+            return WorkerCall(
+                step=step,
+                method="POST",
+                path=leg.path,
+                headers=self._forward,
+                body=data,
+                stream=leg.stream,
+                together=together,
+                abort=abort,
+            )
+
+        # What the answer reads as: a text-mode generate answer (the engine's reader makes it).
+        read_as = GenerateDecodeLeg(
+            path=leg.path,
+            route=Route.GENERATE,
+            body=body,
+            stream=leg.stream,
+            single_frame=False,
+            # Rebuilt whatever wrap_chat_completion says: the client never spoke SGLang's answer.
+            wrap_chat_completion=client.route is Route.CHAT_COMPLETIONS,
+            output_mode=OutputMode.TEXT,
+            dropped=leg.dropped,
+        )
+        together = (call(Phase.PREFILL),) if Step.PREFILL in self._params else ()
+        return _Calling(call(Phase.DECODE, together), read_as)
 
     def _read_render(self, status: int, body: bytes) -> Phase | None:
         del status
@@ -769,6 +933,14 @@ class Exchange:
         assert isinstance(at, _Calling)  # noqa: S101 - the reader reads the call's answer
         leg = at.leg
         assert leg is not None  # noqa: S101 - the decode call carries its leg
+        if self._engine.engine is not Engine.VLLM:
+            read = self._engine.read_answer(
+                _reply.decode_object(body, "the decode answer"), self._stop_ids()
+            )
+            if isinstance(read, SglangFailure):
+                self._fail_worker(read.status, read.message, _NO_DETAIL, drops_stream=False)
+                return Phase.REPLIED
+            body = _raw.encode(read)
         hook = None
         hooks = self._hooks
         if hooks is not None and hooks.response:
@@ -915,8 +1087,11 @@ class Exchange:
         msg = "no worker stream is open (call receive_stream_head first)"
         raise ExchangeStateError(msg)
 
-    def _take_call(self, *, stream: bool) -> _Calling:
+    def _take_call(self, *, stream: bool) -> _Calling | None:
+        """The call whose answer comes; ``None`` when the reply is over and drops it."""
         at = self._at
+        if isinstance(at, _Replied) and at.drops_stream:
+            return None
         if not isinstance(at, _Calling):
             msg = "no worker call is waiting for an answer"
             raise ExchangeStateError(msg)
@@ -937,9 +1112,16 @@ class Exchange:
         detail = _Detail(error.error_type, error.param)
         return self._error(error.status_hint, message, retry=False, detail=detail)
 
-    def _fail_worker(self, status: int, body: bytes, *, drops_stream: bool) -> None:
-        step = self._streamed_phase()
-        message, detail = _worker_error(body)
+    def _fail_worker(
+        self,
+        status: int,
+        message: str | None,
+        detail: _Detail,
+        *,
+        drops_stream: bool,
+        step: Phase | None = None,
+    ) -> None:
+        step = step or self._streamed_phase()
         said = _quote(message) if message else f"HTTP {status}"
         kind: ErrorKind = "upstream_5xx"
         if 400 <= status < 500:
@@ -980,6 +1162,21 @@ def _kind(error: DisaggTransformError) -> ErrorKind:
     if isinstance(error, UpstreamContractError):
         return "upstream_5xx"
     return "internal"
+
+
+def _rendered_ids(rendered: Mapping[str, Any] | None) -> list[int]:
+    """The rendered prompt's token IDs as a list (kept as bytes by the fast path)."""
+    if rendered is None:
+        msg = "$: an SGLang leg is built from the rendered prompt: the pipeline renders it"
+        raise RequestError(msg, param="$")
+    ids = rendered.get(w.TOKEN_IDS)
+    if isinstance(ids, _raw.RawTokenIds):
+        decoded: list[int] = msgspec.json.decode(ids.raw, type=list[int])
+        return decoded
+    if not isinstance(ids, list):
+        msg = f"$.{w.TOKEN_IDS}: the render answer must carry the prompt's token IDs"
+        raise UpstreamContractError(msg, param=f"$.{w.TOKEN_IDS}")
+    return ids
 
 
 def _transfer_params(phase: Phase, body: bytes) -> _TransferView:

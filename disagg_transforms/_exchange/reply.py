@@ -18,6 +18,7 @@ import msgspec
 from msgspec import UNSET
 
 from disagg_transforms._config import OutputMode
+from disagg_transforms._engines.description import StreamReader
 from disagg_transforms._request.client import ClientRequest
 from disagg_transforms._request.legs import DecodeLeg
 from disagg_transforms._response.chat import wrap_chat_completion_bytes
@@ -46,9 +47,12 @@ from disagg_transforms._wire.sse import (
 from disagg_transforms.errors import UpstreamContractError, error_body
 
 __all__ = (
+    "DEFAULT_MAX_EVENT_BYTES",
     "REPLY_SHAPES",
+    "EngineRelay",
     "Relay",
     "Shape",
+    "decode_object",
     "envelope_client",
     "reply_shape",
     "stream_relay",
@@ -106,7 +110,8 @@ class _Object(msgspec.Struct):
     output_mode: Any = UNSET
 
 
-def _decode(data: bytes, what: str) -> dict[str, Any]:
+def decode_object(data: bytes, what: str) -> dict[str, Any]:
+    """A worker's answer as a JSON object; anything else breaks the contract."""
     check_body_size(data, DEFAULT_LIMITS, error=UpstreamContractError)
     try:
         value = msgspec.json.decode(data)
@@ -183,7 +188,7 @@ def _hooked(whole: _Whole, body: dict[str, Any]) -> bytes:
 
 def _pass_reply(whole: _Whole) -> tuple[bytes, str]:
     if whole.hook is not None:
-        answer = _decode(whole.answer, "the decode answer")
+        answer = decode_object(whole.answer, "the decode answer")
         return _hooked(whole, {k: v for k, v in answer.items() if k not in _TRANSFER}), JSON
     members = _raw.split(whole.answer, UpstreamContractError, "the decode answer")
     if not any(key in members for key in _TRANSFER):
@@ -200,13 +205,13 @@ def _generate_reply(whole: _Whole) -> tuple[bytes, str]:
             raise UpstreamContractError(msg, param="$") from None
         check_echoed_mode(view.output_mode, whole.mode)
         return (_frame(whole.answer), SSE) if whole.single_frame else (whole.answer, JSON)
-    answer = _decode(whole.answer, "the decode answer")
+    answer = decode_object(whole.answer, "the decode answer")
     check_output_mode_echo(answer, whole.mode)
     return _hooked(whole, answer), JSON
 
 
 def _unwrapped_reply(whole: _Whole) -> tuple[bytes, str]:
-    answer = _decode(whole.answer, "the decode answer")
+    answer = decode_object(whole.answer, "the decode answer")
     check_output_mode_echo(answer, whole.mode)
     if whole.single_frame:
         return _frame(_raw.encode(_without_generate_only(answer))), SSE
@@ -220,7 +225,7 @@ def _envelope_reply(whole: _Whole) -> tuple[bytes, str]:
         return wrap_chat_completion_bytes(
             whole.answer, requested=mode, client_body=client_body, options=options
         ), JSON
-    answer = _decode(whole.answer, "the decode answer")
+    answer = decode_object(whole.answer, "the decode answer")
     if whole.single_frame:
         frame = single_frame_stream(
             route, answer, requested=mode, client_body=client_body, options=options
@@ -512,6 +517,32 @@ class Relay(Protocol):
         ...
 
 
+class EngineRelay:
+    """A relay behind an engine's stream reader: the worker's stream read as generate SSE first.
+
+    An SGLang stream becomes the generate SSE every converter reads (``docs/sglang.md``).
+    """
+
+    __slots__ = ("_reader", "_relay")
+
+    def __init__(self, reader: StreamReader, relay: Relay) -> None:
+        self._reader = reader
+        self._relay = relay
+
+    def feed(self, data: bytes) -> bytes:
+        return self._relay.feed(self._reader.feed(data))
+
+    def close(self) -> bytes:
+        return self._relay.feed(self._reader.close()) + self._relay.close()
+
+    def error_event(self, message: str, *, status: int = 500) -> bytes:
+        return self._relay.error_event(message, status=status)
+
+    @property
+    def worker_error(self) -> bool:
+        return self._relay.worker_error
+
+
 def _chat_style_error(message: str, status: int) -> bytes:
     """VLLM's in-stream error on its OpenAI routes and generate: the error body, then [DONE]."""
     body = error_body(Route.CHAT_COMPLETIONS, status=status, message=message)
@@ -544,7 +575,7 @@ class _GenerateRelay:
         if event.error is not UNSET:
             self.worker_error = True
         if self._strip:
-            payload = _raw.encode(_without_generate_only(_decode(payload, "a stream chunk")))
+            payload = _raw.encode(_without_generate_only(decode_object(payload, "a stream chunk")))
         return b"data: " + payload + b"\n\n"
 
     def feed(self, data: bytes) -> bytes:

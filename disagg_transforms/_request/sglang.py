@@ -201,6 +201,29 @@ def sglang_leg(
     client: ClientRequest, rendezvous: Rendezvous, token_ids: Sequence[int], limits: Limits
 ) -> SglangLeg:
     """The SGLang leg of a request read once (what :func:`build_sglang_request` returns)."""
+    return with_prompt(unprompted_sglang_leg(client, rendezvous), token_ids, limits)
+
+
+def with_prompt(leg: SglangLeg, token_ids: Sequence[int], limits: Limits) -> SglangLeg:
+    """``leg`` (a new body) with the rendered prompt as its ``input_ids``.
+
+    Raises:
+        RequestError: the prompt is empty or not token IDs, or over the limits.
+    """
+    body = {**leg.body, w.INPUT_IDS: _input_ids(token_ids)}
+    _limits.check_token_count(body, limits)
+    return msgspec.structs.replace(leg, body=body)
+
+
+def unprompted_sglang_leg(client: ClientRequest, rendezvous: Rendezvous) -> SglangLeg:
+    """The SGLang leg of a request read once, but its prompt (:func:`with_prompt` adds it).
+
+    What SGLang has no place for is refused here, before the prompt is rendered: an exchange
+    builds it with the request, before any worker call.
+
+    Raises:
+        RequestError: as :func:`build_sglang_request`.
+    """
     if client.route not in _CLIENT_ROUTES:
         names = ", ".join(route.value for route in _CLIENT_ROUTES)
         msg = (
@@ -222,7 +245,6 @@ def sglang_leg(
     sampling = {**mapping.sampling_params, **caps}
     body: dict[str, Any] = {
         w.RID: _rid(rendezvous.rid),
-        w.INPUT_IDS: _input_ids(token_ids),
         w.STREAM: _validate.typed(client.body, w.STREAM, bool) is True,
     }
     body[w.SAMPLING_PARAMS] = _sampling(sampling, body, client.body)
@@ -232,7 +254,6 @@ def sglang_leg(
     if client.body.get(w.RETURN_TOKEN_IDS):
         raise _no_place(w.RETURN_TOKEN_IDS, client.body)
     body.update(_rendezvous_fields(rendezvous))
-    _limits.check_token_count(body, limits)
     stop_ids = body[w.SAMPLING_PARAMS].get(w.STOP_TOKEN_IDS) or ()
     return SglangLeg(
         path=w.SGLANG_GENERATE_PATH,

@@ -27,6 +27,7 @@ from disagg_transforms.errors import UpstreamContractError
 __all__ = (
     "SglangFailure",
     "SglangStreamReader",
+    "answer_failure",
     "generate_answer",
     "sglang_error_message",
 )
@@ -321,6 +322,37 @@ class SglangStreamReader:
         self._ended = True
         usage = {w.REQUEST_ID: meta.id, w.OUTPUT_MODE: _TEXT, w.CHOICES: [], w.USAGE: _usage(meta)}
         return out + format_sse_event(usage)
+
+
+def answer_failure(body: bytes) -> SglangFailure | None:
+    """The failure a 2xx ``/generate`` answer reports (an abort, an in-stream error), else ``None``.
+
+    A prefill's answer is read to its end and never reaches the client (``docs/sglang.md``): it
+    is read here only for the failure it may carry, whole JSON or a stream held whole. What does
+    not read as SGLang's is no failure: the decode's answer is the one checked.
+    """
+    if body.lstrip()[:5] == b"data:":
+        try:
+            payloads = SseParser(max_event_bytes=len(body) + 1).feed(body + b"\n\n")
+        except UpstreamContractError:
+            return None
+    else:
+        payloads = [body]
+    for payload in payloads:
+        try:
+            event = _EVENT_DECODER.decode(payload)
+        except (msgspec.DecodeError, RecursionError):
+            continue
+        if event.error is not UNSET:
+            code = event.error.get(w.CODE) if isinstance(event.error, Mapping) else None
+            status = code if type(code) is int else _FAILED_STATUS
+            message = _message_of(event.error) or "the SGLang worker reported an error"
+            return SglangFailure(status=status, message=message)
+        meta = event.meta_info
+        finish = meta.finish_reason if isinstance(meta, _Meta) else None
+        if finish is not None and finish.type == w.FINISH_ABORT:
+            return _failure(finish)
+    return None
 
 
 def _error_event(error: object) -> bytes:

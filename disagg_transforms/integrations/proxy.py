@@ -65,10 +65,12 @@ from disagg_transforms.errors import (
 from disagg_transforms.exchange import (
     ClientReply,
     Driver,
+    Engine,
     ErrorKind,
     Exchange,
     ExchangeSettings,
     Phase,
+    SglangSettings,
     WorkerCall,
     pipeline_phases,
 )
@@ -702,6 +704,30 @@ class _Seat:
         return self.pipelines[bool(encode)], urls
 
 
+class _Flight:
+    """A request's calls that a cancel must reach: those sent together, and the one with an abort.
+
+    Cancelled (the client left, or the reply is an error), a call's connection is closed and
+    its ``abort`` sent; otherwise a call sent together is read to its end (docs/proxy.md,
+    "Calls that go together").
+    """
+
+    __slots__ = ("aborted", "failed", "main", "peers")
+
+    def __init__(self) -> None:
+        self.peers: dict[asyncio.Future[None], WorkerCall] = {}
+        self.main: WorkerCall | None = None
+        """The last call made that has an ``abort``."""
+        self.failed = asyncio.Event()
+        """A call sent together ended the exchange with its failure."""
+        self.aborted = False
+
+
+def _host(url: str | None) -> str | None:
+    """The host of a worker's base URL, as SGLang's decode reaches its prefill by it."""
+    return None if url is None else urllib.parse.urlsplit(url).hostname
+
+
 def _header(request: Request, name: str) -> str | None:
     """Every value of header ``name``, joined as one comma list; ``None`` when absent."""
     values = request.headers.getlist(name)
@@ -744,6 +770,8 @@ class _Proxy:
         self.metrics = _Metrics()
         self.draining = False
         """A stop signal has come: ``/readyz`` answers 503 from now on."""
+        self.background: set[asyncio.Future[None]] = set()
+        """Aborts sent and calls read to their end after the client's reply (kept referenced)."""
 
     @contextlib.asynccontextmanager
     async def lifespan(self, _app: Starlette) -> AsyncIterator[None]:
@@ -937,16 +965,19 @@ class _Proxy:
                 return _client_error(request, error.status_hint, error.message, error.param)
         if self.version_unknown:
             await self._ask_version()
+        sglang = self.settings.engine is Engine.SGLANG
         ex = Exchange(
             config,
             request.scope["path"],
             request.headers.raw,
             client_body,
             settings=self.settings,
+            bootstrap_host=_host(urls.get("prefill")) if sglang else None,
         )
         log.begin(ex.client_model)
         drive = Driver(ex)
-        calls = asyncio.ensure_future(self._calls(drive, log, urls))
+        flight = _Flight()
+        calls = asyncio.ensure_future(self._calls(drive, log, urls, flight))
         gone = asyncio.ensure_future(_disconnected(request))
         await asyncio.wait((calls, gone), return_when=asyncio.FIRST_COMPLETED)
         if not calls.done():
@@ -955,6 +986,7 @@ class _Proxy:
             calls.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await calls
+            self._settle(drive, flight, urls, gone=True)
             log.write(ex.request_id, 499, "client-disconnected")
             return Response(b"", status_code=499)  # nobody reads it
         gone.cancel()
@@ -963,11 +995,51 @@ class _Proxy:
         if isinstance(reply, ClientReply):
             if stream is not None:
                 stream.close()
+            self._settle(drive, flight, urls, gone=False)
             log.write(ex.request_id, reply.status, error=ex.error_kind)
             return Response(reply.body, status_code=reply.status, headers=dict(reply.headers))
         assert stream is not None  # noqa: S101 - a client stream relays a worker stream
-        body_stream = self._relay(drive, stream, reply.first, log, reply.status)
+        body_stream = self._relay(
+            drive, stream, reply.first, log, reply.status, flight=flight, urls=urls
+        )
         return StreamingResponse(body_stream, status_code=reply.status, headers=dict(reply.headers))
+
+    def _settle(
+        self, drive: Driver, flight: _Flight, urls: Mapping[str, str], *, gone: bool
+    ) -> None:
+        """After the client's reply: cancel what is still in flight, or read it to its end.
+
+        In the background: nothing here holds the client's reply, and a cancelled relay must
+        not wait (docs/proxy.md, "Calls that go together").
+        """
+        if flight.aborted:
+            return
+        if not (gone or drive.cancelling):
+            for task in flight.peers:  # read to their end, their outcome logged
+                self._keep(task)
+            return
+        flight.aborted = True
+        for task, call in flight.peers.items():
+            if not task.done():
+                task.cancel()
+                self._keep(asyncio.ensure_future(self._abort(call, urls)))
+        if flight.main is not None:
+            self._keep(asyncio.ensure_future(self._abort(flight.main, urls)))
+
+    def _keep(self, task: asyncio.Future[None]) -> None:
+        self.background.add(task)
+        task.add_done_callback(self.background.discard)
+
+    async def _abort(self, call: WorkerCall, urls: Mapping[str, str]) -> None:
+        """Send ``call``'s abort to its worker; a failure is only logged (nothing waits on it)."""
+        abort = call.abort
+        assert abort is not None  # noqa: S101 - only calls with an abort are cancelled so
+        try:
+            async with _deadline(self.timeouts.connect):
+                answer = await self._send(abort, urls)
+                answer.release()
+        except _FAILURES as error:
+            _log_failure(f"{call.step} abort", urls[call.step], error)
 
     async def _ask_version(self) -> None:
         """Ask the render worker's release once it answers (``serve`` could not at startup).
@@ -1021,12 +1093,63 @@ class _Proxy:
                 if not reuse.pooled:
                     raise
 
-    async def _calls(self, drive: Driver, log: _Log, urls: Mapping[str, str]) -> _Stream | None:
+    async def _calls(
+        self, drive: Driver, log: _Log, urls: Mapping[str, str], flight: _Flight
+    ) -> _Stream | None:
         """Make the exchange's worker calls; the decode worker's stream when it is relayed."""
         stream: _Stream | None = None
         while (call := drive.next_call()) is not None:
-            stream = await self._call(drive, call, log, urls)
+            if call.abort is not None:
+                flight.main = call
+            if call.together:
+                stream = await self._together(drive, call, log, urls, flight)
+            else:
+                stream = await self._call(drive, call, log, urls)
         return stream
+
+    async def _together(
+        self, drive: Driver, call: WorkerCall, log: _Log, urls: Mapping[str, str], flight: _Flight
+    ) -> _Stream | None:
+        """Make ``call`` and the calls that go with it at once (SGLang's prefill and decode).
+
+        A call sent together that fails before the client's reply is known ends the exchange:
+        ``call`` is cancelled then (docs/proxy.md, "Calls that go together").
+        """
+        for peer in call.together:
+            task = asyncio.ensure_future(self._peer(drive, peer, log, urls, flight))
+            flight.peers[task] = peer
+        main = asyncio.ensure_future(self._call(drive, call, log, urls))
+        failed = asyncio.ensure_future(flight.failed.wait())
+        try:
+            await asyncio.wait((main, failed), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            failed.cancel()
+            if not main.done():  # a call sent together failed, or the client left
+                main.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await main
+        return None if main.cancelled() else main.result()
+
+    async def _peer(
+        self, drive: Driver, call: WorkerCall, log: _Log, urls: Mapping[str, str], flight: _Flight
+    ) -> None:
+        """Make a call sent together with another; read its answer to its end and feed it."""
+        since = log.calling(call.step)
+        try:
+            answer = await self._send(call, urls)
+            try:
+                body = await answer.read()
+            finally:
+                answer.release()
+        except _FAILURES as error:
+            log.leg(call.step, "failed", since)
+            why = _logged_failure(call.step, urls[call.step], error, self.timeouts)
+            drive.together_failed(call, why, timed_out=_timed_out(error))
+        else:
+            log.leg(call.step, answer.status, since)
+            drive.together_answered(call, answer.status, answer.raw_headers, body)
+        if drive.cancelling:
+            flight.failed.set()
 
     async def _call(
         self, drive: Driver, call: WorkerCall, log: _Log, urls: Mapping[str, str]
@@ -1095,8 +1218,16 @@ class _Proxy:
             drive.answered(answer.status, answer.raw_headers, body)
             return
 
-    async def _relay(
-        self, drive: Driver, stream: _Stream, first: bytes, log: _Log, status: int
+    async def _relay(  # noqa: PLR0913 - the reply's parts and what settles the request
+        self,
+        drive: Driver,
+        stream: _Stream,
+        first: bytes,
+        log: _Log,
+        status: int,
+        *,
+        flight: _Flight,
+        urls: Mapping[str, str],
     ) -> AsyncIterator[bytes]:
         """The client's stream, relayed as the worker's comes; closes the worker's at the end.
 
@@ -1123,6 +1254,7 @@ class _Proxy:
             raise
         finally:
             stream.close()
+            self._settle(drive, flight, urls, gone=ended is not None)
             ex = drive.exchange
             log.write(ex.request_id, status, str(ended or ex.stream_end), why, ex.error_kind)
 
@@ -1204,6 +1336,8 @@ def create_app(  # noqa: PLR0913 - one URL per step and the settings, all by key
     render_first: bool = False,
     vllm_version: str | None = None,
     probe_vllm_version: bool = False,
+    engine: Engine = Engine.VLLM,
+    sglang: SglangSettings | None = None,
 ) -> Starlette:
     """The proxy as a Starlette app: the client routes and vLLM's others (``docs/proxy.md``).
 
@@ -1247,6 +1381,11 @@ def create_app(  # noqa: PLR0913 - one URL per step and the settings, all by key
         probe_vllm_version: without ``vllm_version``, ask the render worker's ``GET /version``
             (the decode URL's by default) before the first client request (again before the
             next while it cannot be reached), as ``serve`` does when it could not at startup.
+        engine: the workers' engine (:attr:`~disagg_transforms.ExchangeSettings.engine`):
+            with ``Engine.SGLANG`` prefill and decode are sent together, met at the prefill
+            URL's host (docs/sglang.md); render stays a vLLM worker's.
+        sglang: with ``Engine.SGLANG``, the bootstrap port and the workers' stream output
+            (``None``: SGLang's defaults).
 
     Raises:
         ConfigError: the first of :func:`url_errors` (:func:`sidecar_errors` in the sidecar
@@ -1263,6 +1402,12 @@ def create_app(  # noqa: PLR0913 - one URL per step and the settings, all by key
     )
     if errors:
         raise errors[0]
+    if engine is Engine.SGLANG and gateway_url is not None:
+        msg = (
+            "gateway_url: SGLang's rendezvous needs each prefill worker's host, which the "
+            "gateway picks: not carried out yet (docs/sglang.md)"
+        )
+        raise ConfigError(msg, param="gateway_url")
     if gateway_url is not None:
         urls = dict.fromkeys(_PROFILES, gateway_url)
         urls["render"] = render_url or gateway_url
@@ -1282,6 +1427,8 @@ def create_app(  # noqa: PLR0913 - one URL per step and the settings, all by key
         ec_connector=ec_connector,
         render_first=render_first,
         vllm_version=vllm_version,
+        engine=engine,
+        sglang=sglang or SglangSettings(),
     )
     if vllm_version is not None and (refused := version_errors(config, vllm_version)):
         raise refused[0]

@@ -280,6 +280,7 @@ class SimulatedSglangWorker:
             "/get_model_info": self._model_info,
             "/v1/models": self._models,
             CALLS_PATH: self._recorded,
+            "/simulated/aborted": self._aborted,
         }
         if self.mode == "prefill":
             info["/route"] = _layout
@@ -664,6 +665,10 @@ class SimulatedSglangWorker:
         return out
 
     # --- info routes --------------------------------------------------------------------------
+
+    def _aborted(self) -> dict[str, Any]:
+        """The rids ``/abort_request`` named, for a test of another process (not SGLang's)."""
+        return {"aborted": list(self.aborted)}
 
     def _server_info(self) -> dict[str, Any]:
         return {

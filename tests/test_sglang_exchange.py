@@ -1,0 +1,268 @@
+"""The exchange drives SGLang: prefill and decode sent together, failure coupled both ways.
+
+In process: a simulated vLLM render worker and simulated SGLang prefill and decode workers,
+driven by a small asyncio router written from docs/router.md ("Calls that go together").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import pytest
+
+from disagg_transforms import ConfigError, parse_pipeline_params
+from disagg_transforms._engines import Engine, SglangSettings
+from disagg_transforms.exchange import (
+    ClientReply,
+    Driver,
+    Exchange,
+    ExchangeSettings,
+    Phase,
+    WorkerCall,
+)
+from disagg_transforms.testing import SimulatedSglangWorker, SimulatedWorker
+
+_PIPELINE = parse_pipeline_params({"prefill": {}, "decode": {}}, use_openai_format=False)
+_BITS = itertools.count(1)
+
+
+def _settings(**sglang: Any) -> ExchangeSettings:
+    return ExchangeSettings(
+        engine=Engine.SGLANG,
+        sglang=SglangSettings(random_bits=lambda bits: next(_BITS) % (1 << bits), **sglang),
+    )
+
+
+@dataclass
+class _Outcome:
+    status: int
+    body: bytes
+    calls: list[WorkerCall] = field(default_factory=list)
+    aborted: list[str] = field(default_factory=list)
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+class _Router:
+    """Runs one exchange against in-process workers: render, prefill, decode."""
+
+    def __init__(self, workers: Mapping[str, Any]) -> None:
+        self.clients = {
+            step: httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://w")
+            for step, app in workers.items()
+        }
+        self.aborts: list[tuple[str, bytes]] = []
+
+    async def _send(self, call: WorkerCall) -> httpx.Response:
+        return await self.clients[call.step].request(
+            call.method, call.path, headers=list(call.headers), content=call.body
+        )
+
+    async def _cancel(self, call: WorkerCall) -> None:
+        if call.abort is not None:
+            self.aborts.append((call.step, call.abort.body))
+            await self._send(call.abort)
+
+    async def run(self, ex: Exchange) -> _Outcome:
+        drive = Driver(ex)
+        calls: list[WorkerCall] = []
+        sent = bytearray()
+        while (call := drive.next_call()) is not None:
+            calls += (call, *call.together)
+            sent += await self._call(drive, call)
+        reply = drive.reply()
+        for client in self.clients.values():
+            await client.aclose()
+        if isinstance(reply, ClientReply):
+            return _Outcome(reply.status, reply.body, calls)
+        return _Outcome(reply.status, reply.first + bytes(sent), calls)
+
+    async def _call(self, drive: Driver, call: WorkerCall) -> bytes:
+        """One call and those that go with it; the client's bytes after its stream's head."""
+        peers = {asyncio.ensure_future(self._together(drive, p)): p for p in call.together}
+        main = asyncio.ensure_future(self._send(call))
+        waiting = {main, *peers}
+        while main in waiting and not drive.cancelling:
+            _, waiting = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+        sent = b""
+        if not drive.cancelling:
+            answer = main.result()
+            if not call.stream:
+                drive.answered(answer.status_code, answer.headers.raw, answer.content)
+            else:
+                drive.stream_opened(answer.status_code, answer.headers.raw)
+                sent = drive.relay_all([answer.content])
+        if drive.cancelling:
+            for task, each in [(main, call), *peers.items()]:
+                if not task.done():
+                    task.cancel()
+                    await self._cancel(each)
+        else:
+            await asyncio.gather(*peers)
+        return sent
+
+    async def _together(self, drive: Driver, call: WorkerCall) -> None:
+        try:
+            answer = await self._send(call)
+        except httpx.TransportError as error:
+            drive.together_failed(call, type(error).__name__)
+            return
+        drive.together_answered(call, answer.status_code, answer.headers.raw, answer.content)
+
+
+def _workers(**prefill: Any) -> tuple[SimulatedSglangWorker, SimulatedSglangWorker, dict[str, Any]]:
+    p = SimulatedSglangWorker(disaggregation_mode="prefill", transfer_timeout=5, **prefill)
+    d = SimulatedSglangWorker(
+        disaggregation_mode="decode", transfer_timeout=5, prefills={("prefill", 8998): p}
+    )
+    return p, d, {"render": SimulatedWorker(), "prefill": p, "decode": d}
+
+
+def _exchange(
+    path: str, body: dict[str, Any], settings: ExchangeSettings | None = None
+) -> Exchange:
+    return Exchange(
+        _PIPELINE,
+        path,
+        {},
+        json.dumps(body).encode(),
+        settings=settings or _settings(),
+        bootstrap_host="prefill",
+    )
+
+
+_CHAT = {"model": "m", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 32}
+
+
+def test_prefill_and_decode_go_together_with_one_body() -> None:
+    prefill, decode, workers = _workers()
+    outcome = asyncio.run(_Router(workers).run(_exchange("/v1/chat/completions", _CHAT)))
+    assert outcome.status == 200, outcome.body
+    assert outcome.json()["choices"][0]["message"]["content"] == "Hello!"
+    steps = [call.step for call in outcome.calls]
+    assert steps == [Phase.RENDER, Phase.DECODE, Phase.PREFILL]
+    decode_call, prefill_call = outcome.calls[1:]
+    assert decode_call.together == (prefill_call,)
+    assert decode_call.body == prefill_call.body
+    leg = json.loads(decode_call.body)
+    assert leg["bootstrap_host"] == "prefill"
+    assert leg["bootstrap_port"] == 8998
+    assert 1 <= leg["bootstrap_room"] <= 2**63 - 1
+    assert leg["sampling_params"] == {"max_new_tokens": 32}
+    assert decode_call.path == "/generate"
+    assert decode_call.abort is not None
+    assert json.loads(decode_call.abort.body) == {"rid": leg["rid"]}
+    assert decode_call.abort.path == "/abort_request"
+    assert len(prefill.calls_to("/generate")) == len(decode.calls_to("/generate")) == 1
+
+
+@pytest.mark.parametrize("stream_output", ["cumulative", "incremental"])
+@pytest.mark.parametrize(
+    ("path", "extra"),
+    [
+        ("/v1/chat/completions", {}),
+        ("/v1/responses", {}),
+        ("/v1/messages", {}),
+    ],
+)
+def test_every_client_api_streams_from_sglang(
+    path: str, extra: dict[str, Any], stream_output: str
+) -> None:
+    prefill = SimulatedSglangWorker(disaggregation_mode="prefill", transfer_timeout=5)
+    decode = SimulatedSglangWorker(
+        disaggregation_mode="decode",
+        transfer_timeout=5,
+        prefills={("prefill", 8998): prefill},
+        incremental_streaming_output=stream_output == "incremental",
+    )
+    workers = {"render": SimulatedWorker(), "prefill": prefill, "decode": decode}
+    body: dict[str, Any] = {"model": "m", "max_tokens": 32, "stream": True, **extra}
+    if path == "/v1/responses":
+        body = {"model": "m", "input": "Hi", "max_output_tokens": 32, "stream": True}
+    else:
+        body["messages"] = [{"role": "user", "content": "Hi"}]
+    ex = _exchange(path, body, _settings(stream_output=stream_output))
+    outcome = asyncio.run(_Router(workers).run(ex))
+    assert outcome.status == 200, outcome.body
+    text = outcome.body.decode()
+    deltas = "".join(
+        _delta(path, json.loads(line[6:]))
+        for line in text.split("\n")
+        if line.startswith("data: {")
+    )
+    assert deltas == "Hello!"
+
+
+def _delta(path: str, event: dict[str, Any]) -> str:
+    if path == "/v1/chat/completions":
+        choices = event.get("choices") or [{}]
+        return str(choices[0].get("delta", {}).get("content") or "")
+    if path == "/v1/responses":
+        return (
+            str(event.get("delta", "")) if event.get("type") == "response.output_text.delta" else ""
+        )
+    delta = event.get("delta", {})
+    return str(delta.get("text", "")) if event.get("type") == "content_block_delta" else ""
+
+
+def test_a_prefill_that_fails_ends_the_request_at_once_and_aborts_the_decode() -> None:
+    _, decode, workers = _workers(fault="http-500")
+    router = _Router(workers)
+    outcome = asyncio.run(asyncio.wait_for(router.run(_exchange("/v1/chat/completions", _CHAT)), 3))
+    assert outcome.status == 502
+    message = outcome.json()["error"]["message"]
+    assert message.startswith("prefill failed with HTTP 500"), message
+    rid = json.loads(outcome.calls[1].body)["rid"]
+    assert router.aborts == [("decode", json.dumps({"rid": rid}, separators=(",", ":")).encode())]
+    assert decode.aborted == [rid]
+
+
+def test_a_prefill_that_never_joins_leaves_the_decode_to_fail_and_abort_the_prefill() -> None:
+    prefill, decode, workers = _workers(fault="no-room")
+    decode.transfer_timeout = 0.2
+    router = _Router(workers)
+    outcome = asyncio.run(asyncio.wait_for(router.run(_exchange("/v1/chat/completions", _CHAT)), 3))
+    assert outcome.status == 502, outcome.body
+    assert "decode failed with HTTP 500" in outcome.json()["error"]["message"]
+    rid = json.loads(outcome.calls[1].body)["rid"]
+    assert prefill.aborted == [rid]
+
+
+async def _refusing(scope: Any, receive: Any, send: Any) -> None:
+    """A prefill that refuses every request at once, in SGLang's error shape."""
+    del scope, receive
+    body = b'{"error": {"message": "unknown field `foo`"}}'
+    await send({"type": "http.response.start", "status": 400, "headers": []})
+    await send({"type": "http.response.body", "body": body})
+
+
+def test_a_prefill_4xx_is_the_clients_error_in_its_shape() -> None:
+    _, decode, workers = _workers()
+    router = _Router({**workers, "prefill": _refusing})
+    ex = _exchange("/v1/messages", _CHAT)
+    outcome = asyncio.run(asyncio.wait_for(router.run(ex), 3))
+    assert outcome.status == 400
+    assert outcome.json()["type"] == "error"
+    assert outcome.json()["error"]["type"] == "invalid_request_error"
+    assert outcome.json()["error"]["message"] == "prefill rejected the request: unknown field `foo`"
+    assert decode.aborted == [json.loads(outcome.calls[1].body)["rid"]]
+
+
+def test_a_refused_field_reaches_no_worker() -> None:
+    ex = _exchange("/v1/chat/completions", {**_CHAT, "n": 2})
+    reply = ex.next_event()
+    assert isinstance(reply, ClientReply)
+    assert reply.status == 400
+    assert "n" in json.loads(reply.body)["error"]["param"]
+
+
+def test_sglang_prefill_needs_its_host() -> None:
+    with pytest.raises(ConfigError, match="bootstrap_host"):
+        Exchange(_PIPELINE, "/v1/chat/completions", {}, b"{}", settings=_settings())
