@@ -72,6 +72,7 @@ from disagg_transforms._request.legs import (
 from disagg_transforms._request.sglang import (
     SglangLeg,
     new_rendezvous,
+    sglang_openai_leg,
     unprompted_sglang_leg,
     with_prompt,
 )
@@ -443,6 +444,7 @@ class Exchange:
         if (
             client.output_mode is not OutputMode.DERENDER
             or client.route is Route.GENERATE  # a generate client's own mode: as it asked
+            or self._rendezvous()  # SGLang's legs have no derender (docs/sglang.md, "Tools")
             or vllm_honours(OutputMode.DERENDER, vllm_version)
         ):
             return False
@@ -574,7 +576,7 @@ class Exchange:
             self._fail(error, drops_stream=True)
             return
         reader = self._engine.stream_reader
-        if reader is not None:  # the engine's stream read as the generate SSE first
+        if reader is not None and leg.route is Route.GENERATE:  # read as the generate SSE first
             incremental = self._sglang.stream_output == "incremental"
             engine_stream = reader(
                 _reply.DEFAULT_MAX_EVENT_BYTES,
@@ -806,22 +808,22 @@ class Exchange:
         return _Calling(call, leg if isinstance(leg, DecodeLeg) else None)
 
     def _unprompted_leg(self) -> SglangLeg:
-        """The rendezvous leg, refusing what SGLang has no place for before any call."""
+        """The rendezvous leg, refusing what SGLang has no place for before any call.
+
+        Decode on the client's own route (``use_openai_format``): SGLang's OpenAI server gets
+        the client's body with the rendezvous fields (docs/sglang.md, "Tools").
+        """
         client = self._client
-        if not client.generate:
-            msg = (
-                "use_openai_format: SGLang's OpenAI routes are not driven by the exchange yet; "
-                "an SGLang pipeline serves chat, Responses and Messages clients on the token "
-                "route (docs/sglang.md)"
-            )
-            raise ConfigError(msg, param="use_openai_format")
         sglang = self._sglang
         rendezvous = new_rendezvous(
             self._bootstrap_host or "",
             sglang.bootstrap_port,
             random_bits=sglang.random_bits or secrets.randbits,
         )
-        leg = unprompted_sglang_leg(client, rendezvous)
+        if client.generate:
+            leg = unprompted_sglang_leg(client, rendezvous)
+        else:
+            leg = sglang_openai_leg(client, rendezvous, self._gathered.limits)
         if Step.PREFILL not in self._params:  # a decode alone meets nobody
             for key in (w.BOOTSTRAP_HOST, w.BOOTSTRAP_PORT, w.BOOTSTRAP_ROOM):
                 del leg.body[key]
@@ -833,11 +835,28 @@ class Exchange:
         The host's request transforms run once, as the decode step's, on the body both get.
         """
         client = self._client
-        assert self._sglang_leg is not None  # noqa: S101 - built with the request
-        ids = _rendered_ids(self._gathered.rendered)
-        leg = with_prompt(self._sglang_leg, ids, self._gathered.limits)
-        body = leg.body
-        data = _raw.encode(self._run_hooks(Step.DECODE, body))
+        leg = self._sglang_leg
+        assert leg is not None  # noqa: S101 - built with the request
+        read_as: DecodeLeg
+        if leg.path == w.SGLANG_GENERATE_PATH:
+            leg = with_prompt(leg, _rendered_ids(self._gathered.rendered), self._gathered.limits)
+            # What the answer reads as: a text-mode generate answer (the engine's reader makes it).
+            read_as = GenerateDecodeLeg(
+                path=leg.path,
+                route=Route.GENERATE,
+                body=leg.body,
+                stream=leg.stream,
+                single_frame=False,
+                # Rebuilt whatever wrap_chat_completion says: the client never spoke SGLang's.
+                wrap_chat_completion=client.route is Route.CHAT_COMPLETIONS,
+                output_mode=OutputMode.TEXT,
+                dropped=leg.dropped,
+            )
+        else:  # the client's own route: SGLang's answer is the client's, relayed
+            read_as = decode_leg(
+                client, _CLIENT_ROUTE_DECODE, LegInputs(limits=self._gathered.limits)
+            )
+        data = _raw.encode(self._run_hooks(Step.DECODE, leg.body))
         abort_path = self._engine.abort_path
         assert abort_path is not None  # noqa: S101 - a rendezvous engine aborts by id
 
@@ -861,18 +880,6 @@ class Exchange:
                 abort=abort,
             )
 
-        # What the answer reads as: a text-mode generate answer (the engine's reader makes it).
-        read_as = GenerateDecodeLeg(
-            path=leg.path,
-            route=Route.GENERATE,
-            body=body,
-            stream=leg.stream,
-            single_frame=False,
-            # Rebuilt whatever wrap_chat_completion says: the client never spoke SGLang's answer.
-            wrap_chat_completion=client.route is Route.CHAT_COMPLETIONS,
-            output_mode=OutputMode.TEXT,
-            dropped=leg.dropped,
-        )
         together = (call(Phase.PREFILL),) if Step.PREFILL in self._params else ()
         return _Calling(call(Phase.DECODE, together), read_as)
 
@@ -933,7 +940,7 @@ class Exchange:
         assert isinstance(at, _Calling)  # noqa: S101 - the reader reads the call's answer
         leg = at.leg
         assert leg is not None  # noqa: S101 - the decode call carries its leg
-        if self._engine.engine is not Engine.VLLM:
+        if self._engine.engine is not Engine.VLLM and leg.route is Route.GENERATE:
             read = self._engine.read_answer(
                 _reply.decode_object(body, "the decode answer"), self._stop_ids()
             )
@@ -979,7 +986,17 @@ class Exchange:
     # -- what the phases share ------------------------------------------------------------
 
     def _legs(self) -> list[_LegParams]:
-        return [params for params in self._params.values() if isinstance(params, _LEG_PARAMS)]
+        legs = [params for params in self._params.values() if isinstance(params, _LEG_PARAMS)]
+        if not self._rendezvous():
+            return legs
+        # SGLang's token legs are text whatever the step says; a tool-using client is refused by
+        # the SGLang leg, naming the setting that serves it (docs/sglang.md, "Tools").
+        return [
+            msgspec.structs.replace(params, output_mode=OutputMode.AUTO)
+            if isinstance(params, DecodeParams)
+            else params
+            for params in legs
+        ]
 
     def _client_members(self, body: object) -> _raw.RawMembers:
         if isinstance(body, (bytes, bytearray, memoryview)):
