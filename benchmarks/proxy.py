@@ -774,6 +774,18 @@ def _uvicorn_picks() -> str:
     return f"{loop} and {http}"
 
 
+SGLANG_NOTE = """\
+**What the stream figures compare.** A cumulative event repeats the whole text and every token ID
+so far, so at 8k tokens the last events are about 60 KB each and the stream about 200 MB. The
+decode worker's reply bytes are the same for both routers. sglang-router relays them to a
+`/generate` client as they are; `serve` reads each event (msgspec; the token IDs are skipped, not decoded), checks that it extends the text so far
+and writes the new part as a chat delta. Both costs grow with the event; the ratio holds at about
+4x from 1k to 8k tokens in the run above, over the 1.5x floor (written with this section, a rerun
+keeps it).
+"""
+"""What the cumulative stream figures measure (a rerun keeps it)."""
+
+
 def sglang_section(results: Sequence[Result], vllm: Sequence[Result]) -> str:
     """The SGLang part of the section: `serve --engine sglang` beside sglang-router."""
     if not results:
@@ -784,22 +796,32 @@ def sglang_section(results: Sequence[Result], vllm: Sequence[Result]) -> str:
         if any(r.target == SG_ROUTER for r in results)
         else "sglang-router: not installed (skipped)"
     )
+    about = textwrap.fill(
+        "The same run, before one fast SGLang prefill and one fast decode (`fast_worker.py"
+        " --sglang prefill|decode`: a simulated SGLang 0.5.23 pair meeting in process, its"
+        " answers recorded once per kind and replayed; each request's `rid` and room do not"
+        " change its kind), pinned to the first core."
+        f" `{SG_OURS}`: `serve --engine sglang`, a vLLM render worker (`fast_worker.py --context"
+        f" {SG_RENDER_CONTEXT}`) then the prefill and decode `/generate` legs sent at once, three"
+        f" calls; `{SG_ROUTER}`: {router}, the chat request to both workers' own chat route, two"
+        f' calls. "whole": the chat request of the table above ({MAX_TOKENS} tokens). The streams'
+        " are SGLang's cumulative streams (every event repeats the text and the token IDs so far)"
+        f" of 1k and 8k tokens at c1: `{SG_OURS}` gets the chat request and turns the events into"
+        f" chat deltas; `{SG_ROUTER_GENERATE}` gets SGLang's own `/generate` request and relays"
+        f" the same events as they are; `{SG_WORKER}` is that request sent to the decode"
+        " directly.",
+        100,
+        break_long_words=False,
+        break_on_hyphens=False,
+    )
     return f"""
 ### SGLang: `serve --engine sglang` beside sglang-router
 
-The same run, before one fast SGLang prefill and one fast decode (`fast_worker.py --sglang
-prefill|decode`: a simulated SGLang 0.5.23 pair meeting in process, its answers recorded once per
-kind and replayed; each request's `rid` and room do not change its kind), pinned to the first core.
-`{SG_OURS}`: `serve --engine sglang`, a vLLM render worker (`fast_worker.py --context 32768`) then
-the prefill and decode `/generate` legs sent at once, three calls; `{SG_ROUTER}`: {router}, the
-chat request to both workers' own chat route, two calls. "whole": the chat request of the table
-above ({MAX_TOKENS} tokens). The streams are SGLang's cumulative streams (every event repeats the
-text and the token IDs so far) of 1k and 8k tokens at c1: `{SG_OURS}` gets the chat request and
-turns the events into chat deltas; `{SG_ROUTER_GENERATE}` gets SGLang's own `/generate` request and
-relays the same events as they are; `{SG_WORKER}` is that request sent to the decode directly.
+{about}
 
 {sglang_table(results, vllm)}
-"""
+
+{SGLANG_NOTE}"""
 
 
 def section(
