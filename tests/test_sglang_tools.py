@@ -1,17 +1,21 @@
 """Tools on an SGLang pipeline: the client's own route on SGLang's OpenAI server, or a 400.
 
 In process, driven as test_sglang_exchange drives the exchange: simulated SGLang prefill and
-decode workers serving SGLang's OpenAI routes, met by room (docs/sglang.md, "Tools").
+decode workers serving SGLang's OpenAI routes, met by room (docs/sglang.md, "Tools"); and
+through ``serve`` with the SDK, the workers as processes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import pathlib
 from typing import Any
 
+import httpx
 import openai
 import pytest
+from proxy_helpers import running
 from test_sglang_exchange import _exchange, _Router, _settings, _workers
 
 from disagg_transforms import parse_pipeline_params
@@ -130,3 +134,44 @@ def test_an_old_vllm_render_worker_does_not_change_the_refusal() -> None:
     assert isinstance(reply, ClientReply)
     assert reply.status == 400
     assert "use_openai_format: true" in json.loads(reply.body)["error"]["message"]
+
+
+def test_serve_with_the_setting_answers_the_sdks_tool_calls(tmp_path: pathlib.Path) -> None:
+    sglang = ["simulate", "--engine", "sglang", "--port", "0", "--transfer-timeout", "5"]
+    with running(
+        ([*sglang, "--disaggregation-mode", "prefill", "--bootstrap-port", "0"], tmp_path / "p"),
+        ([*sglang, "--disaggregation-mode", "decode"], tmp_path / "d"),
+    ) as (prefill, decode):
+        port = httpx.get(f"{prefill.url}/server_info").json()["disaggregation_bootstrap_port"]
+        document = tmp_path / "pipeline.json"
+        document.write_text(
+            json.dumps(
+                {
+                    "engine": "sglang",
+                    "sglang": {"bootstrap_port": port},
+                    "steps": {"prefill": {}, "decode": {"use_openai_format": True}},
+                }
+            )
+        )
+        serve = ["serve", "--config", str(document), "--port", "0"]
+        serve += ["--prefill-url", prefill.url, "--decode-url", decode.url]  # no render
+        with running((serve, tmp_path / "serve")) as (ours,):
+            client = openai.OpenAI(base_url=f"{ours.url}/v1", api_key="-", max_retries=0)
+            messages: Any = _TOOLS_CHAT["messages"]
+            tools: Any = [_WEATHER]
+            whole = client.chat.completions.create(model="m", messages=messages, tools=tools)
+            with client.chat.completions.stream(
+                model="m", messages=messages, tools=tools
+            ) as stream:
+                for _ in stream:
+                    pass
+                streamed = stream.get_final_completion()
+            completion = client.completions.create(model="m", prompt="hi", max_tokens=4)
+            client.close()
+    for answer in (whole, streamed):
+        assert answer.choices[0].finish_reason == "tool_calls"
+        (call,) = answer.choices[0].message.tool_calls or []
+        assert call.type == "function"
+        assert call.function.name == "get_weather"
+        assert json.loads(call.function.arguments) == {"city": "Paris"}
+    assert (completion.choices[0].text, completion.choices[0].finish_reason) == ("Hell", "length")

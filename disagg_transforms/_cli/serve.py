@@ -353,7 +353,7 @@ def _engine(
         return f"{flags[0]}: needs --engine sglang" if flags else {"engine": name}
     if args.simulate:
         return "--simulate plays a vLLM worker: run `disagg-transforms simulate --engine sglang`"
-    if urls["render"] is None:
+    if urls["render"] is None and _renders(document):
         return (
             "--render-url: SGLang workers do not render a chat, Responses or Messages request: "
             "give a vLLM render worker's URL (docs/sglang.md)"
@@ -364,6 +364,13 @@ def _engine(
     )
     chosen = {"bootstrap_port": sglang.bootstrap_port, "stream_output": sglang.stream_output}
     return {"engine": name, "sglang": chosen}
+
+
+def _renders(document: Mapping[str, Any]) -> bool:
+    """Whether the pipeline renders: not when every leg is on the client's own route."""
+    from disagg_transforms.exchange import Phase, pipeline_phases  # noqa: PLC0415
+
+    return not document or Phase.RENDER in pipeline_phases(_parsed(document))
 
 
 def _positive_int(text: str) -> int:
