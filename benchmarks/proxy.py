@@ -775,13 +775,13 @@ def _uvicorn_picks() -> str:
 
 
 SGLANG_NOTE = """\
-**What the stream figures compare.** A cumulative event repeats the whole text and every token ID
-so far, so at 8k tokens the last events are about 60 KB each and the stream about 200 MB. The
-decode worker's reply bytes are the same for both routers. sglang-router relays them to a
-`/generate` client as they are; `serve` reads each event (msgspec; the token IDs are skipped, not decoded), checks that it extends the text so far
-and writes the new part as a chat delta. Both costs grow with the event; the ratio holds at about
-4x from 1k to 8k tokens in the run above, over the 1.5x floor (written with this section, a rerun
-keeps it).
+**What the stream figures compare.** A cumulative event repeats the whole text and every token ID so
+far, so at 8k tokens the last events are about 60 KB each and the stream about 200 MB. The decode
+worker's reply bytes are the same for both routers. sglang-router relays them to a `/generate`
+client as they are; `serve` reads each event (msgspec; the token IDs are skipped, not decoded),
+checks that it extends the text so far and writes the new part as a chat delta. Both costs grow with
+the event; the ratio holds at about 4x from 1k to 8k tokens in the run above, over the 1.5x floor
+(written with this section, a rerun keeps it).
 """
 """What the cumulative stream figures measure (a rerun keeps it)."""
 
