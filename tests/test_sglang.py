@@ -147,13 +147,14 @@ TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "
     [
         (CHAT, _chat(tools=TOOLS, max_tokens=9)),
         ("/v1/completions", {"model": "m", "prompt": "x", "max_tokens": 9}),
-        ("/v1/messages", {"model": "m", "max_tokens": 9, "messages": [], "tools": []}),
+        ("/v1/messages", {"model": "m", "max_tokens": 9, "messages": _chat()["messages"]}),
     ],
 )
 def test_a_client_on_sglangs_openai_route_keeps_its_body_and_gets_our_rendezvous(
     path: str, body: dict[str, Any]
 ) -> None:
     sent = {**body, "rid": "short", "bootstrap_room": 1, "bootstrap_host": "elsewhere"}
+    sent["kv_transfer_params"] = {"remote_host": "10.0.0.66"}  # removed, as on every leg
     leg = build_sglang_openai_request(sent, client_path=path, rendezvous=RENDEZVOUS)
     assert leg.path == path
     assert leg.rid == RENDEZVOUS.rid

@@ -266,3 +266,80 @@ def test_a_refused_field_reaches_no_worker() -> None:
 def test_sglang_prefill_needs_its_host() -> None:
     with pytest.raises(ConfigError, match="bootstrap_host"):
         Exchange(_PIPELINE, "/v1/chat/completions", {}, b"{}", settings=_settings())
+
+
+def _openai_server(answer: dict[str, Any]) -> Any:
+    """An SGLang OpenAI server's stand-in: answers every call with ``answer``."""
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        del scope
+        while (await receive()).get("more_body"):
+            pass
+        body = json.dumps(answer).encode()
+        headers = [(b"content-type", b"application/json")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    return app
+
+
+def test_a_tool_using_client_goes_to_sglangs_openai_server_with_the_rendezvous() -> None:
+    message = {"role": "assistant", "content": None, "tool_calls": [{"id": "c1"}]}
+    choice = {"index": 0, "message": message, "finish_reason": "tool_calls"}
+    decode = _openai_server({"id": "chatcmpl-1", "object": "chat.completion", "choices": [choice]})
+    prefill = _openai_server({"id": "chatcmpl-p", "object": "chat.completion", "choices": []})
+    tools = [{"type": "function", "function": {"name": "get_weather"}}]
+    client = {**_CHAT, "tools": tools, "kv_transfer_params": {"remote_host": "10.0.0.66"}}
+    pipeline = parse_pipeline_params({"prefill": {}, "decode": {}}, use_openai_format=True)
+    ex = Exchange(
+        pipeline,
+        "/v1/chat/completions",
+        {},
+        json.dumps(client).encode(),
+        settings=_settings(),
+        bootstrap_host="prefill",
+    )
+    outcome = asyncio.run(_Router({"prefill": prefill, "decode": decode}).run(ex))
+    assert outcome.status == 200, outcome.body
+    assert outcome.json()["choices"] == [choice]
+    decode_call, prefill_call = outcome.calls
+    assert decode_call.path == prefill_call.path == "/v1/chat/completions"
+    assert decode_call.together == (prefill_call,)
+    leg = json.loads(decode_call.body)
+    assert leg["tools"] == tools
+    assert "kv_transfer_params" not in leg
+    assert leg["bootstrap_host"] == "prefill"
+    assert isinstance(leg["bootstrap_room"], int)
+    assert len(leg["rid"]) == 32
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_sglangs_own_client_gets_the_rendezvous_and_sglangs_answer_as_written(
+    *, stream: bool
+) -> None:
+    prefill, decode, workers = _workers()
+    sent = {
+        "input_ids": [1000 + ord(c) for c in "Hi"],
+        "sampling_params": {"max_new_tokens": 8},
+        "stream": stream,
+        "rid": "mine",
+        "bootstrap_room": 7,
+    }
+    ex = _exchange("/generate", sent)
+    outcome = asyncio.run(_Router(workers).run(ex))
+    assert outcome.status == 200, outcome.body
+    decode_call, prefill_call = outcome.calls
+    assert decode_call.path == prefill_call.path == "/generate"
+    leg = json.loads(decode_call.body)
+    assert leg["rid"] != "mine"  # ours: of fixed length, never a prefix of another's
+    assert leg["bootstrap_room"] != 7
+    assert leg["input_ids"] == sent["input_ids"]
+    if stream:
+        assert outcome.body.startswith(b"data: {")
+        assert outcome.body.endswith(b"data: [DONE]\n\n")
+        assert b'"meta_info"' in outcome.body
+    else:
+        answer = outcome.json()
+        assert answer["meta_info"]["finish_reason"]["type"] in {"stop", "length"}
+        assert "text" in answer
+    assert len(prefill.calls_to("/generate")) == len(decode.calls_to("/generate")) == 1

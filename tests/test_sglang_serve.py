@@ -6,10 +6,11 @@ the official openai and anthropic SDKs as clients, their stream helpers too.
 
 from __future__ import annotations
 
+import contextlib
 import pathlib
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,9 +18,10 @@ import anthropic
 import httpx
 import openai
 import pytest
+from helpers import LITELLM_WARNINGS
 from proxy_helpers import refused, running
 
-from disagg_transforms import Engine
+from disagg_transforms import Engine, SglangSettings
 from disagg_transforms._cli.config import config_errors, engine_settings
 
 SGLANG = ["simulate", "--engine", "sglang", "--port", "0"]
@@ -39,6 +41,10 @@ class _Fleet:
     faulty: str
     stalled: str
     decode: str
+    render: str
+    prefill: str
+    faulty_prefill: str
+    ports: tuple[int, int]
 
 
 def _serve(render: str, prefill: str, decode: str, port: int) -> list[str]:
@@ -84,7 +90,16 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_Fleet]:
             (_serve(render.url, no_room.url, decode.url, stalled), logs / "stalled-proxy.log"),
         ]
         with running(*proxies) as (proxy, faulty_proxy, stalled_proxy):
-            yield _Fleet(proxy.url, faulty_proxy.url, stalled_proxy.url, decode.url)
+            yield _Fleet(
+                proxy.url,
+                faulty_proxy.url,
+                stalled_proxy.url,
+                decode.url,
+                render.url,
+                prefill.url,
+                faulty.url,
+                (good, bad),
+            )
 
 
 def _openai(url: str) -> openai.OpenAI:
@@ -219,6 +234,10 @@ def test_a_client_that_leaves_aborts_the_decode(fleet: _Fleet) -> None:
             ["--engine", "sglang", "--prefill-url", "http://p:1", "--decode-url", "http://d:1"],
             "--render-url: SGLang workers do not render",
         ),
+        (
+            ["--decode-url", "http://d:1", "--kv-connector", "sglang"],
+            "--kv-connector: requests name no worker without --prefill-from-header",
+        ),
     ],
 )
 def test_serve_refuses_an_sglang_command_it_cannot_run(args: list[str], line: str) -> None:
@@ -245,3 +264,100 @@ def test_a_documents_engine_settings_are_read() -> None:
     engine, sglang = engine_settings(document)
     assert engine is Engine.SGLANG
     assert (sglang.stream_output, sglang.bootstrap_port) == ("incremental", 8998)
+
+
+def _with_litellm_warnings(test: Callable[..., None]) -> Callable[..., None]:
+    for mark in LITELLM_WARNINGS:
+        test = mark(test)
+    return test
+
+
+@contextlib.contextmanager
+def _litellm_provider(fleet: _Fleet, prefill: str, port: int) -> Iterator[Any]:
+    litellm = pytest.importorskip("litellm")
+    from disagg_transforms.integrations.litellm import VllmGenerateLLM  # noqa: PLC0415
+
+    provider = VllmGenerateLLM(
+        engine=Engine.SGLANG,
+        sglang=SglangSettings(bootstrap_port=port),
+        prefill_api_base=prefill,
+        render_api_base=fleet.render,
+    )
+    litellm.custom_provider_map = [{"provider": "sglang-pd", "custom_handler": provider}]
+    try:
+        yield litellm
+    finally:
+        litellm.custom_provider_map = []
+        provider.close()
+
+
+@_with_litellm_warnings
+def test_litellm_sync_calls_drive_sglang_workers(fleet: _Fleet) -> None:
+    call = {"model": "sglang-pd/m", "messages": _MESSAGES, "api_base": fleet.decode}
+    with _litellm_provider(fleet, fleet.prefill, fleet.ports[0]) as litellm:
+        response = litellm.completion(**call, max_tokens=32)
+        chunks = litellm.completion(**call, max_tokens=32, stream=True)
+        text = "".join(chunk.choices[0].delta.content or "" for chunk in chunks)
+    assert response.choices[0].message.content == "Hello!"
+    assert text == "Hello!"
+
+
+@_with_litellm_warnings
+def test_litellm_sync_call_with_a_failed_prefill_aborts_the_decode(fleet: _Fleet) -> None:
+    before = set(httpx.get(f"{fleet.decode}/simulated/aborted").json()["aborted"])
+    started = time.monotonic()
+    with (
+        _litellm_provider(fleet, fleet.faulty_prefill, fleet.ports[1]) as litellm,
+        pytest.raises(litellm.exceptions.BadGatewayError, match="prefill failed"),
+    ):
+        litellm.completion(
+            model="sglang-pd/m", messages=_MESSAGES, api_base=fleet.decode, max_tokens=32
+        )
+    assert time.monotonic() - started < _TRANSFER_TIMEOUT / 6
+    assert len(_aborted(fleet.decode, before)) == 1
+
+
+def test_the_sidecar_seat_meets_the_prefill_its_header_names(
+    fleet: _Fleet, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # llm-d's sidecar: the prefill from x-prefiller-host-port, its bootstrap port from the
+    # seat's SGLANG_BOOTSTRAP_PORT; render and decode on the token route.
+    document = tmp_path / "pipeline.json"
+    document.write_text('{"use_openai_format": false, "steps": {"prefill": {}, "decode": {}}}')
+    monkeypatch.setenv("SGLANG_BOOTSTRAP_PORT", str(fleet.ports[0]))
+    seat = [
+        "serve",
+        "--prefill-from-header",
+        "--kv-connector",
+        "sglang",
+        "--config",
+        str(document),
+        "--render-url",
+        fleet.render,
+        "--decode-url",
+        fleet.decode,
+        "--port",
+        "0",
+    ]
+    prefill = fleet.prefill.removeprefix("http://")
+    with running((seat, tmp_path / "seat.log")) as (sidecar,), _openai(sidecar.url) as client:
+        completion = client.chat.completions.create(
+            model="m",
+            messages=_MESSAGES,
+            max_tokens=32,
+            extra_headers={"x-prefiller-host-port": prefill},
+        )
+    # The decode answered: it met its prefill in the room (else a 502 after its 30 s).
+    assert completion.choices[0].message.content == "Hello!"
+
+
+def test_sglangs_own_client_is_relayed_through_serve(fleet: _Fleet) -> None:
+    body = {"input_ids": [1072, 1105], "sampling_params": {"max_new_tokens": 8}}
+    answer = httpx.post(f"{fleet.proxy}/generate", json=body, timeout=30)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["meta_info"]["finish_reason"]["type"] in {"stop", "length"}
+    with httpx.stream(
+        "POST", f"{fleet.proxy}/generate", json={**body, "stream": True}, timeout=30
+    ) as stream:
+        text = b"".join(stream.iter_bytes())
+    assert text.endswith(b"data: [DONE]\n\n")

@@ -1,15 +1,18 @@
-"""The ``demo`` command: five client requests through the exchange against a simulated worker.
+"""The ``demo`` command: client requests through the exchange against simulated workers.
 
 Each request (chat, streaming chat, Responses, Messages, a derender tool call) runs through
 :class:`~disagg_transforms.Exchange` on a render, prefill, decode pipeline; every worker call is
 answered in process by :class:`~disagg_transforms.testing.SimulatedWorker`, called as an ASGI
 app with asyncio alone (the demo runs on the core install: no httpx, no network, no files).
+Then two requests run on SGLang workers (:class:`~disagg_transforms.testing.SimulatedSglangWorker`):
+prefill and decode sent together, and a prefill that fails, which cancels the decode.
 The text is built here; the command line prints it. See ``docs/cli.md``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import random
 import re
 from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass
@@ -18,7 +21,15 @@ from typing import Any, Final
 import msgspec
 
 from disagg_transforms._config import StepParams, parse_pipeline_params
-from disagg_transforms.exchange import ClientStream, Driver, Exchange, WorkerCall
+from disagg_transforms.exchange import (
+    ClientStream,
+    Driver,
+    Engine,
+    Exchange,
+    ExchangeSettings,
+    SglangSettings,
+    WorkerCall,
+)
 
 # Each number ends at a comma or the bracket: with an optional comma a run of digits could be
 # split many ways, and a long number in a non-matching array took exponential time.
@@ -198,6 +209,103 @@ async def _exchange(app: AsgiApp, request: _Request, request_id: str) -> _Run:
     return _Run(request, legs, reply.status, reply.headers, reply.body)
 
 
+SGLANG_REQUESTS: Final = (
+    _Request(
+        "chat on SGLang",
+        "/v1/chat/completions",
+        {"model": MODEL, "messages": _HI, "max_tokens": 64},
+    ),
+    _Request(
+        "a prefill that fails",
+        "/v1/chat/completions",
+        {"model": MODEL, "messages": _HI, "max_tokens": 64, "stream": True},
+    ),
+)
+"""What the demo sends to SGLang workers; the prefill fails the second."""
+_SGLANG_PIPELINE: Final[Mapping[str, Any]] = {"prefill": {}, "decode": {}}
+
+
+async def _together(
+    apps: Mapping[str, AsgiApp], request: _Request, request_id: str, settings: ExchangeSettings
+) -> _Run:
+    """One client request to SGLang workers: prefill and decode sent together (docs/router.md)."""
+    config = parse_pipeline_params(_SGLANG_PIPELINE, use_openai_format=False)
+    body = msgspec.json.encode(request.body)
+    ex = Exchange(
+        config, request.path, {"x-request-id": request_id}, body,
+        settings=settings, bootstrap_host="prefill",
+    )  # fmt: skip
+    drive = Driver(ex)
+    legs: list[_Leg] = []
+    sent = b""
+    while (call := drive.next_call()) is not None:
+        peers = {asyncio.ensure_future(_call(apps[p.step], p)): p for p in call.together}
+        main = asyncio.ensure_future(_call(apps[call.step], call))
+        pending = {main, *peers}
+        while main in pending and not drive.cancelling:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in done & peers.keys():
+                peer, answer = peers[task], task.result()
+                legs.append(_Leg(peer, answer))
+                drive.together_answered(
+                    peer, answer.status, answer.headers, b"".join(answer.chunks)
+                )
+        if drive.cancelling:  # a prefill that failed: the decode is cancelled and aborted
+            main.cancel()
+            if call.abort is not None:
+                legs.append(_Leg(call.abort, await _call(apps[call.step], call.abort)))
+            break
+        answer = main.result()
+        legs.append(_Leg(call, answer))
+        for task in peers.keys() & pending:
+            peer, peer_answer = peers[task], await task
+            legs.append(_Leg(peer, peer_answer))
+            drive.together_answered(
+                peer, peer_answer.status, peer_answer.headers, b"".join(peer_answer.chunks)
+            )
+        if not call.stream:
+            drive.answered(answer.status, answer.headers, b"".join(answer.chunks))
+            continue
+        drive.stream_opened(answer.status, answer.headers)
+        sent = drive.relay_all(answer.chunks)
+    reply = drive.reply()
+    if isinstance(reply, ClientStream):
+        return _Run(request, legs, reply.status, reply.headers, reply.first + sent)
+    return _Run(request, legs, reply.status, reply.headers, reply.body)
+
+
+async def _run_sglang() -> list[_Run]:
+    from disagg_transforms.testing import (  # noqa: PLC0415
+        SimulatedSglangWorker,
+        SimulatedWorker,
+        WorkerSettings,
+    )
+
+    worker_settings = WorkerSettings(model=MODEL, created=CREATED)
+    runs = []
+    for number, request in enumerate(SGLANG_REQUESTS, start=len(REQUESTS) + 1):
+        fault = "http-500" if request is SGLANG_REQUESTS[-1] else None
+        prefill = SimulatedSglangWorker(
+            worker_settings, disaggregation_mode="prefill", transfer_timeout=5, fault=fault
+        )
+        decode = SimulatedSglangWorker(
+            worker_settings,
+            disaggregation_mode="decode",
+            transfer_timeout=5,
+            prefills={("prefill", 8998): prefill},
+        )
+        apps: dict[str, AsgiApp] = {
+            "render": SimulatedWorker(worker_settings),
+            "prefill": prefill,
+            "decode": decode,
+        }
+        # A seeded generator: the demo prints the same rid every run (a router draws its own).
+        bits = random.Random(number).getrandbits  # noqa: S311 - a demo's fixed ids, no secret
+        settings = ExchangeSettings(engine=Engine.SGLANG, sglang=SglangSettings(random_bits=bits))
+        runs.append(await _together(apps, request, f"demo-{number}", settings))
+    return runs
+
+
 async def _run_all() -> list[_Run]:
     # Imported here: the CLI's other commands never load the simulated worker.
     from disagg_transforms.testing import SimulatedWorker, WorkerSettings  # noqa: PLC0415
@@ -206,7 +314,7 @@ async def _run_all() -> list[_Run]:
     return [
         await _exchange(worker, request, f"demo-{number}")
         for number, request in enumerate(REQUESTS, start=1)
-    ]
+    ] + await _run_sglang()
 
 
 # -- the trace ------------------------------------------------------------------------------
@@ -243,6 +351,10 @@ def _leg_summary(leg: _Leg, prefill_kv: object) -> str:
         tokens = answer.get("token_ids", []) if isinstance(answer, dict) else []
         return f"{len(tokens)} prompt tokens"
     sampling = body.get("sampling_params", {})
+    if leg.call.path == "/abort_request":
+        return f"cancelled: rid {body.get('rid', '')[:8]}..."
+    if leg.call.path == "/generate":
+        return _sglang_summary(leg, body)
     cap = sampling.get("max_tokens")
     if leg.call.step == "prefill":
         return f"max_tokens {cap}, {_kv(body.get('kv_transfer_params'))}"
@@ -251,6 +363,18 @@ def _leg_summary(leg: _Leg, prefill_kv: object) -> str:
     stream = ", streamed" if leg.call.stream else ""
     tokens = len(body.get("token_ids", []))
     return f"{tokens} prompt tokens, cap {cap}, {source}, {body.get('output_mode')} mode{stream}"
+
+
+def _sglang_summary(leg: _Leg, body: dict[str, Any]) -> str:
+    if leg.answer.status != 200:
+        return "failed"
+    sampling = body.get("sampling_params", {})
+    meet = f"room at {body.get('bootstrap_host')}:{body.get('bootstrap_port')}"
+    tokens = len(body.get("input_ids", []))
+    stream = ", streamed" if leg.call.stream else ""
+    together = ", sent with prefill" if leg.call.together else ""
+    cap = sampling.get("max_new_tokens")
+    return f"{tokens} prompt tokens, max_new_tokens {cap}, {meet}{together}{stream}"
 
 
 _OPENAI: Final = ("prompt_tokens", "completion_tokens")  # the usage keys of OpenAI's envelopes
@@ -307,6 +431,8 @@ def _reply_summary(run: _Run) -> str:
     if kind == "text/event-stream":
         return _chat_stream_reply(run.body)
     body = _json(run.body)
+    if run.status != 200 and isinstance(body, dict) and isinstance(body.get("error"), dict):
+        return f"error: {body['error'].get('message')}"
     if run.status != 200 or not isinstance(body, dict):
         return f"error: {run.body.decode(errors='replace')}"
     if run.request.path == "/v1/responses":
@@ -356,6 +482,13 @@ def demo_text(*, full: bool = False) -> str:
         "  (auto: the tool call's decode asks for derender, the others for text). demo --full",
         "  prints every body.",
     ]
-    for number, run in enumerate(runs, start=1):
+    for number, run in enumerate(runs[: len(REQUESTS)], start=1):
+        lines += ["", *_trace(run, number, full=full)]
+    lines += [
+        "",
+        "On simulated SGLang 0.5.23 P/D workers (the vLLM worker renders), prefill and decode",
+        "get one /generate body at once; a prefill that fails cancels the decode.",
+    ]
+    for number, run in enumerate(runs[len(REQUESTS) :], start=len(REQUESTS) + 1):
         lines += ["", *_trace(run, number, full=full)]
     return "\n".join(lines) + "\n"

@@ -64,6 +64,8 @@ _PROCESS_DEFAULTS: Mapping[str, Any] = {
 }
 # The coordinator's "0s" first-byte timeout, no limit: a year stands in for it.
 _NO_LIMIT = 365 * 24 * 3600.0
+# llm-d's sidecar reads the prefill's bootstrap port from here (docs/sglang.md).
+_SGLANG_PORT_ENV = "SGLANG_BOOTSTRAP_PORT"
 
 
 def add_commands(commands: argparse._SubParsersAction[_ParserT]) -> None:
@@ -119,6 +121,13 @@ def add_commands(commands: argparse._SubParsersAction[_ParserT]) -> None:
         help="the workers' engine (default: the config document's engine, else vllm); with "
         "sglang, prefill and decode are sent together and --render-url names a vLLM render "
         "worker (docs/sglang.md)",
+    )
+    serve.add_argument(
+        "--kv-connector",
+        choices=("nixlv2", "sglang"),
+        help="with --prefill-from-header: llm-d's sidecar flag; sglang is --engine sglang, the "
+        "bootstrap port from SGLANG_BOOTSTRAP_PORT (default 8998) as the sidecar reads it "
+        "(default: nixlv2, vLLM's hand-off)",
     )
     serve.add_argument(
         "--sglang-bootstrap-port",
@@ -340,7 +349,8 @@ def _engine(
     from disagg_transforms import SglangSettings  # noqa: PLC0415
 
     engine, sglang = engine_settings(document)  # config_errors checked it
-    name = args.engine or engine.value
+    seat = args.kv_connector
+    name = "sglang" if seat == "sglang" else args.engine or engine.value
     flags = [
         flag
         for flag, value in (
@@ -353,24 +363,25 @@ def _engine(
         return f"{flags[0]}: needs --engine sglang" if flags else {"engine": name}
     if args.simulate:
         return "--simulate plays a vLLM worker: run `disagg-transforms simulate --engine sglang`"
-    if urls["render"] is None and _renders(document):
+    decode = _parsed(document).get(Step.DECODE)
+    token_route = isinstance(decode, DecodeParams) and not decode.use_openai_format
+    if urls["render"] is None and token_route:
         return (
             "--render-url: SGLang workers do not render a chat, Responses or Messages request: "
             "give a vLLM render worker's URL (docs/sglang.md)"
         )
+    port = args.sglang_bootstrap_port
+    if port is None and seat == "sglang" and (given := os.environ.get(_SGLANG_PORT_ENV)):
+        try:
+            port = _port(given)
+        except argparse.ArgumentTypeError as error:
+            return f"{_SGLANG_PORT_ENV}: {error}"
     sglang = SglangSettings(
-        bootstrap_port=args.sglang_bootstrap_port or sglang.bootstrap_port,
+        bootstrap_port=port or sglang.bootstrap_port,
         stream_output=args.sglang_stream_output or sglang.stream_output,
     )
     chosen = {"bootstrap_port": sglang.bootstrap_port, "stream_output": sglang.stream_output}
     return {"engine": name, "sglang": chosen}
-
-
-def _renders(document: Mapping[str, Any]) -> bool:
-    """Whether the pipeline renders: not when every leg is on the client's own route."""
-    from disagg_transforms.exchange import Phase, pipeline_phases  # noqa: PLC0415
-
-    return not document or Phase.RENDER in pipeline_phases(_parsed(document))
 
 
 def _positive_int(text: str) -> int:
@@ -417,11 +428,14 @@ def _sidecar_problems(args: argparse.Namespace) -> list[str]:
         for flag, given in (
             ("--allowed-worker-hosts", args.allowed_worker_hosts is not None),
             ("--enable-prefiller-sampling", args.enable_prefiller_sampling),
+            ("--kv-connector", args.kv_connector is not None),
         )
         if given
     ]
     if seat_flags and not args.prefill_from_header:
         return [f"{seat_flags[0]}: requests name no worker without --prefill-from-header"]
+    if args.kv_connector == "sglang" and args.engine == "vllm":
+        return ["--kv-connector sglang: the workers are SGLang's, not --engine vllm"]
     if args.prefill_from_header and args.simulate:
         return ["--prefill-from-header: the headers name real workers; give no --simulate"]
     if args.allowed_worker_hosts is None:
@@ -511,7 +525,7 @@ def _serve(args: argparse.Namespace) -> int:
     sys.stderr.writelines(f"{source}: warning: {line}\n" for line in given.get("warnings", ()))
     # A Step is the str of its name: either mapping answers "prefill" in steps.
     steps = parse_coordinator_config(document).pipeline if coordinator else document["steps"]
-    engine = _engine(args, {} if coordinator else document, urls)
+    engine = _engine(args, document, urls)
     if isinstance(engine, str):
         sys.stderr.write(f"{PROG}: error: {engine}\n")
         return EXIT_USAGE

@@ -72,6 +72,7 @@ from disagg_transforms._request.legs import (
 from disagg_transforms._request.sglang import (
     SglangLeg,
     new_rendezvous,
+    sglang_client_leg,
     sglang_openai_leg,
     unprompted_sglang_leg,
     with_prompt,
@@ -576,7 +577,7 @@ class Exchange:
             self._fail(error, drops_stream=True)
             return
         reader = self._engine.stream_reader
-        if reader is not None and leg.route is Route.GENERATE:  # read as the generate SSE first
+        if reader is not None and leg.output_mode is not None:  # read as the generate SSE first
             incremental = self._sglang.stream_output == "incremental"
             engine_stream = reader(
                 _reply.DEFAULT_MAX_EVENT_BYTES,
@@ -820,10 +821,15 @@ class Exchange:
             sglang.bootstrap_port,
             random_bits=sglang.random_bits or secrets.randbits,
         )
-        if client.generate:
+        if self._as_written():  # SGLang's own client: its body, the rendezvous ours
+            leg = sglang_client_leg(
+                client.body, rendezvous=rendezvous, limits=self._gathered.limits
+            )
+        elif client.generate:
             leg = unprompted_sglang_leg(client, rendezvous)
-        else:
-            leg = sglang_openai_leg(client, rendezvous, self._gathered.limits)
+        else:  # the client's own route, on SGLang's OpenAI server
+            body = strip_transfer_params(client.body)
+            leg = sglang_openai_leg(body, path=client.route.value, rendezvous=rendezvous)
         if Step.PREFILL not in self._params:  # a decode alone meets nobody
             for key in (w.BOOTSTRAP_HOST, w.BOOTSTRAP_PORT, w.BOOTSTRAP_ROOM):
                 del leg.body[key]
@@ -837,26 +843,11 @@ class Exchange:
         client = self._client
         leg = self._sglang_leg
         assert leg is not None  # noqa: S101 - built with the request
-        read_as: DecodeLeg
-        if leg.path == w.SGLANG_GENERATE_PATH:
+        route = Route.GENERATE if client.generate else client.route
+        if client.generate and not self._as_written():
             leg = with_prompt(leg, _rendered_ids(self._gathered.rendered), self._gathered.limits)
-            # What the answer reads as: a text-mode generate answer (the engine's reader makes it).
-            read_as = GenerateDecodeLeg(
-                path=leg.path,
-                route=Route.GENERATE,
-                body=leg.body,
-                stream=leg.stream,
-                single_frame=False,
-                # Rebuilt whatever wrap_chat_completion says: the client never spoke SGLang's.
-                wrap_chat_completion=client.route is Route.CHAT_COMPLETIONS,
-                output_mode=OutputMode.TEXT,
-                dropped=leg.dropped,
-            )
-        else:  # the client's own route: SGLang's answer is the client's, relayed
-            read_as = decode_leg(
-                client, _CLIENT_ROUTE_DECODE, LegInputs(limits=self._gathered.limits)
-            )
-        data = _raw.encode(self._run_hooks(Step.DECODE, leg.body))
+        body = leg.body
+        data = _raw.encode(self._run_hooks(Step.DECODE, body))
         abort_path = self._engine.abort_path
         assert abort_path is not None  # noqa: S101 - a rendezvous engine aborts by id
 
@@ -880,6 +871,25 @@ class Exchange:
                 abort=abort,
             )
 
+        # What the answer reads as: on the token route a text-mode generate answer (the
+        # engine's reader makes it), rebuilt whatever wrap_chat_completion says (the client
+        # never spoke SGLang's answer); on the client's own route, the client's API.
+        read_as = DecodeLeg(
+            path=leg.path,
+            route=route,
+            body=body,
+            stream=leg.stream,
+            single_frame=False,
+            wrap_chat_completion=False,
+            output_mode=None,
+            dropped=leg.dropped,
+        )
+        if route is Route.GENERATE and not self._as_written():
+            read_as = GenerateDecodeLeg(
+                **msgspec.structs.asdict(read_as)
+                | {"wrap_chat_completion": client.route is Route.CHAT_COMPLETIONS}
+                | {"output_mode": OutputMode.TEXT}
+            )
         together = (call(Phase.PREFILL),) if Step.PREFILL in self._params else ()
         return _Calling(call(Phase.DECODE, together), read_as)
 
@@ -940,7 +950,7 @@ class Exchange:
         assert isinstance(at, _Calling)  # noqa: S101 - the reader reads the call's answer
         leg = at.leg
         assert leg is not None  # noqa: S101 - the decode call carries its leg
-        if self._engine.engine is not Engine.VLLM and leg.route is Route.GENERATE:
+        if self._engine.engine is not Engine.VLLM and leg.output_mode is not None:
             read = self._engine.read_answer(
                 _reply.decode_object(body, "the decode answer"), self._stop_ids()
             )
@@ -1032,7 +1042,13 @@ class Exchange:
         return self._hooks.run_request(body, self._context(step))
 
     def _shape(self, leg: DecodeLeg) -> _reply.Shape:
+        if self._as_written():  # SGLang's answer to SGLang's own client, checked as it passes
+            return _reply.Shape.PASS
         return _reply.reply_shape(self._client.route, leg.route, wrap=leg.wrap_chat_completion)
+
+    def _as_written(self) -> bool:
+        """A client of SGLang's own ``/generate``, on SGLang workers: relayed as SGLang writes."""
+        return self._rendezvous() and self._client.path == w.SGLANG_GENERATE_PATH
 
     # -- client bytes and failures --------------------------------------------------------
 

@@ -16,8 +16,9 @@ from typing import Any, Final
 import msgspec
 
 from disagg_transforms._config import DecodeParams, OutputMode
-from disagg_transforms._request.client import ClientRequest, client_caps, read_client_request
+from disagg_transforms._request.client import ClientRequest, read_client_request
 from disagg_transforms._request.fields import asks_for_tools
+from disagg_transforms._request.legs import strip_transfer_params
 from disagg_transforms._routes import ROUTE_PATH, Route
 from disagg_transforms._wire import keys as w
 from disagg_transforms._wire import limits as _limits
@@ -412,20 +413,18 @@ def build_sglang_openai_request(
     """Build both legs of a client served on its own route by SGLang's OpenAI server.
 
     What serves a tool-using client on an SGLang pipeline (``docs/sglang.md``, "Tools"): the
-    client's chat, completions, Responses or Messages body, with ``rid`` and the rendezvous
-    fields ours (whatever the client sent in them), on the client's own path.
+    client's chat, completions, Responses or Messages body (its transfer params removed), with
+    ``rid`` and the rendezvous fields ours, whatever the client sent in them, on its own path.
 
     Raises:
-        RequestError: the body is not a JSON object or is past a limit, the cap is not a
-            positive integer, the route is not one SGLang's OpenAI server answers, or the
-            rendezvous is out of range.
+        RequestError: the body is not a JSON object or is past a limit, a field every route of
+            the client's API refuses (the cap not a positive integer, ``stream`` not a
+            boolean), the route is not one SGLang's OpenAI server answers, or the rendezvous
+            is out of range.
     """
-    client = read_client_request(client_body, client_path, limits=limits, steps=())
-    return sglang_openai_leg(client, rendezvous, limits)
-
-
-def sglang_openai_leg(client: ClientRequest, rendezvous: Rendezvous, limits: Limits) -> SglangLeg:
-    """The OpenAI-route leg of a request read once (:func:`build_sglang_openai_request`)."""
+    client = read_client_request(
+        client_body, client_path, limits=limits, steps=(), every_field=True
+    )
     if client.route not in _OPENAI_ROUTES:
         names = ", ".join(route.value for route in _OPENAI_ROUTES)
         msg = (
@@ -433,15 +432,33 @@ def sglang_openai_leg(client: ClientRequest, rendezvous: Rendezvous, limits: Lim
             f"got {client.path!r}"
         )
         raise RequestError(msg, param="client_path")
-    body = dict(client.body)
-    cap = client_caps(body, client.route).get(w.MAX_TOKENS)  # refused here if it is no cap
-    if client.route is Route.RESPONSES and cap is not None:
+    body = strip_transfer_params(client.body)
+    leg = sglang_openai_leg(body, path=ROUTE_PATH[client.route], rendezvous=rendezvous)
+    _limits.check_token_count(leg.body, limits)
+    return leg
+
+
+def sglang_openai_leg(
+    client_body: Mapping[str, Any], *, path: str, rendezvous: Rendezvous
+) -> SglangLeg:
+    """Both legs of a client served on its own route (``path``) by SGLang's OpenAI server.
+
+    The client's body (its transfer params already removed) with ``rid`` and the rendezvous
+    fields, which SGLang's OpenAI requests take (``docs/sglang.md``): SGLang's server reads the
+    API's own fields, tools included, so nothing is renamed here but a Responses cap, sent 2
+    higher: SGLang's Responses route keeps 2 tokens of it as headroom.
+
+    Raises:
+        RequestError: the rendezvous is out of range, or ``stream`` is not a boolean.
+    """
+    body = dict(client_body)
+    cap = body.get(w.MAX_OUTPUT_TOKENS)
+    if path == Route.RESPONSES.value and type(cap) is int:
         body[w.MAX_OUTPUT_TOKENS] = cap + _RESPONSES_HEADROOM
     body[w.RID] = _rid(rendezvous.rid)
     body.update(_rendezvous_fields(rendezvous))
-    _limits.check_token_count(body, limits)
     return SglangLeg(
-        path=ROUTE_PATH[client.route],
+        path=path,
         body=body,
         stream=_validate.typed(body, w.STREAM, bool) is True,
         rid=rendezvous.rid,

@@ -25,11 +25,14 @@ per provider.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import reprlib
 import threading
+import urllib.parse
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Final, NamedTuple, NoReturn, TypeAlias, final
 
 import httpx
@@ -52,7 +55,16 @@ from disagg_transforms import (
     strip_transfer_params,
 )
 from disagg_transforms.errors import ConfigError, DisaggTransformError
-from disagg_transforms.exchange import ClientReply, ClientStream, Driver, Exchange, WorkerCall
+from disagg_transforms.exchange import (
+    ClientReply,
+    ClientStream,
+    Driver,
+    Engine,
+    Exchange,
+    ExchangeSettings,
+    SglangSettings,
+    WorkerCall,
+)
 
 _LOG: Final = logging.getLogger("disagg_transforms.litellm")
 
@@ -327,10 +339,13 @@ def _exchange_bytes(http: httpx.Client, plan: _Plan) -> Iterator[bytes]:
     drive = Driver(plan.exchange)
     answer: httpx.Response | None = None
     chunks: Iterator[bytes] = iter(())  # the decode stream, once it is open
+    peers = _Peers(http, plan)
     try:
         while (call := drive.next_call()) is not None:
+            peers.start(call)
             try:
                 answer = http.send(plan.request(http, call), stream=call.stream)
+                peers.feed_done(drive)  # a failure sent together is the reply, not this answer
                 if not call.stream:  # httpx read the whole body in send()
                     drive.answered(answer.status_code, answer.headers.raw, answer.content)
                     continue
@@ -339,6 +354,7 @@ def _exchange_bytes(http: httpx.Client, plan: _Plan) -> Iterator[bytes]:
                 while drive.opening:
                     drive.chunk(next(chunks, None))
             except httpx.TransportError as error:
+                peers.feed_done(drive)
                 drive.failed(_reason(error), timed_out=_timed_out(error))
         yield _reply_bytes(drive.reply())
         try:
@@ -346,9 +362,86 @@ def _exchange_bytes(http: httpx.Client, plan: _Plan) -> Iterator[bytes]:
                 yield drive.chunk(next(chunks, None))
         except httpx.TransportError as error:
             yield drive.failed(_reason(error), timed_out=_timed_out(error))
+        peers.settle(drive, gone=False)
     finally:
+        peers.settle(drive, gone=True)
         if answer is not None:
             answer.close()
+
+
+class _Peers:
+    """The calls sent together with a synchronous call, each in a thread (docs/litellm.md).
+
+    The thread only sends; the exchange is fed in the caller's thread. A call sent together
+    that fails sends the main call's ``abort`` at once, so the main call answers now rather
+    than at its own timeout; its answer is fed after that failure, which is the reply.
+    """
+
+    __slots__ = ("_http", "_main", "_plan", "_running")
+
+    def __init__(self, http: httpx.Client, plan: _Plan) -> None:
+        self._http = http
+        self._plan = plan
+        self._running: list[tuple[WorkerCall, Future[httpx.Response]]] = []
+        self._main: WorkerCall | None = None
+
+    def start(self, call: WorkerCall) -> None:
+        if call.abort is not None:
+            self._main = call
+        if not call.together:
+            return
+        pool = ThreadPoolExecutor(max_workers=len(call.together))
+        for peer in call.together:
+            future = pool.submit(self._send, peer)
+            future.add_done_callback(self._abort_main_if_failed)
+            self._running.append((peer, future))
+        pool.shutdown(wait=False)
+
+    def _send(self, call: WorkerCall) -> httpx.Response:
+        return self._http.send(self._plan.request(self._http, call))
+
+    def _abort_main_if_failed(self, future: Future[httpx.Response]) -> None:
+        error = future.exception()
+        if (error is not None or not future.result().is_success) and self._main is not None:
+            self._abort(self._main)
+
+    def _abort(self, call: WorkerCall) -> None:
+        assert call.abort is not None  # noqa: S101 - only calls with an abort are aborted
+        try:
+            self._http.send(self._plan.request(self._http, call.abort)).close()
+        except httpx.TransportError as error:
+            _LOG.warning("%s abort failed: %s", call.step, _reason(error))
+
+    def feed_done(self, drive: Driver) -> None:
+        """Feed the answers already in, before the main call's."""
+        for call, future in [(c, f) for c, f in self._running if f.done()]:
+            self._running.remove((call, future))
+            _feed(drive, call, future)
+
+    def settle(self, drive: Driver, *, gone: bool) -> None:
+        """Read the rest to their end, or, cancelled, abort them and the main call."""
+        if not (gone or drive.cancelling):
+            for call, future in self._running:
+                _feed(drive, call, future)  # waits for its answer
+            self._running.clear()
+            self._main = None
+            return
+        for call, future in self._running:
+            if not future.done():
+                self._abort(call)
+        self._running.clear()
+        if self._main is not None:
+            self._abort(self._main)
+            self._main = None
+
+
+def _feed(drive: Driver, call: WorkerCall, future: Future[httpx.Response]) -> None:
+    error = future.exception()
+    if isinstance(error, httpx.TransportError):
+        drive.together_failed(call, _reason(error), timed_out=_timed_out(error))
+    elif error is None:
+        answer = future.result()
+        drive.together_answered(call, answer.status_code, answer.headers.raw, answer.content)
 
 
 async def _aexchange_bytes(http: httpx.AsyncClient, plan: _Plan) -> AsyncIterator[bytes]:
@@ -356,10 +449,13 @@ async def _aexchange_bytes(http: httpx.AsyncClient, plan: _Plan) -> AsyncIterato
     drive = Driver(plan.exchange)
     answer: httpx.Response | None = None
     chunks: AsyncIterator[bytes] | None = None  # the decode stream, once it is open
+    peers = _AsyncPeers(http, plan, drive)
     try:
         while (call := drive.next_call()) is not None:
             try:
-                answer = await http.send(plan.request(http, call), stream=call.stream)
+                answer = await peers.send(call)
+                if answer is None:  # a call sent together failed first: the reply is its error
+                    continue
                 if not call.stream:
                     drive.answered(answer.status_code, answer.headers.raw, answer.content)
                     continue
@@ -375,9 +471,80 @@ async def _aexchange_bytes(http: httpx.AsyncClient, plan: _Plan) -> AsyncIterato
                 yield drive.chunk(await anext(chunks, None))
         except httpx.TransportError as error:
             yield drive.failed(_reason(error), timed_out=_timed_out(error))
+        await peers.settle(gone=False)
     finally:
         if answer is not None:
             await answer.aclose()
+        await peers.settle(gone=True)
+
+
+class _AsyncPeers:
+    """The calls sent together with an async call, as tasks feeding the exchange."""
+
+    __slots__ = ("_drive", "_failed", "_http", "_main", "_plan", "_running")
+
+    def __init__(self, http: httpx.AsyncClient, plan: _Plan, drive: Driver) -> None:
+        self._http = http
+        self._plan = plan
+        self._drive = drive
+        self._running: dict[asyncio.Task[None], WorkerCall] = {}
+        self._main: WorkerCall | None = None
+        self._failed = asyncio.Event()
+
+    async def send(self, call: WorkerCall) -> httpx.Response | None:
+        """``call``'s answer (its head, when it streams); ``None`` when it was cancelled."""
+        if call.abort is not None:
+            self._main = call
+        if not call.together:
+            return await self._http.send(self._plan.request(self._http, call), stream=call.stream)
+        for peer in call.together:
+            self._running[asyncio.ensure_future(self._peer(peer))] = peer
+        main = asyncio.ensure_future(
+            self._http.send(self._plan.request(self._http, call), stream=call.stream)
+        )
+        failed = asyncio.ensure_future(self._failed.wait())
+        try:
+            await asyncio.wait((main, failed), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            failed.cancel()
+            if not main.done():  # cancelled: its connection is closed, its abort sent later
+                main.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await main
+        return None if main.cancelled() else main.result()
+
+    async def _peer(self, call: WorkerCall) -> None:
+        drive = self._drive
+        try:
+            answer = await self._http.send(self._plan.request(self._http, call))
+        except httpx.TransportError as error:
+            drive.together_failed(call, _reason(error), timed_out=_timed_out(error))
+        else:
+            drive.together_answered(call, answer.status_code, answer.headers.raw, answer.content)
+        if drive.cancelling:
+            self._failed.set()
+
+    async def _abort(self, call: WorkerCall) -> None:
+        assert call.abort is not None  # noqa: S101 - only calls with an abort are aborted
+        try:
+            answer = await self._http.send(self._plan.request(self._http, call.abort))
+            await answer.aclose()
+        except httpx.TransportError as error:
+            _LOG.warning("%s abort failed: %s", call.step, _reason(error))
+
+    async def settle(self, *, gone: bool) -> None:
+        """Read the rest to their end, or, cancelled, abort them and the main call."""
+        running, self._running = self._running, {}
+        main, self._main = self._main, None
+        if not (gone or self._drive.cancelling):
+            await asyncio.gather(*running)
+            return
+        for task, call in running.items():
+            if not task.done():
+                task.cancel()
+                await self._abort(call)
+        if main is not None:
+            await self._abort(main)
 
 
 def _checked_url(value: object, param: str) -> str | None:
@@ -426,10 +593,17 @@ class VllmGenerateLLM(CustomLLM):
         timeout: seconds per HTTP request when LiteLLM passes none.
         http_client: the ``httpx.Client`` for sync calls (its owner closes it).
         async_http_client: the ``httpx.AsyncClient`` for async calls (its owner closes it).
+        engine: the prefill and decode workers' engine. With ``Engine.SGLANG`` they are SGLang
+            workers (``api_base`` the decode's): both get one ``/generate`` body at once,
+            met at the prefill URL's host, and ``render_api_base`` renders (docs/litellm.md).
+        sglang: with ``Engine.SGLANG``, the bootstrap port and the workers' stream output.
+        render_api_base: the vLLM render worker's URL; required with ``Engine.SGLANG``
+            (default: ``api_base``).
 
     Raises:
         ConfigError: ``params`` is not a ``DecodeParams`` with ``use_openai_format`` false,
-            ``prefill_params`` not a ``PrefillParams``, or ``prefill_api_base`` not a URL.
+            ``prefill_params`` not a ``PrefillParams``, ``prefill_api_base`` or
+            ``render_api_base`` not a URL, or SGLang without ``render_api_base``.
     """
 
     def __init__(  # noqa: PLR0913 - keyword-only settings, each optional
@@ -441,6 +615,9 @@ class VllmGenerateLLM(CustomLLM):
         timeout: float = _DEFAULT_TIMEOUT,
         http_client: httpx.Client | None = None,
         async_http_client: httpx.AsyncClient | None = None,
+        engine: Engine = Engine.VLLM,
+        sglang: SglangSettings | None = None,
+        render_api_base: str | None = None,
     ) -> None:
         super().__init__()
         if params is None:
@@ -464,6 +641,11 @@ class VllmGenerateLLM(CustomLLM):
             True: {Step.PREFILL: prefill, Step.DECODE: self._params},
         }
         self._prefill_base = _checked_url(prefill_api_base, "prefill_api_base")
+        self._render_base = _checked_url(render_api_base, "render_api_base")
+        if engine is Engine.SGLANG and self._render_base is None:
+            msg = "VllmGenerateLLM: SGLang workers do not render: give render_api_base"
+            raise ConfigError(msg, param="render_api_base")
+        self._settings = ExchangeSettings(engine=engine, sglang=sglang or SglangSettings())
         self._timeout = timeout
         self._lock = threading.Lock()
         self._http = http_client
@@ -519,14 +701,18 @@ class VllmGenerateLLM(CustomLLM):
         base = _base_url(call.api_base, "api_base")
         prefill = _prefill_base(call.litellm_params, self._prefill_base)
         body = _chat_body(call.model, call.messages, call.optional_params, stream=stream)
-        urls = {"render": base, "decode": base}
+        urls = {"render": self._render_base or base, "decode": base}
         if prefill is not None:
             urls["prefill"] = prefill
+        sglang = self._settings.engine is Engine.SGLANG
         exchange = Exchange(
             self._pipelines[prefill is not None],
             Route.CHAT_COMPLETIONS.value,
             _client_headers(call.headers, call.api_key),
             body,
+            settings=self._settings,
+            # SGLang's decode reaches its prefill at the prefill URL's host (docs/sglang.md).
+            bootstrap_host=urllib.parse.urlsplit(prefill).hostname if prefill and sglang else None,
         )
         return _Plan(exchange, urls, self._timeout if call.timeout is None else call.timeout)
 

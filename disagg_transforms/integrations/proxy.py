@@ -106,6 +106,7 @@ _CLIENT_ROUTES = tuple(Route)  # every client API is served, each through the ex
 # vLLM's routes the render worker answers, relayed as they are (docs/proxy.md).
 _RENDER_WORKER_ROUTES = (("/tokenize", "POST"), ("/detokenize", "POST"), ("/version", "GET"))
 _COUNT_TOKENS = "/v1/messages/count_tokens"
+_SGLANG_GENERATE = "/generate"
 # Gateway mode: the header naming a leg's pool, as llm-d's coordinator sends it (docs/llm-d.md).
 _PROFILE_HEADER = "epp-profile"
 _PROFILES: Mapping[str, str] = {
@@ -1341,9 +1342,10 @@ def create_app(  # noqa: PLR0913 - one URL per step and the settings, all by key
 ) -> Starlette:
     """The proxy as a Starlette app: the client routes and vLLM's others (``docs/proxy.md``).
 
-    The five client routes, ``/health``, ``/v1/models``, ``/v1/messages/count_tokens``, and the
-    render worker's ``/tokenize``, ``/detokenize`` and ``/version``; any other path or method
-    is answered in the OpenAI error shape.
+    The five client routes (and SGLang's ``/generate`` with ``Engine.SGLANG``), ``/health``,
+    ``/v1/models``, ``/v1/messages/count_tokens``, and the render worker's ``/tokenize``,
+    ``/detokenize`` and ``/version``; any other path or method is answered in the OpenAI error
+    shape.
 
     Args:
         config: the pipeline (:func:`~disagg_transforms.parse_pipeline_params`); a decode step is
@@ -1447,6 +1449,8 @@ def create_app(  # noqa: PLR0913 - one URL per step and the settings, all by key
         probe_version=probe_vllm_version,
     )
     routes = [HttpRoute(route.value, proxy.serve, methods=["POST"]) for route in _CLIENT_ROUTES]
+    if engine is Engine.SGLANG:  # SGLang's own clients: their answer relayed as SGLang writes it
+        routes.append(HttpRoute(_SGLANG_GENERATE, proxy.serve, methods=["POST"]))
     routes += [
         HttpRoute("/health", proxy.health, methods=["GET"]),
         HttpRoute("/healthz", proxy.alive, methods=["GET"]),
