@@ -148,6 +148,24 @@ def test_unknown_fields_and_floats(tmp_path: pathlib.Path, router_python: pathli
         assert ours_sent["body"]["sampling_params"]["temperature"] == 0.7
         assert ours_sent["body"]["sampling_params"]["top_p"] == 0.9
 
+        # SGLang's own /generate client with vLLM's cap name: sglang-router drops the unknown
+        # sampling key, so SGLang's default cap of 128 tokens applies, with a 200; serve
+        # refuses it naming it.
+        generate = {
+            "input_ids": [1001, 1002, 1003],
+            "sampling_params": {"max_tokens": 8, "ignore_eos": True},
+        }
+        theirs = httpx.post(f"{workers.router}/generate", json=generate, timeout=60)
+        assert theirs.status_code == 200
+        assert theirs.json()["meta_info"]["completion_tokens"] == 128
+        assert workers.received(workers.decode)["posted"][-1]["body"]["sampling_params"] == {
+            "ignore_eos": True
+        }
+        ours = httpx.post(f"{workers.ours}/generate", json=generate, timeout=60)
+        assert ours.status_code == 400
+        assert "$.sampling_params.max_tokens" in ours.text
+        assert len(workers.received(workers.decode)["posted"]) == 4  # no worker call
+
 
 def test_a_prefill_that_failed(tmp_path: pathlib.Path, router_python: pathlib.Path) -> None:
     with stack(tmp_path, router_python, prefill_fault="http-500") as workers:
