@@ -373,6 +373,9 @@ def test_the_openai_routes_refuse_and_time_out_as_sglangs_do() -> None:
     (event,) = _events(streamed)
     assert event["error"]["code"] == 500
     assert event["error"]["type"] == "INTERNAL_SERVER_ERROR"
+    # What SGLang's contract covers of the OpenAI routes: the in-stream error's message and code.
+    checked = sglang_contract.contract().GenerateStreamError.from_json_value(event)
+    assert checked.error.message.startswith("Decode transfer failed")
 
 
 def test_the_worker_tells_what_it_received_and_what_was_aborted() -> None:
