@@ -361,3 +361,15 @@ def test_sglangs_own_client_is_relayed_through_serve(fleet: _Fleet) -> None:
     ) as stream:
         text = b"".join(stream.iter_bytes())
     assert text.endswith(b"data: [DONE]\n\n")
+
+
+def test_metrics_count_both_legs_as_for_vllm(fleet: _Fleet) -> None:
+    with _openai(fleet.proxy) as client:
+        client.chat.completions.create(model="m", messages=_MESSAGES, max_tokens=32)
+    text = httpx.get(f"{fleet.proxy}/metrics").text
+    for line in (
+        'llm_d_coordinator_upstream_request_total{phase="prefill"}',
+        'llm_d_coordinator_upstream_request_total{phase="decode"}',
+        'llm_d_coordinator_disagg_decision_total{decision_type="prefill-decode",model_name="m"}',
+    ):
+        assert line in text, text
