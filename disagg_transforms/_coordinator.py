@@ -52,6 +52,9 @@ class KvConnector(str, enum.Enum):
     """The coordinator's default: decode gets only the two flags, not prefill's params."""
     NIXL = "kv-nixl"
     """Decode gets the prefill answer's ``kv_transfer_params``, the two flags forced."""
+    SGLANG = "kv-sglang"
+    """SGLang's bootstrap rendezvous: prefill and decode sent together, no transfer params;
+    only with ``Engine.SGLANG``, which it selects in ``serve`` (``docs/sglang.md``)."""
 
 
 class EcConnector(str, enum.Enum):
@@ -162,10 +165,9 @@ _NOT_CARRIED: Mapping[str, str] = {
         "the proxy downloads no images: a client's http(s) image URL would reach the workers "
         "as sent; remove the step (clients then send data: URLs)"
     ),
-    "prefill-decode": "it runs kv-sglang, which the coordinator seat does not carry out",
-    "kv-sglang": (
-        "the gateway picks the prefill, whose host SGLang's rendezvous needs: run serve "
-        "--engine sglang with the workers' URLs, or the sidecar seat (docs/sglang.md)"
+    "prefill-decode": (
+        "list a prefill and a decode step with kv_connector: kv-sglang instead: the proxy "
+        "sends the two together (docs/sglang.md)"
     ),
 }
 

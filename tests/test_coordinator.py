@@ -132,7 +132,7 @@ def test_check_config_exits_2_one_line_per_error(
     document = _doc(
         {"type": "replace-media-urls"},
         {"type": "decode"},
-        pipeline={"kv_connector": "kv-sglang"},
+        pipeline={"kv_connector": "kv-lmcache"},
         server={"listen_addr": "nowhere"},
     )
     path = tmp_path / "coordinator.yaml"
@@ -327,6 +327,16 @@ def test_step_connectors_override_the_pipelines() -> None:
     assert parse_coordinator_config(document).kv_connector is KvConnector.NIXL
 
 
+def test_kv_sglang_is_sglangs_rendezvous() -> None:
+    document = _doc(
+        {"type": "prefill", "params": {"kv_connector": "kv-sglang"}},
+        {"type": "decode"},
+        pipeline={"kv_connector": "kv-sglang"},
+    )
+    assert coordinator_config_errors(document) == []
+    assert parse_coordinator_config(document).kv_connector is KvConnector.SGLANG
+
+
 def test_step_connectors_must_agree() -> None:
     document = _doc(
         {"type": "prefill", "params": {"kv_connector": "kv-nixl"}},
@@ -338,13 +348,12 @@ def test_step_connectors_must_agree() -> None:
 @pytest.mark.parametrize(
     ("document", "param", "named"),
     [
-        (_doc(pipeline={"kv_connector": "kv-sglang"}), "pipeline.kv_connector", "kv-sglang"),
         (_doc(pipeline={"kv_connector": "kv-lmcache"}), "pipeline.kv_connector", "kv-lmcache"),
         (_doc(pipeline={"ec_connector": "ec-example"}), "pipeline.ec_connector", "ec-example"),
         (
-            _doc({"type": "prefill", "params": {"kv_connector": "kv-sglang"}}, {"type": "decode"}),
+            _doc({"type": "prefill", "params": {"kv_connector": "kv-lmcache"}}, {"type": "decode"}),
             "pipeline.steps[0].params.kv_connector",
-            "kv-sglang",
+            "kv-lmcache",
         ),
         (
             _doc({"type": "replace-media-urls"}, {"type": "decode"}),

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from disagg_transforms import ConfigError, parse_pipeline_params
+from disagg_transforms import ConfigError, KvConnector, parse_pipeline_params
 from disagg_transforms._engines import Engine, SglangSettings
 from disagg_transforms.exchange import (
     ClientReply,
@@ -367,3 +367,11 @@ def test_only_a_failure_sent_together_makes_a_late_answer_dropped() -> None:
     reply = ex.next_event()
     assert isinstance(reply, ClientReply)
     assert reply.status == 502
+
+
+def test_kv_sglang_needs_the_sglang_engine() -> None:
+    with pytest.raises(ConfigError) as refused:
+        ExchangeSettings(kv_connector=KvConnector.SGLANG)
+    assert refused.value.param == "kv_connector"
+    settings = ExchangeSettings(kv_connector=KvConnector.SGLANG, engine=Engine.SGLANG)
+    assert settings.engine is Engine.SGLANG

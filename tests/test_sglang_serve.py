@@ -7,6 +7,7 @@ the official openai and anthropic SDKs as clients, their stream helpers too.
 from __future__ import annotations
 
 import contextlib
+import json
 import pathlib
 import socket
 import time
@@ -388,3 +389,44 @@ def test_a_client_that_leaves_before_any_answer_aborts_both(fleet: _Fleet) -> No
         httpx.post(f"{fleet.stalled}/v1/chat/completions", json=body, timeout=0.3)
     for url, seen in before.items():
         assert len(_aborted(url, seen)) == 1, url
+
+
+def _coordinator_document(path: pathlib.Path, render: str, **sections: Any) -> str:
+    # llm-d's coordinator YAML, as JSON (YAML's subset): render, prefill and decode with kv-sglang.
+    steps = [{"type": "render", "params": {"address": render}}, {"type": "prefill"}]
+    document = {
+        "pipeline": {
+            "kv_connector": "kv-sglang",
+            "use_openai_format": False,
+            "steps": [*steps, {"type": "decode"}],
+        },
+        **sections,
+    }
+    path.write_text(json.dumps(document))
+    return str(path)
+
+
+def test_a_coordinator_document_with_kv_sglang_runs_the_rendezvous(
+    fleet: _Fleet, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The bootstrap port from SGLANG_BOOTSTRAP_PORT, as llm-d's coordinator reads it.
+    monkeypatch.setenv("SGLANG_BOOTSTRAP_PORT", str(fleet.ports[0]))
+    document = _coordinator_document(tmp_path / "coordinator.yaml", fleet.render)
+    args = ["serve", "--config", document]
+    args += ["--prefill-url", fleet.prefill, "--decode-url", fleet.decode, "--port", "0"]
+    before = set(httpx.get(f"{fleet.decode}/simulated/aborted").json()["aborted"])
+    with running((args, tmp_path / "serve.log")) as (proxy,), _openai(proxy.url) as client:
+        completion = client.chat.completions.create(model="m", messages=_MESSAGES, max_tokens=32)
+        # The decode met its prefill in the room (else a 502 after its 30 s), nothing aborted.
+        assert completion.choices[0].message.content == "Hello!"
+        assert _aborted(fleet.decode, before, timeout=0.5) == set()
+
+
+def test_a_coordinator_document_with_kv_sglang_and_a_gateway_is_refused(
+    tmp_path: pathlib.Path,
+) -> None:
+    document = _coordinator_document(
+        tmp_path / "coordinator.yaml", "http://r:1", gateway={"address": "http://gateway:8000"}
+    )
+    line = refused("--config", document)
+    assert "kv-sglang needs each prefill worker's host" in line

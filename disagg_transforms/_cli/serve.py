@@ -24,6 +24,7 @@ from disagg_transforms._cli.commands import EXIT_USAGE, PROG, CliError, add_comm
 from disagg_transforms._cli.config import config_errors, engine_settings, read_config
 from disagg_transforms._config import DecodeParams, Step, StepParams, parse_pipeline_params
 from disagg_transforms._coordinator import (
+    KvConnector,
     coordinator_config_errors,
     is_coordinator_document,
     parse_coordinator_config,
@@ -342,6 +343,28 @@ def _port(text: str) -> int:
     return port
 
 
+def _llm_d_names_sglang(
+    args: argparse.Namespace, document: Mapping[str, Any], urls: Mapping[str, str | None]
+) -> bool | str:
+    """Whether llm-d's settings name SGLang workers, else what stops it.
+
+    llm-d names them by the sidecar's ``--kv-connector sglang`` or the coordinator's kv-sglang.
+    """
+    kv_sglang = (
+        is_coordinator_document(document)
+        and parse_coordinator_config(document).kv_connector is KvConnector.SGLANG
+    )
+    if kv_sglang and args.engine == "vllm":
+        return "pipeline.kv_connector: kv-sglang runs SGLang workers, not --engine vllm"
+    if kv_sglang and urls["gateway"] is not None:
+        return (
+            "pipeline.kv_connector: kv-sglang needs each prefill worker's host for SGLang's "
+            "rendezvous, which a gateway picks: give --prefill-url and --decode-url, or run the "
+            "sidecar seat (docs/sglang.md)"
+        )
+    return args.kv_connector == "sglang" or kv_sglang
+
+
 def _engine(
     args: argparse.Namespace, document: Mapping[str, Any], urls: Mapping[str, str | None]
 ) -> dict[str, Any] | str:
@@ -349,8 +372,10 @@ def _engine(
     from disagg_transforms import SglangSettings  # noqa: PLC0415
 
     engine, sglang = engine_settings(document)  # config_errors checked it
-    seat = args.kv_connector
-    name = "sglang" if seat == "sglang" else args.engine or engine.value
+    llm_d = _llm_d_names_sglang(args, document, urls)
+    if isinstance(llm_d, str):
+        return llm_d
+    name = "sglang" if llm_d else args.engine or engine.value
     flags = [
         flag
         for flag, value in (
@@ -371,7 +396,7 @@ def _engine(
             "give a vLLM render worker's URL (docs/sglang.md)"
         )
     port = args.sglang_bootstrap_port
-    if port is None and seat == "sglang" and (given := os.environ.get(_SGLANG_PORT_ENV)):
+    if port is None and llm_d and (given := os.environ.get(_SGLANG_PORT_ENV)):
         try:
             port = _port(given)
         except argparse.ArgumentTypeError as error:
@@ -675,7 +700,6 @@ def app_from_settings() -> ASGIApp:
     from disagg_transforms import (  # noqa: PLC0415
         EcConnector,
         Engine,
-        KvConnector,
         Limits,
         SglangSettings,
     )

@@ -236,7 +236,9 @@ class ExchangeSettings(msgspec.Struct, frozen=True, kw_only=True):
     kv_connector: KvConnector = KvConnector.NIXL
     """How prefill hands the prompt's KV to decode: ``NIXL``, decode gets the prefill answer's
     ``kv_transfer_params``; ``SHARED_STORAGE``, decode gets only the two flags and of the
-    prefill answer only its usage is read (``docs/exchange.md``, "Connectors")."""
+    prefill answer only its usage is read (``docs/exchange.md``, "Connectors"). With
+    ``engine=Engine.SGLANG`` the two meet by bootstrap room whatever this says; ``SGLANG``
+    (llm-d's ``kv-sglang``) goes with that engine only."""
     ec_connector: EcConnector = EcConnector.NIXL
     """How encode hands its encoder cache to prefill: ``NIXL``, prefill gets the encode
     answer's ``ec_transfer_params``; ``SHARED_STORAGE``, no leg carries any."""
@@ -264,6 +266,12 @@ class ExchangeSettings(msgspec.Struct, frozen=True, kw_only=True):
         if not isinstance(engine, Engine):
             msg = f"ExchangeSettings.engine: expected an Engine, got {describe(engine)}"
             raise ConfigError(msg, param="engine")
+        if self.kv_connector is KvConnector.SGLANG and engine is not Engine.SGLANG:
+            msg = (
+                "ExchangeSettings.kv_connector: KvConnector.SGLANG needs engine=Engine.SGLANG "
+                "(docs/sglang.md)"
+            )
+            raise ConfigError(msg, param="kv_connector")
 
 
 _DEFAULT_SETTINGS: Final = ExchangeSettings()
