@@ -32,7 +32,7 @@ from disagg_transforms import (
     wrap_chat_completion,
     wrap_chat_completion_bytes,
 )
-from disagg_transforms._wire.raw import scan_token_ids
+from disagg_transforms._wire.raw import encode, scan_token_ids
 
 GENERATE = "/inference/v1/generate"
 TEXT = DecodeParams(use_openai_format=False, output_mode=OutputMode.TEXT)
@@ -468,3 +468,16 @@ def test_a_number_no_parser_reads_is_named_as_such() -> None:
         )
     assert caught.value.param == "$.token_ids[0]"
     assert "out of range" in str(caught.value)
+
+
+def test_encode_writes_proved_token_ids_as_their_bytes_and_refuses_other_objects() -> None:
+    # The encoder's hook writes a proved array wherever it sits; any other unknown object is
+    # refused as msgspec refuses it.
+    proved = scan_token_ids(msgspec.Raw(b"[1, 2,3]"))
+    assert proved is not None
+    assert (
+        encode({"token_ids": proved, "nested": [proved]})
+        == b'{"token_ids":[1, 2,3],"nested":[[1, 2,3]]}'
+    )
+    with pytest.raises(TypeError, match="Encoding objects of type object is unsupported"):
+        encode({"x": object()})

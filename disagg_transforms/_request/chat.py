@@ -55,7 +55,7 @@ def chat_family_sampling(body: Mapping[str, Any], *, generate_leg: bool) -> dict
     """The ``sampling_params`` fields chat and completions share (they differ in logprobs)."""
     if generate_leg:
         f.refuse_when_set(body, _REFUSED_WHEN_SET)
-    sampling = f.copy_sampling(body, f.SAMPLING_FIELDS)
+    sampling = f.copy_sampling(body, f.SAMPLING_KEYS)
     f.structured_outputs(
         sampling,
         given=obj(body, w.STRUCTURED_OUTPUTS),

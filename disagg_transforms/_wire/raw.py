@@ -27,7 +27,6 @@ ErrorFactory: TypeAlias = type[DisaggTransformError]
 
 _SPLITTER: Final = msgspec.json.Decoder(dict[str, msgspec.Raw])
 _DECODER: Final = msgspec.json.Decoder()
-_ENCODER: Final = msgspec.json.Encoder()
 
 # In valid JSON, an array with none of these bytes after its "[" holds unsigned integer literals
 # only: a string needs '"', an object '{', a nested array '[', true and false 'e', null 'n', a
@@ -268,20 +267,30 @@ class RawMembers(dict[str, Any]):
         """Write ``result`` (built by the rules from this mapping) as JSON bytes.
 
         A value that is the very object this mapping handed out for the same key was passed
-        through unchanged: its input bytes are written. A :class:`RawTokenIds` anywhere at the
-        top level is written as its bytes. Everything else is encoded.
+        through unchanged: its input bytes are written. A :class:`RawTokenIds` is written as its
+        bytes (:func:`encode`). Everything else is encoded.
         """
         members, mine = self._members, dict.get
         return encode(
             {
-                key: value.raw
-                if type(value) is RawTokenIds
-                else (members[key] if mine(self, key, _ABSENT) is value else value)
+                key: members[key] if mine(self, key, _ABSENT) is value else value
                 for key, value in result.items()
             }
         )
 
 
+def _token_ids_bytes(value: object) -> msgspec.Raw:
+    # msgspec calls this for a type it does not know: only proved token IDs are written.
+    if type(value) is RawTokenIds:
+        return value.raw
+    msg = f"Encoding objects of type {type(value).__name__} is unsupported"
+    raise TypeError(msg)  # msgspec's own words, as without this hook
+
+
+# A RawTokenIds is written by the hook, not found by a check of every member in Python.
+_ENCODER: Final = msgspec.json.Encoder(enc_hook=_token_ids_bytes)
+
+
 def encode(value: object) -> bytes:
-    """Encode a JSON value whose parts may be ``msgspec.Raw`` (written as they are)."""
+    """Encode a JSON value whose parts may be ``msgspec.Raw`` or ``RawTokenIds`` (as bytes)."""
     return _ENCODER.encode(value)

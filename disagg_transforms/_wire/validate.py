@@ -156,7 +156,7 @@ def whole_number(
     out of range.
     """
     number: int | None = None
-    if isinstance(value, int) and not isinstance(value, bool):
+    if type(value) is int or (isinstance(value, int) and not isinstance(value, bool)):
         number = value
     elif isinstance(value, float) and value.is_integer():
         number = int(value)
@@ -210,8 +210,8 @@ def typed(body: Mapping[str, Any], key: str, view: Any, parent: str = "$") -> An
     view the value is returned unchanged once it conforms (``1`` for a ``float`` stays ``1``).
     """
     value = body.get(key)
-    if value is None:
-        return None
+    if value is None or type(value) is view:  # msgspec takes a value of the very class
+        return value
     if view is int:
         return whole_number(value, f"{parent}.{key}")
     conforms = _CONFORMS.get(id(view))
