@@ -375,3 +375,21 @@ def test_kv_sglang_needs_the_sglang_engine() -> None:
     assert refused.value.param == "kv_connector"
     settings = ExchangeSettings(kv_connector=KvConnector.SGLANG, engine=Engine.SGLANG)
     assert settings.engine is Engine.SGLANG
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_completions_client_keeps_its_own_route_on_the_token_pipeline(stream: bool) -> None:
+    # As with vLLM, a completions client is never rendered: both legs are its own body on
+    # SGLang's OpenAI server, with our rid and room (docs/sglang.md).
+    _, _, workers = _workers()
+    body = {"model": "m", "prompt": "Hi", "max_tokens": 8, "stream": stream}
+    outcome = asyncio.run(_Router(workers).run(_exchange("/v1/completions", body)))
+    assert outcome.status == 200, outcome.body
+    assert [(call.step, call.path) for call in outcome.calls] == [
+        ("decode", "/v1/completions"),
+        ("prefill", "/v1/completions"),
+    ]
+    decode, prefill = (json.loads(call.body) for call in outcome.calls)
+    assert decode == prefill
+    assert decode["bootstrap_host"] == "prefill"
+    assert b'"text_completion"' in outcome.body
