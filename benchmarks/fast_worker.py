@@ -1,15 +1,17 @@
 """A fast fake vLLM worker for ``benchmarks/proxy.py``: the simulated worker's answers, replayed.
 
-Usage: ``python benchmarks/fast_worker.py`` prints ``listening on http://127.0.0.1:PORT`` once it
-listens. The simulated worker (``disagg_transforms.testing``) builds a whole stream before its first
-byte and spends 17-19 ms of CPU on a 256-token stream, which is most of a c1 time to first token
-and costs the targets CPU when they share its core. This one asks it once per kind of request, in
-process, and from then on writes its answer pre-encoded: a raw asyncio protocol (uvloop when
-installed), a minimal HTTP/1.1 parser, no ASGI. A kind is the request's method, path and JSON body
-without the fields a proxy gives each request a new value (``_VOLATILE``), so every route the
-targets call is answered exactly as the simulated worker answers it: render, prefill (with
-``kv_transfer_params``), decode in text mode (whole and SSE, ``output_mode`` echoed), the OpenAI
-chat route and whatever a target checks at start.
+Usage: ``python benchmarks/fast_worker.py [--sglang prefill|decode] [--context N]`` prints
+``listening on http://127.0.0.1:PORT`` once it listens (with ``--sglang``: that role of a simulated
+SGLang P/D pair, ``sglang_worker``; ``--context``: the vLLM worker's context length). The simulated
+worker (``disagg_transforms.testing``) builds a whole stream before its first byte and spends 17-19
+ms of CPU on a 256-token stream, which is most of a c1 time to first token and costs the targets CPU
+when they share its core. This one asks it once per kind of request, in process, and from then on
+writes its answer pre-encoded: a raw asyncio protocol (uvloop when installed), a minimal HTTP/1.1
+parser, no ASGI. A kind is the request's method, path and JSON body without the fields a proxy gives
+each request a new value (``_VOLATILE``), so every route the targets call is answered exactly as the
+simulated worker answers it: render, prefill (with ``kv_transfer_params``), decode in text mode
+(whole and SSE, ``output_mode`` echoed), the OpenAI chat route and whatever a target checks at
+start.
 
 A stream's first chunk goes out with the status line, at once; the others follow as one write each,
 back to back, as fast as the socket takes them (no gap: the time to the first token measures the
@@ -19,18 +21,20 @@ from the simulated worker, whose server writes one event a send too).
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import http
 import socket
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any, cast
 
 import orjson
 
-_VOLATILE = frozenset({"request_id"})
-"""Body fields (at any depth) a target sets anew on each request; not part of a request's kind."""
+_VOLATILE = frozenset({"request_id", "rid", "bootstrap_room"})
+"""Body fields (at any depth) a target sets anew on each request; not part of a request's kind
+(SGLang's ``rid`` and ``bootstrap_room`` too)."""
 MAX_TOKENS = 256
 """The answer's length: the simulated model writes ``MAX_TOKENS - 1`` bytes, then <|im_end|>."""
 
@@ -223,11 +227,57 @@ class Connection(asyncio.Protocol):
         self.answer_buffered()
 
 
-def simulated_worker() -> Any:  # noqa: ANN401 - an ASGI application
+def simulated_worker(max_model_len: int = 4096) -> Any:  # noqa: ANN401 - an ASGI application
     """The simulated worker whose answers are replayed, its answer ``MAX_TOKENS`` tokens long."""
     from disagg_transforms.testing import SimulatedWorker, WorkerSettings  # noqa: PLC0415
 
-    return SimulatedWorker(WorkerSettings(answer="x" * (MAX_TOKENS - 1)))  # a token a byte
+    settings = WorkerSettings(answer="x" * (MAX_TOKENS - 1), max_model_len=max_model_len)
+    return SimulatedWorker(settings)  # a token a byte
+
+
+SGLANG_ANSWER_TOKENS = 8192
+"""The simulated SGLang model's answer (a token a byte): the request's cap cuts it."""
+
+
+def sglang_worker(role: str) -> Any:  # noqa: ANN401 - an ASGI application
+    """One role (``prefill`` or ``decode``) of a simulated SGLang P/D pair, as an ASGI app.
+
+    A request that carries a ``bootstrap_room`` goes to both workers of a pair in this process,
+    so that they meet; the role's answer is kept, the other's dropped. Others go to the role.
+    """
+    from disagg_transforms.testing import SimulatedSglangWorker, WorkerSettings  # noqa: PLC0415
+
+    settings = WorkerSettings(
+        answer="x" * (SGLANG_ANSWER_TOKENS - 1), max_model_len=2 * SGLANG_ANSWER_TOKENS
+    )
+    prefill = SimulatedSglangWorker(settings, disaggregation_mode="prefill")
+    decode = SimulatedSglangWorker(
+        settings, disaggregation_mode="decode", prefills={("pair", 1): prefill}
+    )
+    kept, dropped = (prefill, decode) if role == "prefill" else (decode, prefill)
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:  # noqa: ANN401
+        if scope["type"] != "http":
+            await kept(scope, receive, send)
+            return
+        message: dict[str, Any] = dict(await receive())
+        parsed = orjson.loads(message["body"]) if message.get("body") else None
+        if isinstance(parsed, dict) and "bootstrap_room" in parsed:
+            parsed.update(bootstrap_host="pair", bootstrap_port=1)
+            message = {**message, "body": orjson.dumps(parsed)}
+
+        async def again() -> dict[str, Any]:
+            return message
+
+        async def drop(_: MutableMapping[str, Any]) -> None:
+            return
+
+        if parsed is None or "bootstrap_room" not in parsed:
+            await kept(scope, again, send)
+            return
+        await asyncio.gather(kept(scope, again, send), dropped(scope, again, drop))
+
+    return app
 
 
 async def serve(protocol: Callable[[], asyncio.Protocol]) -> None:
@@ -245,7 +295,12 @@ def main() -> int:
         runner: Callable[..., None] = asyncio.run
     else:
         runner = uvloop.run
-    runner(serve(Replayer(simulated_worker()).connection))
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sglang", choices=("prefill", "decode"), help="an SGLang pair's role")
+    parser.add_argument("--context", type=int, default=4096, help="the vLLM worker's context")
+    args = parser.parse_args()
+    app = sglang_worker(args.sglang) if args.sglang else simulated_worker(args.context)
+    runner(serve(Replayer(app).connection))
     return 0
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import importlib.util
 import os
 import platform
@@ -41,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import sglang_gateway
 from fast_worker import MAX_TOKENS, simulated_worker
 
 _ROOT = Path(__file__).resolve().parent.parent
@@ -73,6 +75,20 @@ _ONE_CALL_CONFIG = {"steps": {"decode": {"use_openai_format": True}}}
 _COUNTS = {  # requests per round: (whole, stream) at each concurrency
     True: {1: (40, 10), 16: (160, 32), 64: (256, 64)},
     False: {1: (100, 20), 16: (400, 64), 64: (640, 128)},
+}
+
+
+SG_WORKER = "SGLang decode worker"
+SG_OURS = "proxy (sglang)"
+SG_ROUTER = "sglang-router"
+SG_ROUTER_GENERATE = "sglang-router (/generate)"
+SG_STREAMS = {"stream 1k": 1024, "stream 8k": 8192}
+"""The cumulative streams measured per chunk, by their answer's length in tokens."""
+SG_RENDER_CONTEXT = 32768  # the render worker's: a 1k prompt and an 8k answer fit
+SG_BOOTSTRAP_PORT = 8998  # the fast SGLang workers meet in process: any port does
+_SG_COUNTS = {  # requests per round: whole at each concurrency, each stream at c1
+    True: {1: 40, 16: 160, 64: 256, "stream 1k": 8, "stream 8k": 2},
+    False: {1: 100, 16: 400, 64: 640, "stream 1k": 16, "stream 8k": 4},
 }
 
 
@@ -340,6 +356,233 @@ def measure(*, quick: bool, router: str | None, simulated: bool = False) -> list
     return results
 
 
+def sglang_bodies(answer_tokens: int, *, stream: bool) -> tuple[bytes, bytes]:
+    """The chat request (``body``'s) and SGLang's own ``/generate`` one with the same prompt."""
+    from disagg_transforms.testing import toy_encode  # noqa: PLC0415
+
+    chat = orjson.loads(body(stream=stream))
+    chat["max_tokens"] = answer_tokens
+    content = chat["messages"][0]["content"]
+    prompt = toy_encode(f"<|im_start|>user\n{content}<|im_end|>\n<|im_start|>assistant\n")
+    generate = {
+        "input_ids": prompt,
+        "sampling_params": {"max_new_tokens": answer_tokens},
+        "stream": stream,
+        # what sglang-router writes over them; the decode worker called directly needs them
+        "bootstrap_host": "127.0.0.1",
+        "bootstrap_port": SG_BOOTSTRAP_PORT,
+        "bootstrap_room": 1,
+    }
+    return orjson.dumps(chat), orjson.dumps(generate)
+
+
+@contextmanager
+def sglang_servers(router: Path | None, log_dir: Path) -> Iterator[dict[str, tuple[str, int]]]:
+    """The fast SGLang prefill and decode (the first core), a vLLM render worker for `serve`, and
+    `serve --engine sglang` and sglang-router before them (the last core): URLs and process ids.
+    """
+    processes: list[subprocess.Popen[bytes]] = []
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    worker_core, core = (cores[0], cores[-1]) if len(cores) > 1 else (None, None)
+    fast = str(_FAST_WORKER)
+    try:
+        started = {}
+        for role in ("prefill", "decode"):
+            started[role] = _spawn([fast, "--sglang", role], worker_core)
+        # the render worker's context fits a 1k prompt and an 8k answer
+        started["render"] = _spawn(
+            [fast, "--context", str(4 * SG_STREAMS["stream 8k"])], worker_core
+        )
+        processes += [process for process, _ in started.values()]
+        prefill, decode, render = (started[role][1] for role in ("prefill", "decode", "render"))
+        urls = {SG_WORKER: (decode, started["decode"][0].pid)}
+        serve = [
+            "-m", "disagg_transforms", "serve", "--port", "0", "--engine", "sglang",
+            "--render-url", render, "--prefill-url", prefill, "--decode-url", decode,
+            "--sglang-bootstrap-port", str(SG_BOOTSTRAP_PORT),
+        ]  # fmt: skip
+        process, url = _spawn(serve, core)
+        processes.append(process)
+        urls[SG_OURS] = (url, process.pid)
+        with contextlib.ExitStack() as stack:
+            if router is not None:
+                # as vllm-router above: no retries, no circuit breaker, round robin
+                extra = [
+                    "--policy", "round_robin", "--disable-retries", "--disable-circuit-breaker",
+                    "--max-concurrent-requests", "1024",
+                ]  # fmt: skip
+                gateway, url = stack.enter_context(
+                    sglang_gateway.launched(
+                        router,
+                        prefill=prefill,
+                        bootstrap_port=SG_BOOTSTRAP_PORT,
+                        decode=decode,
+                        log_path=log_dir / "sglang-router.log",
+                        extra=extra,
+                        core=core,
+                    )
+                )
+                urls[SG_ROUTER] = urls[SG_ROUTER_GENERATE] = (url, gateway.pid)
+            yield urls
+    finally:
+        for process in processes:
+            process.terminate()
+            process.wait(timeout=30)
+            if process.stdout is not None:
+                process.stdout.close()
+
+
+def _measured(name: str, mode: str, concurrency: int, runs: list[Load], cpu: list[float]) -> Result:
+    count = len(runs[0].latencies)
+    seconds = statistics.median(run.seconds for run in runs)
+    latencies = [value for run in runs for value in run.latencies]
+    firsts = [value for run in runs for value in run.first_chunks]
+    return Result(
+        name,
+        mode,
+        count / seconds,
+        percentile(latencies, 0.5) * 1000,
+        percentile(latencies, 0.99) * 1000,
+        statistics.median(cpu) if cpu else None,
+        concurrency,
+        percentile(firsts, 0.5) * 1000 if mode != "whole" else None,
+        runs[-1].events,
+    )
+
+
+def _sglang_plan(quick: bool) -> list[tuple[str, int, int, dict[str, tuple[str, bytes]]]]:
+    """Each load: its mode, concurrency, requests per round, and each target's path and body."""
+    counts = _SG_COUNTS[quick]
+    chat, _ = sglang_bodies(MAX_TOKENS, stream=False)
+    whole = {SG_OURS: (PATH, chat), SG_ROUTER: (PATH, chat)}
+    plan = [("whole", concurrency, counts[concurrency], whole) for concurrency in CONCURRENCIES]
+    for mode, tokens in SG_STREAMS.items():
+        chat, generate = sglang_bodies(tokens, stream=True)
+        sent = {
+            SG_WORKER: ("/generate", generate),
+            SG_OURS: (PATH, chat),
+            SG_ROUTER_GENERATE: ("/generate", generate),
+        }
+        plan.append((mode, 1, counts[mode], sent))
+    return plan
+
+
+def measure_sglang(*, quick: bool, router: Path | None) -> list[Result]:
+    """`serve --engine sglang` and sglang-router before the same fast SGLang pair.
+
+    Whole answers (``MAX_TOKENS`` tokens) of the chat request at c1/c16/c64 through both;
+    cumulative streams of 1k and 8k tokens at c1: `serve` gets the chat request (it turns
+    SGLang's cumulative ``/generate`` events into chat deltas), sglang-router SGLang's own
+    ``/generate`` request (it relays the same events as they are), the decode worker the same
+    directly.
+    """
+    results = []
+    with tempfile.TemporaryDirectory() as log_dir, sglang_servers(router, Path(log_dir)) as targets:
+        for mode, concurrency, count, sent in _sglang_plan(quick):
+            chosen = {name: sent[name] for name in sent if name in targets}
+            for name, (path, payload) in chosen.items():  # warm up, the answers recorded
+                asyncio.run(load(targets[name][0] + path, payload, 2, 1))
+            runs: dict[str, list[Load]] = {name: [] for name in chosen}
+            cpu: dict[str, list[float]] = {name: [] for name in chosen}
+            for _ in range(1 if quick else 2):
+                for name, (path, payload) in chosen.items():
+                    url, pid = targets[name]
+                    print(f"sglang {mode}, {concurrency} in flight: {name}", file=sys.stderr)
+                    before = cpu_seconds(pid)
+                    runs[name].append(asyncio.run(load(url + path, payload, count, concurrency)))
+                    after = cpu_seconds(pid)
+                    if before is not None and after is not None:
+                        cpu[name].append((after - before) / count * 1000)
+            results += [
+                _measured(name, mode, concurrency, runs[name], cpu[name]) for name in chosen
+            ]
+    return results
+
+
+def _cpu_ratio(a: Result | None, b: Result | None, *, per_chunk: bool = False) -> float | None:
+    if a is None or b is None:
+        return None
+    x, y = (a.cpu_us_per_chunk, b.cpu_us_per_chunk) if per_chunk else (a.cpu_ms, b.cpu_ms)
+    return None if x is None or y is None or y == 0 else x / y
+
+
+def _added_ttft(results: Sequence[Result], target: str) -> float | None:
+    row, base = _row(results, target, "stream 1k", 1), _row(results, SG_WORKER, "stream 1k", 1)
+    if row is None or base is None or row.ttft_p50_ms is None or base.ttft_p50_ms is None:
+        return None
+    return row.ttft_p50_ms - base.ttft_p50_ms
+
+
+def sglang_floors(results: Sequence[Result], vllm: Sequence[Result]) -> str:
+    """The SGLang figures the issue sets floors on (or has reported), each against its floor."""
+    ours16 = _row(results, SG_OURS, "whole", 16)
+    rows: list[tuple[str, float | None, str, float | None]] = [
+        (
+            ("`serve --engine sglang` (render, prefill, decode) / `serve` vLLM default (the same"
+            " three calls), CPU per request, c16"),
+            _cpu_ratio(ours16, _row(vllm, GENERATE, "whole", 16)), "<= 1.2x", 1.2,
+        ),
+        (
+            "`serve --engine sglang` / sglang-router P/D, CPU per request, c16",
+            _cpu_ratio(ours16, _row(results, SG_ROUTER, "whole", 16)), "reported", None,
+        ),
+        (
+            "beside it: `serve` vLLM default / vllm-router P/D, CPU per request, c16",
+            _cpu_ratio(_row(vllm, GENERATE, "whole", 16), _row(vllm, ROUTER, "whole", 16)),
+            "reported", None,
+        ),
+        (
+            "CPU per request c64 / c1, `serve --engine sglang`",
+            _cpu_ratio(_row(results, SG_OURS, "whole", 64), _row(results, SG_OURS, "whole", 1)),
+            "<= 1.5", 1.5,
+        ),
+    ]  # fmt: skip
+    rows += [
+        (
+            (f"CPU per streamed chunk, {mode} cumulative, `serve --engine sglang` (chat deltas)"
+            " / sglang-router (relayed), c1"),
+            _cpu_ratio(
+                _row(results, SG_OURS, mode, 1),
+                _row(results, SG_ROUTER_GENERATE, mode, 1),
+                per_chunk=True,
+            ),
+            "<= 1.5x", 1.5,
+        )
+        for mode in SG_STREAMS
+    ]  # fmt: skip
+    rows += [
+        (
+            (f"time to first chunk added by {target} over the decode worker, stream 1k, c1, p50"
+            " (ms)"),
+            _added_ttft(results, target), "reported", None,
+        )
+        for target in (SG_OURS, SG_ROUTER_GENERATE)
+    ]  # fmt: skip
+    lines = ["| figure | measured | floor | met? |", "|---|---|---|---|"]
+    for name, value, floor, limit in rows:
+        met = "-" if value is None or limit is None else ("yes" if value <= limit else "**no**")
+        lines.append(f"| {name} | {_fmt(value)} | {floor} | {met} |")
+    return "\n".join(lines)
+
+
+def sglang_table(results: Sequence[Result], vllm: Sequence[Result]) -> str:
+    """The SGLang figures, then the floors (docs/performance.md)."""
+    lines = [
+        (
+            "| request | in flight | target | requests/s | p50 ms | p99 ms | first chunk p50 ms"
+            " | CPU ms/request | chunks | CPU us/chunk |"
+        ),
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {r.mode} | {r.concurrency} | {r.target} | {r.rps:.1f} | {r.p50_ms:.2f} | "
+        f"{r.p99_ms:.2f} | {_fmt(r.ttft_p50_ms)} | {_fmt(r.cpu_ms)} | {r.chunks or '-'} | "
+        f"{_fmt(r.cpu_us_per_chunk, 1)} |"
+        for r in results
+    ]
+    return "\n".join(lines) + "\n\n" + sglang_floors(results, vllm)
+
+
 def _fmt(value: float | None, digits: int = 2) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
@@ -531,7 +774,67 @@ def _uvicorn_picks() -> str:
     return f"{loop} and {http}"
 
 
-def section(results: Sequence[Result], command: str, *, simulated: bool = False) -> str:
+SGLANG_NOTE = """\
+**What the stream figures compare.** A cumulative event repeats the whole text and every token ID so
+far, so at 8k tokens the last events are about 60 KB each and the stream about 200 MB. The decode
+worker's reply bytes are the same for both routers. sglang-router relays them to a `/generate`
+client as they are; `serve` reads each event (msgspec; the token IDs are skipped, not decoded),
+checks that it extends the text so far and writes the new part as a chat delta. Both costs grow with
+the event; the ratio holds at about 4x from 1k to 8k tokens in the run above, over the 1.5x floor.
+Most of `serve`'s is that read: `SglangStreamReader` alone, in process, on the simulated worker's
+streams, costs 15 us an event at 1k tokens (3.4 MB) and 95 us at 8k (203 MB), as it reads each
+event whole. A reader that went straight to the new part of the text (its offset is known from the
+last event) and to `meta_info` would cost the new part only (written with this section, a rerun
+keeps it).
+"""
+"""What the cumulative stream figures measure (a rerun keeps it)."""
+
+
+def sglang_section(results: Sequence[Result], vllm: Sequence[Result]) -> str:
+    """The SGLang part of the section: `serve --engine sglang` beside sglang-router."""
+    if not results:
+        return ""
+    router = (
+        f"sglang-router {sglang_gateway.VERSION} (SGLang's Rust gateway, the registry's, in its"
+        " own venv) in P/D mode, no retries, no circuit breaker, round robin, as vllm-router above"
+        if any(r.target == SG_ROUTER for r in results)
+        else "sglang-router: not installed (skipped)"
+    )
+    about = textwrap.fill(
+        "The same run, before one fast SGLang prefill and one fast decode (`fast_worker.py"
+        " --sglang prefill|decode`: a simulated SGLang 0.5.23 pair meeting in process, its"
+        " answers recorded once per kind and replayed; each request's `rid` and room do not"
+        " change its kind), pinned to the first core."
+        f" `{SG_OURS}`: `serve --engine sglang`, a vLLM render worker (`fast_worker.py --context"
+        f" {SG_RENDER_CONTEXT}`) then the prefill and decode `/generate` legs sent at once, three"
+        f" calls; `{SG_ROUTER}`: {router}, the chat request to both workers' own chat route, two"
+        f' calls. "whole": the chat request of the table above ({MAX_TOKENS} tokens). The streams'
+        " are SGLang's cumulative streams (every event repeats the text and the token IDs so far)"
+        f" of 1k and 8k tokens at c1: `{SG_OURS}` gets the chat request and turns the events into"
+        f" chat deltas; `{SG_ROUTER_GENERATE}` gets SGLang's own `/generate` request and relays"
+        f" the same events as they are; `{SG_WORKER}` is that request sent to the decode"
+        " directly.",
+        100,
+        break_long_words=False,
+        break_on_hyphens=False,
+    )
+    return f"""
+### SGLang: `serve --engine sglang` beside sglang-router
+
+{about}
+
+{sglang_table(results, vllm)}
+
+{SGLANG_NOTE}"""
+
+
+def section(
+    results: Sequence[Result],
+    command: str,
+    *,
+    simulated: bool = False,
+    sglang: Sequence[Result] = (),
+) -> str:
     router = "vllm-router P/D" if any(r.target == ROUTER for r in results) else "(not installed)"
     worker = textwrap.fill(
         (
@@ -568,7 +871,7 @@ children per request (psutil; the median of the rounds); "CPU us/chunk" is a str
 over its chunks. CPU moves far less than requests per second when the machine is shared.
 
 {table(results)}
-
+{sglang_section(sglang, results)}
 {GATEWAY_NOTE}
 {PROFILE}
 {first_chunk_note(results, simulated=simulated)}
@@ -581,6 +884,7 @@ def write(
     command: str = "python benchmarks/proxy.py",
     *,
     simulated: bool = False,
+    sglang: Sequence[Result] = (),
 ) -> None:
     text = _DOC.read_text(encoding="utf-8")
     stacks = text[text.index(STACKS_SECTION_START) :] if STACKS_SECTION_START in text else ""
@@ -589,7 +893,7 @@ def write(
     _DOC.write_text(
         text
         + "\n"
-        + section(results, command, simulated=simulated)
+        + section(results, command, simulated=simulated, sglang=sglang)
         + ("\n" + stacks if stacks else ""),
         encoding="utf-8",
     )
@@ -668,6 +972,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="call the simulated worker itself, not fast_worker.py's replay of its answers",
     )
+    parser.add_argument(
+        "--no-sglang",
+        action="store_true",
+        help="leave out `serve --engine sglang` and sglang-router",
+    )
     parser.add_argument("--passthrough", metavar="WORKER_URL", help=argparse.SUPPRESS)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -682,9 +991,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("vllm-router is not installed (pip install vllm-router): skipped", flush=True)
     results = measure(quick=args.quick, router=router, simulated=args.simulated_worker)
     print(table(results))
+    sglang: list[Result] = []
+    if not args.no_sglang:
+        gateway = sglang_gateway.router_python()
+        if isinstance(gateway, str):
+            print(f"sglang-router: {gateway}: skipped", flush=True)
+        sglang = measure_sglang(
+            quick=args.quick, router=None if isinstance(gateway, str) else gateway
+        )
+        print(sglang_table(sglang, results))
     if not args.no_write:
         flags = " --quick" * args.quick + " --simulated-worker" * args.simulated_worker
-        write(results, f"python benchmarks/proxy.py{flags}", simulated=args.simulated_worker)
+        flags += " --no-sglang" * args.no_sglang
+        write(
+            results,
+            f"python benchmarks/proxy.py{flags}",
+            simulated=args.simulated_worker,
+            sglang=sglang,
+        )
     return (
         0
         if all(

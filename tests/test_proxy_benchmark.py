@@ -6,6 +6,7 @@ import asyncio
 import importlib.util
 import sys
 from pathlib import Path
+from typing import Any
 
 import httpx
 import orjson
@@ -216,3 +217,53 @@ def test_the_fast_worker_replays_the_simulated_workers_answer_for_any_request_id
     whole = answers[3].json()
     assert whole["object"] == "chat.completion"
     assert whole["usage"]["completion_tokens"] == bench.MAX_TOKENS
+
+
+def test_the_sglang_floors_compare_with_the_vllm_pipeline_and_sglang_router() -> None:
+    def row(target: str, mode: str, concurrency: int, cpu: float, chunks: int = 0) -> Any:
+        return bench.Result(target, mode, 100.0, 1.0, 2.0, cpu, concurrency, None, chunks)
+
+    vllm = [row(bench.GENERATE, "whole", 16, 1.0), row(bench.ROUTER, "whole", 16, 0.1)]
+    sglang = [
+        row(bench.SG_OURS, "whole", 1, 1.0),
+        row(bench.SG_OURS, "whole", 16, 1.1),
+        row(bench.SG_OURS, "whole", 64, 1.6),
+        row(bench.SG_ROUTER, "whole", 16, 0.11),
+        row(bench.SG_OURS, "stream 1k", 1, 2.0, 1000),
+        row(bench.SG_ROUTER_GENERATE, "stream 1k", 1, 1.0, 1000),
+    ]
+    floors = bench.sglang_floors(sglang, vllm).splitlines()
+    assert "| 1.10 | <= 1.2x | yes |" in floors[2]  # the vLLM pipeline, the same run
+    assert "| 10.00 | reported | - |" in floors[3]  # sglang-router
+    assert "| 10.00 | reported | - |" in floors[4]  # vllm-router beside it
+    assert "| 1.60 | <= 1.5 | **no** |" in floors[5]  # c64 / c1
+    assert "| 2.00 | <= 1.5x | **no** |" in floors[6]  # per chunk, 1k
+    assert "| - | <= 1.5x | - |" in floors[7]  # 8k not measured
+
+
+def test_the_fast_sglang_pair_meets_by_room_and_replays_for_any_rid_and_room() -> None:
+    import fast_worker  # noqa: PLC0415 - beside proxy.py, on the path set above
+
+    replayer = fast_worker.Replayer(fast_worker.sglang_worker("decode"))
+    _, generate = bench.sglang_bodies(8, stream=False)
+
+    async def ask() -> list[httpx.Response]:
+        server = await asyncio.get_running_loop().create_server(replayer.connection, "127.0.0.1", 0)
+        url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        try:
+            async with httpx.AsyncClient(base_url=url) as client:
+                return [
+                    await client.post(
+                        "/generate",
+                        json={**orjson.loads(generate), "rid": f"{n:032x}", "bootstrap_room": n},
+                    )
+                    for n in (1, 2)
+                ]
+        finally:
+            server.close()
+
+    first, second = asyncio.run(ask())
+    assert first.status_code == 200, first.text
+    assert len(replayer.replies) == 1
+    assert first.content == second.content
+    assert first.json()["meta_info"]["completion_tokens"] == 8

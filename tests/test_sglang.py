@@ -22,6 +22,7 @@ from disagg_transforms._engines import ENGINES, Engine, Meeting
 from disagg_transforms._request.sglang import (
     ROOM_MAX,
     Rendezvous,
+    build_sglang_openai_request,
     build_sglang_request,
     new_rendezvous,
     sglang_client_leg,
@@ -130,6 +131,65 @@ def test_a_field_with_no_sglang_place_is_refused_naming_it(
     assert caught.value.param is not None
     assert caught.value.param.startswith(param)
     assert caught.value.status_hint == 400
+
+
+def test_a_tool_using_client_is_refused_naming_the_setting_that_serves_it() -> None:
+    with pytest.raises(RequestError, match="use_openai_format: true") as caught:
+        _leg(_chat(tools=[{"type": "function", "function": {"name": "f"}}]))
+    assert caught.value.param == "$.tools"
+
+
+TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        (CHAT, _chat(tools=TOOLS, max_tokens=9)),
+        ("/v1/completions", {"model": "m", "prompt": "x", "max_tokens": 9}),
+        ("/v1/messages", {"model": "m", "max_tokens": 9, "messages": _chat()["messages"]}),
+    ],
+)
+def test_a_client_on_sglangs_openai_route_keeps_its_body_and_gets_our_rendezvous(
+    path: str, body: dict[str, Any]
+) -> None:
+    sent = {**body, "rid": "short", "bootstrap_room": 1, "bootstrap_host": "elsewhere"}
+    sent["kv_transfer_params"] = {"remote_host": "10.0.0.66"}  # removed, as on every leg
+    leg = build_sglang_openai_request(sent, client_path=path, rendezvous=RENDEZVOUS)
+    assert leg.path == path
+    assert leg.rid == RENDEZVOUS.rid
+    assert leg.body == {
+        **body,
+        "rid": "0" * 32,
+        "bootstrap_host": "10.0.3.17",
+        "bootstrap_port": 8998,
+        "bootstrap_room": 7,
+    }
+    assert sent["rid"] == "short"  # the client's body is never mutated
+
+
+def test_a_responses_client_gets_the_cap_it_asked_for_on_sglang() -> None:
+    # SGLang's Responses route keeps 2 tokens of max_output_tokens as headroom.
+    body = {"model": "m", "input": "hi", "max_output_tokens": 10}
+    leg = build_sglang_openai_request(body, client_path="/v1/responses", rendezvous=RENDEZVOUS)
+    assert leg.body["max_output_tokens"] == 12
+    assert body["max_output_tokens"] == 10
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        (CHAT, _chat(max_tokens=0), "$.max_tokens"),
+        (CHAT, _chat(stream="yes"), "$.stream"),
+        ("/generate", {"input_ids": [1]}, "client_path"),
+    ],
+)
+def test_an_openai_route_leg_refuses_before_any_worker_call(
+    path: str, body: dict[str, Any], param: str
+) -> None:
+    with pytest.raises(RequestError) as caught:
+        build_sglang_openai_request(body, client_path=path, rendezvous=RENDEZVOUS)
+    assert caught.value.param == param
 
 
 def test_a_completions_client_keeps_its_own_route() -> None:

@@ -11,11 +11,16 @@ import pathlib
 from typing import Any
 
 import httpx
+import openai
 import pytest
 import sglang_contract
 
 from disagg_transforms import OutputMode
-from disagg_transforms._request.sglang import Rendezvous, build_sglang_request
+from disagg_transforms._request.sglang import (
+    Rendezvous,
+    build_sglang_openai_request,
+    build_sglang_request,
+)
 from disagg_transforms._response.dispatch import wrap_envelope
 from disagg_transforms._response.sglang import (
     SglangFailure,
@@ -226,3 +231,178 @@ def test_a_prefill_that_fails_leaves_its_decode_waiting_until_the_timeout() -> N
 def test_an_unknown_fault_is_refused() -> None:
     with pytest.raises(ValueError, match="unknown fault"):
         SimulatedSglangWorker(fault="bogus")
+
+
+# --- SGLang's OpenAI routes in a P/D role -------------------------------------------------------
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}
+
+
+def _openai_body(room: int, **client: Any) -> dict[str, Any]:
+    routing = {
+        "rid": f"{room:032x}",
+        "bootstrap_host": "prefill",
+        "bootstrap_port": 8998,
+        "bootstrap_room": room,
+    }
+    return {"model": "m", "messages": [{"role": "user", "content": "hi"}], **routing, **client}
+
+
+async def _both_on(
+    path: str, prefill: SimulatedSglangWorker, decode: SimulatedSglangWorker, body: dict[str, Any]
+) -> tuple[httpx.Response, httpx.Response]:
+    async with _client(prefill) as p, _client(decode) as d:
+        first, second = await asyncio.gather(p.post(path, json=body), d.post(path, json=body))
+    return first, second
+
+
+def _events(answer: httpx.Response) -> list[dict[str, Any]]:
+    lines = answer.content.decode().split("\n\n")
+    assert lines[-2:] == ["data: [DONE]", ""]
+    return [json.loads(line[6:]) for line in lines[:-2]]
+
+
+def test_a_chat_tool_call_comes_back_as_sglangs_hermes_parser_writes_it() -> None:
+    prefill, decode = _pair()
+    body = _openai_body(21, tools=[WEATHER])
+    first, second = asyncio.run(_both_on(CHAT, prefill, decode, body))
+    assert first.status_code == second.status_code == 200
+    # The prefill: one token, length (discarded by a router); both legs met by the room.
+    assert first.json()["choices"][0]["finish_reason"] == "length"
+    answer = second.json()
+    openai.types.chat.ChatCompletion.model_validate(answer)
+    assert answer["id"] == f"{21:032x}"
+    choice = answer["choices"][0]
+    assert choice["finish_reason"] == "tool_calls"
+    assert choice["matched_stop"] is None
+    assert choice["message"]["content"] == ""
+    assert choice["message"]["reasoning_content"] is None
+    (call,) = choice["message"]["tool_calls"]
+    assert call["id"].startswith("call_")
+    assert len(call["id"]) == len("call_") + 24
+    assert call["index"] == 0
+    assert call["function"] == {"name": "get_weather", "arguments": '{"city": "Paris"}'}
+    assert answer["metadata"] == {"weight_version": "default"}
+    assert list(answer["usage"]) == [
+        "prompt_tokens",
+        "total_tokens",
+        "completion_tokens",
+        "prompt_tokens_details",
+        "reasoning_tokens",
+        "completion_tokens_details",
+    ]
+
+
+def test_the_libraries_openai_route_leg_serves_a_tool_call_through_a_pair() -> None:
+    rendezvous = Rendezvous(
+        rid=f"{29:032x}", bootstrap_host="prefill", bootstrap_port=8998, bootstrap_room=29
+    )
+    chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": [WEATHER]}
+    leg = build_sglang_openai_request(chat, client_path=CHAT, rendezvous=rendezvous)
+    prefill, decode = _pair()
+    first, second = asyncio.run(_both_on(leg.path, prefill, decode, leg.body))
+    assert first.status_code == second.status_code == 200
+    assert second.json()["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def test_a_streamed_tool_call_comes_as_a_name_then_its_arguments() -> None:
+    prefill, decode = _pair()
+    body = _openai_body(22, tools=[WEATHER], stream=True, stream_options={"include_usage": True})
+    _, second = asyncio.run(_both_on(CHAT, prefill, decode, body))
+    chunks = _events(second)
+    for chunk in chunks:
+        openai.types.chat.ChatCompletionChunk.model_validate(chunk)
+    assert chunks[0]["choices"][0]["delta"] == {
+        "reasoning_content": None,
+        "role": "assistant",
+        "content": "",
+    }
+    named, arguments = (chunk["choices"][0]["delta"]["tool_calls"][0] for chunk in chunks[1:3])
+    assert named["function"] == {"name": "get_weather", "arguments": ""}
+    assert named["id"].startswith("call_")
+    assert arguments["id"] is None
+    assert arguments["function"] == {"name": None, "arguments": '{"city": "Paris"}'}
+    assert chunks[3]["choices"][0]["finish_reason"] == "tool_calls"
+    assert chunks[4]["choices"] == []
+    assert chunks[4]["usage"]["completion_tokens"] > 0
+
+
+def test_chat_and_completions_without_tools_answer_the_text() -> None:
+    prefill, decode = _pair()
+    _, second = asyncio.run(_both_on(CHAT, prefill, decode, _openai_body(23, max_tokens=3)))
+    choice = second.json()["choices"][0]
+    assert (choice["message"]["content"], choice["finish_reason"]) == ("Hel", "length")
+    body = {**_openai_body(24, stream=True), "prompt": "hi"}
+    del body["messages"]
+    _, streamed = asyncio.run(_both_on("/v1/completions", prefill, decode, body))
+    chunks = _events(streamed)
+    openai.types.Completion.model_validate(chunks[-1])  # the SDK builds the others unchecked
+    assert "".join(chunk["choices"][0]["text"] for chunk in chunks) == "Hello!"
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+    assert chunks[-1]["choices"][0]["matched_stop"] == 151645
+
+
+def test_the_openai_routes_refuse_and_time_out_as_sglangs_do() -> None:
+    _, decode = _pair(timeout=0.2)
+
+    async def alone(body: dict[str, Any]) -> httpx.Response:
+        async with _client(decode) as d:
+            return await d.post(CHAT, json=body)
+
+    no_room = _openai_body(25)
+    del no_room["bootstrap_room"]
+    refused = asyncio.run(alone(no_room))
+    assert refused.status_code == 400
+    assert refused.json()["type"] == "BadRequest"
+    assert "without bootstrap room id" in refused.json()["message"]
+    timed_out = asyncio.run(alone(_openai_body(26)))
+    assert timed_out.status_code == 500
+    assert timed_out.json()["message"].startswith("Decode transfer failed")
+    streamed = asyncio.run(alone(_openai_body(27, stream=True)))
+    assert streamed.status_code == 200
+    (event,) = _events(streamed)
+    assert event["error"]["code"] == 500
+    assert event["error"]["type"] == "INTERNAL_SERVER_ERROR"
+    # What SGLang's contract covers of the OpenAI routes: the in-stream error's message and code.
+    checked = sglang_contract.contract().GenerateStreamError.from_json_value(event)
+    assert checked.error.message.startswith("Decode transfer failed")
+
+
+def test_the_worker_tells_what_it_received_and_what_was_aborted() -> None:
+    prefill, _ = _pair(timeout=5)
+
+    async def seen() -> dict[str, Any]:
+        async with _client(prefill) as p:
+            call = asyncio.ensure_future(p.post(CHAT, json=_openai_body(28)))
+            await asyncio.sleep(0.05)
+            await p.post("/abort_request", json={"rid": f"{28:032x}"})
+            assert (await call).json()["choices"][0]["finish_reason"] == "abort"
+            return dict((await p.get("/simulated/calls")).json())
+
+    recorded = asyncio.run(seen())
+    assert [call["path"] for call in recorded["calls"]] == [CHAT, "/abort_request"]
+    assert recorded["calls"][0]["body"]["bootstrap_room"] == 28
+    assert recorded["aborted"] == [f"{28:032x}"]
+
+
+def test_ignore_eos_writes_until_the_cap() -> None:
+    prefill, decode = _pair()
+    for cap, expected in ((128, 128), (None, 4096 - len(PROMPT))):
+        body = {**_body(room=30 + (cap is None)), "sampling_params": {"ignore_eos": True}}
+        if cap is None:
+            body["sampling_params"]["max_new_tokens"] = None
+        _, second = asyncio.run(_both(prefill, decode, body))
+        meta = second.json()["meta_info"]
+        assert meta["completion_tokens"] == expected
+        assert meta["finish_reason"] == {"type": "length", "length": expected}
+        assert second.json()["text"].startswith("Hello!Hello!")

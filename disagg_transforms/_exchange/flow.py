@@ -448,6 +448,7 @@ class Exchange:
         if (
             client.output_mode is not OutputMode.DERENDER
             or client.route is Route.GENERATE  # a generate client's own mode: as it asked
+            or self._rendezvous()  # SGLang's legs have no derender (docs/sglang.md, "Tools")
             or vllm_honours(OutputMode.DERENDER, vllm_version)
         ):
             return False
@@ -814,7 +815,11 @@ class Exchange:
         return _Calling(call, leg if isinstance(leg, DecodeLeg) else None)
 
     def _unprompted_leg(self) -> SglangLeg:
-        """The rendezvous leg, refusing what SGLang has no place for before any call."""
+        """The rendezvous leg, refusing what SGLang has no place for before any call.
+
+        Decode on the client's own route (``use_openai_format``): SGLang's OpenAI server gets
+        the client's body with the rendezvous fields (docs/sglang.md, "Tools").
+        """
         client = self._client
         sglang = self._sglang
         rendezvous = new_rendezvous(
@@ -997,7 +1002,17 @@ class Exchange:
     # -- what the phases share ------------------------------------------------------------
 
     def _legs(self) -> list[_LegParams]:
-        return [params for params in self._params.values() if isinstance(params, _LEG_PARAMS)]
+        legs = [params for params in self._params.values() if isinstance(params, _LEG_PARAMS)]
+        if not self._rendezvous():
+            return legs
+        # SGLang's token legs are text whatever the step says; a tool-using client is refused by
+        # the SGLang leg, naming the setting that serves it (docs/sglang.md, "Tools").
+        return [
+            msgspec.structs.replace(params, output_mode=OutputMode.AUTO)
+            if isinstance(params, DecodeParams)
+            else params
+            for params in legs
+        ]
 
     def _client_members(self, body: object) -> _raw.RawMembers:
         if isinstance(body, (bytes, bytearray, memoryview)):

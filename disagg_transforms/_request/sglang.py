@@ -18,7 +18,8 @@ import msgspec
 from disagg_transforms._config import DecodeParams, OutputMode
 from disagg_transforms._request.client import ClientRequest, read_client_request
 from disagg_transforms._request.fields import asks_for_tools
-from disagg_transforms._routes import Route
+from disagg_transforms._request.legs import strip_transfer_params
+from disagg_transforms._routes import ROUTE_PATH, Route
 from disagg_transforms._wire import keys as w
 from disagg_transforms._wire import limits as _limits
 from disagg_transforms._wire import validate as _validate
@@ -30,6 +31,7 @@ __all__ = (
     "ROOM_MAX",
     "Rendezvous",
     "SglangLeg",
+    "build_sglang_openai_request",
     "build_sglang_request",
     "new_rendezvous",
     "sglang_client_leg",
@@ -109,6 +111,12 @@ _SGLANG_SAMPLING_KEYS: Final = frozenset(
         w.CHOICE,
     }
 )
+# The client routes SGLang's OpenAI server answers with the rendezvous fields (its
+# PDRoutingFields): the client keeps its own route there.
+_OPENAI_ROUTES: Final = (Route.CHAT_COMPLETIONS, Route.COMPLETIONS, Route.RESPONSES, Route.MESSAGES)
+# SGLang's Responses route keeps 2 tokens of max_output_tokens as headroom for BOS/EOS
+# (docs/sglang.md, "Tools"): the leg asks 2 more, so the client gets the cap it asked for.
+_RESPONSES_HEADROOM: Final = 2
 # What SGLang's chat route sends for a JSON object format.
 _ANY_OBJECT_SCHEMA: Final = '{"type": "object"}'
 
@@ -395,6 +403,41 @@ def sglang_client_leg(
     )
 
 
+def build_sglang_openai_request(
+    client_body: Mapping[str, Any],
+    *,
+    client_path: str,
+    rendezvous: Rendezvous,
+    limits: Limits = DEFAULT_LIMITS,
+) -> SglangLeg:
+    """Build both legs of a client served on its own route by SGLang's OpenAI server.
+
+    What serves a tool-using client on an SGLang pipeline (``docs/sglang.md``, "Tools"): the
+    client's chat, completions, Responses or Messages body (its transfer params removed), with
+    ``rid`` and the rendezvous fields ours, whatever the client sent in them, on its own path.
+
+    Raises:
+        RequestError: the body is not a JSON object or is past a limit, a field every route of
+            the client's API refuses (the cap not a positive integer, ``stream`` not a
+            boolean), the route is not one SGLang's OpenAI server answers, or the rendezvous
+            is out of range.
+    """
+    client = read_client_request(
+        client_body, client_path, limits=limits, steps=(), every_field=True
+    )
+    if client.route not in _OPENAI_ROUTES:
+        names = ", ".join(route.value for route in _OPENAI_ROUTES)
+        msg = (
+            f"client_path: SGLang's OpenAI server answers {names} with the rendezvous fields, "
+            f"got {client.path!r}"
+        )
+        raise RequestError(msg, param="client_path")
+    body = strip_transfer_params(client.body)
+    leg = sglang_openai_leg(body, path=ROUTE_PATH[client.route], rendezvous=rendezvous)
+    _limits.check_token_count(leg.body, limits)
+    return leg
+
+
 def sglang_openai_leg(
     client_body: Mapping[str, Any], *, path: str, rendezvous: Rendezvous
 ) -> SglangLeg:
@@ -402,12 +445,16 @@ def sglang_openai_leg(
 
     The client's body (its transfer params already removed) with ``rid`` and the rendezvous
     fields, which SGLang's OpenAI requests take (``docs/sglang.md``): SGLang's server reads the
-    API's own fields, tools included, so nothing is renamed here.
+    API's own fields, tools included, so nothing is renamed here but a Responses cap, sent 2
+    higher: SGLang's Responses route keeps 2 tokens of it as headroom.
 
     Raises:
         RequestError: the rendezvous is out of range, or ``stream`` is not a boolean.
     """
     body = dict(client_body)
+    cap = body.get(w.MAX_OUTPUT_TOKENS)
+    if path == Route.RESPONSES.value and type(cap) is int:
+        body[w.MAX_OUTPUT_TOKENS] = cap + _RESPONSES_HEADROOM
     body[w.RID] = _rid(rendezvous.rid)
     body.update(_rendezvous_fields(rendezvous))
     return SglangLeg(

@@ -14,6 +14,7 @@ from typing import Any, Final, Literal
 
 import orjson
 
+from disagg_transforms.testing import _sglang_openai as openai
 from disagg_transforms.testing._common import WorkerSettings
 from disagg_transforms.testing._generate import cached_prefix
 from disagg_transforms.testing._tokenizer import IM_END, decode, encode
@@ -38,6 +39,9 @@ SGLANG_FAULT_MODES: Final = ("http-500", "no-room")
 """Faults the simulated SGLang worker plays on ``/generate`` (see :class:`SimulatedSglangWorker`),
 for every request (``fault``) or one (header ``x-simulate-fault``)."""
 _FAULT_HEADER: Final = "x-simulate-fault"
+CALLS_PATH: Final = "/simulated/calls"
+"""What a simulated SGLang worker received: ``{"calls": [{"method", "path", "body"}], "aborted":
+[rid, ...]}`` (for a test that runs it as a process)."""
 
 # SGLang's SamplingParams keys in its contract's order: the unknown-field text lists them.
 SAMPLING_KEYS: Final = (
@@ -75,6 +79,7 @@ _LOGPROB: Final = -0.1
 _ALTERNATIVE: Final = -2.3
 _ABORTED: Final = {"type": "abort", "message": "Aborted", "status_code": None, "err_type": None}
 _SSE: Final = "text/event-stream; charset=utf-8"
+_SIMULATED_500: Final = openai.error_response("Internal server error (simulated)", "500", 500)
 _DONE: Final = b"data: [DONE]\n\n"
 
 
@@ -150,6 +155,8 @@ class _Request:
     stream: bool
     sampling: dict[str, Any]
     body: dict[str, Any]
+    script: list[int] | None = None
+    """What the model writes when nothing stops it; ``None``: the settings' answer."""
 
 
 class _AbortedError(Exception):
@@ -173,7 +180,8 @@ class SimulatedSglangWorker:
     ``transfer_timeout`` (500 ``Decode transfer failed ...``; a stream: an abort event with
     ``status_code`` 500). The model generates :attr:`WorkerSettings.answer` then EOS
     (``<|im_end|>``, 151645) with the toy tokenizer; ``stop`` strings, ``max_new_tokens``
-    (absent: 128; null: the rest of the context) and logprobs are honoured. Unknown sampling keys,
+    (absent: 128; null: the rest of the context), ``ignore_eos`` (the answer again until the
+    cap) and logprobs are honoured. Unknown sampling keys,
     wrong JSON types and a string room are refused with SGLang's own texts.
 
     What differs from SGLang: no ZMQ KV transfer (the join is one HTTP call); a dead prefill is
@@ -248,8 +256,12 @@ class SimulatedSglangWorker:
         body = parse_body(raw)
         call = RecordedCall(method, path, headers, body)
         self.calls.append(call)
+        fault = headers.get(_FAULT_HEADER) or self.fault
         if path == "/generate" and method in ("POST", "PUT"):
-            await self._generate(body, send, headers.get(_FAULT_HEADER) or self.fault)
+            await self._generate(body, send, fault)
+            return
+        if path in openai.OPENAI_PATHS and method == "POST":
+            await self._openai(path, body, send, fault)
             return
         status, payload = self._route(method, path, body)
         if path == JOIN_PATH and status == 200:
@@ -267,6 +279,7 @@ class SimulatedSglangWorker:
             "/model_info": self._model_info,
             "/get_model_info": self._model_info,
             "/v1/models": self._models,
+            CALLS_PATH: self._recorded,
             "/simulated/aborted": self._aborted,
         }
         if self.mode == "prefill":
@@ -281,6 +294,14 @@ class SimulatedSglangWorker:
             return 200, None
         return 404, {"detail": "Not Found"}
 
+    def _recorded(self) -> dict[str, Any]:
+        calls = [
+            {"method": call.method, "path": call.path, "body": call.body}
+            for call in self.calls
+            if call.path != CALLS_PATH
+        ]
+        return {"calls": calls, "aborted": list(self.aborted)}
+
     def _abort(self, body: object) -> None:
         rid = body.get("rid") if isinstance(body, dict) else None
         if isinstance(rid, str) and rid:
@@ -293,9 +314,7 @@ class SimulatedSglangWorker:
 
     async def _generate(self, body: object, send: Send, fault: str | None) -> None:
         if fault == "http-500":
-            message = "Internal server error (simulated)"
-            error = {"object": "error", "message": message, "type": "500", "param": None}
-            await _send_json(send, 500, {**error, "code": 500})
+            await _send_json(send, 500, _SIMULATED_500)
             return
         if not isinstance(body, dict):
             error = {"object": "error", "message": "JSON decode error", "type": "Bad Request"}
@@ -329,7 +348,7 @@ class SimulatedSglangWorker:
         finally:
             self._running.pop(request.rid, None)
 
-    def _admit(self, body: dict[str, Any]) -> _Request:
+    def _admit(self, body: dict[str, Any], script: list[int] | None = None) -> _Request:
         """The request, or the ValueError SGLang answers after its contract gate."""
         rid = body.get("rid")
         rid = rid if isinstance(rid, str) else f"{len(self.calls):032x}"
@@ -378,6 +397,7 @@ class SimulatedSglangWorker:
             stream=body.get("stream") is True,
             sampling=sampling,
             body=body,
+            script=script,
         )
 
     async def _serve(
@@ -405,14 +425,88 @@ class SimulatedSglangWorker:
             await _finish(send, request, [answer], headers_sent=headers_sent)
             return
         ids, finish = self._output(request)
+        steps = range(1, len(ids) + 1) if request.stream else [len(ids)]
         answers = [
             self._answer(request, ids[:step], None if step < len(ids) else finish, cached, started)
-            for step in range(1, len(ids) + 1)
+            for step in steps
         ]
-        answers = _as_sent(answers) if request.stream else answers[-1:]
+        answers = _as_sent(answers) if request.stream else answers
         if request.stream and self.incremental:
             answers = _incremental(answers)
         await _finish(send, request, answers, headers_sent=headers_sent, delay=self.stream_delay)
+
+    # --- the OpenAI routes ----------------------------------------------------------------------
+
+    async def _openai(self, path: str, body: object, send: Send, fault: str | None) -> None:
+        """``/v1/chat/completions`` or ``/v1/completions`` in the worker's P/D role.
+
+        SGLang's OpenAI layer turns the body into its ``/generate`` request (the rendezvous
+        fields and ``rid`` copied) and answers in the API's shape; a stream's headers go out
+        with its first chunk, so a refusal before it is an HTTP error.
+        """
+        if fault == "http-500":
+            await _send_json(send, 500, _SIMULATED_500)
+            return
+        try:
+            turn = openai.read_turn(path, body, self.settings)
+        except openai.OpenAIRefusalError as error:
+            await _send_json(send, 400, error.body)
+            return
+        generate = {
+            **turn.routing,
+            "input_ids": turn.prompt,
+            "stream": turn.stream,
+            "sampling_params": turn.sampling,
+        }
+        try:
+            request = self._admit(
+                generate, None if turn.tool is None else openai.tool_script(turn.tool)
+            )
+        except _ValueError as error:
+            await _send_json(send, 400, openai.error_response(str(error), "BadRequest", 400))
+            return
+        abort = self._running.setdefault(request.rid, asyncio.Event())
+        try:
+            await self._serve_openai(turn, request, abort, send, joins=fault != "no-room")
+        finally:
+            self._running.pop(request.rid, None)
+
+    async def _serve_openai(
+        self,
+        turn: openai.OpenAITurn,
+        request: _Request,
+        abort: asyncio.Event,
+        send: Send,
+        *,
+        joins: bool,
+    ) -> None:
+        started = time.time()
+        created = self.settings.created or int(started)
+        try:
+            cached = await self._meet(request, abort, joins=joins)
+        except _AbortedError:
+            ids: list[int] = []
+            finish, cached = _ABORTED, 0
+        except TimeoutError as timeout:
+            message = str(timeout)
+            if turn.stream:
+                error = openai.stream_error(message, "INTERNAL_SERVER_ERROR", 500)
+                await _send_events(send, [error, _DONE], 0.0)
+            else:
+                await _send_json(send, 500, openai.error_response(message, "500", 500))
+            return
+        else:
+            ids, finish = self._output(request)
+        steps = range(1, len(ids) + 1) if turn.stream and ids else [len(ids)]
+        generated = [
+            self._answer(request, ids[:step], None if step < len(ids) else finish, cached, started)
+            for step in steps
+        ]
+        if not turn.stream:
+            await _send_json(send, 200, openai.answer(turn, generated[-1], created))
+            return
+        events = [*openai.chunks(turn, _as_sent(generated), created), _DONE]
+        await _send_events(send, events, self.stream_delay)
 
     async def _meet(self, request: _Request, abort: asyncio.Event, *, joins: bool) -> int:
         """Meet the peer of the request's room; the prefill's cached tokens. Raises on failure.
@@ -500,9 +594,9 @@ class SimulatedSglangWorker:
         if self.mode == "prefill":
             return encode(self.settings.answer)[:1], {"type": "length", "length": 0}
         text = self.settings.answer
-        stops = sampling.get("stop") or []
+        stops = (sampling.get("stop") or []) if request.script is None else []
         finish: dict[str, Any] = {"type": "stop", "matched": IM_END}
-        ids = [*encode(text), IM_END]
+        ids = [*encode(text), IM_END] if request.script is None else list(request.script)
         for stop in [stops] if isinstance(stops, str) else stops:
             at = text.find(stop)
             if stop and at >= 0:
@@ -512,6 +606,10 @@ class SimulatedSglangWorker:
         cap = sampling.get("max_new_tokens", _DEFAULT_CAP)
         if cap is None:
             cap = self.settings.max_model_len - len(request.prompt)
+        if sampling.get("ignore_eos") is True and finish["matched"] == IM_END:
+            # Past its EOS the model writes its answer again, until the cap stops it.
+            once = encode(text)
+            ids = (once * (cap // len(once) + 1))[: cap + 1] if once else ids
         if len(ids) > cap:
             ids, finish = ids[:cap], {"type": "length", "length": cap}
         return ids, finish
