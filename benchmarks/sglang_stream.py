@@ -4,8 +4,9 @@ Usage: ``python benchmarks/sglang_stream.py [--quick]`` prints a table (``docs/p
 "SGLang: `serve --engine sglang` beside sglang-router"). An SGLang ``/generate`` stream of 1k and
 8k tokens as the simulated SGLang worker writes it (a token a byte, every event repeating the text
 and the token IDs so far, orjson's bytes), with and without logprobs, fed event by event to
-``SglangStreamReader``, then also through the chat stream converter (``serve --engine sglang``'s
-per-chunk work in the library); beside it vLLM's generate stream of as many tokens through the
+``SglangStreamReader`` (and in 64 KB reads that cut events anywhere, as ``serve`` reads them),
+then also through the chat stream converter (``serve --engine sglang``'s per-chunk work in the
+library); beside it vLLM's generate stream of as many tokens through the
 chat stream converter (``serve``'s). Times are medians of CPU time (``harness.median_seconds``).
 """
 
@@ -26,6 +27,7 @@ from disagg_transforms._routes import Route
 
 _MAX_EVENT = 1 << 26
 _EOS = 151_645
+_READ = 1 << 16
 _CLIENT = {"model": "m", "stream": True, "stream_options": {"include_usage": True}}
 
 
@@ -55,6 +57,12 @@ def _read(events: list[bytes]) -> bytes:
     return b"".join([*map(reader.feed, events), reader.close()])
 
 
+def _reads(events: list[bytes]) -> list[bytes]:
+    """The stream as ``serve`` reads it: in reads that cut events anywhere (64 KB here)."""
+    data = b"".join(events)
+    return [data[at : at + _READ] for at in range(0, len(data), _READ)]
+
+
 def _read_and_convert(events: list[bytes]) -> bytes:
     reader = SglangStreamReader(max_event_bytes=_MAX_EVENT)
     converter = stream_converter(
@@ -79,13 +87,12 @@ def measure(*, quick: bool) -> list[tuple[str, int, float]]:
     """``(case, events, us per event)`` for each case and size."""
     rows = []
     for n_tokens in (1024, 8192):
+        stream, vllm = sglang_stream(n_tokens), _vllm_events(n_tokens)
         cases: dict[str, tuple[Callable[[list[bytes]], bytes], list[bytes]]] = {
-            "SGLang cumulative, reader": (_read, sglang_stream(n_tokens)),
-            "SGLang cumulative, reader + chat converter": (
-                _read_and_convert,
-                sglang_stream(n_tokens),
-            ),
-            "vLLM generate, chat converter": (_convert, _vllm_events(n_tokens)),
+            "SGLang cumulative, reader": (_read, stream),
+            "SGLang cumulative, reader, 64 KB reads": (_read, _reads(stream)),
+            "SGLang cumulative, reader + chat converter": (_read_and_convert, stream),
+            "vLLM generate, chat converter": (_convert, vllm),
         }
         if n_tokens == 1024:  # at 8k tokens a stream with logprobs holds about 600 MB
             logprobs = sglang_stream(n_tokens, logprobs=True)
@@ -93,7 +100,11 @@ def measure(*, quick: bool) -> list[tuple[str, int, float]]:
         funcs = {name: (lambda f=f, e=e: f(e)) for name, (f, e) in cases.items()}
         times = harness.median_seconds(funcs, repeats=3 if quick or n_tokens > 1024 else 7)
         rows += [
-            (f"{name}, {n_tokens // 1024}k tokens", len(cases[name][1]), seconds)
+            (
+                f"{name}, {n_tokens // 1024}k tokens",
+                len(vllm if cases[name][0] is _convert else stream),
+                seconds,
+            )
             for name, seconds in times.items()
         ]
     return rows
