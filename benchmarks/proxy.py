@@ -778,14 +778,22 @@ SGLANG_NOTE = """\
 **What the stream figures compare.** A cumulative event repeats the whole text and every token ID so
 far, so at 8k tokens the last events are about 60 KB each and the stream about 200 MB. The decode
 worker's reply bytes are the same for both routers. sglang-router relays them to a `/generate`
-client as they are; `serve` reads each event (msgspec; the token IDs are skipped, not decoded),
-checks that it extends the text so far and writes the new part as a chat delta. Both costs grow with
-the event; the ratio holds at about 4x from 1k to 8k tokens in the run above, over the 1.5x floor.
-Most of `serve`'s is that read: `SglangStreamReader` alone, in process, on the simulated worker's
-streams, costs 15 us an event at 1k tokens (3.4 MB) and 95 us at 8k (203 MB), as it reads each
-event whole. A reader that went straight to the new part of the text (its offset is known from the
-last event) and to `meta_info` would cost the new part only (written with this section, a rerun
-keeps it).
+client as they are; `serve` cuts each read into events, reads each event's new part and writes it
+as a chat delta. An event as SGLang writes it is read from where the last one's text ended (the
+bytes before are compared with the last event's), its new token IDs skipped, then `meta_info`
+(docs/sglang.md, "Streams"). In process (`python benchmarks/sglang_stream.py`), the reader costs
+4.9 us an event at 1k tokens and 10 us at 8k, 5.6 and 17 in the 64 KB reads `serve` gets; it read
+each event whole before, 6.8 and 28 us, 15 and 98 in 64 KB reads (its line reader searched for
+line ends with a regex; now one-byte searches, as the exchange's search for event ends). Through
+`serve` on the fast pair, CPU per chunk went from about 84 to 42 us at 8k tokens and from 22 to 18
+at 1k (user and system time of `serve`, four 8k and sixteen 1k streams, two runs each, before and
+after); in one run of this benchmark's SGLang part alone, loaded, 32.6 us against sglang-router's
+20.3 at 8k (1.61x) and 17.0 against 5.2 at 1k (3.29x). What is left does not grow with the event:
+at 1k tokens the reader and the chat converter are about 9 us of `serve`'s 17, the rest is its
+Python per read and write (aiohttp's read, the exchange, Starlette's and uvicorn's write), so the
+1.5x floor is not met at 1k. With logprobs, each event's cumulative `output_token_logprobs` are
+still decoded whole: 53 us an event at 1k tokens (written with this section, a rerun keeps
+it).
 """
 """What the cumulative stream figures measure (a rerun keeps it)."""
 

@@ -962,3 +962,51 @@ ipv4_networks = st.builds(
     st.integers(8, 32),
 )
 worker_ports = st.integers(1, 65535)
+
+
+# ---- SGLang's cumulative /generate streams ----------------------------------------------------
+
+# Text with what JSON escapes (quotes, backslashes, controls), multi-byte UTF-8 and emoji (a
+# surrogate pair once escaped as ASCII).
+_sglang_chars = st.sampled_from('a "\\\n\t\x00\x1f/é€😀') | st.characters(exclude_categories=["Cs"])
+# The JSON spellings of an event: SGLang's own (orjson: compact, UTF-8), then ASCII escapes and
+# spaces, which a reader takes whole.
+_SGLANG_SPELLINGS = (
+    lambda event: json.dumps(event, ensure_ascii=False, separators=(",", ":")),
+    lambda event: json.dumps(event, separators=(",", ":")),
+    json.dumps,
+)
+
+
+@st.composite
+def sglang_cumulative_streams(draw: st.DrawFn, *, broken: bool = False) -> tuple[list[str], bytes]:
+    """SGLang's cumulative ``/generate`` stream of random deltas, and the deltas.
+
+    Each event repeats the text and the token IDs so far, in a spelling drawn for it. ``broken``:
+    one event after the first does not extend the text before it (shorter, or a character of
+    that text's last 16 changed), and the deltas are those of the events before it.
+    """
+    deltas = draw(st.lists(st.text(_sglang_chars, max_size=6), min_size=2, max_size=8))
+    texts = [deltas[0]]
+    for delta in deltas[1:]:
+        texts.append(texts[-1] + delta)
+    if broken:
+        at = draw(st.integers(1, len(texts) - 1))
+        if not texts[at - 1]:  # then every text before it is empty too
+            texts[at - 1] = deltas[at - 1] = "a"
+        before = texts[at - 1]
+        if draw(st.booleans()):
+            texts[at] = before[: draw(st.integers(0, len(before) - 1))]
+        else:
+            changed = draw(st.integers(max(0, len(before) - 16), len(before) - 1))
+            char = draw(_sglang_chars.filter(lambda c: c != before[changed]))
+            texts[at] = before[:changed] + char + before[changed + 1 :] + deltas[at]
+        texts, deltas = texts[: at + 1], deltas[:at]
+    events = []
+    for count, text in enumerate(texts, 1):
+        finish = {"type": "stop", "matched": 2} if count == len(texts) else None
+        meta = {"id": "r", "finish_reason": finish, "completion_tokens": count}
+        event = {"text": text, "output_ids": list(range(count)), "meta_info": meta}
+        spelling = draw(st.sampled_from(_SGLANG_SPELLINGS))
+        events.append(b"data: " + spelling(event).encode() + b"\n\n")
+    return deltas, b"".join([*events, b"data: [DONE]\n\n"])

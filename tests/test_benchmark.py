@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import orjson
 import pytest
 
 pytest.importorskip("pydantic")
@@ -14,6 +15,7 @@ import cases
 import harness
 import proxy
 import run
+import sglang_stream
 
 
 @pytest.mark.parametrize("case", cases.all_cases(), ids=lambda case: case.name)
@@ -146,3 +148,14 @@ def test_every_real_shape_case_has_its_floor() -> None:
     row = _row("wrap, text 8k tokens + logprobs", 1.1, {cases.SYNTAX_SCAN: 0.5, cases.MSGSPEC: 1})
     lines = run.targets([row]).splitlines()
     assert "| lib/msgspec | <= 1.15 | 1.10 | yes |" in next(x for x in lines if "msgspec" in x)
+
+
+def test_the_sglang_stream_benchmark_turns_its_streams_into_the_chat_deltas() -> None:
+    for logprobs in (False, True):
+        out = sglang_stream._read_and_convert(sglang_stream.sglang_stream(64, logprobs=logprobs))
+        chunks = [line[6:] for line in out.decode().split("\n\n") if line.startswith("data: {")]
+        text = "".join(
+            orjson.loads(c)["choices"][0]["delta"].get("content", "") for c in chunks[:-1]
+        )
+        assert text == "x" * 63
+    assert "| case | events | us/event |" in sglang_stream.table([("case", 2, 1e-6)])

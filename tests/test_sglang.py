@@ -15,7 +15,7 @@ import pytest
 import sglang_contract
 from hypothesis import given
 from hypothesis import strategies as st
-from strategies import client_route_bodies
+from strategies import client_route_bodies, sglang_cumulative_streams
 
 from disagg_transforms import OutputMode
 from disagg_transforms._engines import ENGINES, Engine, Meeting
@@ -412,6 +412,35 @@ def test_cumulative_and_incremental_streams_give_the_same_deltas(step: int) -> N
     details = {"cached_tokens": 16, "created_cache_tokens": 0}
     assert events[-2]["usage"]["prompt_tokens_details"] == details
     assert events[-1] == "[DONE]"
+
+
+def _deltas(generate_sse: bytes) -> list[str]:
+    chunks = [
+        json.loads(line[6:])["choices"]
+        for line in generate_sse.decode().split("\n\n")
+        if line.startswith("data: {")
+    ]
+    return [choices[0]["text"] for choices in chunks if choices]
+
+
+@given(stream=sglang_cumulative_streams(), step=st.integers(1, 64))
+def test_any_cumulative_stream_gives_its_deltas(stream: tuple[list[str], bytes], step: int) -> None:
+    deltas, data = stream
+    assert _deltas(_read_stream(data, step=step)) == deltas
+
+
+@given(stream=sglang_cumulative_streams(broken=True))
+def test_any_event_that_does_not_extend_the_text_is_refused(
+    stream: tuple[list[str], bytes],
+) -> None:
+    deltas, data = stream
+    reader = SglangStreamReader(max_event_bytes=_MAX_EVENT)
+    events = [event + b"\n\n" for event in data.split(b"\n\n") if event]
+    sent = [reader.feed(event) for event in events[: len(deltas)]]
+    assert _deltas(b"".join(sent)) == deltas
+    with pytest.raises(UpstreamContractError, match="extend the text") as raised:
+        reader.feed(events[len(deltas)])
+    assert raised.value.param == "$.text"
 
 
 def test_a_cumulative_event_that_does_not_extend_the_text_breaks_the_contract() -> None:

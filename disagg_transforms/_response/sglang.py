@@ -10,6 +10,7 @@ stream its deltas. An abort is a worker failure (:class:`SglangFailure`), never 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Container, Mapping
 from typing import Any, Final, TypeAlias
 
@@ -42,9 +43,18 @@ _LAST_STATUS: Final = 599
 _CANCELLED: Final = frozenset({"Aborted", "Abort in waiting queue"})
 _CANCELLED_STATUS: Final = 503
 _FAILED_STATUS: Final = 500
-# How much of the text so far a cumulative event is checked against: its tail, so a delta costs
-# the new part only (docs/sglang.md, "Streams").
+# How much of the text so far a cumulative event read whole is checked against: its tail.
 _TAIL: Final = 16
+# A cumulative event as SGLang writes it (orjson: compact, these keys in this order) is read
+# from where the last one's text ended: the new text, the new token IDs skipped, then meta_info
+# (docs/sglang.md, "Streams"). Any other event is read whole.
+_TEXT_HEAD: Final = b'{"text":"'
+# The rest of the text (a JSON string's inside: up to its unescaped closing quote), then the IDs.
+_NEW_TEXT: Final = re.compile(rb'[^"\\]*(?:\\.[^"\\]*)*(?=","output_ids":\[)')
+_IDS_HEAD_SIZE: Final = len(b'","output_ids":[')
+_NEW_IDS: Final = re.compile(rb"[-0-9,]*")
+_META_HEAD: Final = b'],"meta_info":'
+_QUOTE: Final = b'"'
 
 
 class _Finish(msgspec.Struct, kw_only=True, gc=False):
@@ -80,6 +90,8 @@ class _Event(msgspec.Struct, kw_only=True, gc=False):
 
 
 _EVENT_DECODER = msgspec.json.Decoder(_Event)
+_META_DECODER = msgspec.json.Decoder(_Meta)
+_TEXT_DECODER = msgspec.json.Decoder(str)
 
 
 class SglangFailure(msgspec.Struct, frozen=True, kw_only=True):
@@ -214,9 +226,11 @@ class SglangStreamReader:
     __slots__ = (
         "_done",
         "_ended",
+        "_ids_size",
         "_incremental",
         "_logprobs",
         "_parser",
+        "_sent",
         "_stop_token_ids",
         "_tail",
         "_text_len",
@@ -234,6 +248,10 @@ class SglangStreamReader:
         self._stop_token_ids = stop_token_ids
         self._text_len = 0
         self._tail = ""
+        # The last event's bytes up to the end of its text, and the size of its token IDs: the
+        # next event's new part starts there. None once an event was read whole.
+        self._sent: bytes | None = None if incremental else _TEXT_HEAD
+        self._ids_size = 0
         self._logprobs = 0
         self._done = False
         self._ended = False
@@ -269,6 +287,10 @@ class SglangStreamReader:
         if self._ended:
             msg = "$: the SGLang stream sent an event after its finish"
             raise UpstreamContractError(msg, param="$")
+        new = self._new_part(payload)
+        if new is not None:
+            return self._chunk(*new, whole=False)
+        self._sent = None
         try:
             event = _EVENT_DECODER.decode(payload)
         except msgspec.ValidationError as error:
@@ -282,11 +304,43 @@ class SglangStreamReader:
         if isinstance(event.meta_info, UnsetType) or isinstance(event.text, UnsetType):
             msg = "$: an SGLang stream event must carry text and meta_info"
             raise UpstreamContractError(msg, param="$")
-        return self._chunk(event.text, event.meta_info)
+        return self._chunk(event.text, event.meta_info, whole=not self._incremental)
+
+    def _new_part(self, payload: bytes) -> tuple[str, _Meta] | None:
+        """The new text and the meta_info of a cumulative event in SGLang's layout, else None.
+
+        It extends the text so far when its bytes start with the last event's up to the end of
+        its text (JSON escapes each character alone): only the bytes after are read.
+        """
+        sent = self._sent
+        if sent is None or not payload.startswith(sent):
+            return None
+        start = len(sent)
+        new_text = _NEW_TEXT.match(payload, start)
+        if new_text is None:
+            return None
+        end = new_text.end()
+        new_ids = end + _IDS_HEAD_SIZE + self._ids_size
+        ids_end = payload.find(b"]", new_ids)
+        if (
+            ids_end < 0
+            or not _NEW_IDS.fullmatch(payload, new_ids, ids_end)
+            or not payload.startswith(_META_HEAD, ids_end)
+            or not payload.endswith(b"}")
+        ):
+            return None
+        try:
+            text = _TEXT_DECODER.decode(_QUOTE + payload[start:end] + _QUOTE)
+            meta = _META_DECODER.decode(payload[ids_end + len(_META_HEAD) : -1])
+        except (msgspec.DecodeError, RecursionError):
+            return None
+        self._sent = payload[:end]
+        self._ids_size = ids_end - end - _IDS_HEAD_SIZE
+        self._text_len += len(text)
+        self._tail = (self._tail + text)[-_TAIL:]
+        return text, meta
 
     def _delta(self, text: str) -> str:
-        if self._incremental:
-            return text
         start = self._text_len
         if len(text) < start or text[start - len(self._tail) : start] != self._tail:
             msg = (
@@ -298,13 +352,14 @@ class SglangStreamReader:
         self._tail = text[-_TAIL:]
         return text[start:]
 
-    def _chunk(self, text: str, meta: _Meta) -> bytes:
+    def _chunk(self, text: str, meta: _Meta, *, whole: bool) -> bytes:
+        """The generate chunk of an event: ``text`` all its text if ``whole``, else the new part."""
         finish = meta.finish_reason
         fields = (None, None) if finish is None else _finish_fields(finish, self._stop_token_ids)
         if isinstance(fields, SglangFailure):
             self._ended = True
             return _error_event({w.MESSAGE: fields.message, w.CODE: fields.status})
-        delta = self._delta(text)
+        delta = self._delta(text) if whole else text
         logprobs = _logprobs(meta, 0 if self._incremental else self._logprobs)
         if not isinstance(meta.output_token_logprobs, UnsetType):
             self._logprobs = len(meta.output_token_logprobs)

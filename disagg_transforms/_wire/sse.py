@@ -22,7 +22,6 @@ DEFAULT_MAX_EVENT_BYTES: Final = 16 * 1024 * 1024
 
 DONE_EVENT: Final = b"data: " + w.SSE_DONE + b"\n\n"
 
-_LINE_END = re.compile(rb"\r\n|\r|\n")
 EVENT_END: Final = re.compile(rb"\r\n\r\n|\n\n|\r\r")
 """Where an event ends (the blank line after its last field), in vLLM's framings."""
 _DATA: Final = b"data"
@@ -30,6 +29,7 @@ _DATA_PREFIX: Final = b"data: "
 _DATA_PREFIX_SIZE: Final = len(_DATA_PREFIX)
 _CR: Final = b"\r"
 _LF: Final = b"\n"
+_LF_BYTE: Final = ord(_LF)
 _ENCODER = msgspec.json.Encoder()
 
 
@@ -84,15 +84,27 @@ class SseParser:
 
     def _read_lines(self, data: bytes | bytearray | memoryview, payloads: list[bytes]) -> None:
         # The general reader: WHATWG line splitting, any line ends, fields and comments.
-        self._buf += data
+        buf = self._buf
+        buf += data
         start = 0
-        while (match := _LINE_END.search(self._buf, max(start, self._scan))) is not None:
-            if match.group() == b"\r" and match.end() == len(self._buf):
-                break  # a "\r" at the end may be the first half of a "\r\n"
-            self._line(bytes(self._buf[start : match.start()]), payloads)
-            start = match.end()
+        while True:
+            # memchr searches: a line of a cumulative stream's event is tens of KB, which a
+            # regex search scanned several times slower (docs/performance.md).
+            at = max(start, self._scan)
+            lf = buf.find(_LF, at)
+            cr = buf.find(_CR, at, len(buf) if lf < 0 else lf)
+            if cr >= 0:
+                if cr + 1 == len(buf):
+                    break  # a "\r" at the end may be the first half of a "\r\n"
+                end, after = cr, cr + 2 if buf[cr + 1] == _LF_BYTE else cr + 1
+            elif lf >= 0:
+                end, after = lf, lf + 1
+            else:
+                break
+            self._line(bytes(buf[start:end]), payloads)
+            start = after
             self._scan = start
-        del self._buf[:start]
+        del buf[:start]
         self._scan = max(len(self._buf) - 1, 0) if self._buf.endswith(b"\r") else len(self._buf)
         if len(self._buf) + self._data_size > self._max:
             msg = (
