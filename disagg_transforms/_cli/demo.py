@@ -198,11 +198,21 @@ async def _exchange(app: AsgiApp, request: _Request, request_id: str) -> _Run:
     while (call := drive.next_call()) is not None:
         answer = await _call(app, call)
         legs.append(_Leg(call, answer))
-        if not call.stream:
-            drive.answered(answer.status, answer.headers, b"".join(answer.chunks))
-            continue
-        drive.stream_opened(answer.status, answer.headers)
-        sent = drive.relay_all(answer.chunks)
+        sent += _fed(drive, call, answer)
+    return _ran(request, legs, drive, sent)
+
+
+def _fed(drive: Driver, call: WorkerCall, answer: _Answer) -> bytes:
+    """A call's answer fed to the exchange; the client's bytes it relays (a stream's)."""
+    if not call.stream:
+        drive.answered(answer.status, answer.headers, b"".join(answer.chunks))
+        return b""
+    drive.stream_opened(answer.status, answer.headers)
+    return drive.relay_all(answer.chunks)
+
+
+def _ran(request: _Request, legs: list[_Leg], drive: Driver, sent: bytes) -> _Run:
+    """The request's run, once the exchange has its reply."""
     reply = drive.reply()
     if isinstance(reply, ClientStream):
         return _Run(request, legs, reply.status, reply.headers, reply.first + sent)
@@ -263,15 +273,8 @@ async def _together(
             drive.together_answered(
                 peer, peer_answer.status, peer_answer.headers, b"".join(peer_answer.chunks)
             )
-        if not call.stream:
-            drive.answered(answer.status, answer.headers, b"".join(answer.chunks))
-            continue
-        drive.stream_opened(answer.status, answer.headers)
-        sent = drive.relay_all(answer.chunks)
-    reply = drive.reply()
-    if isinstance(reply, ClientStream):
-        return _Run(request, legs, reply.status, reply.headers, reply.first + sent)
-    return _Run(request, legs, reply.status, reply.headers, reply.body)
+        sent += _fed(drive, call, answer)
+    return _ran(request, legs, drive, sent)
 
 
 async def _run_sglang() -> list[_Run]:
