@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from helpers import WEATHER_TOOLS
 from proxy_helpers import running
 from test_sglang_exchange import _exchange, _Router, _settings, _workers
 
@@ -22,21 +23,10 @@ from disagg_transforms import parse_pipeline_params
 from disagg_transforms.exchange import ClientReply, Exchange, Phase
 
 _OWN_ROUTE = parse_pipeline_params({"prefill": {}, "decode": {}}, use_openai_format=True)
-_WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}},
-            "required": ["city"],
-        },
-    },
-}
 _TOOLS_CHAT = {
     "model": "m",
     "messages": [{"role": "user", "content": "Weather in Paris?"}],
-    "tools": [_WEATHER],
+    "tools": WEATHER_TOOLS,
     "max_tokens": 64,
     "temperature": 0.7,
 }
@@ -108,7 +98,7 @@ def test_tools_on_the_token_route_are_refused_naming_the_setting(path: str) -> N
         if path == "/v1/messages"
         else {"type": "function", "name": "f", "parameters": {"type": "object"}}
         if path == "/v1/responses"
-        else _WEATHER
+        else WEATHER_TOOLS[0]
     )
     conversation = "input" if path == "/v1/responses" else "messages"
     body = {
@@ -158,7 +148,7 @@ def test_serve_with_the_setting_answers_the_sdks_tool_calls(tmp_path: pathlib.Pa
         with running((serve, tmp_path / "serve")) as (ours,):
             client = openai.OpenAI(base_url=f"{ours.url}/v1", api_key="-", max_retries=0)
             messages: Any = _TOOLS_CHAT["messages"]
-            tools: Any = [_WEATHER]
+            tools: Any = WEATHER_TOOLS
             whole = client.chat.completions.create(model="m", messages=messages, tools=tools)
             with client.chat.completions.stream(
                 model="m", messages=messages, tools=tools

@@ -14,6 +14,7 @@ import httpx
 import openai
 import pytest
 import sglang_contract
+from helpers import WEATHER_TOOLS
 
 from disagg_transforms import OutputMode
 from disagg_transforms._request.sglang import (
@@ -235,18 +236,6 @@ def test_an_unknown_fault_is_refused() -> None:
 
 # --- SGLang's OpenAI routes in a P/D role -------------------------------------------------------
 
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}},
-            "required": ["city"],
-        },
-    },
-}
-
 
 def _openai_body(room: int, **client: Any) -> dict[str, Any]:
     routing = {
@@ -274,7 +263,7 @@ def _events(answer: httpx.Response) -> list[dict[str, Any]]:
 
 def test_a_chat_tool_call_comes_back_as_sglangs_hermes_parser_writes_it() -> None:
     prefill, decode = _pair()
-    body = _openai_body(21, tools=[WEATHER])
+    body = _openai_body(21, tools=WEATHER_TOOLS)
     first, second = asyncio.run(_both_on(CHAT, prefill, decode, body))
     assert first.status_code == second.status_code == 200
     # The prefill: one token, length (discarded by a router); both legs met by the room.
@@ -307,7 +296,11 @@ def test_the_libraries_openai_route_leg_serves_a_tool_call_through_a_pair() -> N
     rendezvous = Rendezvous(
         rid=f"{29:032x}", bootstrap_host="prefill", bootstrap_port=8998, bootstrap_room=29
     )
-    chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": [WEATHER]}
+    chat = {
+        "model": "m",
+        "messages": [{"role": "user", "content": "hi"}],
+        "tools": WEATHER_TOOLS,
+    }
     leg = build_sglang_openai_request(chat, client_path=CHAT, rendezvous=rendezvous)
     prefill, decode = _pair()
     first, second = asyncio.run(_both_on(leg.path, prefill, decode, leg.body))
@@ -317,7 +310,9 @@ def test_the_libraries_openai_route_leg_serves_a_tool_call_through_a_pair() -> N
 
 def test_a_streamed_tool_call_comes_as_a_name_then_its_arguments() -> None:
     prefill, decode = _pair()
-    body = _openai_body(22, tools=[WEATHER], stream=True, stream_options={"include_usage": True})
+    body = _openai_body(
+        22, tools=WEATHER_TOOLS, stream=True, stream_options={"include_usage": True}
+    )
     _, second = asyncio.run(_both_on(CHAT, prefill, decode, body))
     chunks = _events(second)
     for chunk in chunks:
