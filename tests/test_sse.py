@@ -115,6 +115,24 @@ def test_fast_path_and_general_reader_agree_for_any_split(stream: bytes, cuts: l
     assert _fed([stream]) == one_by_one
 
 
+def test_an_event_cut_by_a_read_is_ended_by_the_next_one() -> None:
+    # A cumulative SGLang event is tens of KB: the reads cut most of them. The next read ends
+    # the held line, then its own whole events are cut out as usual.
+    parser = SseParser()
+    assert parser.feed(b'data: {"text":"ab') == []
+    assert parser.feed(b'c"}\n\ndata: {"b":2}\n\ndata: [DO') == [b'{"text":"abc"}', b'{"b":2}']
+    assert parser.feed(b"NE]\n") == []  # one line end: the event may still go on
+    assert parser.feed(b"\n") == [b"[DONE]"]
+    assert parser.close() == []
+    # A held line that is not one data line is the line reader's, as before.
+    parser = SseParser()
+    assert parser.feed(b"data: 1\ndata: ") == []
+    assert parser.feed(b"2\n\n") == [b"1\n2"]
+    parser = SseParser()
+    assert parser.feed(b": a comment, then data: x") == []
+    assert parser.feed(b"\n\ndata: y\n\n") == [b"y"]
+
+
 def test_bytes_like_feeds_give_bytes_payloads() -> None:
     # A router may hand on its HTTP client's buffers as they are.
     stream = b'data: {"a":1}\n\ndata: [DONE]\n\n'

@@ -63,24 +63,48 @@ class SseParser:
         """
         payloads: list[bytes] = []
         start = 0
-        if type(data) is bytes and not self._buf and not self._data and data.find(_CR) < 0:
+        if type(data) is bytes and not self._data and data.find(_CR) < 0:
             # (Other bytes-like values, a memoryview among them, go to the line reader.)
-            # Between events, vLLM's framing (one "data: <payload>\n\n" line per event) is cut
-            # out with C-speed bytes searches; the first event in any other form (a comment,
-            # another field, multi-line data, an event cut by the end of data; a "\r" anywhere)
-            # and all after it go to the line reader, which gives the same payloads (see
-            # docs/performance.md). find, not "in": measured twice as fast on a chunk.
-            size = len(data)
-            while start < size and data.startswith(_DATA_PREFIX, start):
-                end = data.find(_LF, start)  # one-byte search: memchr, unlike a two-byte one
-                if end < 0 or data[end + 1 : end + 2] != _LF:  # a one-byte slice is cached
-                    break
-                payloads.append(data[start + _DATA_PREFIX_SIZE : end])
-                start = end + 2
-            if start == size:
-                return payloads
-        self._read_lines(data[start:] if start else data, payloads)
+            if self._buf:
+                # An event the last read cut: its end is searched for in ``data`` alone.
+                start = self._complete_data_line(data, payloads)
+            if not self._buf:
+                # Between events, vLLM's framing (one "data: <payload>\n\n" line per event) is cut
+                # out with C-speed bytes searches; the first event in any other form (a comment,
+                # another field, multi-line data, an event cut by the end of data; a "\r" anywhere)
+                # and all after it go to the line reader, which gives the same payloads (see
+                # docs/performance.md). find, not "in": measured twice as fast on a chunk.
+                size = len(data)
+                while start < size and data.startswith(_DATA_PREFIX, start):
+                    end = data.find(_LF, start)  # one-byte search: memchr, unlike a two-byte one
+                    if end < 0 or data[end + 1 : end + 2] != _LF:  # a one-byte slice is cached
+                        break
+                    payloads.append(data[start + _DATA_PREFIX_SIZE : end])
+                    start = end + 2
+                if start == size:
+                    return payloads
+        self._read_lines(memoryview(data)[start:] if start else data, payloads)
         return payloads
+
+    def _complete_data_line(self, data: bytes, payloads: list[bytes]) -> int:
+        """End the held ``data: `` line, when ``data`` ends it and its event at once.
+
+        Returns where ``data``'s rest starts, ``0`` (nothing read) when the held bytes or
+        ``data`` are in another form: the line reader takes them then. A cumulative stream's
+        events are tens of KB, so the reads cut most of them; the line reader copied each one
+        several times (docs/performance.md).
+        """
+        buf = self._buf
+        if not buf.startswith(_DATA_PREFIX) or buf.endswith(_CR):
+            return 0
+        end = data.find(_LF)
+        if end < 0 or data[end + 1 : end + 2] != _LF:
+            return 0
+        with memoryview(buf) as held, memoryview(data) as view:
+            payloads.append(b"".join((held[_DATA_PREFIX_SIZE:], view[:end])))
+        buf.clear()
+        self._scan = 0
+        return end + 2
 
     def _read_lines(self, data: bytes | bytearray | memoryview, payloads: list[bytes]) -> None:
         # The general reader: WHATWG line splitting, any line ends, fields and comments.
