@@ -213,6 +213,39 @@ def _delta(path: str, event: dict[str, Any]) -> str:
     return str(delta.get("text", "")) if event.get("type") == "content_block_delta" else ""
 
 
+def _sglang_event(text: str, *, finished: bool = False) -> bytes:
+    finish = {"type": "length", "length": 32} if finished else None
+    meta = {"id": "r", "finish_reason": finish, "prompt_tokens": 3, "completion_tokens": len(text)}
+    event = {"text": text, "output_ids": list(range(len(text))), "meta_info": meta}
+    return b"data: " + json.dumps(event, separators=(",", ":")).encode() + b"\n\n"
+
+
+@pytest.mark.parametrize("too_large", [False, True], ids=["not-extending", "past-the-bound"])
+def test_the_events_of_one_read_before_a_broken_one_reach_the_client(too_large: bool) -> None:
+    # The engine's reader cuts a read into events itself: what came before the broken event in
+    # the same read is the client's, then the error event ends its stream.
+    stream = _sglang_event(" Pa") + _sglang_event(" Paris")
+    # An event still growing past the reader's bound (16 MiB) when the read ends, or one that
+    # does not extend the text so far.
+    stream += b"data: " + b"x" * (17 << 20) if too_large else _sglang_event(" Px") * 2
+
+    async def decode(scope: Any, receive: Any, send: Any) -> None:
+        del scope, receive
+        headers = [(b"content-type", b"text/event-stream")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": stream})
+
+    _, _, workers = _workers()
+    ex = _exchange("/v1/chat/completions", {**_CHAT, "stream": True})
+    outcome = asyncio.run(asyncio.wait_for(_Router({**workers, "decode": decode}).run(ex), 10))
+    assert outcome.status == 200, outcome.body
+    events = [line[6:] for line in outcome.body.decode().split("\n\n") if line.startswith("data:")]
+    chunks = [json.loads(event) for event in events[:-1]]
+    assert "".join(_delta("/v1/chat/completions", chunk) for chunk in chunks) == " Paris"
+    assert chunks[-1]["error"]["code"] == 502
+    assert events[-1] == "[DONE]"
+
+
 def test_a_prefill_that_fails_ends_the_request_at_once_and_aborts_the_decode() -> None:
     _, decode, workers = _workers(fault="http-500")
     router = _Router(workers)

@@ -133,6 +133,14 @@ def test_an_event_cut_by_a_read_is_ended_by_the_next_one() -> None:
     assert parser.feed(b"\n\ndata: y\n\n") == [b"y"]
 
 
+def test_feed_into_keeps_the_events_before_one_past_the_bound() -> None:
+    parser = SseParser(max_event_bytes=64)
+    payloads: list[bytes] = []
+    with pytest.raises(UpstreamContractError, match="grew past 64 bytes"):
+        parser.feed_into(b"data: 1\n\ndata: 2\n\ndata: " + b"x" * 80, payloads)
+    assert payloads == [b"1", b"2"]
+
+
 def test_bytes_like_feeds_give_bytes_payloads() -> None:
     # A router may hand on its HTTP client's buffers as they are.
     stream = b'data: {"a":1}\n\ndata: [DONE]\n\n'

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Container, Mapping
+from collections.abc import Callable, Container, Iterator, Mapping
 from typing import Any, Protocol, TypeAlias
 
 import msgspec
@@ -48,6 +48,10 @@ class StreamReader(Protocol):
 
     def feed(self, data: bytes) -> bytes:
         """The generate SSE of the events ``data`` completes."""
+        ...
+
+    def feed_each(self, data: bytes) -> Iterator[bytes]:
+        """:meth:`feed`, event by event; a broken event raises after the ones before it."""
         ...
 
     def close(self) -> bytes:

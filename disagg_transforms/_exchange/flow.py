@@ -617,16 +617,21 @@ class Exchange:
             room = _MAX_ERROR_BYTES - len(at.error_body)
             at.error_body += bytes(data[:room])
             return b""
-        given = []
+        given: list[bytes] = []
         broken = None
+        relay = at.relay
+        data = data if type(data) is bytes else bytes(data)
         # Event by event: what the events before a broken one gave the client is not lost.
-        for piece in _pieces(data if type(data) is bytes else bytes(data)):
-            try:
-                out = at.relay.feed(piece)
-            except DisaggTransformError as error:
-                broken = error
-                break
-            given.append(out)
+        outputs = (
+            relay.feed_each(data)
+            if type(relay) is _reply.EngineRelay
+            else map(relay.feed, _pieces(data))
+        )
+        try:
+            for out in outputs:
+                given.append(out)  # noqa: PERF402 - kept up to an event that raises
+        except DisaggTransformError as error:
+            broken = error
         return self._relayed(b"".join(given), broken=broken, ended=False)
 
     def end_of_stream(self) -> bytes:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Final, NamedTuple, Protocol, TypeAlias
 
 import msgspec
@@ -531,6 +531,16 @@ class EngineRelay:
 
     def feed(self, data: bytes) -> bytes:
         return self._relay.feed(self._reader.feed(data))
+
+    def feed_each(self, data: bytes) -> Iterator[bytes]:
+        """The client bytes of each event ``data`` completes; a broken event raises when reached.
+
+        The engine's reader cuts the worker's reads into events itself: the exchange does not
+        cut them first (a cumulative stream's events are tens of KB, docs/performance.md).
+        """
+        feed = self._relay.feed
+        for generate_event in self._reader.feed_each(data):
+            yield feed(generate_event)
 
     def close(self) -> bytes:
         return self._relay.feed(self._reader.close()) + self._relay.close()

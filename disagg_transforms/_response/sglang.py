@@ -11,7 +11,7 @@ stream its deltas. An abort is a worker failure (:class:`SglangFailure`), never 
 from __future__ import annotations
 
 import re
-from collections.abc import Container, Mapping
+from collections.abc import Container, Iterator, Mapping
 from typing import Any, Final, TypeAlias
 
 import msgspec
@@ -263,7 +263,24 @@ class SglangStreamReader:
             UpstreamContractError: an event is not SGLang's, does not extend the text so far
                 (cumulative), or comes after ``[DONE]`` or after the finish.
         """
-        return b"".join(self._read(payload) for payload in self._parser.feed(data))
+        return b"".join(self.feed_each(data))
+
+    def feed_each(self, data: bytes) -> Iterator[bytes]:
+        """:meth:`feed`, event by event: the generate SSE bytes of each event ``data`` completes.
+
+        An event that breaks the contract raises when it is reached, after the ones before it
+        were given (the exchange cuts the worker's reads no further: docs/sglang.md).
+
+        Raises:
+            UpstreamContractError: as :meth:`feed`.
+        """
+        payloads: list[bytes] = []
+        try:
+            self._parser.feed_into(data, payloads)
+        except UpstreamContractError:
+            yield from map(self._read, payloads)  # the events before the one too large
+            raise
+        yield from map(self._read, payloads)
 
     def close(self) -> bytes:
         """End of the stream.

@@ -62,6 +62,18 @@ class SseParser:
             UpstreamContractError: the event being read grew past ``max_event_bytes``.
         """
         payloads: list[bytes] = []
+        self.feed_into(data, payloads)
+        return payloads
+
+    def feed_into(self, data: bytes | bytearray | memoryview, payloads: list[bytes]) -> None:
+        """:meth:`feed`, the payloads appended to ``payloads``.
+
+        When it raises, the payloads of the events ``data`` completed before the one that broke
+        the bound are in ``payloads``: a reader can hand them on first.
+
+        Raises:
+            UpstreamContractError: the event being read grew past ``max_event_bytes``.
+        """
         start = 0
         if type(data) is bytes and not self._data and data.find(_CR) < 0:
             # (Other bytes-like values, a memoryview among them, go to the line reader.)
@@ -82,9 +94,8 @@ class SseParser:
                     payloads.append(data[start + _DATA_PREFIX_SIZE : end])
                     start = end + 2
                 if start == size:
-                    return payloads
+                    return
         self._read_lines(memoryview(data)[start:] if start else data, payloads)
-        return payloads
 
     def _complete_data_line(self, data: bytes, payloads: list[bytes]) -> int:
         """End the held ``data: `` line, when ``data`` ends it and its event at once.
