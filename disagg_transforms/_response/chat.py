@@ -419,6 +419,9 @@ _CHUNK_END: Final = b"}\n\n"
 _PROMPT_TOKEN_IDS_MEMBER: Final = b',"prompt_token_ids":'
 _OPENING_END: Final = b',"prompt_text":null}\n\n'
 _NULL: Final = b"null"
+# A text no chunk choice holds but its own (the member names are others): where to cut.
+_SLOT: Final = "slot"
+_SLOT_JSON: Final = b'"slot"'
 _ROLE_DELTA: Final = {w.ROLE: w.ASSISTANT, w.CONTENT: ""}
 
 
@@ -633,6 +636,7 @@ class ChatStreamConverter:
         "_model",
         "_next",
         "_passthrough",
+        "_plain",
         "_prompt_token_ids",
         "_reader",
         "_token_ids",
@@ -655,6 +659,8 @@ class ChatStreamConverter:
         self._model = envelope_model(built, None, client_body)
         self._created = envelope_created(built, created)
         self._head: bytes | None = None  # once the first chunk names the request
+        # A plain chunk's bytes around its encoded text, once the stream is named (see _begin).
+        self._plain: tuple[bytes, bytes] | None = None
         self._passthrough = built.vllm_finish_reasons
         self._weight_versions = not writes_like_032(built)
         self._reader = GenerateStreamReader(max_event_bytes=built.max_event_bytes)
@@ -680,7 +686,13 @@ class ChatStreamConverter:
                 ``output_mode``, is malformed (the ``param`` is its JSON path), comes after
                 ``[DONE]``, or the stream exceeds a bound.
         """
-        read = self._reader.feed(data)
+        if self._plain is not None:
+            read = self._reader.feed_text(data)
+            if type(read) is str:  # most chunks: written with no struct and no dict
+                before, after = self._plain
+                return before + encode_event_json(read) + after
+        else:
+            read = self._reader.feed(data)
         if len(read) == 1:  # a worker's socket reads usually hold one event: no join to make
             return self._event(*read[0])
         return b"".join(starmap(self._event, read))
@@ -720,7 +732,14 @@ class ChatStreamConverter:
             self._prompt_token_ids = encode_event_json(event.prompt_token_ids)
         # vLLM's chat route opens every choice at its first engine output, before any text.
         running = usage if event.choices else None
-        return head, self._open(self._choice_count, head, running, "$.choices[0]")
+        opening = self._open(self._choice_count, head, running, "$.choices[0]")
+        if not self._token_ids:
+            # A plain chunk (GenerateStreamReader.feed_text) is written as _event writes it,
+            # but from these bytes, cut around its text once (docs/performance.md, "Streams").
+            built = self._choice(StreamChoice(index=0, text=_SLOT))
+            before, _, after = encode_event_json([built]).partition(_SLOT_JSON)
+            self._plain = (head + before, after + _CHUNK_END)
+        return head, opening
 
     def _event(self, payload: bytes, event: StreamEvent | None) -> bytes:
         if event is None:

@@ -90,6 +90,28 @@ class GenerateStreamReader:
         """
         return [self._read(payload) for payload in self._parser.feed(data)]
 
+    def feed_text(self, data: bytes) -> str | list[ReadEvent]:
+        """As :meth:`feed`; when ``data`` is exactly one plain chunk, its text delta alone.
+
+        A plain chunk is most of a stream: one choice, index 0, a non-empty text delta, no
+        logprobs, no finish reason, no usage (token IDs and other members are not read). A
+        converter in its steady state writes it from bytes made once per stream
+        (docs/performance.md, "Streams"); any other event takes the general path.
+
+        Raises:
+            UpstreamContractError: as :meth:`feed`.
+        """
+        payloads = self._parser.feed(data)
+        if len(payloads) != 1:
+            return [self._read(payload) for payload in payloads]
+        payload = payloads[0]
+        event = self._decode(payload)
+        if event is not None and event.error is UNSET:
+            text = _check_chunk(event, self._mode, self._wire)
+            if text is not None:
+                return text
+        return [(payload, event)]
+
     def close(self) -> list[ReadEvent]:
         r"""End of the stream: the event a held final ``\r`` completes, if any.
 
@@ -103,40 +125,58 @@ class GenerateStreamReader:
         return tail
 
     def _read(self, payload: bytes) -> ReadEvent:
+        event = self._decode(payload)
+        if event is not None and event.error is UNSET:
+            _check_chunk(event, self._mode, self._wire)  # an error event carries no echo
+        return payload, event
+
+    def _decode(self, payload: bytes) -> StreamEvent | None:
         if self._done:
             msg = "$: the generate stream sent an event after data: [DONE]"
             raise UpstreamContractError(msg, param="$")
         if payload == w.SSE_DONE:
             self._done = True
-            return payload, None
+            return None
         try:
-            event = _EVENT_DECODER.decode(payload)
+            return _EVENT_DECODER.decode(payload)
         except msgspec.ValidationError as error:
             raise contract_error(error, "a generate stream chunk") from None
         except (msgspec.DecodeError, RecursionError) as error:
             msg = f"$: a generate stream event is not a JSON object: {error}"
             raise UpstreamContractError(msg, param="$") from None
-        if event.error is UNSET:  # an error event is the worker's own: no echo to check
-            _check_chunk(event, self._mode, self._wire)
-        return payload, event
 
 
-def _check_chunk(event: StreamEvent, mode: OutputMode, wire: str) -> None:
+def _check_chunk(event: StreamEvent, mode: OutputMode, wire: str) -> str | None:
+    """Check a chunk; its text delta when it is plain (see GenerateStreamReader.feed_text)."""
     if event.output_mode != wire:  # the one comparison a conforming chunk costs
         generate = event.choices is not UNSET and event.object is UNSET
         check_echoed_mode(event.output_mode, mode, where="stream chunk", generate=generate)
-    if isinstance(event.choices, UnsetType):
+    choices = event.choices
+    if isinstance(choices, UnsetType):
         msg = f"$.{w.CHOICES}: a generate stream chunk must carry choices; it has none"
         raise UpstreamContractError(msg, param=f"$.{w.CHOICES}")
-    if event.usage is not None and event.usage is not UNSET:
-        _check(event.usage, Usage, f"$.{w.USAGE} of a stream chunk")
-    for choice in event.choices:
+    usage = event.usage
+    if usage is None or usage is UNSET:
+        if len(choices) == 1:
+            choice = choices[0]
+            text, finish = choice.text, choice.finish_reason  # text: UNSET and "" are false
+            if (
+                text
+                and choice.index == 0
+                and choice.logprobs is None
+                and (finish is None or finish is UNSET)
+            ):
+                return text
+    else:
+        _check(usage, Usage, f"$.{w.USAGE} of a stream chunk")
+    for choice in choices:
         if choice.text is UNSET or choice.index < 0 or choice.logprobs is not None:
             break
     else:
-        return  # the common chunk: nothing to look at closer, no path to build
-    for position, choice in enumerate(event.choices):
+        return None  # the common chunk: nothing to look at closer, no path to build
+    for position, choice in enumerate(choices):
         _check_choice(choice, choice_path(position), text=mode is not OutputMode.TOKENS)
+    return None
 
 
 def _check(value: object, view: type[msgspec.Struct], what: str) -> None:
