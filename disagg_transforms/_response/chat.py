@@ -47,9 +47,11 @@ from disagg_transforms._response.echo import (
     looks_generate,
 )
 from disagg_transforms._response.generate_stream import (
+    PLAIN_SLOT,
     GenerateStreamReader,
     StreamChoice,
     StreamEvent,
+    cut_at_slots,
     first_request_id,
 )
 from disagg_transforms._response.options import (
@@ -419,9 +421,6 @@ _CHUNK_END: Final = b"}\n\n"
 _PROMPT_TOKEN_IDS_MEMBER: Final = b',"prompt_token_ids":'
 _OPENING_END: Final = b',"prompt_text":null}\n\n'
 _NULL: Final = b"null"
-# A text no chunk choice holds but its own (the member names are others): where to cut.
-_SLOT: Final = "slot"
-_SLOT_JSON: Final = b'"slot"'
 _ROLE_DELTA: Final = {w.ROLE: w.ASSISTANT, w.CONTENT: ""}
 
 
@@ -688,7 +687,7 @@ class ChatStreamConverter:
         """
         if self._plain is not None:
             read = self._reader.feed_text(data)
-            if type(read) is str:  # most chunks: written with no struct and no dict
+            if isinstance(read, str):  # most chunks: written with no struct and no dict
                 before, after = self._plain
                 return before + encode_event_json(read) + after
         else:
@@ -736,8 +735,8 @@ class ChatStreamConverter:
         if not self._token_ids:
             # A plain chunk (GenerateStreamReader.feed_text) is written as _event writes it,
             # but from these bytes, cut around its text once (docs/performance.md, "Streams").
-            built = self._choice(StreamChoice(index=0, text=_SLOT))
-            before, _, after = encode_event_json([built]).partition(_SLOT_JSON)
+            built = self._choice(StreamChoice(index=0, text=PLAIN_SLOT))
+            before, after = cut_at_slots(encode_event_json([built]))
             self._plain = (head + before, after + _CHUNK_END)
         return head, opening
 

@@ -24,7 +24,7 @@ from disagg_transforms._response.options import DEFAULT_OPTIONS, EnvelopeOptions
 from disagg_transforms._response.turn import AssistantTurn, base_id
 from disagg_transforms._wire import keys as w
 from disagg_transforms._wire.describe import describe
-from disagg_transforms._wire.sse import SseParser
+from disagg_transforms._wire.sse import SseParser, encode_event_json
 from disagg_transforms._wire.validate import CONVERT_ERRORS
 from disagg_transforms.envelopes import ChatLogprobs, Usage
 from disagg_transforms.errors import UpstreamContractError
@@ -59,6 +59,19 @@ class StreamEvent(msgspec.Struct, kw_only=True, gc=False):
 
 
 _EVENT_DECODER = msgspec.json.Decoder(StreamEvent)
+
+PLAIN_SLOT: Final = "\x00plain\x00"
+"""Where a plain chunk's text goes in an event built once (no event holds this text else)."""
+_PLAIN_SLOT_JSON: Final = encode_event_json(PLAIN_SLOT)
+
+
+def cut_at_slots(event: bytes) -> list[bytes]:
+    """An event's bytes cut around each :data:`PLAIN_SLOT` (one per value that varies).
+
+    Built once per stream: a plain chunk's event is the pieces joined with its values encoded.
+    """
+    return event.split(_PLAIN_SLOT_JSON)
+
 
 ReadEvent = tuple[bytes, StreamEvent | None]
 """An event's raw ``data`` payload and its view; ``None`` is ``[DONE]``."""
@@ -255,6 +268,7 @@ class NamedEventConverter(abc.ABC):
         "_logprobs",
         "_model",
         "_options",
+        "_plain",
         "_reader",
         "_request_id",
         "_stop_reason",
@@ -280,6 +294,7 @@ class NamedEventConverter(abc.ABC):
         self._reader = GenerateStreamReader(max_event_bytes=self._options.max_event_bytes)
         self._failed = False
         self._worker_error = False
+        self._plain = False  # whether a plain chunk is one _plain_event (set by the subclass)
         self._request_id: str | None = None
         self._text: list[str] = []
         self._logprobs: list[Any] | None = None  # the entries as sent (checked by the reader)
@@ -295,7 +310,14 @@ class NamedEventConverter(abc.ABC):
                 ``output_mode``, is malformed (the ``param`` is its JSON path), has a choice
                 index other than 0, comes after ``[DONE]``, or the stream exceeds a bound.
         """
-        return self._write(self._reader.feed(data))
+        if self._plain:
+            read = self._reader.feed_text(data)
+            if isinstance(read, str):  # most chunks: the subclass writes it from its own bytes
+                self._text.append(read)
+                return self._plain_event(read)
+        else:
+            read = self._reader.feed(data)
+        return self._write(read)
 
     def close(self) -> bytes:
         r"""End the stream; returns what a held final ``\r`` completes (usually ``b""``).
@@ -321,7 +343,7 @@ class NamedEventConverter(abc.ABC):
         ``error_type`` overrides the API's type for it. What the worker sends afterwards is
         dropped: the client's stream is over.
         """
-        self._failed = True
+        self._failed, self._plain = True, False
         return b"".join(
             self._format(event) for event in self._error(message, status, error_type, None)
         )
@@ -358,6 +380,7 @@ class NamedEventConverter(abc.ABC):
                 events = self._end()
             elif event.error is not UNSET:
                 self._failed = self._worker_error = True
+                self._plain = False
                 error = event.error
                 events = self._error(
                     error_message(error),
@@ -411,6 +434,13 @@ class NamedEventConverter(abc.ABC):
 
         ``position`` is the choice's place in the chunk (its path, :func:`choice_path`, is
         built only for an error).
+        """
+
+    @abc.abstractmethod
+    def _plain_event(self, text: str) -> bytes:
+        """The bytes of a plain chunk's text (GenerateStreamReader.feed_text), once ``_plain``.
+
+        The same as :meth:`_delta`'s events written by :meth:`_format` for that text.
         """
 
     @abc.abstractmethod
