@@ -61,7 +61,8 @@ class StreamEvent(msgspec.Struct, kw_only=True, gc=False):
 _EVENT_DECODER = msgspec.json.Decoder(StreamEvent)
 
 PLAIN_SLOT: Final = "\x00plain\x00"
-"""Where a plain chunk's text goes in an event built once (no event holds this text else)."""
+"""A marker text, put where a plain chunk's values go in an event built once per stream (the
+rest of such an event is the converter's own ids and names, never this text)."""
 _PLAIN_SLOT_JSON: Final = encode_event_json(PLAIN_SLOT)
 
 
@@ -106,8 +107,8 @@ class GenerateStreamReader:
     def feed_text(self, data: bytes) -> str | list[ReadEvent]:
         """As :meth:`feed`; when ``data`` is exactly one plain chunk, its text delta alone.
 
-        A plain chunk is most of a stream: one choice, index 0, a non-empty text delta, no
-        logprobs, no finish reason, no usage (token IDs and other members are not read). A
+        A plain chunk is most of a stream: one choice, index 0, a non-empty text delta,
+        ``logprobs`` null, no finish reason, no usage (token IDs and the rest are not read). A
         converter in its steady state writes it from bytes made once per stream
         (docs/performance.md, "Streams"); any other event takes the general path.
 
