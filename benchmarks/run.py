@@ -324,10 +324,16 @@ an `event:` or other field, multi-line data, `\\r\\n` or `\\r` line ends, an eve
 across feeds) and all after it to the general line reader, which gives the same payloads (a
 property test feeds any stream split anywhere both ways). Each event's JSON is decoded once
 through a narrow msgspec view, untracked by the garbage collector (`gc=False`: decoded JSON
-holds no cycle); a conforming chunk costs one comparison for its echo. The chat converter
-encodes `id`, `object`, `created` and `model` once per stream and splices each chunk's encoded
-choices (msgspec structs, not dicts) after them. Every check stays: the echo on every chunk,
-the shapes, the event and choice bounds, the error paths and their messages.
+holds no cycle); a conforming chunk costs one comparison for its echo. Most chunks are
+plain (one choice, index 0, a text delta, no logprobs, finish reason or usage): the reader tells
+one apart while checking it, and each converter, once its stream is named (and its text item
+or block open), writes it from bytes encoded once per stream and cut around the text (the
+Responses event also around its `sequence_number`), splicing in the text's JSON: no struct,
+no dict a chunk (a property test checks the bytes equal the general path's for any stream).
+Other chunks take the general path: the chat converter encodes `id`, `object`, `created` and
+`model` once per stream and splices each chunk's encoded choices (msgspec structs, not dicts)
+after them. Every check stays: the echo on every chunk, the shapes, the event and choice
+bounds, the error paths and their messages.
 
 The decode-leg cases send a generate leg in `text` mode (`use_openai_format: false`); the chat
 cases get 1024 token IDs from the router. The wrap cases use a client asking

@@ -47,9 +47,11 @@ from disagg_transforms._response.echo import (
     looks_generate,
 )
 from disagg_transforms._response.generate_stream import (
+    PLAIN_SLOT,
     GenerateStreamReader,
     StreamChoice,
     StreamEvent,
+    cut_at_slots,
     first_request_id,
 )
 from disagg_transforms._response.options import (
@@ -633,6 +635,7 @@ class ChatStreamConverter:
         "_model",
         "_next",
         "_passthrough",
+        "_plain",
         "_prompt_token_ids",
         "_reader",
         "_token_ids",
@@ -655,6 +658,8 @@ class ChatStreamConverter:
         self._model = envelope_model(built, None, client_body)
         self._created = envelope_created(built, created)
         self._head: bytes | None = None  # once the first chunk names the request
+        # A plain chunk's bytes around its encoded text, once the stream is named (see _begin).
+        self._plain: tuple[bytes, bytes] | None = None
         self._passthrough = built.vllm_finish_reasons
         self._weight_versions = not writes_like_032(built)
         self._reader = GenerateStreamReader(max_event_bytes=built.max_event_bytes)
@@ -680,7 +685,13 @@ class ChatStreamConverter:
                 ``output_mode``, is malformed (the ``param`` is its JSON path), comes after
                 ``[DONE]``, or the stream exceeds a bound.
         """
-        read = self._reader.feed(data)
+        if self._plain is not None:
+            read = self._reader.feed_text(data)
+            if isinstance(read, str):  # most chunks: written with no struct and no dict
+                before, after = self._plain
+                return before + encode_event_json(read) + after
+        else:
+            read = self._reader.feed(data)
         if len(read) == 1:  # a worker's socket reads usually hold one event: no join to make
             return self._event(*read[0])
         return b"".join(starmap(self._event, read))
@@ -720,7 +731,14 @@ class ChatStreamConverter:
             self._prompt_token_ids = encode_event_json(event.prompt_token_ids)
         # vLLM's chat route opens every choice at its first engine output, before any text.
         running = usage if event.choices else None
-        return head, self._open(self._choice_count, head, running, "$.choices[0]")
+        opening = self._open(self._choice_count, head, running, "$.choices[0]")
+        if not self._token_ids:
+            # A plain chunk (GenerateStreamReader.feed_text) is written as _event writes it,
+            # but from these bytes, cut around its text once (docs/performance.md, "Streams").
+            built = self._choice(StreamChoice(index=0, text=PLAIN_SLOT))
+            before, after = cut_at_slots(encode_event_json([built]))
+            self._plain = (head + before, after + _CHUNK_END)
+        return head, opening
 
     def _event(self, payload: bytes, event: StreamEvent | None) -> bytes:
         if event is None:

@@ -24,7 +24,7 @@ from disagg_transforms._response.options import DEFAULT_OPTIONS, EnvelopeOptions
 from disagg_transforms._response.turn import AssistantTurn, base_id
 from disagg_transforms._wire import keys as w
 from disagg_transforms._wire.describe import describe
-from disagg_transforms._wire.sse import SseParser
+from disagg_transforms._wire.sse import SseParser, encode_event_json
 from disagg_transforms._wire.validate import CONVERT_ERRORS
 from disagg_transforms.envelopes import ChatLogprobs, Usage
 from disagg_transforms.errors import UpstreamContractError
@@ -60,6 +60,20 @@ class StreamEvent(msgspec.Struct, kw_only=True, gc=False):
 
 _EVENT_DECODER = msgspec.json.Decoder(StreamEvent)
 
+PLAIN_SLOT: Final = "\x00plain\x00"
+"""A marker text, put where a plain chunk's values go in an event built once per stream (the
+rest of such an event is the converter's own ids and names, never this text)."""
+_PLAIN_SLOT_JSON: Final = encode_event_json(PLAIN_SLOT)
+
+
+def cut_at_slots(event: bytes) -> list[bytes]:
+    """An event's bytes cut around each :data:`PLAIN_SLOT` (one per value that varies).
+
+    Built once per stream: a plain chunk's event is the pieces joined with its values encoded.
+    """
+    return event.split(_PLAIN_SLOT_JSON)
+
+
 ReadEvent = tuple[bytes, StreamEvent | None]
 """An event's raw ``data`` payload and its view; ``None`` is ``[DONE]``."""
 
@@ -90,6 +104,28 @@ class GenerateStreamReader:
         """
         return [self._read(payload) for payload in self._parser.feed(data)]
 
+    def feed_text(self, data: bytes) -> str | list[ReadEvent]:
+        """As :meth:`feed`; when ``data`` is exactly one plain chunk, its text delta alone.
+
+        A plain chunk is most of a stream: one choice, index 0, a non-empty text delta,
+        ``logprobs`` null, no finish reason, no usage (token IDs and the rest are not read). A
+        converter in its steady state writes it from bytes made once per stream
+        (docs/performance.md, "Streams"); any other event takes the general path.
+
+        Raises:
+            UpstreamContractError: as :meth:`feed`.
+        """
+        payloads = self._parser.feed(data)
+        if len(payloads) != 1:
+            return [self._read(payload) for payload in payloads]
+        payload = payloads[0]
+        event = self._decode(payload)
+        if event is not None and event.error is UNSET:
+            text = _check_chunk(event, self._mode, self._wire)
+            if text is not None:
+                return text
+        return [(payload, event)]
+
     def close(self) -> list[ReadEvent]:
         r"""End of the stream: the event a held final ``\r`` completes, if any.
 
@@ -103,40 +139,58 @@ class GenerateStreamReader:
         return tail
 
     def _read(self, payload: bytes) -> ReadEvent:
+        event = self._decode(payload)
+        if event is not None and event.error is UNSET:
+            _check_chunk(event, self._mode, self._wire)  # an error event carries no echo
+        return payload, event
+
+    def _decode(self, payload: bytes) -> StreamEvent | None:
         if self._done:
             msg = "$: the generate stream sent an event after data: [DONE]"
             raise UpstreamContractError(msg, param="$")
         if payload == w.SSE_DONE:
             self._done = True
-            return payload, None
+            return None
         try:
-            event = _EVENT_DECODER.decode(payload)
+            return _EVENT_DECODER.decode(payload)
         except msgspec.ValidationError as error:
             raise contract_error(error, "a generate stream chunk") from None
         except (msgspec.DecodeError, RecursionError) as error:
             msg = f"$: a generate stream event is not a JSON object: {error}"
             raise UpstreamContractError(msg, param="$") from None
-        if event.error is UNSET:  # an error event is the worker's own: no echo to check
-            _check_chunk(event, self._mode, self._wire)
-        return payload, event
 
 
-def _check_chunk(event: StreamEvent, mode: OutputMode, wire: str) -> None:
+def _check_chunk(event: StreamEvent, mode: OutputMode, wire: str) -> str | None:
+    """Check a chunk; its text delta when it is plain (see GenerateStreamReader.feed_text)."""
     if event.output_mode != wire:  # the one comparison a conforming chunk costs
         generate = event.choices is not UNSET and event.object is UNSET
         check_echoed_mode(event.output_mode, mode, where="stream chunk", generate=generate)
-    if isinstance(event.choices, UnsetType):
+    choices = event.choices
+    if isinstance(choices, UnsetType):
         msg = f"$.{w.CHOICES}: a generate stream chunk must carry choices; it has none"
         raise UpstreamContractError(msg, param=f"$.{w.CHOICES}")
-    if event.usage is not None and event.usage is not UNSET:
-        _check(event.usage, Usage, f"$.{w.USAGE} of a stream chunk")
-    for choice in event.choices:
+    usage = event.usage
+    if usage is None or usage is UNSET:
+        if len(choices) == 1:
+            choice = choices[0]
+            text, finish = choice.text, choice.finish_reason  # text: UNSET and "" are false
+            if (
+                text
+                and choice.index == 0
+                and choice.logprobs is None
+                and (finish is None or finish is UNSET)
+            ):
+                return text
+    else:
+        _check(usage, Usage, f"$.{w.USAGE} of a stream chunk")
+    for choice in choices:
         if choice.text is UNSET or choice.index < 0 or choice.logprobs is not None:
             break
     else:
-        return  # the common chunk: nothing to look at closer, no path to build
-    for position, choice in enumerate(event.choices):
+        return None  # the common chunk: nothing to look at closer, no path to build
+    for position, choice in enumerate(choices):
         _check_choice(choice, choice_path(position), text=mode is not OutputMode.TOKENS)
+    return None
 
 
 def _check(value: object, view: type[msgspec.Struct], what: str) -> None:
@@ -215,6 +269,7 @@ class NamedEventConverter(abc.ABC):
         "_logprobs",
         "_model",
         "_options",
+        "_plain",
         "_reader",
         "_request_id",
         "_stop_reason",
@@ -240,6 +295,7 @@ class NamedEventConverter(abc.ABC):
         self._reader = GenerateStreamReader(max_event_bytes=self._options.max_event_bytes)
         self._failed = False
         self._worker_error = False
+        self._plain = False  # whether a plain chunk is one _plain_event (set by the subclass)
         self._request_id: str | None = None
         self._text: list[str] = []
         self._logprobs: list[Any] | None = None  # the entries as sent (checked by the reader)
@@ -255,7 +311,14 @@ class NamedEventConverter(abc.ABC):
                 ``output_mode``, is malformed (the ``param`` is its JSON path), has a choice
                 index other than 0, comes after ``[DONE]``, or the stream exceeds a bound.
         """
-        return self._write(self._reader.feed(data))
+        if self._plain:
+            read = self._reader.feed_text(data)
+            if isinstance(read, str):  # most chunks: the subclass writes it from its own bytes
+                self._text.append(read)
+                return self._plain_event(read)
+        else:
+            read = self._reader.feed(data)
+        return self._write(read)
 
     def close(self) -> bytes:
         r"""End the stream; returns what a held final ``\r`` completes (usually ``b""``).
@@ -281,7 +344,7 @@ class NamedEventConverter(abc.ABC):
         ``error_type`` overrides the API's type for it. What the worker sends afterwards is
         dropped: the client's stream is over.
         """
-        self._failed = True
+        self._failed, self._plain = True, False
         return b"".join(
             self._format(event) for event in self._error(message, status, error_type, None)
         )
@@ -318,6 +381,7 @@ class NamedEventConverter(abc.ABC):
                 events = self._end()
             elif event.error is not UNSET:
                 self._failed = self._worker_error = True
+                self._plain = False
                 error = event.error
                 events = self._error(
                     error_message(error),
@@ -371,6 +435,13 @@ class NamedEventConverter(abc.ABC):
 
         ``position`` is the choice's place in the chunk (its path, :func:`choice_path`, is
         built only for an error).
+        """
+
+    @abc.abstractmethod
+    def _plain_event(self, text: str) -> bytes:
+        """The bytes of a plain chunk's text (GenerateStreamReader.feed_text), once ``_plain``.
+
+        The same as :meth:`_delta`'s events written by :meth:`_format` for that text.
         """
 
     @abc.abstractmethod

@@ -15,7 +15,11 @@ from typing import Any
 import msgspec
 
 from disagg_transforms._config import OutputMode
-from disagg_transforms._response.generate_stream import NamedEventConverter
+from disagg_transforms._response.generate_stream import (
+    PLAIN_SLOT,
+    NamedEventConverter,
+    cut_at_slots,
+)
 from disagg_transforms._response.options import (
     DEFAULT_OPTIONS,
     EnvelopeOptions,
@@ -27,7 +31,7 @@ from disagg_transforms._routes import Route
 from disagg_transforms._wire import keys as w
 from disagg_transforms._wire import raw as _raw
 from disagg_transforms._wire.describe import describe
-from disagg_transforms._wire.sse import format_sse_typed_event
+from disagg_transforms._wire.sse import encode_event_json, format_sse_typed_event
 from disagg_transforms.envelopes import Usage
 from disagg_transforms.errors import UpstreamContractError, error_body
 
@@ -283,7 +287,7 @@ class AnthropicStreamConverter(NamedEventConverter):
         UpstreamContractError: neither the options nor the client body names a model.
     """
 
-    __slots__ = ("_open",)
+    __slots__ = ("_open", "_plain_pieces")
 
     def __init__(
         self,
@@ -311,8 +315,17 @@ class AnthropicStreamConverter(NamedEventConverter):
         if not self._open:
             self._open = True
             events.append(_block_start(0, _text_block("")))
+            # A plain chunk's text_delta, its text spliced in (_plain_event).
+            self._plain_pieces = cut_at_slots(
+                self._format(_block_delta(0, w.TEXT_DELTA, w.TEXT, PLAIN_SLOT))
+            )
+            self._plain = True
         events.append(_block_delta(0, w.TEXT_DELTA, w.TEXT, text))
         return events
+
+    def _plain_event(self, text: str) -> bytes:
+        before, after = self._plain_pieces
+        return before + encode_event_json(text) + after
 
     def _end(self) -> list[dict[str, Any]]:
         events = [_block_stop(0)] if self._open else []

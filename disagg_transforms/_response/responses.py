@@ -18,11 +18,15 @@ import msgspec
 from disagg_transforms._config import OutputMode
 from disagg_transforms._response import options as _options
 from disagg_transforms._response.choices import choice_path, client_top_logprobs
-from disagg_transforms._response.generate_stream import NamedEventConverter
+from disagg_transforms._response.generate_stream import (
+    PLAIN_SLOT,
+    NamedEventConverter,
+    cut_at_slots,
+)
 from disagg_transforms._response.turn import AssistantTurn, ToolCallOut, read_turn
 from disagg_transforms._wire import keys as w
 from disagg_transforms._wire.limits import check_depth
-from disagg_transforms._wire.sse import format_sse_typed_event
+from disagg_transforms._wire.sse import encode_event_json, format_sse_typed_event
 from disagg_transforms.envelopes import ChatLogprob, ChatTopLogprob, Usage
 from disagg_transforms.errors import UpstreamContractError
 
@@ -427,7 +431,7 @@ class ResponsesStreamConverter(NamedEventConverter):
         UpstreamContractError: neither the options nor the client body names a model.
     """
 
-    __slots__ = ("_item", "_place", "_sequence", "_top")
+    __slots__ = ("_item", "_place", "_plain_pieces", "_sequence", "_top")
 
     def __init__(
         self,
@@ -459,6 +463,11 @@ class ResponsesStreamConverter(NamedEventConverter):
         self._item = item
         # Where every text delta goes, built once (set with the item, read only after it).
         self._place = _at(item[w.ID], 0, 0)
+        # A plain chunk's delta event, its text and sequence number spliced in (_plain_event).
+        plain = _text_delta(self._place, w.OUTPUT_TEXT, PLAIN_SLOT, None)
+        plain[w.SEQUENCE_NUMBER] = PLAIN_SLOT
+        self._plain_pieces = cut_at_slots(format_sse_typed_event(plain[w.TYPE], plain))
+        self._plain = True
         return _opening_events({**item, w.CONTENT: [_text_part("", None)]}, 0)
 
     def _start(self) -> list[dict[str, Any]]:
@@ -480,6 +489,12 @@ class ResponsesStreamConverter(NamedEventConverter):
         events = [] if self._item is not None else self._open()
         events.append(_text_delta(self._place, w.OUTPUT_TEXT, text, entries))
         return events
+
+    def _plain_event(self, text: str) -> bytes:
+        before, middle, after = self._plain_pieces
+        sequence = self._sequence
+        self._sequence = sequence + 1
+        return b"".join((before, encode_event_json(text), middle, b"%d" % sequence, after))
 
     def _end(self) -> list[dict[str, Any]]:
         if self._item is None:
