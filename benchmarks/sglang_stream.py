@@ -5,8 +5,9 @@ Usage: ``python benchmarks/sglang_stream.py [--quick]`` prints a table (``docs/p
 8k tokens as the simulated SGLang worker writes it (a token a byte, every event repeating the text
 and the token IDs so far, orjson's bytes), with and without logprobs, fed event by event to
 ``SglangStreamReader`` (and in 64 KB reads that cut events anywhere, as ``serve`` reads them),
-then also through the chat stream converter (``serve --engine sglang``'s per-chunk work in the
-library); beside it vLLM's generate stream of as many tokens through the
+then also through the chat stream converter, and as the exchange relays it (``EngineRelay``: the
+reader's plain chunks written by the converter from their text; ``serve --engine sglang``'s
+per-chunk work in the library); beside it vLLM's generate stream of as many tokens through the
 chat stream converter (``serve``'s). Times are medians of CPU time (``harness.median_seconds``).
 """
 
@@ -21,6 +22,7 @@ import orjson
 import payloads
 
 from disagg_transforms import OutputMode
+from disagg_transforms._exchange.reply import EngineRelay
 from disagg_transforms._response.dispatch import stream_converter
 from disagg_transforms._response.sglang import SglangStreamReader
 from disagg_transforms._routes import Route
@@ -72,6 +74,16 @@ def _read_and_convert(events: list[bytes]) -> bytes:
     return b"".join([*out, converter.feed(reader.close()), converter.close()])
 
 
+def _relayed(reads: list[bytes]) -> bytes:
+    """As the exchange relays it: ``EngineRelay.feed_each`` over each read, chat converter."""
+    converter = stream_converter(
+        Route.CHAT_COMPLETIONS, requested=OutputMode.TEXT, client_body=_CLIENT
+    )
+    relay = EngineRelay(SglangStreamReader(max_event_bytes=_MAX_EVENT), converter)
+    out = [b"".join(relay.feed_each(read)) for read in reads]
+    return b"".join([*out, relay.close()])
+
+
 def _convert(events: list[bytes]) -> bytes:
     converter = stream_converter(
         Route.CHAT_COMPLETIONS, requested=OutputMode.TEXT, client_body=_CLIENT
@@ -92,6 +104,10 @@ def measure(*, quick: bool) -> list[tuple[str, int, float]]:
             "SGLang cumulative, reader": (_read, stream),
             "SGLang cumulative, reader, 64 KB reads": (_read, _reads(stream)),
             "SGLang cumulative, reader + chat converter": (_read_and_convert, stream),
+            "SGLang cumulative, as the exchange relays it, 64 KB reads": (
+                _relayed,
+                _reads(stream),
+            ),
             "vLLM generate, chat converter": (_convert, vllm),
         }
         if n_tokens == 1024:  # at 8k tokens a stream with logprobs holds about 600 MB

@@ -19,6 +19,7 @@ from strategies import client_route_bodies, sglang_cumulative_streams
 
 from disagg_transforms import OutputMode
 from disagg_transforms._engines import ENGINES, Engine, Meeting
+from disagg_transforms._exchange.reply import EngineRelay
 from disagg_transforms._request.sglang import (
     ROOM_MAX,
     Rendezvous,
@@ -427,6 +428,49 @@ def _deltas(generate_sse: bytes) -> list[str]:
 def test_any_cumulative_stream_gives_its_deltas(stream: tuple[list[str], bytes], step: int) -> None:
     deltas, data = stream
     assert _deltas(_read_stream(data, step=step)) == deltas
+
+
+@pytest.mark.parametrize("route", [Route.CHAT_COMPLETIONS, Route.RESPONSES, Route.MESSAGES])
+@given(
+    stream=st.one_of(sglang_cumulative_streams(), sglang_cumulative_streams(broken=True)),
+    step=st.integers(1, 400),
+    client=st.sampled_from(
+        [{}, {"return_token_ids": True}, {"stream_options": {"include_usage": True}}]
+    ),
+)
+def test_the_exchange_relay_writes_what_reader_then_converter_write(
+    route: Route, stream: tuple[list[str], bytes], step: int, client: dict[str, Any]
+) -> None:
+    # EngineRelay hands a plain chunk's text straight to the converter: the client's bytes are
+    # those of the reader's generate SSE fed to the converter event by event, up to the same
+    # breach, however the worker's stream is cut into reads.
+    _, data = stream
+    reads = [data[at : at + step] for at in range(0, len(data), step)]
+    events = [event + b"\n\n" for event in data.split(b"\n\n") if event]
+    body = {"model": "m", "stream": True, **client}
+
+    def converter() -> Any:
+        return stream_converter(route, requested=OutputMode.TEXT, client_body=body)
+
+    def run(feed: Any, close: Any, pieces: list[bytes]) -> tuple[bytes, str | None]:
+        out: list[bytes] = []
+        try:
+            for piece in pieces:
+                out.extend(feed(piece))
+            out.append(close())
+        except UpstreamContractError as error:
+            return b"".join(out), error.param
+        return b"".join(out), None
+
+    reader, relay_to = SglangStreamReader(max_event_bytes=_MAX_EVENT), converter()
+    relay = EngineRelay(SglangStreamReader(max_event_bytes=_MAX_EVENT), converter())
+    composed = run(
+        lambda event: [relay_to.feed(reader.feed(event))],
+        lambda: relay_to.feed(reader.close()) + relay_to.close(),
+        events,
+    )
+    relayed = run(relay.feed_each, relay.close, reads)
+    assert relayed == composed
 
 
 @given(stream=sglang_cumulative_streams(broken=True))

@@ -50,8 +50,15 @@ class StreamReader(Protocol):
         """The generate SSE of the events ``data`` completes."""
         ...
 
-    def feed_each(self, data: bytes) -> Iterator[bytes]:
-        """:meth:`feed`, event by event; a broken event raises after the ones before it."""
+    def feed_each(self, data: bytes) -> Iterator[bytes | str]:
+        """:meth:`feed`, event by event; a broken event raises after the ones before it.
+
+        A ``str`` is a plain chunk's text delta, for a converter's ``plain_chunk``.
+        """
+        ...
+
+    def plain_event(self, text: str) -> bytes:
+        """The generate SSE of a plain chunk :meth:`feed_each` gave as its text delta."""
         ...
 
     def close(self) -> bytes:

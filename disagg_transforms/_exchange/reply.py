@@ -21,7 +21,7 @@ from disagg_transforms._config import OutputMode
 from disagg_transforms._engines.description import StreamReader
 from disagg_transforms._request.client import ClientRequest
 from disagg_transforms._request.legs import DecodeLeg
-from disagg_transforms._response.chat import wrap_chat_completion_bytes
+from disagg_transforms._response.chat import ChatStreamConverter, wrap_chat_completion_bytes
 from disagg_transforms._response.dispatch import (
     ENVELOPE_ROUTES,
     single_frame_stream,
@@ -29,7 +29,11 @@ from disagg_transforms._response.dispatch import (
     wrap_envelope,
 )
 from disagg_transforms._response.echo import check_echoed_mode, check_output_mode_echo
-from disagg_transforms._response.generate_stream import GenerateStreamReader, StreamEvent
+from disagg_transforms._response.generate_stream import (
+    GenerateStreamReader,
+    NamedEventConverter,
+    StreamEvent,
+)
 from disagg_transforms._response.options import DEFAULT_OPTIONS, EnvelopeOptions
 from disagg_transforms._response.responses import responses_error_event
 from disagg_transforms._routes import Route
@@ -523,11 +527,17 @@ class EngineRelay:
     An SGLang stream becomes the generate SSE every converter reads (``docs/sglang.md``).
     """
 
-    __slots__ = ("_reader", "_relay")
+    __slots__ = ("_plain", "_reader", "_relay")
 
     def __init__(self, reader: StreamReader, relay: Relay) -> None:
         self._reader = reader
         self._relay = relay
+        # A converter writes a plain chunk from its text: no generate SSE made and read again.
+        self._plain: Callable[[str], bytes | None] = (
+            relay.plain_chunk
+            if isinstance(relay, (ChatStreamConverter, NamedEventConverter))
+            else _no_plain_chunk
+        )
 
     def feed(self, data: bytes) -> bytes:
         return self._relay.feed(self._reader.feed(data))
@@ -538,9 +548,13 @@ class EngineRelay:
         The engine's reader cuts the worker's reads into events itself: the exchange does not
         cut them first (a cumulative stream's events are tens of KB, docs/performance.md).
         """
-        feed = self._relay.feed
-        for generate_event in self._reader.feed_each(data):
-            yield feed(generate_event)
+        reader, feed, plain = self._reader, self._relay.feed, self._plain
+        for event in reader.feed_each(data):
+            if isinstance(event, str):  # a plain chunk's text delta
+                out = plain(event)
+                yield feed(reader.plain_event(event)) if out is None else out
+            else:
+                yield feed(event)
 
     def close(self) -> bytes:
         return self._relay.feed(self._reader.close()) + self._relay.close()
@@ -551,6 +565,11 @@ class EngineRelay:
     @property
     def worker_error(self) -> bool:
         return self._relay.worker_error
+
+
+def _no_plain_chunk(text: str) -> None:
+    """A relay that is no converter reads every chunk as generate SSE."""
+    del text
 
 
 def _chat_style_error(message: str, status: int) -> bytes:

@@ -685,16 +685,28 @@ class ChatStreamConverter:
                 ``output_mode``, is malformed (the ``param`` is its JSON path), comes after
                 ``[DONE]``, or the stream exceeds a bound.
         """
-        if self._plain is not None:
+        plain = self._plain
+        if plain is not None:
             read = self._reader.feed_text(data)
             if isinstance(read, str):  # most chunks: written with no struct and no dict
-                before, after = self._plain
-                return before + encode_event_json(read) + after
+                return plain[0] + encode_event_json(read) + plain[1]
         else:
             read = self._reader.feed(data)
         if len(read) == 1:  # a worker's socket reads usually hold one event: no join to make
             return self._event(*read[0])
         return b"".join(starmap(self._event, read))
+
+    def plain_chunk(self, text: str) -> bytes | None:
+        """The client bytes of a plain generate chunk whose text delta is ``text``.
+
+        For a reader that reads the worker's events itself (an engine's, docs/sglang.md): a
+        plain chunk is one choice, index 0, a non-empty ``text``, logprobs null, no finish
+        reason, no usage. ``None`` until the stream is named and plain chunks are written from
+        bytes (after its first chunk, and never when the client asked for token IDs): feed the
+        generate chunk then.
+        """
+        plain = self._plain
+        return None if plain is None else plain[0] + encode_event_json(text) + plain[1]
 
     def close(self) -> bytes:
         r"""End the stream; returns what a held final ``\r`` completes (usually ``b""``).

@@ -314,11 +314,22 @@ class NamedEventConverter(abc.ABC):
         if self._plain:
             read = self._reader.feed_text(data)
             if isinstance(read, str):  # most chunks: the subclass writes it from its own bytes
-                self._text.append(read)
-                return self._plain_event(read)
+                return self._plain_written(read)
         else:
             read = self._reader.feed(data)
         return self._write(read)
+
+    def plain_chunk(self, text: str) -> bytes | None:
+        """The client bytes of a plain generate chunk whose text delta is ``text``.
+
+        As ``ChatStreamConverter.plain_chunk``: ``None`` until plain chunks are written from
+        bytes (once the text item or block is open), and after an error.
+        """
+        return self._plain_written(text) if self._plain else None
+
+    def _plain_written(self, text: str) -> bytes:
+        self._text.append(text)
+        return self._plain_event(text)
 
     def close(self) -> bytes:
         r"""End the stream; returns what a held final ``\r`` completes (usually ``b""``).

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Container, Iterator, Mapping
-from typing import Any, Final, TypeAlias
+from typing import Any, Final, Literal, TypeAlias, overload
 
 import msgspec
 from msgspec import UNSET, UnsetType
@@ -230,6 +230,7 @@ class SglangStreamReader:
         "_incremental",
         "_logprobs",
         "_parser",
+        "_request_id",
         "_sent",
         "_stop_token_ids",
         "_tail",
@@ -253,6 +254,7 @@ class SglangStreamReader:
         self._sent: bytes | None = None if incremental else _TEXT_HEAD
         self._ids_size = 0
         self._logprobs = 0
+        self._request_id = ""  # the last event's: a plain chunk written later names it
         self._done = False
         self._ended = False
 
@@ -263,13 +265,16 @@ class SglangStreamReader:
             UpstreamContractError: an event is not SGLang's, does not extend the text so far
                 (cumulative), or comes after ``[DONE]`` or after the finish.
         """
-        return b"".join(self.feed_each(data))
+        return b"".join(map(self._read, self._parser.feed(data)))
 
-    def feed_each(self, data: bytes) -> Iterator[bytes]:
-        """:meth:`feed`, event by event: the generate SSE bytes of each event ``data`` completes.
+    def feed_each(self, data: bytes) -> Iterator[bytes | str]:
+        """:meth:`feed`, event by event; a plain chunk as its text delta alone.
 
-        An event that breaks the contract raises when it is reached, after the ones before it
-        were given (the exchange cuts the worker's reads no further: docs/sglang.md).
+        Each event ``data`` completes gives its generate SSE bytes, or, when the chunk is plain
+        (one choice, a non-empty text delta, no logprobs, no finish), the ``str`` of its
+        delta, for a converter's ``plain_chunk`` (:meth:`plain_event` writes it as generate
+        SSE). An event that breaks the contract raises when it is reached, after the ones
+        before it were given (the exchange cuts the worker's reads no further: docs/sglang.md).
 
         Raises:
             UpstreamContractError: as :meth:`feed`.
@@ -278,9 +283,15 @@ class SglangStreamReader:
         try:
             self._parser.feed_into(data, payloads)
         except UpstreamContractError:
-            yield from map(self._read, payloads)  # the events before the one too large
+            for payload in payloads:  # the events before the one too large
+                yield self._read(payload, plain=True)
             raise
-        yield from map(self._read, payloads)
+        for payload in payloads:
+            yield self._read(payload, plain=True)
+
+    def plain_event(self, text: str) -> bytes:
+        """The generate SSE of a plain chunk :meth:`feed_each` gave as its text delta."""
+        return _generate_chunk(self._request_id, text, None, None, None)
 
     def close(self) -> bytes:
         """End of the stream.
@@ -294,7 +305,11 @@ class SglangStreamReader:
             raise UpstreamContractError(msg, param="$")
         return tail
 
-    def _read(self, payload: bytes) -> bytes:
+    @overload
+    def _read(self, payload: bytes, *, plain: Literal[False] = False) -> bytes: ...
+    @overload
+    def _read(self, payload: bytes, *, plain: bool) -> bytes | str: ...
+    def _read(self, payload: bytes, *, plain: bool = False) -> bytes | str:
         if self._done:
             msg = "$: the SGLang stream sent an event after data: [DONE]"
             raise UpstreamContractError(msg, param="$")
@@ -306,7 +321,7 @@ class SglangStreamReader:
             raise UpstreamContractError(msg, param="$")
         new = self._new_part(payload)
         if new is not None:
-            return self._chunk(*new, whole=False)
+            return self._chunk(*new, whole=False, plain=plain)
         self._sent = None
         try:
             event = _EVENT_DECODER.decode(payload)
@@ -321,7 +336,7 @@ class SglangStreamReader:
         if isinstance(event.meta_info, UnsetType) or isinstance(event.text, UnsetType):
             msg = "$: an SGLang stream event must carry text and meta_info"
             raise UpstreamContractError(msg, param="$")
-        return self._chunk(event.text, event.meta_info, whole=not self._incremental)
+        return self._chunk(event.text, event.meta_info, whole=not self._incremental, plain=plain)
 
     def _new_part(self, payload: bytes) -> tuple[str, _Meta] | None:
         """The new text and the meta_info of a cumulative event in SGLang's layout, else None.
@@ -369,8 +384,15 @@ class SglangStreamReader:
         self._tail = text[-_TAIL:]
         return text[start:]
 
-    def _chunk(self, text: str, meta: _Meta, *, whole: bool) -> bytes:
-        """The generate chunk of an event: ``text`` all its text if ``whole``, else the new part."""
+    @overload
+    def _chunk(self, text: str, meta: _Meta, *, whole: bool, plain: Literal[False]) -> bytes: ...
+    @overload
+    def _chunk(self, text: str, meta: _Meta, *, whole: bool, plain: bool) -> bytes | str: ...
+    def _chunk(self, text: str, meta: _Meta, *, whole: bool, plain: bool) -> bytes | str:
+        """The generate chunk of an event: ``text`` all its text if ``whole``, else the new part.
+
+        With ``plain``, a plain chunk is its text delta alone (:meth:`feed_each`).
+        """
         finish = meta.finish_reason
         fields = (None, None) if finish is None else _finish_fields(finish, self._stop_token_ids)
         if isinstance(fields, SglangFailure):
@@ -380,20 +402,33 @@ class SglangStreamReader:
         logprobs = _logprobs(meta, 0 if self._incremental else self._logprobs)
         if not isinstance(meta.output_token_logprobs, UnsetType):
             self._logprobs = len(meta.output_token_logprobs)
-        choice = {
-            w.INDEX: 0,
-            w.TEXT: delta,
-            w.FINISH_REASON: fields[0],
-            w.STOP_REASON: fields[1],
-            w.LOGPROBS: logprobs,
-        }
-        chunk = {w.REQUEST_ID: meta.id, w.OUTPUT_MODE: _TEXT, w.CHOICES: [choice]}
-        out = format_sse_event(chunk)
+        self._request_id = meta.id
+        if plain and delta and finish is None and logprobs is None:
+            return delta
+        finish_reason, stop_reason = fields
+        out = _generate_chunk(meta.id, delta, finish_reason, stop_reason, logprobs)
         if finish is None:
             return out
         self._ended = True
         usage = {w.REQUEST_ID: meta.id, w.OUTPUT_MODE: _TEXT, w.CHOICES: [], w.USAGE: _usage(meta)}
         return out + format_sse_event(usage)
+
+
+def _generate_chunk(
+    request_id: str,
+    delta: str,
+    finish_reason: str | None,
+    stop_reason: int | str | None,
+    logprobs: dict[str, Any] | None,
+) -> bytes:
+    choice = {
+        w.INDEX: 0,
+        w.TEXT: delta,
+        w.FINISH_REASON: finish_reason,
+        w.STOP_REASON: stop_reason,
+        w.LOGPROBS: logprobs,
+    }
+    return format_sse_event({w.REQUEST_ID: request_id, w.OUTPUT_MODE: _TEXT, w.CHOICES: [choice]})
 
 
 def answer_failure(body: bytes) -> SglangFailure | None:
