@@ -473,6 +473,52 @@ def test_the_exchange_relay_writes_what_reader_then_converter_write(
     assert relayed == composed
 
 
+_TRIPLES = st.tuples(
+    st.one_of(st.none(), st.floats(-20, 0)),
+    st.integers(0, 1000),
+    st.one_of(st.none(), st.text(max_size=3)),
+)
+
+
+@given(
+    steps=st.lists(
+        st.tuples(st.text("ab\u00e9", min_size=1, max_size=2), st.lists(_TRIPLES, max_size=2)),
+        min_size=1,
+        max_size=6,
+    ),
+    tops=st.booleans(),
+    compact=st.booleans(),
+    step=st.integers(1, 300),
+)
+def test_cumulative_logprobs_read_past_the_sent_ones_are_the_whole_arrays_cut(
+    steps: list[tuple[str, list[tuple[float | None, int, str | None]]]],
+    tops: bool,
+    compact: bool,
+    step: int,
+) -> None:
+    # Each event repeats every position's logprobs; the reader decodes only the new ones. The
+    # same events with meta_info first are read whole (the slow path): the same chunks.
+    text, fast, slow = "", [], []
+    triples: list[list[Any]] = []
+    for count, (delta, new) in enumerate(steps, 1):
+        text, triples = text + delta, triples + [list(t) for t in new]
+        finish = {"type": "length", "length": 9} if count == len(steps) else None
+        meta: dict[str, Any] = {"id": "r", "finish_reason": finish, "completion_tokens": count}
+        meta["output_token_logprobs"] = triples
+        if tops:
+            meta["output_top_logprobs"] = [None if t[1] % 3 else [t] for t in triples]
+        ids = list(range(count))
+        spell = (lambda v: json.dumps(v, separators=(",", ":"))) if compact else json.dumps
+        fast.append(spell({"text": text, "output_ids": ids, "meta_info": meta}))
+        slow.append(spell({"meta_info": meta, "text": text, "output_ids": ids}))
+
+    def read(events: list[str]) -> bytes:
+        data = b"".join(b"data: " + e.encode() + b"\n\n" for e in events) + b"data: [DONE]\n\n"
+        return _read_stream(data, step=step)
+
+    assert read(fast) == read(slow)
+
+
 @given(stream=sglang_cumulative_streams(broken=True))
 def test_any_event_that_does_not_extend_the_text_is_refused(
     stream: tuple[list[str], bytes],

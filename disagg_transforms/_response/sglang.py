@@ -74,6 +74,21 @@ class _Meta(msgspec.Struct, kw_only=True, gc=False):
     output_top_logprobs: list[list[_Triple] | None] | UnsetType = UNSET
 
 
+class _RawLogprobsMeta(msgspec.Struct, kw_only=True, gc=False):
+    """A cumulative event's meta_info, its logprob arrays left undecoded (skipped at C speed).
+
+    Only the positions past the ones already sent are decoded (:class:`_Cumulative`).
+    """
+
+    id: str
+    finish_reason: _Finish | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    output_token_logprobs: msgspec.Raw | UnsetType = UNSET
+    output_top_logprobs: msgspec.Raw | UnsetType = UNSET
+
+
 class _Answer(msgspec.Struct, kw_only=True, gc=False):
     text: str
     output_ids: list[int]
@@ -91,6 +106,8 @@ class _Event(msgspec.Struct, kw_only=True, gc=False):
 
 _EVENT_DECODER = msgspec.json.Decoder(_Event)
 _META_DECODER = msgspec.json.Decoder(_Meta)
+_LOGPROBS_META_DECODER = msgspec.json.Decoder(_RawLogprobsMeta)
+_LOGPROBS_MARK: Final = b'_logprobs"'  # in output_token_logprobs and output_top_logprobs
 _TEXT_DECODER = msgspec.json.Decoder(str)
 
 
@@ -167,6 +184,59 @@ def _logprobs(meta: _Meta, start: int) -> dict[str, Any] | None:
     return {w.CONTENT: content}
 
 
+class _Cumulative:
+    """A logprob array of a cumulative stream's meta_info (each event repeats every position).
+
+    The bytes of the positions read so far are cut out of the next event before it is decoded
+    when they are the same bytes, so only the new positions are decoded; any other event is
+    decoded whole and cut after, with the same result (docs/sglang.md, "Streams").
+    """
+
+    __slots__ = ("_count", "_decoder", "_items", "_key")
+
+    def __init__(self, name: str, decoder: msgspec.json.Decoder[Any]) -> None:
+        self._key = f'"{name}":['.encode()
+        self._decoder = decoder
+        self._items = b""  # the items read so far, as the last event wrote them
+        self._count = 0
+
+    def cut(self, meta: bytes, start: int) -> tuple[bytes, int]:
+        """``meta`` without the items read so far, and where this array opens in it (-1: uncut).
+
+        ``start``: the positions sent so far, which the items read must be.
+        """
+        items = self._items
+        at = meta.find(self._key) if items and self._count == start else -1
+        if at < 0:
+            return meta, -1
+        first = at + len(self._key)
+        end = first + len(items)
+        after = meta[end : end + 1]
+        if not meta.startswith(items, first) or after not in (b",", b"]"):
+            return meta, -1
+        return meta[:first] + meta[end + (after == b",") :], first - 1
+
+    def matches(self, raw: msgspec.Raw | UnsetType, meta: bytes, opened: int) -> bool:
+        """Whether the array decoded from ``meta`` is the one :meth:`cut` cut at ``opened``."""
+        return opened < 0 or (isinstance(raw, msgspec.Raw) and meta.startswith(bytes(raw), opened))
+
+    def take(self, raw: msgspec.Raw, start: int, *, cut: bool) -> list[Any]:
+        """The items from position ``start`` on of the array decoded (``cut``: the new ones)."""
+        data = bytes(raw)
+        items: list[Any] = self._decoder.decode(data)
+        if not cut:
+            self._items, self._count = data[1:-1], len(items)
+            return items[start:]
+        if items:
+            self._items = self._items + b"," + data[1:-1]
+            self._count += len(items)
+        return items
+
+
+_TRIPLES_DECODER: Final = msgspec.json.Decoder(list[_Triple])
+_TOPS_DECODER: Final = msgspec.json.Decoder(list[list[_Triple] | None])
+
+
 def generate_answer(
     answer: Mapping[str, Any], *, stop_token_ids: Container[int] = ()
 ) -> dict[str, Any] | SglangFailure:
@@ -235,6 +305,8 @@ class SglangStreamReader:
         "_stop_token_ids",
         "_tail",
         "_text_len",
+        "_tokens",
+        "_tops",
     )
 
     def __init__(
@@ -255,6 +327,8 @@ class SglangStreamReader:
         self._ids_size = 0
         self._logprobs = 0
         self._request_id = ""  # the last event's: a plain chunk written later names it
+        self._tokens = _Cumulative("output_token_logprobs", _TRIPLES_DECODER)
+        self._tops = _Cumulative("output_top_logprobs", _TOPS_DECODER)
         self._done = False
         self._ended = False
 
@@ -321,7 +395,8 @@ class SglangStreamReader:
             raise UpstreamContractError(msg, param="$")
         new = self._new_part(payload)
         if new is not None:
-            return self._chunk(*new, whole=False, plain=plain)
+            text, meta, offset = new
+            return self._chunk(text, meta, whole=False, plain=plain, offset=offset)
         self._sent = None
         try:
             event = _EVENT_DECODER.decode(payload)
@@ -338,11 +413,12 @@ class SglangStreamReader:
             raise UpstreamContractError(msg, param="$")
         return self._chunk(event.text, event.meta_info, whole=not self._incremental, plain=plain)
 
-    def _new_part(self, payload: bytes) -> tuple[str, _Meta] | None:
+    def _new_part(self, payload: bytes) -> tuple[str, _Meta, int] | None:
         """The new text and the meta_info of a cumulative event in SGLang's layout, else None.
 
         It extends the text so far when its bytes start with the last event's up to the end of
-        its text (JSON escapes each character alone): only the bytes after are read.
+        its text (JSON escapes each character alone): only the bytes after are read. The
+        meta_info's logprob arrays hold the positions from the third item on.
         """
         sent = self._sent
         if sent is None or not payload.startswith(sent):
@@ -361,16 +437,53 @@ class SglangStreamReader:
             or not payload.endswith(b"}")
         ):
             return None
+        meta_bytes = payload[ids_end + len(_META_HEAD) : -1]
         try:
             text = _TEXT_DECODER.decode(_QUOTE + payload[start:end] + _QUOTE)
-            meta = _META_DECODER.decode(payload[ids_end + len(_META_HEAD) : -1])
+            if _LOGPROBS_MARK in meta_bytes:
+                meta, offset = self._new_logprobs(meta_bytes), self._logprobs
+            else:
+                meta, offset = _META_DECODER.decode(meta_bytes), 0
         except (msgspec.DecodeError, RecursionError):
             return None
         self._sent = payload[:end]
         self._ids_size = ids_end - end - _IDS_HEAD_SIZE
         self._text_len += len(text)
         self._tail = (self._tail + text)[-_TAIL:]
-        return text, meta
+        return text, meta, offset
+
+    def _new_logprobs(self, meta_bytes: bytes) -> _Meta:
+        """The meta_info, its logprob arrays from the first position not sent yet on.
+
+        Each event repeats every position's logprobs so far: decoding them all made a stream
+        quadratic in its length (docs/performance.md).
+        """
+        start, tokens, tops = self._logprobs, self._tokens, self._tops
+        cut, at_tokens = tokens.cut(meta_bytes, start)
+        cut, at_tops = tops.cut(cut, start)
+        raw = _LOGPROBS_META_DECODER.decode(cut)
+        token_raw, top_raw = raw.output_token_logprobs, raw.output_top_logprobs
+        if not (tokens.matches(token_raw, cut, at_tokens) and tops.matches(top_raw, cut, at_tops)):
+            raw = _LOGPROBS_META_DECODER.decode(meta_bytes)  # another layout: read whole
+            token_raw, top_raw, at_tokens, at_tops = (
+                raw.output_token_logprobs,
+                raw.output_top_logprobs,
+                -1,
+                -1,
+            )
+        return _Meta(
+            id=raw.id,
+            finish_reason=raw.finish_reason,
+            prompt_tokens=raw.prompt_tokens,
+            completion_tokens=raw.completion_tokens,
+            cached_tokens=raw.cached_tokens,
+            output_token_logprobs=UNSET
+            if isinstance(token_raw, UnsetType)
+            else tokens.take(token_raw, start, cut=at_tokens >= 0),
+            output_top_logprobs=UNSET
+            if isinstance(top_raw, UnsetType)
+            else tops.take(top_raw, start, cut=at_tops >= 0),
+        )
 
     def _delta(self, text: str) -> str:
         start = self._text_len
@@ -385,13 +498,20 @@ class SglangStreamReader:
         return text[start:]
 
     @overload
-    def _chunk(self, text: str, meta: _Meta, *, whole: bool, plain: Literal[False]) -> bytes: ...
+    def _chunk(
+        self, text: str, meta: _Meta, *, whole: bool, plain: Literal[False], offset: int = 0
+    ) -> bytes: ...
     @overload
-    def _chunk(self, text: str, meta: _Meta, *, whole: bool, plain: bool) -> bytes | str: ...
-    def _chunk(self, text: str, meta: _Meta, *, whole: bool, plain: bool) -> bytes | str:
+    def _chunk(
+        self, text: str, meta: _Meta, *, whole: bool, plain: bool, offset: int = 0
+    ) -> bytes | str: ...
+    def _chunk(
+        self, text: str, meta: _Meta, *, whole: bool, plain: bool, offset: int = 0
+    ) -> bytes | str:
         """The generate chunk of an event: ``text`` all its text if ``whole``, else the new part.
 
-        With ``plain``, a plain chunk is its text delta alone (:meth:`feed_each`).
+        With ``plain``, a plain chunk is its text delta alone (:meth:`feed_each`). ``offset``:
+        the output position the meta_info's logprob arrays start at.
         """
         finish = meta.finish_reason
         fields = (None, None) if finish is None else _finish_fields(finish, self._stop_token_ids)
@@ -399,9 +519,9 @@ class SglangStreamReader:
             self._ended = True
             return _error_event({w.MESSAGE: fields.message, w.CODE: fields.status})
         delta = self._delta(text) if whole else text
-        logprobs = _logprobs(meta, 0 if self._incremental else self._logprobs)
+        logprobs = _logprobs(meta, (0 if self._incremental else self._logprobs) - offset)
         if not isinstance(meta.output_token_logprobs, UnsetType):
-            self._logprobs = len(meta.output_token_logprobs)
+            self._logprobs = offset + len(meta.output_token_logprobs)
         self._request_id = meta.id
         if plain and delta and finish is None and logprobs is None:
             return delta
