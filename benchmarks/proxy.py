@@ -548,30 +548,21 @@ def sglang_floors(results: Sequence[Result], vllm: Sequence[Result]) -> str:
             "<= 1.5", 1.5,
         ),
     ]  # fmt: skip
+    per_chunk = [
+        (SG_OURS, "`serve --engine sglang` (chat deltas)", "<= 1.5x", 1.5),
+        (SG_READER, f"beside it: {SG_READER}", "reported", None),
+    ]
     rows += [
         (
-            (f"CPU per streamed chunk, {mode} cumulative, `serve --engine sglang` (chat deltas)"
-            " / sglang-router (relayed), c1"),
+            f"CPU per streamed chunk, {mode} cumulative, {label} / sglang-router (relayed), c1",
             _cpu_ratio(
-                _row(results, SG_OURS, mode, 1),
+                _row(results, target, mode, 1),
                 _row(results, SG_ROUTER_GENERATE, mode, 1),
                 per_chunk=True,
             ),
-            "<= 1.5x", 1.5,
+            floor, limit,
         )
-        for mode in SG_STREAMS
-    ]  # fmt: skip
-    rows += [
-        (
-            (f"beside it: CPU per streamed chunk, {mode} cumulative, {SG_READER} / sglang-router"
-            " (relayed), c1"),
-            _cpu_ratio(
-                _row(results, SG_READER, mode, 1),
-                _row(results, SG_ROUTER_GENERATE, mode, 1),
-                per_chunk=True,
-            ),
-            "reported", None,
-        )
+        for target, label, floor, limit in per_chunk
         for mode in SG_STREAMS
     ]  # fmt: skip
     rows += [
