@@ -132,17 +132,22 @@ def read_client_request(
             decode = params if isinstance(params, DecodeParams) else decode
     if every_field:
         _validate.typed(body, w.STREAM, bool)
-    request = ClientRequest(body=body, path=path, route=route)
     if not (generate or every_field):
-        return request
+        return ClientRequest(body=body, path=path, route=route)
     mapper = CLIENT_MAPPERS[route]
     mapping = None if mapper is None else mapper(body, generate_leg=generate)
     mode = None if decode is None else _output_mode(body, route, decode, mapping)
     caps = client_caps(body, route)
     if every_field:
         _check_conversation(body, route)
-    return msgspec.structs.replace(
-        request, mapping=mapping, caps=caps, generate=generate, output_mode=mode
+    return ClientRequest(
+        body=body,
+        path=path,
+        route=route,
+        mapping=mapping,
+        caps=caps,
+        generate=generate,
+        output_mode=mode,
     )
 
 
