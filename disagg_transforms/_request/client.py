@@ -132,17 +132,22 @@ def read_client_request(
             decode = params if isinstance(params, DecodeParams) else decode
     if every_field:
         _validate.typed(body, w.STREAM, bool)
-    request = ClientRequest(body=body, path=path, route=route)
     if not (generate or every_field):
-        return request
+        return ClientRequest(body=body, path=path, route=route)
     mapper = CLIENT_MAPPERS[route]
     mapping = None if mapper is None else mapper(body, generate_leg=generate)
     mode = None if decode is None else _output_mode(body, route, decode, mapping)
     caps = client_caps(body, route)
     if every_field:
         _check_conversation(body, route)
-    return msgspec.structs.replace(
-        request, mapping=mapping, caps=caps, generate=generate, output_mode=mode
+    return ClientRequest(
+        body=body,
+        path=path,
+        route=route,
+        mapping=mapping,
+        caps=caps,
+        generate=generate,
+        output_mode=mode,
     )
 
 
@@ -217,15 +222,17 @@ def own_output_mode(body: Mapping[str, Any], route: Route) -> OutputMode | None:
     value = body.get(w.OUTPUT_MODE)
     if value is None:
         return None
-    if isinstance(value, str) and value in _CLIENT_MODES:
-        return OutputMode(value)
+    mode = _CLIENT_MODES.get(value) if isinstance(value, str) else None
+    if mode is not None:
+        return mode
     param = f"$.{w.OUTPUT_MODE}"
     msg = f'{param}: expected "tokens", "text" or "derender", got {describe(value)}'
     raise RequestError(msg, param=param)
 
 
 # The modes a generate client may ask for itself (auto is a step's setting, never on the wire).
-_CLIENT_MODES = frozenset(mode.value for mode in OutputMode if mode is not OutputMode.AUTO)
+# A table, not OutputMode(value): the enum's own lookup by value costs a Python call or two.
+_CLIENT_MODES = {mode.value: mode for mode in OutputMode if mode is not OutputMode.AUTO}
 
 
 def _output_mode(
