@@ -320,18 +320,18 @@ def _text_completion(
     property test holds the two to the same bytes), without a dict per member; any other
     answer, or one that breaks the contract, goes the general way, which reports it.
     """
-    if len(view.choices) != 1:
+    choices, codec = view.choices, RAW_CODEC
+    if len(choices) != 1:
         return None
-    choice = view.choices[0]
-    codec = RAW_CODEC
+    choice = choices[0]
+    logprobs, text, usage = choice.logprobs, choice.text, view.usage
     if (
-        choice.text is UNSET
-        or not codec.is_string(choice.text)
-        or (choice.logprobs is not UNSET and not codec.is_null(choice.logprobs))
+        (logprobs is not None and logprobs is not UNSET and not codec.is_null(logprobs))
+        or text is UNSET
+        or not codec.is_string(text)
         or (view.prompt_logprobs is not UNSET and not codec.is_null(view.prompt_logprobs))
     ):
         return None
-    usage = view.usage
     if usage is not UNSET and not codec.is_null(usage):
         try:
             if _null_created_cache(_USAGE_DECODER.decode(usage)):
@@ -343,7 +343,7 @@ def _text_completion(
     )
     built = _TextChoice(
         index=choice.index,
-        message=_TextMessage(w.ASSISTANT, choice.text),
+        message=_TextMessage(w.ASSISTANT, text),
         finish_reason=finish,
         vllm_finish_reason=vllm_finish,
         stop_reason=None if choice.stop_reason is UNSET else choice.stop_reason,
