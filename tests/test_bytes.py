@@ -374,6 +374,22 @@ def test_invalid_utf8_the_wrap_would_pass_on_is_refused_at_its_input_byte(bad: b
     assert caught.value.param == "$"
 
 
+@pytest.mark.parametrize("bad", [b"\xff", b"\xed\xa0\x80"])
+@pytest.mark.parametrize("where", ["text", "usage"])
+def test_invalid_utf8_in_a_one_choice_answer_is_refused_at_its_input_byte(
+    bad: bytes, where: str
+) -> None:
+    # The common text answer (one choice) checks what it writes undecoded: text and usage.
+    usage = {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2, "x_new": "MARK"}
+    response = _text_response("caf\u00e9 MARK", usage=usage)
+    response["choices"] = response["choices"][:1]
+    raw = json.dumps(response, ensure_ascii=False).encode()
+    at = raw.rindex(b"MARK") if where == "text" else raw.index(b"MARK")  # usage comes first
+    raw = raw[:at] + bad + raw[at + 4 :]  # text: moves across undecoded; usage: x_new is skipped
+    with pytest.raises(UpstreamContractError, match=rf"at byte {at}\)"):
+        wrap_chat_completion_bytes(raw, requested=OutputMode.TEXT)
+
+
 @pytest.mark.parametrize(("text", "shown"), [(5, "5 (an integer)"), ([1], "an array of 1 items")])
 def test_text_that_is_not_a_string_is_refused_on_both_paths(text: object, shown: str) -> None:
     response = _text_response("x")

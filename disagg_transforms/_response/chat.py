@@ -310,15 +310,14 @@ class _TextCompletion(msgspec.Struct, kw_only=True, gc=False):
 _USAGE_DECODER: Final = msgspec.json.Decoder(Usage)
 
 
-def _text_completion(
-    view: _Response[msgspec.Raw, Any], asked: _Asked, options: EnvelopeOptions
-) -> bytes | None:
-    """The common text answer's envelope, encoded from structs; ``None``: another answer.
+def _common_text_choice(
+    view: _Response[msgspec.Raw, Any],
+) -> tuple[_Choice[msgspec.Raw, Any], msgspec.Raw] | None:
+    """The one choice of the common text answer and its text; ``None``: another answer.
 
-    The answer the router sees most: one choice with its text, no logprobs, no prompt
-    logprobs, a usage that needs no rewrite. Its envelope is what :func:`_wrap` builds (a
-    property test holds the two to the same bytes), without a dict per member; any other
-    answer, or one that breaks the contract, goes the general way, which reports it.
+    One choice with its text (a JSON string), no logprobs, no prompt logprobs, a usage that
+    needs no rewrite, and UTF-8 in what is written undecoded (the text and the usage; every
+    other string msgspec decoded, valid by construction).
     """
     choices, codec = view.choices, RAW_CODEC
     if len(choices) != 1:
@@ -328,16 +327,37 @@ def _text_completion(
     if (
         (logprobs is not None and logprobs is not UNSET and not codec.is_null(logprobs))
         or text is UNSET
-        or not codec.is_string(text)
         or (view.prompt_logprobs is not UNSET and not codec.is_null(view.prompt_logprobs))
     ):
         return None
-    if usage is not UNSET and not codec.is_null(usage):
-        try:
-            if _null_created_cache(_USAGE_DECODER.decode(usage)):
-                return None
-        except msgspec.ValidationError:
-            return None
+    try:
+        as_is = (
+            usage is UNSET
+            or codec.is_null(usage)
+            or not _null_created_cache(_USAGE_DECODER.decode(usage))
+        )
+        written = str(text, "utf-8")
+        if usage is not UNSET:
+            str(usage, "utf-8")
+    except (msgspec.ValidationError, UnicodeDecodeError):
+        return None  # the general way reports it (a bad byte: the response's first one)
+    return (choice, text) if as_is and written.startswith('"') else None
+
+
+def _text_completion(
+    view: _Response[msgspec.Raw, Any], asked: _Asked, options: EnvelopeOptions
+) -> bytes | None:
+    """The common text answer's envelope, encoded from structs; ``None``: another answer.
+
+    The answer the router sees most (:func:`_common_text_choice`). Its envelope is what
+    :func:`_wrap` builds (a property test holds the two to the same bytes), without a dict per
+    member, and UTF-8 without a check of the whole; any other answer, or one that breaks the
+    contract, goes the general way, which reports it.
+    """
+    common = _common_text_choice(view)
+    if common is None:
+        return None
+    choice, text = common
     finish, vllm_finish = finish_pair(
         choice.finish_reason, streaming=False, passthrough=options.vllm_finish_reasons
     )
@@ -354,7 +374,7 @@ def _text_completion(
         created=envelope_created(options, view.created),
         model=envelope_model(options, view.model, asked.client),
         choices=[built],
-        usage=usage,
+        usage=view.usage,
     )
     return _raw.encode(completion)
 
@@ -457,7 +477,7 @@ def wrap_chat_completion_bytes(
     out = _text_completion(view, asked, built) if requested is _TEXT else None
     if out is None:
         out = _raw.encode(_wrap(RAW_CODEC, view, requested=requested, asked=asked, options=built))
-    _raw.check_passed_on_utf8(out, data, UpstreamContractError)
+        _raw.check_passed_on_utf8(out, data, UpstreamContractError)
     return out
 
 
