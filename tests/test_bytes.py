@@ -15,6 +15,7 @@ from strategies import (
     client_paths,
     client_request_bodies,
     generate_responses,
+    generate_text_responses,
     router_leg_inputs,
 )
 
@@ -32,6 +33,8 @@ from disagg_transforms import (
     wrap_chat_completion,
     wrap_chat_completion_bytes,
 )
+from disagg_transforms._response import chat
+from disagg_transforms._response.choices import RAW_CODEC
 from disagg_transforms._wire.raw import encode, scan_token_ids
 
 GENERATE = "/inference/v1/generate"
@@ -129,6 +132,63 @@ def test_wrap_bytes_path_equals_dict_path(
         options=EnvelopeOptions(clock=lambda: 7.0),
     )
     assert json.loads(by_bytes) == json.loads(json.dumps(by_dict))
+
+
+# What takes a text answer off the common case's fast envelope (or breaks it), one each.
+_OFF_THE_COMMON_CASE: dict[str, Any] = {
+    "logprobs": lambda r: r["choices"][0].update(logprobs={"content": []}),
+    "null logprobs": lambda r: r["choices"][0].update(logprobs=None),
+    "prompt logprobs": lambda r: r.update(prompt_logprobs=[None, {"1": {"logprob": -1.0}}]),
+    "created cache null": lambda r: r["usage"].update(
+        prompt_tokens_details={"cached_tokens": 0, "created_cache_tokens": None}
+    ),
+    "null usage": lambda r: r.update(usage=None),
+    "no usage": lambda r: r.pop("usage"),
+    "bad usage": lambda r: r.update(usage={"prompt_tokens": "many"}),
+    "no model": lambda r: r.pop("model"),
+    "no created": lambda r: r.pop("created"),
+    "text not a string": lambda r: r["choices"][0].update(text=7),
+    "no text": lambda r: r["choices"][0].pop("text"),
+    "two choices": lambda r: r["choices"].append({**r["choices"][0], "index": 1}),
+    "absent finish": lambda r: r["choices"][0].pop("finish_reason"),
+}
+
+
+@given(
+    response=generate_text_responses,
+    changes=st.lists(st.sampled_from(sorted(_OFF_THE_COMMON_CASE)), max_size=2, unique=True),
+    client=st.none()
+    | st.fixed_dictionaries(
+        {"top_logprobs": st.none() | st.integers(-1, 3)}, optional={"model": st.just("c")}
+    ),
+    options=st.builds(
+        EnvelopeOptions,
+        model=st.none() | st.just("served"),
+        vllm_finish_reasons=st.booleans(),
+        vllm_version=st.none() | st.sampled_from(["0.32.0", "0.33.0"]),
+        clock=st.just(lambda: 7.0),
+    ),
+)
+def test_the_common_text_answer_s_fast_envelope_is_the_general_one(
+    response: dict[str, Any], changes: list[str], client: Any, options: EnvelopeOptions
+) -> None:
+    # The bytes wrap encodes the common text answer from structs: the same bytes as the rules'
+    # dicts, or None (then the general way builds it, and reports what is broken).
+    for change in changes:
+        _OFF_THE_COMMON_CASE[change](response)
+    raw = _loose(response)
+    asked = chat._asked(client, OutputMode.TEXT)
+    view = chat._precut(raw, asked.top) or chat._decode_response(raw, OutputMode.TEXT)
+    general = outcome(
+        lambda: encode(
+            chat._wrap(RAW_CODEC, view, requested=OutputMode.TEXT, asked=asked, options=options)
+        )
+    )
+    fast = outcome(lambda: chat._text_completion(view, asked, options))
+    if fast != ("ok", None):
+        assert fast == general
+    elif not changes or changes == ["absent finish"]:
+        pytest.fail("the common text answer took the general way")
 
 
 def test_wrap_bytes_keeps_passthrough_bytes() -> None:
@@ -312,6 +372,22 @@ def test_invalid_utf8_the_wrap_would_pass_on_is_refused_at_its_input_byte(bad: b
     with pytest.raises(UpstreamContractError, match=rf"at byte {raw.index(bad)}\)") as caught:
         wrap_chat_completion_bytes(raw, requested=OutputMode.TEXT)
     assert caught.value.param == "$"
+
+
+@pytest.mark.parametrize("bad", [b"\xff", b"\xed\xa0\x80"])
+@pytest.mark.parametrize("where", ["text", "usage"])
+def test_invalid_utf8_in_a_one_choice_answer_is_refused_at_its_input_byte(
+    bad: bytes, where: str
+) -> None:
+    # The common text answer (one choice) checks what it writes undecoded: text and usage.
+    usage = {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2, "x_new": "MARK"}
+    response = _text_response("caf\u00e9 MARK", usage=usage)
+    response["choices"] = response["choices"][:1]
+    raw = json.dumps(response, ensure_ascii=False).encode()
+    at = raw.rindex(b"MARK") if where == "text" else raw.index(b"MARK")  # usage comes first
+    raw = raw[:at] + bad + raw[at + 4 :]  # text: moves across undecoded; usage: x_new is skipped
+    with pytest.raises(UpstreamContractError, match=rf"at byte {at}\)"):
+        wrap_chat_completion_bytes(raw, requested=OutputMode.TEXT)
 
 
 @pytest.mark.parametrize(("text", "shown"), [(5, "5 (an integer)"), ([1], "an array of 1 items")])

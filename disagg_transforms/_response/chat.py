@@ -37,6 +37,7 @@ from disagg_transforms._response.choices import (
     contract_error,
     cut_logprobs,
     finish_fields,
+    finish_pair,
     logprobs_out,
     require_text_mode,
 )
@@ -246,11 +247,10 @@ def _wrap(
     }
     if view.usage is not UNSET:
         result[w.USAGE] = view.usage
-        if not codec.is_null(view.usage):
-            usage = codec.read(view.usage, Usage, _USAGE_PATH)
-            details = usage.prompt_tokens_details
-            if isinstance(details, dict) and details.get(w.CREATED_CACHE_TOKENS, 0) is None:
-                result[w.USAGE] = _created_cache_counted(codec.load(view.usage, _USAGE_PATH))
+        if not codec.is_null(view.usage) and _null_created_cache(
+            codec.read(view.usage, Usage, _USAGE_PATH)
+        ):
+            result[w.USAGE] = _created_cache_counted(codec.load(view.usage, _USAGE_PATH))
     prompt_logprobs = None
     if view.prompt_logprobs is not UNSET and not codec.is_null(view.prompt_logprobs):
         codec.read(view.prompt_logprobs, _PromptLogprobs, _PROMPT_LOGPROBS_PATH)
@@ -258,6 +258,125 @@ def _wrap(
     result[w.PROMPT_LOGPROBS] = prompt_logprobs
     result.update(_TAIL_NULLS)
     return result
+
+
+def _null_created_cache(usage: Usage) -> bool:
+    """Whether the usage's ``created_cache_tokens`` is null (see :func:`_created_cache_counted`)."""
+    details = usage.prompt_tokens_details
+    return isinstance(details, dict) and details.get(w.CREATED_CACHE_TOKENS, 0) is None
+
+
+class _TextMessage(msgspec.Struct, gc=False):
+    # A text choice's message as _message builds it: the nulls of _TEXT_MESSAGE_NULLS.
+    role: str
+    content: msgspec.Raw
+    refusal: None = None
+    annotations: None = None
+    audio: None = None
+    function_call: None = None
+    reasoning: None = None
+
+
+class _TextChoice(msgspec.Struct, kw_only=True, gc=False):
+    # A choice as _wrap builds it (UNSET: left out): vllm_finish_reason only when mapped,
+    # weight_versions not for vLLM 0.32.
+    index: int
+    message: _TextMessage
+    logprobs: None = None
+    finish_reason: Any
+    vllm_finish_reason: Any
+    stop_reason: Any
+    token_ids: None = None
+    routed_experts: None = None
+    weight_versions: UnsetType | None
+
+
+class _TextCompletion(msgspec.Struct, kw_only=True, gc=False):
+    # The chat.completion as _wrap builds it, in vLLM's field order (UNSET: left out).
+    id: str
+    object: str = w.CHAT_COMPLETION_OBJECT
+    created: int
+    model: str
+    choices: list[_TextChoice]
+    service_tier: None = None
+    system_fingerprint: None = None
+    usage: Any
+    prompt_logprobs: None = None
+    prompt_token_ids: None = None
+    prompt_text: None = None
+    metrics: None = None
+
+
+_USAGE_DECODER: Final = msgspec.json.Decoder(Usage)
+
+
+def _common_text_choice(
+    view: _Response[msgspec.Raw, Any],
+) -> tuple[_Choice[msgspec.Raw, Any], msgspec.Raw] | None:
+    """The one choice of the common text answer and its text; ``None``: another answer.
+
+    One choice with its text (a JSON string), no logprobs, no prompt logprobs, a usage that
+    needs no rewrite, and UTF-8 in what is written undecoded (the text and the usage; every
+    other string msgspec decoded, valid by construction).
+    """
+    choices, codec = view.choices, RAW_CODEC
+    if len(choices) != 1:
+        return None
+    choice = choices[0]
+    logprobs, text, usage = choice.logprobs, choice.text, view.usage
+    if (
+        (logprobs is not None and logprobs is not UNSET and not codec.is_null(logprobs))
+        or text is UNSET
+        or (view.prompt_logprobs is not UNSET and not codec.is_null(view.prompt_logprobs))
+    ):
+        return None
+    try:
+        as_is = (
+            usage is UNSET
+            or codec.is_null(usage)
+            or not _null_created_cache(_USAGE_DECODER.decode(usage))
+        )
+        written = str(text, "utf-8")
+        if usage is not UNSET:
+            str(usage, "utf-8")
+    except (msgspec.ValidationError, UnicodeDecodeError):
+        return None  # the general way reports it (a bad byte: the response's first one)
+    return (choice, text) if as_is and written.startswith('"') else None
+
+
+def _text_completion(
+    view: _Response[msgspec.Raw, Any], asked: _Asked, options: EnvelopeOptions
+) -> bytes | None:
+    """The common text answer's envelope, encoded from structs; ``None``: another answer.
+
+    The answer the router sees most (:func:`_common_text_choice`). Its envelope is what
+    :func:`_wrap` builds (a property test holds the two to the same bytes), without a dict per
+    member, and UTF-8 without a check of the whole; any other answer, or one that breaks the
+    contract, goes the general way, which reports it.
+    """
+    common = _common_text_choice(view)
+    if common is None:
+        return None
+    choice, text = common
+    finish, vllm_finish = finish_pair(
+        choice.finish_reason, streaming=False, passthrough=options.vllm_finish_reasons
+    )
+    built = _TextChoice(
+        index=choice.index,
+        message=_TextMessage(w.ASSISTANT, text),
+        finish_reason=finish,
+        vllm_finish_reason=vllm_finish,
+        stop_reason=None if choice.stop_reason is UNSET else choice.stop_reason,
+        weight_versions=UNSET if writes_like_032(options) else None,
+    )
+    completion = _TextCompletion(
+        id=chat_id(view.request_id),
+        created=envelope_created(options, view.created),
+        model=envelope_model(options, view.model, asked.client),
+        choices=[built],
+        usage=view.usage,
+    )
+    return _raw.encode(completion)
 
 
 def _created_cache_counted(usage: Any) -> dict[str, Any]:  # noqa: ANN401 - a JSON object
@@ -355,9 +474,10 @@ def wrap_chat_completion_bytes(
     require_text_mode(requested, streaming=False)
     if client_error is not None:
         raise client_error
-    wrapped = _wrap(RAW_CODEC, view, requested=requested, asked=asked, options=built)
-    out = _raw.encode(wrapped)
-    _raw.check_passed_on_utf8(out, data, UpstreamContractError)
+    out = _text_completion(view, asked, built) if requested is _TEXT else None
+    if out is None:
+        out = _raw.encode(_wrap(RAW_CODEC, view, requested=requested, asked=asked, options=built))
+        _raw.check_passed_on_utf8(out, data, UpstreamContractError)
     return out
 
 
@@ -457,12 +577,6 @@ def _client_choice_count(client: Mapping[str, Any]) -> int:
     # The request side has checked the client's n; a missing or odd one reads as vLLM's 1.
     value = client.get(w.N)
     return value if type(value) is int and value >= 1 else 1
-
-
-def _finish_pair(value: str, *, passthrough: bool) -> tuple[str | None, Any]:
-    # A chunk choice's finish_reason and vllm_finish_reason (UNSET: not mapped, left out).
-    fields = finish_fields(value, streaming=True, passthrough=passthrough)
-    return fields[w.FINISH_REASON], fields.get(w.VLLM_FINISH_REASON, UNSET)
 
 
 def _include_usage(client_body: Mapping[str, Any] | None) -> bool:
@@ -813,8 +927,8 @@ class ChatStreamConverter:
             token_ids=choice.token_ids if self._token_ids else None,
         )
         if isinstance(finish, str):  # null (not finished yet) stays
-            built.finish_reason, built.vllm_finish_reason = _finish_pair(
-                finish, passthrough=self._passthrough
+            built.finish_reason, built.vllm_finish_reason = finish_pair(
+                finish, streaming=True, passthrough=self._passthrough
             )
             built.stop_reason = None if choice.stop_reason is UNSET else choice.stop_reason
             if self._weight_versions:

@@ -207,18 +207,26 @@ PRECUT_LOGPROBS: Final = tuple(_precut_logprobs(top) for top in range(PRECUT_MAX
 """``PRECUT_LOGPROBS[k]``: the logprobs view cut to ``k`` alternatives while decoding."""
 
 
-def finish_fields(value: object, *, streaming: bool, passthrough: bool) -> dict[str, Any]:
-    """``finish_reason`` (and ``vllm_finish_reason`` when mapped) for a chat choice.
+def finish_pair(value: object, *, streaming: bool, passthrough: bool) -> tuple[Any, Any]:
+    """A chat choice's ``finish_reason`` and ``vllm_finish_reason`` (``UNSET``: not mapped).
 
     A value the openai SDK rejects (``abort``, ``repetition``, any other string, and ``null`` in
     a non-streaming answer) becomes ``"stop"`` and the original is kept in
     ``vllm_finish_reason``; ``null`` in a stream chunk means "not finished yet" and stays.
     """
-    if value is msgspec.UNSET:
+    if value is UNSET:
         value = None  # absent reads as null
     if passthrough or value in SDK_FINISH_REASONS or (streaming and value is None):
-        return {w.FINISH_REASON: value}
-    return {w.FINISH_REASON: _MAPPED_FINISH_REASON, w.VLLM_FINISH_REASON: value}
+        return value, UNSET
+    return _MAPPED_FINISH_REASON, value
+
+
+def finish_fields(value: object, *, streaming: bool, passthrough: bool) -> dict[str, Any]:
+    """:func:`finish_pair` as a choice's members: ``vllm_finish_reason`` only when mapped."""
+    finish, vllm_finish = finish_pair(value, streaming=streaming, passthrough=passthrough)
+    if vllm_finish is UNSET:
+        return {w.FINISH_REASON: finish}
+    return {w.FINISH_REASON: finish, w.VLLM_FINISH_REASON: vllm_finish}
 
 
 class Codec(Generic[_P]):
