@@ -83,8 +83,8 @@ SG_OURS = "proxy (sglang)"
 SG_ROUTER = "sglang-router"
 SG_ROUTER_GENERATE = "sglang-router (/generate)"
 SG_READER = "aiohttp reader (reads only)"
-"""The load generator itself, reading the decode worker's stream: what any Python proxy on
-aiohttp pays before it converts or writes anything."""
+"""The load generator itself, reading the decode worker's stream and counting its events: about
+what any Python proxy on aiohttp pays before it converts or writes anything."""
 SG_STREAMS = {"stream 1k": 1024, "stream 8k": 8192}
 """The cumulative streams measured per chunk, by their answer's length in tokens."""
 SG_RENDER_CONTEXT = 32768  # the render worker's: a 1k prompt and an 8k answer fit
@@ -793,22 +793,29 @@ SGLANG_NOTE = """\
 **What the stream figures compare.** A cumulative event repeats the whole text and every token ID so
 far, so at 8k tokens the last events are about 60 KB each and the stream about 200 MB. The decode
 worker's reply bytes are the same for both routers. sglang-router relays them to a `/generate`
-client as they are; `serve` cuts each read into events, reads each event's new part and writes it
-as a chat delta. An event as SGLang writes it is read from where the last one's text ended (the
-bytes before are compared with the last event's), its new token IDs skipped, then `meta_info`
-(docs/sglang.md, "Streams"). In process (`python benchmarks/sglang_stream.py`), the reader costs
-4.9 us an event at 1k tokens and 10 us at 8k, 5.6 and 17 in the 64 KB reads `serve` gets; it read
-each event whole before, 6.8 and 28 us, 15 and 98 in 64 KB reads (its line reader searched for
-line ends with a regex; now one-byte searches, as the exchange's search for event ends). Through
-`serve` on the fast pair, CPU per chunk went from about 84 to 42 us at 8k tokens and from 22 to 18
-at 1k (user and system time of `serve`, four 8k and sixteen 1k streams, two runs each, before and
-after); in one run of this benchmark's SGLang part alone, loaded, 32.6 us against sglang-router's
-20.3 at 8k (1.61x) and 17.0 against 5.2 at 1k (3.29x). What is left does not grow with the event:
-at 1k tokens the reader and the chat converter are about 9 us of `serve`'s 17, the rest is its
-Python per read and write (aiohttp's read, the exchange, Starlette's and uvicorn's write), so the
-1.5x floor is not met at 1k. With logprobs, each event's cumulative `output_token_logprobs` are
-still decoded whole: 53 us an event at 1k tokens (written with this section, a rerun keeps
-it).
+client as they are. `serve` turns each into a chat delta: its SGLang reader cuts each read into
+events itself (the exchange no longer cuts them first), reads an event as SGLang writes it from
+where the last one's text ended (the bytes before compared with the last event's), skips its new
+token IDs, decodes `meta_info`, and hands a plain delta to the chat converter as its text, which
+the converter splices into bytes made once per stream (docs/sglang.md, "The answers"). In process
+(`python benchmarks/sglang_stream.py`, idle): 3.8 us an event at 1k tokens and 10.2 at 8k as the
+exchange relays it in 64 KB reads; with logprobs, whose cumulative arrays are now cut to the
+positions not sent yet before they are decoded, 9.8 us an event at 1k tokens, against 44.5 at
+this round's first SGLang commit (e1b8d98), where every position of every event was decoded.
+Through `serve` on the fast pair (four 8k and 32 1k streams at c1, `serve`'s CPU, the code at
+e1b8d98 and now, alternately, the same load generator): 16.1-16.7 us a chunk then and 9.7 now at
+1k; 38.0-39.5 then and 25.6-36.6 now at 8k. The load generator used to keep every answer whole
+(200 MB for an 8k stream) before counting its events; it now counts them read by read, so its
+own CPU is a reader's. `aiohttp reader (reads only)` is the load generator's own CPU
+reading the decode's stream with aiohttp (`serve`'s worker client) and counting its events, and
+nothing else: about where any Python proxy on aiohttp starts. At 1k tokens it costs about as much
+as sglang-router's whole relay (0.91-1.04x in the runs this note was written with), so 1.5x leaves
+a Python proxy 2.5 to 3 us a chunk for everything else, and `serve` adds about 5: the chunk's
+share of the request's three calls (about 1.5 us: 1.1-1.6 ms a request over 1027 chunks) and the
+relay in the library (3.8 us an event in process: cut into events, the new part read, `meta_info`
+decoded, the client's chunk written). So the 1k floor is not met (1.82-2.20x in those runs). At
+8k tokens the reader alone is 1.43x sglang-router's relay and `serve` 1.48-1.54x, at the floor
+(written with this section, a rerun keeps it).
 """
 """What the cumulative stream figures measure (a rerun keeps it)."""
 
@@ -837,8 +844,9 @@ def sglang_section(results: Sequence[Result], vllm: Sequence[Result]) -> str:
         f" chat deltas; `{SG_ROUTER_GENERATE}` gets SGLang's own `/generate` request and relays"
         f" the same events as they are; `{SG_WORKER}` is that request sent to the decode"
         f" directly, and `{SG_READER}` the load generator's own CPU reading that stream with"
-        " aiohttp (`serve`'s worker client), nothing converted or written: where a Python"
-        " proxy's CPU per chunk starts.",
+        " aiohttp (`serve`'s worker client) and counting its events (a search of each read for"
+        ' "data:"), nothing converted or written: about where a Python proxy\'s CPU per chunk'
+        " starts.",
         100,
         break_long_words=False,
         break_on_hyphens=False,
