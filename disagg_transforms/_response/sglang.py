@@ -418,7 +418,7 @@ class SglangStreamReader:
 
         It extends the text so far when its bytes start with the last event's up to the end of
         its text (JSON escapes each character alone): only the bytes after are read. The
-        meta_info's logprob arrays hold the positions from the third item on.
+        third item is the output position the meta_info's logprob arrays start at.
         """
         sent = self._sent
         if sent is None or not payload.startswith(sent):
