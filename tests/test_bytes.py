@@ -139,8 +139,12 @@ _OFF_THE_COMMON_CASE: dict[str, Any] = {
     "logprobs": lambda r: r["choices"][0].update(logprobs={"content": []}),
     "null logprobs": lambda r: r["choices"][0].update(logprobs=None),
     "prompt logprobs": lambda r: r.update(prompt_logprobs=[None, {"1": {"logprob": -1.0}}]),
-    "created cache null": lambda r: r["usage"].update(
-        prompt_tokens_details={"cached_tokens": 0, "created_cache_tokens": None}
+    # Drawn after "null usage" or "no usage" too: the usage is then this member alone.
+    "created cache null": lambda r: r.update(
+        usage={
+            **(r.get("usage") or {}),
+            "prompt_tokens_details": {"cached_tokens": 0, "created_cache_tokens": None},
+        }
     ),
     "null usage": lambda r: r.update(usage=None),
     "no usage": lambda r: r.pop("usage"),
