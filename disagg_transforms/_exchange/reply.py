@@ -21,19 +21,16 @@ from disagg_transforms._config import OutputMode
 from disagg_transforms._engines.description import StreamReader
 from disagg_transforms._request.client import ClientRequest
 from disagg_transforms._request.legs import DecodeLeg
-from disagg_transforms._response.chat import ChatStreamConverter, wrap_chat_completion_bytes
+from disagg_transforms._response.chat import wrap_chat_completion_bytes
 from disagg_transforms._response.dispatch import (
     ENVELOPE_ROUTES,
+    StreamConverter,
     single_frame_stream,
     stream_converter,
     wrap_envelope,
 )
 from disagg_transforms._response.echo import check_echoed_mode, check_output_mode_echo
-from disagg_transforms._response.generate_stream import (
-    GenerateStreamReader,
-    NamedEventConverter,
-    StreamEvent,
-)
+from disagg_transforms._response.generate_stream import GenerateStreamReader, StreamEvent
 from disagg_transforms._response.options import DEFAULT_OPTIONS, EnvelopeOptions
 from disagg_transforms._response.responses import responses_error_event
 from disagg_transforms._routes import Route
@@ -534,9 +531,7 @@ class EngineRelay:
         self._relay = relay
         # A converter writes a plain chunk from its text: no generate SSE made and read again.
         self._plain: Callable[[str], bytes | None] = (
-            relay.plain_chunk
-            if isinstance(relay, (ChatStreamConverter, NamedEventConverter))
-            else _no_plain_chunk
+            relay.plain_chunk if isinstance(relay, StreamConverter) else _no_plain_chunk
         )
 
     def feed(self, data: bytes) -> bytes:

@@ -54,6 +54,7 @@ from disagg_transforms._response.generate_stream import (
     StreamEvent,
     cut_at_slots,
     first_request_id,
+    with_text,
 )
 from disagg_transforms._response.options import (
     DEFAULT_OPTIONS,
@@ -803,7 +804,7 @@ class ChatStreamConverter:
         if plain is not None:
             read = self._reader.feed_text(data)
             if isinstance(read, str):  # most chunks: written with no struct and no dict
-                return plain[0] + encode_event_json(read) + plain[1]
+                return with_text(plain, read)
         else:
             read = self._reader.feed(data)
         if len(read) == 1:  # a worker's socket reads usually hold one event: no join to make
@@ -820,7 +821,7 @@ class ChatStreamConverter:
         generate chunk then.
         """
         plain = self._plain
-        return None if plain is None else plain[0] + encode_event_json(text) + plain[1]
+        return None if plain is None else with_text(plain, text)
 
     def close(self) -> bytes:
         r"""End the stream; returns what a held final ``\r`` completes (usually ``b""``).

@@ -40,7 +40,8 @@ __all__ = (
 )
 
 StreamConverter = ChatStreamConverter | ResponsesStreamConverter | AnthropicStreamConverter
-"""What :func:`stream_converter` returns: each has ``feed``, ``close`` and ``error_event``."""
+"""What :func:`stream_converter` returns: each has ``feed``, ``close``, ``error_event`` and
+``plain_chunk``."""
 
 
 def _no_envelope(client_route: object) -> ConfigError:

@@ -11,7 +11,7 @@ converters, whose clients get named events instead.
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
 import msgspec
@@ -72,6 +72,12 @@ def cut_at_slots(event: bytes) -> list[bytes]:
     Built once per stream: a plain chunk's event is the pieces joined with its values encoded.
     """
     return event.split(_PLAIN_SLOT_JSON)
+
+
+def with_text(pieces: Sequence[bytes], text: str) -> bytes:
+    """A plain chunk's event of one slot (:func:`cut_at_slots`), its text encoded in it."""
+    before, after = pieces
+    return before + encode_event_json(text) + after
 
 
 ReadEvent = tuple[bytes, StreamEvent | None]

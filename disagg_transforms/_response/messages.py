@@ -19,6 +19,7 @@ from disagg_transforms._response.generate_stream import (
     PLAIN_SLOT,
     NamedEventConverter,
     cut_at_slots,
+    with_text,
 )
 from disagg_transforms._response.options import (
     DEFAULT_OPTIONS,
@@ -31,7 +32,7 @@ from disagg_transforms._routes import Route
 from disagg_transforms._wire import keys as w
 from disagg_transforms._wire import raw as _raw
 from disagg_transforms._wire.describe import describe
-from disagg_transforms._wire.sse import encode_event_json, format_sse_typed_event
+from disagg_transforms._wire.sse import format_sse_typed_event
 from disagg_transforms.envelopes import Usage
 from disagg_transforms.errors import UpstreamContractError, error_body
 
@@ -324,8 +325,7 @@ class AnthropicStreamConverter(NamedEventConverter):
         return events
 
     def _plain_event(self, text: str) -> bytes:
-        before, after = self._plain_pieces
-        return before + encode_event_json(text) + after
+        return with_text(self._plain_pieces, text)
 
     def _end(self) -> list[dict[str, Any]]:
         events = [_block_stop(0)] if self._open else []
