@@ -64,27 +64,27 @@ class _Finish(msgspec.Struct, kw_only=True, gc=False):
     status_code: int | UnsetType | None = UNSET
 
 
-class _Meta(msgspec.Struct, kw_only=True, gc=False):
+class _MetaCounts(msgspec.Struct, kw_only=True, gc=False):
+    """What a meta_info says besides its logprobs."""
+
     id: str
     finish_reason: _Finish | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+
+
+class _Meta(_MetaCounts, kw_only=True, gc=False):
     output_token_logprobs: list[_Triple] | UnsetType = UNSET
     output_top_logprobs: list[list[_Triple] | None] | UnsetType = UNSET
 
 
-class _RawLogprobsMeta(msgspec.Struct, kw_only=True, gc=False):
-    """A cumulative event's meta_info, its logprob arrays left undecoded (skipped at C speed).
+class _RawLogprobsMeta(_MetaCounts, kw_only=True, gc=False):
+    """A cumulative event's meta_info, its logprob arrays left undecoded.
 
     Only the positions past the ones already sent are decoded (:class:`_Cumulative`).
     """
 
-    id: str
-    finish_reason: _Finish | None = None
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cached_tokens: int = 0
     output_token_logprobs: msgspec.Raw | UnsetType = UNSET
     output_top_logprobs: msgspec.Raw | UnsetType = UNSET
 
@@ -107,7 +107,7 @@ class _Event(msgspec.Struct, kw_only=True, gc=False):
 _EVENT_DECODER = msgspec.json.Decoder(_Event)
 _META_DECODER = msgspec.json.Decoder(_Meta)
 _LOGPROBS_META_DECODER = msgspec.json.Decoder(_RawLogprobsMeta)
-_LOGPROBS_MARK: Final = b'_logprobs"'  # in output_token_logprobs and output_top_logprobs
+_LOGPROBS_MARK: Final = b'_logprobs"'  # any *_logprobs key (input ones too): read the same
 _TEXT_DECODER = msgspec.json.Decoder(str)
 
 
@@ -471,12 +471,9 @@ class SglangStreamReader:
                 -1,
                 -1,
             )
+        counts = {name: getattr(raw, name) for name in _MetaCounts.__struct_fields__}
         return _Meta(
-            id=raw.id,
-            finish_reason=raw.finish_reason,
-            prompt_tokens=raw.prompt_tokens,
-            completion_tokens=raw.completion_tokens,
-            cached_tokens=raw.cached_tokens,
+            **counts,
             output_token_logprobs=UNSET
             if isinstance(token_raw, UnsetType)
             else tokens.take(token_raw, start, cut=at_tokens >= 0),
