@@ -1010,3 +1010,11 @@ def sglang_cumulative_streams(draw: st.DrawFn, *, broken: bool = False) -> tuple
         spelling = draw(st.sampled_from(_SGLANG_SPELLINGS))
         events.append(b"data: " + spelling(event).encode() + b"\n\n")
     return deltas, b"".join([*events, b"data: [DONE]\n\n"])
+
+
+sglang_logprob_triples = st.tuples(
+    st.one_of(st.none(), st.floats(-20, 0)),
+    st.integers(0, 1000),
+    st.one_of(st.none(), st.text(max_size=3)),
+)
+"""One output position's ``[logprob, token id, token text]`` as SGLang's meta_info writes it."""

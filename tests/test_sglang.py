@@ -15,7 +15,7 @@ import pytest
 import sglang_contract
 from hypothesis import given
 from hypothesis import strategies as st
-from strategies import client_route_bodies, sglang_cumulative_streams
+from strategies import client_route_bodies, sglang_cumulative_streams, sglang_logprob_triples
 
 from disagg_transforms import OutputMode
 from disagg_transforms._engines import ENGINES, Engine, Meeting
@@ -473,16 +473,12 @@ def test_the_exchange_relay_writes_what_reader_then_converter_write(
     assert relayed == composed
 
 
-_TRIPLES = st.tuples(
-    st.one_of(st.none(), st.floats(-20, 0)),
-    st.integers(0, 1000),
-    st.one_of(st.none(), st.text(max_size=3)),
-)
-
-
 @given(
     steps=st.lists(
-        st.tuples(st.text("ab\u00e9", min_size=1, max_size=2), st.lists(_TRIPLES, max_size=2)),
+        st.tuples(
+            st.text("ab\u00e9", min_size=1, max_size=2),
+            st.lists(sglang_logprob_triples, max_size=2),
+        ),
         min_size=1,
         max_size=6,
     ),

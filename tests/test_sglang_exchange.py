@@ -213,9 +213,8 @@ def _delta(path: str, event: dict[str, Any]) -> str:
     return str(delta.get("text", "")) if event.get("type") == "content_block_delta" else ""
 
 
-def _sglang_event(text: str, *, finished: bool = False) -> bytes:
-    finish = {"type": "length", "length": 32} if finished else None
-    meta = {"id": "r", "finish_reason": finish, "prompt_tokens": 3, "completion_tokens": len(text)}
+def _sglang_event(text: str) -> bytes:
+    meta = {"id": "r", "finish_reason": None, "prompt_tokens": 3, "completion_tokens": len(text)}
     event = {"text": text, "output_ids": list(range(len(text))), "meta_info": meta}
     return b"data: " + json.dumps(event, separators=(",", ":")).encode() + b"\n\n"
 
