@@ -148,6 +148,18 @@ class Load:
     """SSE events in the last answer (``0``: a whole answer)."""
 
 
+class EventCount:
+    """The SSE events of a stream read by read (its ``data:`` marks), nothing of it kept."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._tail = b""  # the stream's last 4 bytes so far: part of a mark a read cut, at most
+
+    def feed(self, read: bytes) -> None:
+        self.count += read.count(b"data:") + (self._tail + read[:4]).count(b"data:")
+        self._tail = (self._tail + read)[-4:]
+
+
 async def load(url: str, payload: bytes, count: int, concurrency: int) -> Load:
     """Send ``count`` requests, ``concurrency`` at a time (aiohttp: its cost stays flat at c64)."""
     import aiohttp  # noqa: PLC0415 - only the load generator needs it (the bench extra)
@@ -163,19 +175,16 @@ async def load(url: str, payload: bytes, count: int, concurrency: int) -> Load:
         for _ in queue:
             start = time.perf_counter()
             first = None
-            count, tail = 0, b""
+            counted = EventCount()  # an 8k-token cumulative stream is 200 MB: nothing kept
             async with session.post(url, data=payload, headers=headers) as answer:
                 assert answer.status == 200, await answer.read()
-                # Counted read by read, nothing kept: an 8k-token cumulative stream is 200 MB.
                 async for chunk in answer.content.iter_any():
                     if first is None:
                         first = time.perf_counter() - start
-                    # tail + head: only a "data:" cut by the read (each holds 4 bytes).
-                    count += chunk.count(b"data:") + (tail + chunk[:4]).count(b"data:")
-                    tail = chunk[-4:]
+                    counted.feed(chunk)
             latencies.append(time.perf_counter() - start)
             first_chunks.append(first or 0.0)
-            events = count
+            events = counted.count
 
     connector = aiohttp.TCPConnector(limit=concurrency)
     async with aiohttp.ClientSession(connector=connector, auto_decompress=False) as session:
@@ -800,8 +809,8 @@ token IDs, decodes `meta_info`, and hands a plain delta to the chat converter as
 the converter splices into bytes made once per stream (docs/sglang.md, "The answers"). In process
 (`python benchmarks/sglang_stream.py`, idle): 3.8 us an event at 1k tokens and 10.2 at 8k as the
 exchange relays it in 64 KB reads; with logprobs, whose cumulative arrays are now cut to the
-positions not sent yet before they are decoded, 9.8 us an event at 1k tokens, against 44.5 at
-this round's first SGLang commit (e1b8d98), where every position of every event was decoded.
+positions not sent yet before they are decoded, 9.8 us an event at 1k tokens, against 44.5
+before this work (e1b8d98), where every position of every event was decoded.
 Through `serve` on the fast pair (four 8k and 32 1k streams at c1, `serve`'s CPU, the code at
 e1b8d98 and now, alternately, the same load generator): 16.1-16.7 us a chunk then and 9.7 now at
 1k; 38.0-39.5 then and 25.6-36.6 now at 8k. The load generator used to keep every answer whole

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import orjson
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 pytest.importorskip("pydantic")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
@@ -159,3 +161,15 @@ def test_the_sglang_stream_benchmark_turns_its_streams_into_the_chat_deltas() ->
         )
         assert text == "x" * 63
     assert "| case | events | us/event |" in sglang_stream.table([("case", 2, 1e-6)])
+
+
+@given(st.lists(st.integers(0, 80), max_size=40))
+def test_the_load_generator_counts_each_event_once_wherever_the_reads_cut(cuts: list[int]) -> None:
+    events = (b"data: " + b"x" * size + b"\n\n" for size in (0, 3, 40))
+    stream = b"".join(events) + b"data: [DONE]\n\n"
+    points = sorted({min(cut, len(stream)) for cut in cuts})
+    reads = [stream[a:b] for a, b in zip([0, *points], [*points, len(stream)], strict=True)]
+    counted = proxy.EventCount()
+    for read in reads:
+        counted.feed(read)
+    assert counted.count == 4
