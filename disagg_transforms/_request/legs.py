@@ -465,6 +465,65 @@ def _decode_generate(
     return leg, mode, streams, client_streams, tuple(dict.fromkeys(dropped))
 
 
+# A generate client's members a rule rewrites beyond the copy: the common leg takes them null.
+_RULED_MEMBERS = (w.FEATURES, w.PARSE_CONTEXT, w.STREAM_OPTIONS, w.VLLM_XARGS, *TRANSFER_KEYS)
+_RULED_SAMPLING = frozenset({w.DETOKENIZE, w.EXTRA_ARGS})
+# What the common leg leaves out of the body: the caps (read into sampling_params) and the null
+# members the general rules remove.
+_NOT_CARRIED = (*CAP_KEYS, *TRANSFER_KEYS, w.STREAM_OPTIONS)
+
+
+def _common_generate(
+    client: ClientRequest, params: DecodeParams, inputs: LegInputs
+) -> tuple[dict[str, Any], OutputMode, bool, bool, tuple[str, ...]] | None:
+    """The decode leg of a generate client's common body, as the general rules build it.
+
+    The common body sets none of :data:`_RULED_MEMBERS` and no ``detokenize`` or
+    ``extra_args`` in ``sampling_params``, and the router hands in no prompt, features, render
+    answer or ``parse_context``: its leg is the body with the caps moved into
+    ``sampling_params``, the router's transfer params placed, its mode and stream written, and
+    nothing dropped. ``None`` for any other request: the general rules (:func:`_generate_core`,
+    :func:`_decode_generate`) build it. docs/performance.md, "The common generate leg".
+    """
+    body, caps, mode = client.body, client.caps, client.output_mode
+    assert caps is not None  # noqa: S101 - the request was read for a generate leg
+    assert mode is not None  # noqa: S101 - the request was read for a generate decode leg
+    if not (
+        inputs.token_ids is None
+        and inputs.features is None
+        and inputs.rendered is None
+        and inputs.parse_context is None
+        and _RULED_SAMPLING.isdisjoint(caps)
+    ):
+        return None
+    get = body.get
+    for key in _RULED_MEMBERS:
+        if get(key) is not None:
+            return None
+    stream = get(w.STREAM)
+    if stream is not None and type(stream) is not bool:
+        return None  # the general rules refuse it
+    leg = dict(body)  # a C-speed copy, then the few keys out: cheaper than a filter
+    for key in _NOT_CARRIED:
+        leg.pop(key, None)
+    leg[w.SAMPLING_PARAMS] = dict(caps)
+    if inputs.request_id is not None:
+        leg[w.REQUEST_ID] = inputs.request_id
+    leg[w.TOKEN_IDS] = _token_ids(None, get(w.TOKEN_IDS), required=True)
+    kv = _router_object(inputs.kv_transfer_params, w.KV_TRANSFER_PARAMS)
+    ec = _router_object(inputs.ec_transfer_params, w.EC_TRANSFER_PARAMS)
+    if kv is not None or ec is not None:
+        transfer = _Transfer(kv=_merged(kv), ec=_merged(ec), stripped=())
+        leg = _place_generate(leg, transfer, params.kv_transfer_placement)
+    # A generate client's own mode streams as it asked; the step's derender never streams.
+    client_streams = stream is True
+    own = own_output_mode(body, Route.GENERATE) is not None
+    streams = client_streams and (own or mode is not OutputMode.DERENDER)
+    leg[w.OUTPUT_MODE] = _MODE_TEXT[mode]
+    leg[w.STREAM] = streams
+    return leg, mode, streams, client_streams, ()
+
+
 def build_decode_request(  # noqa: PLR0913 - the documented keyword front; `inputs=` is the one shape
     client_body: Mapping[str, Any],
     *,
@@ -532,10 +591,15 @@ def decode_leg(client: ClientRequest, params: DecodeParams, inputs: LegInputs) -
         streams = client_streams = _validate.typed(body, w.STREAM, bool) is True
         dropped = transfer.stripped
     else:
-        core = _generate_core(request)
-        leg, mode, streams, client_streams, dropped = _decode_generate(
-            client, params, core, _router_object(inputs.parse_context, w.PARSE_CONTEXT)
+        common = (
+            _common_generate(client, params, inputs) if client_route is Route.GENERATE else None
         )
+        if common is None:
+            core = _generate_core(request)
+            common = _decode_generate(
+                client, params, core, _router_object(inputs.parse_context, w.PARSE_CONTEXT)
+            )
+        leg, mode, streams, client_streams, dropped = common
         _check_generate(leg)
         _limits.check_token_count(leg, inputs.limits)
     # Only a generate leg has an output_mode to check and wrap the answer for.
