@@ -220,20 +220,28 @@ class RawMembers(dict[str, Any]):
         super().__init__()
         body, members = _split_syntax(data, error, what)
         self._members = members
-        dict.update(self, members)  # the document's key order; each value replaced below
         rest = members
         if token_ids_key in members:
+            dict.update(self, members)  # the document's key order; each value replaced below
             rest = dict(members)  # C-speed copies and iterations: no Python loop per member
             del rest[token_ids_key]
-        joined = b",".join(rest.values())
-        # Each level of nesting opens a bracket: the count bounds the members' depth (a proved
-        # token array adds one level, counted in _token_ids below).
-        self._brackets = joined.count(b"[") + joined.count(b"{")
+            joined = b",".join(rest.values())
+        else:
+            joined = body  # no member to keep undecoded: the whole body is decoded at once
+        # Each level of nesting opens a bracket: the count bounds the members' depth (the
+        # body's own brace is one; a proved token array adds one, counted in _token_ids below).
+        self._brackets = joined.count(b"[") + joined.count(b"{") - (rest is members)
         try:
             try:
-                # The members as one JSON array: one C call, not one Python call each.
-                self.update(zip(rest, _DECODER.decode(b"[" + joined + b"]"), strict=True))
+                if rest is members:
+                    # The members in the document's order (a repeated key where it first came,
+                    # its last value), as the split has them.
+                    dict.update(self, _DECODER.decode(body))
+                else:
+                    # The members as one JSON array: one C call, not one Python call each.
+                    self.update(zip(rest, _DECODER.decode(b"[" + joined + b"]"), strict=True))
             except (msgspec.DecodeError, RecursionError):
+                dict.update(self, members)
                 self._decode_each(rest, error)  # names the member that fails (or succeeds)
             if rest is not members:
                 self._token_ids(token_ids_key, error)
