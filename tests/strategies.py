@@ -542,6 +542,46 @@ generate_request_bodies: st.SearchStrategy[dict[str, Any]] = (
 )
 """A generate client's body, of the common shape vLLM serialises or off it anywhere."""
 
+_common_render_answers = st.fixed_dictionaries(
+    {
+        "token_ids": token_id_lists,
+        "sampling_params": st.fixed_dictionaries(
+            {},
+            optional={
+                "temperature": st.floats(0, 2),
+                "stop": st.just([]),
+                "max_tokens": st.none() | st.integers(1, 300),
+                "skip_special_tokens": st.booleans(),
+                "extra_args": st.none() | st.just({}),
+            },
+        ),
+    },
+    optional={
+        "request_id": st.text(max_size=4),
+        **dict.fromkeys(["token_offsets", "features", "content_parts"], st.none()),
+        "model": st.none() | st.just("Qwen/Qwen3-0.6B"),
+        "reasoning_ended": st.none() | st.booleans(),
+        "return_token_ids": st.none() | st.booleans(),
+        "output_mode": st.just("tokens"),
+        "parse_context": st.none()
+        | st.just({"tools": [{"type": "function", "function": {"name": "f"}}]}),
+        "stream": st.just(False),  # noqa: FBT003 - a JSON value
+        "stream_options": st.none() | st.just({"include_usage": True}),
+        "cache_salt": st.none() | st.text(min_size=1, max_size=4),
+        "priority": st.just(0),
+        **dict.fromkeys(["kv_transfer_params", "ec_transfer_params"], st.none()),
+    },
+)
+render_answers: st.SearchStrategy[dict[str, Any]] = (
+    _common_render_answers
+    | st.tuples(_common_render_answers, st.sampled_from(sorted(_generate_members))).flatmap(
+        lambda pair: _generate_members[pair[1]].map(lambda value: {**pair[0], pair[1]: value})
+    )
+    | generate_request_bodies
+)
+"""What vLLM's ``/render`` answers: its common shape, that shape with one member drawn off it,
+or any generate body."""
+
 router_decode_inputs = st.builds(
     LegInputs,
     token_ids=st.none() | token_id_lists,
@@ -659,6 +699,18 @@ client_route_bodies: st.SearchStrategy[tuple[str, dict[str, Any]]] = (
     )
 )
 
+
+render_client_bodies: st.SearchStrategy[tuple[str, dict[str, Any]]] = client_route_bodies | (
+    st.sampled_from(
+        [
+            ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+            ("/v1/responses", {"input": "hi", "max_output_tokens": 9}),
+            ("/v1/messages", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 9}),
+        ]
+    )
+)
+"""(client path, body) of a client whose decode leg is built on a render answer: the common
+bodies of chat, Responses and Messages, and any body of :data:`client_route_bodies`."""
 
 # --------------------------------------------------------------------------------------------
 # Hostile inputs: any subtree replaced by any value, huge numbers, NaN / Infinity,

@@ -18,6 +18,8 @@ from strategies import (
     client_request_bodies,
     client_route_bodies,
     generate_request_bodies,
+    render_answers,
+    render_client_bodies,
     router_decode_inputs,
 )
 
@@ -1001,3 +1003,42 @@ def test_vllm_s_own_generate_body_takes_the_common_leg(inputs: LegInputs) -> Non
         _SERIALISED_GENERATE, GENERATE, limits=inputs.limits, steps=(TEXT,)
     )
     assert legs._common_generate(client, TEXT, inputs) is not None
+
+
+@given(
+    pair=render_client_bodies,
+    answer=render_answers,
+    inputs=router_decode_inputs,
+    params=st.builds(
+        partial(DecodeParams, use_openai_format=False),
+        output_mode=st.sampled_from([OutputMode.TEXT, OutputMode.DERENDER, OutputMode.AUTO]),
+        trust_client_transfer_params=st.booleans(),
+    ),
+)
+def test_the_common_render_core_is_the_general_one(
+    pair: tuple[str, dict[str, Any]],
+    answer: dict[str, Any],
+    inputs: LegInputs,
+    params: DecodeParams,
+) -> None:
+    # A render answer of the common shape skips the general rules' core: the same body (bytes,
+    # key order), mapping and transfer params, or the same error, or None (the general core).
+    path, body = pair
+    kind, client = outcome(
+        lambda: read_client_request(body, path, limits=inputs.limits, steps=(params,))
+    )
+    if kind != "ok":
+        return
+    request = legs._step_request(client, params, msgspec.structs.replace(inputs, rendered=answer))
+    fast = outcome(lambda: legs._common_render_core(request))
+    event("the common core" if fast[0] != "ok" or fast[1] is not None else "the general core")
+    if fast == ("ok", None):
+        return
+    general = outcome(lambda: legs._generate_core(request))
+    assert fast[0] == general[0]
+    if fast[0] != "ok":
+        assert fast == general
+        return
+    core, general_core = fast[1], general[1]
+    assert encode(core.body) == encode(general_core.body)
+    assert (core.mapping, core.transfer) == (general_core.mapping, general_core.transfer)
