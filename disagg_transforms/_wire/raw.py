@@ -248,7 +248,6 @@ class RawMembers(dict[str, Any]):
                     # The members as one JSON array: one C call, not one Python call each.
                     self.update(zip(rest, _DECODER.decode(b"[" + joined + b"]"), strict=True))
             except (msgspec.DecodeError, RecursionError):
-                dict.update(self, members)
                 self._decode_each(rest, error)  # names the member that fails (or succeeds)
             if rest is not members:
                 self._token_ids(token_ids_key, error)
