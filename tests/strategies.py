@@ -474,6 +474,125 @@ client_request_bodies: st.SearchStrategy[dict[str, Any]] = st.fixed_dictionaries
     )
 )
 
+# A generate client's body as vLLM serialises a GenerateRequest (the members in its order, most
+# null), each member also drawn off that common shape: set where a rule rewrites it, a wrong
+# type, a cap elsewhere, transfer params, tools, streaming; the keys then shuffled and unknown
+# keys added.
+_generate_sampling = st.fixed_dictionaries(
+    {},
+    optional={
+        "presence_penalty": st.just(0.0),
+        "repetition_penalty": st.just(1.0),
+        "temperature": st.floats(0, 2) | json_scalars,
+        "top_p": st.just(0.9),
+        "seed": st.none() | st.integers(0, 9),
+        "stop": st.just([]) | st.lists(st.text(max_size=2), max_size=2),
+        "stop_token_ids": st.just([]),
+        "output_kind": st.just(2),
+        "skip_clone": st.booleans(),
+        "bad_words": st.just([]),
+        "skip_reading_prefix_cache": st.booleans(),
+        "n": st.integers(1, 3) | json_scalars,
+        "logprobs": st.none() | st.integers(0, 2),
+        "max_tokens": cap_values,
+        "min_tokens": cap_values,
+        "detokenize": st.booleans(),
+        "extra_args": st.none()
+        | st.fixed_dictionaries({}, optional={"kv_transfer_params": _transfer_values}),
+    },
+)
+_generate_members = {
+    "request_id": st.none() | st.text(max_size=4),
+    "token_offsets": st.none() | st.just([[0, 1]]),
+    "features": st.none() | json_values,
+    "content_parts": st.none(),
+    "sampling_params": _generate_sampling | json_values,
+    "model": st.none() | st.just("Qwen/Qwen3-0.6B") | json_scalars,
+    "max_tokens": cap_values,
+    "max_completion_tokens": cap_values,
+    "min_tokens": cap_values,
+    "reasoning_ended": st.none() | st.booleans(),
+    "reasoning_parser_kwargs": st.none() | st.just({}),
+    "return_token_ids": st.none() | st.booleans() | json_scalars,
+    "output_mode": st.none() | st.sampled_from(["text", "tokens", "derender", "auto", "x"]),
+    "parse_context": st.none()
+    | st.just({"tools": [{"type": "function", "function": {"name": "f"}}]})
+    | json_values,
+    "stream": st.none() | st.booleans() | json_scalars,
+    "stream_options": st.none() | st.just({"include_usage": True}) | json_values,
+    "cache_salt": st.none() | st.text(min_size=1, max_size=4),
+    "priority": st.integers(-2, 2) | json_scalars,
+    "kv_transfer_params": st.none() | _transfer_values | json_values,
+    "ec_transfer_params": st.none() | _transfer_values,
+    "vllm_xargs": st.none()
+    | st.fixed_dictionaries({}, optional={"kv_transfer_params": _transfer_values}),
+}
+
+generate_request_bodies: st.SearchStrategy[dict[str, Any]] = (
+    st.fixed_dictionaries(
+        {"token_ids": token_id_lists | st.sampled_from([[], None, "1", [1.0]])},
+        optional=_generate_members,
+    )
+    .flatmap(lambda body: st.sampled_from([body, dict(reversed(body.items()))]))
+    .flatmap(
+        lambda body: st.dictionaries(st.text(max_size=6), json_values, max_size=2).map(
+            lambda extra: {**body, **extra}
+        )
+    )
+)
+"""A generate client's body, of the common shape vLLM serialises or off it anywhere."""
+
+_common_render_answers = st.fixed_dictionaries(
+    {
+        "token_ids": token_id_lists,
+        "sampling_params": st.fixed_dictionaries(
+            {},
+            optional={
+                "temperature": st.floats(0, 2),
+                "stop": st.just([]),
+                "max_tokens": st.none() | st.integers(1, 300),
+                "skip_special_tokens": st.booleans(),
+                "extra_args": st.none() | st.just({}),
+            },
+        ),
+    },
+    optional={
+        "request_id": st.text(max_size=4),
+        **dict.fromkeys(["token_offsets", "features", "content_parts"], st.none()),
+        "model": st.none() | st.just("Qwen/Qwen3-0.6B"),
+        "reasoning_ended": st.none() | st.booleans(),
+        "return_token_ids": st.none() | st.booleans(),
+        "output_mode": st.just("tokens"),
+        "parse_context": st.none()
+        | st.just({"tools": [{"type": "function", "function": {"name": "f"}}]}),
+        "stream": st.just(False),  # noqa: FBT003 - a JSON value
+        "stream_options": st.none() | st.just({"include_usage": True}),
+        "cache_salt": st.none() | st.text(min_size=1, max_size=4),
+        "priority": st.just(0),
+        **dict.fromkeys(["kv_transfer_params", "ec_transfer_params"], st.none()),
+    },
+)
+render_answers: st.SearchStrategy[dict[str, Any]] = (
+    _common_render_answers
+    | st.tuples(_common_render_answers, st.sampled_from(sorted(_generate_members))).flatmap(
+        lambda pair: _generate_members[pair[1]].map(lambda value: {**pair[0], pair[1]: value})
+    )
+    | generate_request_bodies
+)
+"""What vLLM's ``/render`` answers: its common shape, that shape with one member drawn off it,
+or any generate body."""
+
+router_decode_inputs = st.builds(
+    LegInputs,
+    token_ids=st.none() | token_id_lists,
+    kv_transfer_params=st.none() | st.just({"remote_host": "router"}) | json_values,
+    ec_transfer_params=st.none() | st.just({"hash": "h"}),
+    features=st.none() | st.just({}),
+    parse_context=st.none() | st.just({}),
+    request_id=st.none() | st.just("r-1"),
+)
+"""What a router hands a decode leg builder, every input given or not (some of them wrong)."""
+
 client_paths = st.sampled_from(
     [
         "/v1/chat/completions",
@@ -580,6 +699,18 @@ client_route_bodies: st.SearchStrategy[tuple[str, dict[str, Any]]] = (
     )
 )
 
+
+render_client_bodies: st.SearchStrategy[tuple[str, dict[str, Any]]] = client_route_bodies | (
+    st.sampled_from(
+        [
+            ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+            ("/v1/responses", {"input": "hi", "max_output_tokens": 9}),
+            ("/v1/messages", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 9}),
+        ]
+    )
+)
+"""(client path, body) of a client whose decode leg is built on a render answer: the common
+bodies of chat, Responses and Messages, and any body of :data:`client_route_bodies`."""
 
 # --------------------------------------------------------------------------------------------
 # Hostile inputs: any subtree replaced by any value, huge numbers, NaN / Infinity,

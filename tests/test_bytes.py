@@ -35,7 +35,7 @@ from disagg_transforms import (
 )
 from disagg_transforms._response import chat
 from disagg_transforms._response.choices import RAW_CODEC
-from disagg_transforms._wire.raw import encode, scan_token_ids
+from disagg_transforms._wire.raw import _SCAN_SLICE, encode, scan_token_ids
 
 GENERATE = "/inference/v1/generate"
 TEXT = DecodeParams(use_openai_format=False, output_mode=OutputMode.TEXT)
@@ -299,6 +299,19 @@ def test_scan_proves_unsigned_integer_arrays(array: str) -> None:
 )
 def test_scan_leaves_any_other_member_to_the_decode(array: str) -> None:
     assert scan_token_ids(_SPLIT.decode(_generate(array))["token_ids"]) is None
+
+
+@pytest.mark.parametrize("at", [1, _SCAN_SLICE - 2, _SCAN_SLICE, _SCAN_SLICE + 2, -1])
+@pytest.mark.parametrize("item", ["-1", "1.5", "1e2", "null", '"2"'])
+def test_the_scan_refuses_a_bad_item_anywhere_in_a_long_array(at: int, item: str) -> None:
+    # The scan searches a long array a slice at a time: an item on or across a slice's edge
+    # (the slices start after the "[") is found. Item i of "[7,7,..." starts at byte 1 + 2i.
+    ids = ["7"] * _SCAN_SLICE
+    index = (at - 1) // 2 if at > 0 else len(ids) + at
+    ids[index] = item
+    assert scan_token_ids(msgspec.Raw(("[" + ",".join(ids) + "]").encode())) is None
+    ids[index] = "7"
+    assert scan_token_ids(msgspec.Raw(("[" + ",".join(ids) + "]").encode())) is not None
 
 
 @pytest.mark.parametrize(

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import copy
 import json
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -9,9 +10,18 @@ import jsonschema
 import msgspec
 import pytest
 from golden import load_fixture
-from hypothesis import given
+from helpers import outcome
+from hypothesis import event, given
 from hypothesis import strategies as st
-from strategies import client_paths, client_request_bodies, client_route_bodies
+from strategies import (
+    client_paths,
+    client_request_bodies,
+    client_route_bodies,
+    generate_request_bodies,
+    render_answers,
+    render_client_bodies,
+    router_decode_inputs,
+)
 
 from disagg_transforms import (
     TOP_LEVEL_CAPS,
@@ -29,6 +39,9 @@ from disagg_transforms import (
     build_encode_request,
     build_prefill_request,
 )
+from disagg_transforms._request import legs
+from disagg_transforms._request.client import read_client_request
+from disagg_transforms._wire.raw import encode
 from disagg_transforms.envelopes import GenerateRequest
 
 CHAT = "/v1/chat/completions"
@@ -907,3 +920,125 @@ def test_derender_leg_always_has_a_parse_context(path: str, body: dict[str, Any]
     # vLLM refuses derender without parse_context on a server with a tool or reasoning parser.
     assert decode(body, path=path, params=DERENDER).body["parse_context"] == {}
     assert "parse_context" not in decode(body, path=path).body
+
+
+# ---- the common generate leg: built without the general rules, the same leg ----
+
+
+@given(
+    body=generate_request_bodies,
+    inputs=router_decode_inputs,
+    params=st.builds(
+        partial(DecodeParams, use_openai_format=False),
+        output_mode=st.sampled_from([OutputMode.TEXT, OutputMode.DERENDER, OutputMode.AUTO]),
+        trust_client_transfer_params=st.booleans(),
+        kv_transfer_placement=st.sampled_from(list(KvTransferPlacement)),
+    ),
+)
+def test_the_common_generate_leg_is_the_general_one(
+    body: dict[str, Any], inputs: LegInputs, params: DecodeParams
+) -> None:
+    # The common generate client's leg skips the general rules: the same leg (same bytes, key
+    # order, mode, stream, dropped) or the same error, or None (then the general rules build it).
+    kind, client = outcome(
+        lambda: read_client_request(body, GENERATE, limits=inputs.limits, steps=(params,))
+    )
+    if kind != "ok":
+        return
+    fast = outcome(lambda: legs._common_generate(client, params, inputs))
+    event("the common leg" if fast[0] != "ok" or fast[1] is not None else "the general rules")
+    if fast == ("ok", None):
+        return
+    general = outcome(
+        lambda: legs._decode_generate(
+            client,
+            params,
+            legs._generate_core(legs._step_request(client, params, inputs)),
+            legs._router_object(inputs.parse_context, "parse_context"),
+        )
+    )
+    assert fast[0] == general[0]
+    if fast[0] != "ok":
+        assert fast == general
+        return
+    (leg, *rest), (general_leg, *general_rest) = fast[1], general[1]
+    assert encode(leg) == encode(general_leg)
+    assert rest == general_rest
+
+
+_SERIALISED_SAMPLING = {
+    "presence_penalty": 0.0,
+    "temperature": 0.7,
+    "seed": 7,
+    "stop": [],
+    "stop_token_ids": [],
+    "output_kind": 2,
+    "skip_clone": True,
+    "bad_words": [],
+}
+# A GenerateRequest as vLLM 0.33 serialises it: every member, most of them null.
+_SERIALISED_GENERATE = {
+    "request_id": "chatcmpl-1",
+    "token_ids": TOKENS,
+    **dict.fromkeys(["token_offsets", "features", "content_parts"]),
+    "sampling_params": _SERIALISED_SAMPLING,
+    "model": "m",
+    "max_tokens": 256,
+    **dict.fromkeys(["reasoning_ended", "reasoning_parser_kwargs", "return_token_ids"]),
+    "output_mode": "text",
+    "parse_context": None,
+    "stream": False,
+    "stream_options": None,
+    "cache_salt": "tenant-a",
+    "priority": 0,
+    **dict.fromkeys(["kv_transfer_params", "ec_transfer_params"]),
+}
+
+
+@pytest.mark.parametrize(
+    "inputs", [LegInputs(), LegInputs(request_id="r", kv_transfer_params=ROUTER_KV)]
+)
+def test_vllm_s_own_generate_body_takes_the_common_leg(inputs: LegInputs) -> None:
+    client = read_client_request(
+        _SERIALISED_GENERATE, GENERATE, limits=inputs.limits, steps=(TEXT,)
+    )
+    assert legs._common_generate(client, TEXT, inputs) is not None
+
+
+@given(
+    pair=render_client_bodies,
+    answer=render_answers,
+    inputs=router_decode_inputs,
+    params=st.builds(
+        partial(DecodeParams, use_openai_format=False),
+        output_mode=st.sampled_from([OutputMode.TEXT, OutputMode.DERENDER, OutputMode.AUTO]),
+        trust_client_transfer_params=st.booleans(),
+    ),
+)
+def test_the_common_render_core_is_the_general_one(
+    pair: tuple[str, dict[str, Any]],
+    answer: dict[str, Any],
+    inputs: LegInputs,
+    params: DecodeParams,
+) -> None:
+    # A render answer of the common shape skips the general rules' core: the same body (bytes,
+    # key order), mapping and transfer params, or the same error, or None (the general core).
+    path, body = pair
+    kind, client = outcome(
+        lambda: read_client_request(body, path, limits=inputs.limits, steps=(params,))
+    )
+    if kind != "ok":
+        return
+    request = legs._step_request(client, params, msgspec.structs.replace(inputs, rendered=answer))
+    fast = outcome(lambda: legs._common_render_core(request))
+    event("the common core" if fast[0] != "ok" or fast[1] is not None else "the general core")
+    if fast == ("ok", None):
+        return
+    general = outcome(lambda: legs._generate_core(request))
+    assert fast[0] == general[0]
+    if fast[0] != "ok":
+        assert fast == general
+        return
+    core, general_core = fast[1], general[1]
+    assert encode(core.body) == encode(general_core.body)
+    assert (core.mapping, core.transfer) == (general_core.mapping, general_core.transfer)

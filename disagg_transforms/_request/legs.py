@@ -353,6 +353,88 @@ class _Core(msgspec.Struct, frozen=True, kw_only=True):
     transfer: _Transfer
 
 
+# A render answer's members a rule reads or removes: its common body takes them null.
+_RULED_RENDER = (*CAP_KEYS, *TRANSFER_KEYS, w.FEATURES, w.VLLM_XARGS)
+_REMOVED_FROM_RENDER = (*CAP_KEYS, *TRANSFER_KEYS)
+
+
+def _plain_cap(value: object) -> bool:
+    """A cap the cap rule keeps as it is (an int in range, or null)."""
+    return value is None or (type(value) is int and 1 <= value <= _validate.MAX_TOKEN_ID)
+
+
+def _common_render(
+    rendered: object, body: Mapping[str, Any]
+) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """A common render answer and its ``sampling_params``; ``None`` off the common case.
+
+    The common answer is an object with ``sampling_params`` an object holding a plain cap (or
+    none), no ``min_tokens`` and no transfer params (``extra_args`` null or empty), and none of
+    :data:`_RULED_RENDER` set; the client's body holds no transfer params.
+    """
+    if not isinstance(rendered, dict):
+        return None
+    sampling = rendered.get(w.SAMPLING_PARAMS)
+    if type(sampling) is not dict or not _plain_cap(sampling.get(w.MAX_TOKENS)):
+        return None
+    extra = sampling.get(w.EXTRA_ARGS)
+    if (extra is not None and extra != {}) or w.MIN_TOKENS in sampling:
+        return None
+    for key in _RULED_RENDER:
+        if rendered.get(key) is not None:
+            return None
+    xargs = body.get(w.VLLM_XARGS)
+    for key in TRANSFER_KEYS:
+        if body.get(key) is not None or (xargs is not None and key in xargs):
+            return None
+    return rendered, sampling
+
+
+def _carry(leg: dict[str, Any], body: Mapping[str, Any]) -> None:
+    """Carry the client's own keys onto a leg built from render's answer or its mapping."""
+    for key in CARRIED_AS_IS:
+        if body.get(key) is not None and leg.get(key) is None:
+            leg[key] = body[key]
+    if body.get(w.REQUEST_ID) is not None:
+        leg[w.REQUEST_ID] = body[w.REQUEST_ID]
+
+
+def _common_render_core(request: _Request) -> _Core | None:
+    """The generate body built on a common render answer, as :func:`_generate_core` builds it.
+
+    For a common answer (:func:`_common_render`), when the router hands in no prompt or
+    features: the answer with the client's caps in ``sampling_params``, the client's carried
+    keys and request ID, and no transfer params. ``None`` for any other request
+    (``test_the_common_render_core_is_the_general_one``).
+    """
+    client, inputs = request.client, request.inputs
+    body, caps, mapping, rendered = client.body, client.caps, client.mapping, inputs.rendered
+    if (
+        caps is None
+        or mapping is None
+        or inputs.token_ids is not None
+        or inputs.features is not None
+        or request.flags is not None
+    ):
+        return None
+    common = _common_render(rendered, body)
+    if common is None:
+        return None
+    answer, sampling = common
+    leg = dict(answer)  # a C-speed copy, then the few keys out: cheaper than a filter
+    for key in _REMOVED_FROM_RENDER:
+        leg.pop(key, None)
+    leg[w.SAMPLING_PARAMS] = {**sampling, **caps}
+    _carry(leg, body)
+    if inputs.request_id is not None:
+        leg[w.REQUEST_ID] = inputs.request_id
+    leg[w.TOKEN_IDS] = _token_ids(None, leg.get(w.TOKEN_IDS), required=True)
+    kv = _router_object(inputs.kv_transfer_params, w.KV_TRANSFER_PARAMS)
+    ec = _router_object(inputs.ec_transfer_params, w.EC_TRANSFER_PARAMS)
+    transfer = _Transfer(kv=_merged(kv), ec=_merged(ec), stripped=())
+    return _Core(body=leg, mapping=mapping, transfer=transfer)
+
+
 def _generate_core(request: _Request) -> _Core:
     client, inputs = request.client, request.inputs
     body, mapping, caps = client.body, client.mapping, client.caps
@@ -376,11 +458,7 @@ def _generate_core(request: _Request) -> _Core:
             leg[w.SAMPLING_PARAMS] = {**leg[w.SAMPLING_PARAMS], **caps}
         else:
             leg = {w.SAMPLING_PARAMS: {**mapping.sampling_params, **caps}}
-        for key in CARRIED_AS_IS:
-            if body.get(key) is not None and leg.get(key) is None:
-                leg[key] = body[key]
-        if body.get(w.REQUEST_ID) is not None:
-            leg[w.REQUEST_ID] = body[w.REQUEST_ID]
+        _carry(leg, body)
     if inputs.request_id is not None:
         leg[w.REQUEST_ID] = inputs.request_id
     ids = _token_ids(inputs.token_ids, leg.get(w.TOKEN_IDS), required=True)
@@ -465,6 +543,65 @@ def _decode_generate(
     return leg, mode, streams, client_streams, tuple(dict.fromkeys(dropped))
 
 
+# A generate client's members a rule rewrites beyond the copy: the common leg takes them null.
+_RULED_MEMBERS = (w.FEATURES, w.PARSE_CONTEXT, w.STREAM_OPTIONS, w.VLLM_XARGS, *TRANSFER_KEYS)
+_RULED_SAMPLING = frozenset({w.DETOKENIZE, w.EXTRA_ARGS})
+# What the common leg leaves out of the body: the caps (read into sampling_params) and the null
+# members the general rules remove.
+_NOT_CARRIED = (*CAP_KEYS, *TRANSFER_KEYS, w.STREAM_OPTIONS)
+
+
+def _common_generate(
+    client: ClientRequest, params: DecodeParams, inputs: LegInputs
+) -> tuple[dict[str, Any], OutputMode, bool, bool, tuple[str, ...]] | None:
+    """The decode leg of a generate client's common body, as the general rules build it.
+
+    The common body sets none of :data:`_RULED_MEMBERS` and no ``detokenize`` or
+    ``extra_args`` in ``sampling_params``, and the router hands in no prompt, features, render
+    answer or ``parse_context``: its leg is the body with the caps moved into
+    ``sampling_params``, the router's transfer params placed, its mode and stream written, and
+    nothing dropped. ``None`` for any other request: the general rules (:func:`_generate_core`,
+    :func:`_decode_generate`) build it. docs/performance.md, "The common generate leg".
+    """
+    body, caps, mode = client.body, client.caps, client.output_mode
+    assert caps is not None  # noqa: S101 - the request was read for a generate leg
+    assert mode is not None  # noqa: S101 - the request was read for a generate decode leg
+    if not (
+        inputs.token_ids is None
+        and inputs.features is None
+        and inputs.rendered is None
+        and inputs.parse_context is None
+        and _RULED_SAMPLING.isdisjoint(caps)
+    ):
+        return None
+    get = body.get
+    for key in _RULED_MEMBERS:
+        if get(key) is not None:
+            return None
+    stream = get(w.STREAM)
+    if stream is not None and type(stream) is not bool:
+        return None  # the general rules refuse it
+    leg = dict(body)  # a C-speed copy, then the few keys out: cheaper than a filter
+    for key in _NOT_CARRIED:
+        leg.pop(key, None)
+    leg[w.SAMPLING_PARAMS] = dict(caps)
+    if inputs.request_id is not None:
+        leg[w.REQUEST_ID] = inputs.request_id
+    leg[w.TOKEN_IDS] = _token_ids(None, get(w.TOKEN_IDS), required=True)
+    kv = _router_object(inputs.kv_transfer_params, w.KV_TRANSFER_PARAMS)
+    ec = _router_object(inputs.ec_transfer_params, w.EC_TRANSFER_PARAMS)
+    if kv is not None or ec is not None:
+        transfer = _Transfer(kv=_merged(kv), ec=_merged(ec), stripped=())
+        leg = _place_generate(leg, transfer, params.kv_transfer_placement)
+    # A generate client's own mode streams as it asked; the step's derender never streams.
+    client_streams = stream is True
+    own = own_output_mode(body, Route.GENERATE) is not None
+    streams = client_streams and (own or mode is not OutputMode.DERENDER)
+    leg[w.OUTPUT_MODE] = _MODE_TEXT[mode]
+    leg[w.STREAM] = streams
+    return leg, mode, streams, client_streams, ()
+
+
 def build_decode_request(  # noqa: PLR0913 - the documented keyword front; `inputs=` is the one shape
     client_body: Mapping[str, Any],
     *,
@@ -532,10 +669,15 @@ def decode_leg(client: ClientRequest, params: DecodeParams, inputs: LegInputs) -
         streams = client_streams = _validate.typed(body, w.STREAM, bool) is True
         dropped = transfer.stripped
     else:
-        core = _generate_core(request)
-        leg, mode, streams, client_streams, dropped = _decode_generate(
-            client, params, core, _router_object(inputs.parse_context, w.PARSE_CONTEXT)
+        common = (
+            _common_generate(client, params, inputs) if client_route is Route.GENERATE else None
         )
+        if common is None:
+            core = _common_render_core(request) or _generate_core(request)
+            common = _decode_generate(
+                client, params, core, _router_object(inputs.parse_context, w.PARSE_CONTEXT)
+            )
+        leg, mode, streams, client_streams, dropped = common
         _check_generate(leg)
         _limits.check_token_count(leg, inputs.limits)
     # Only a generate leg has an output_mode to check and wrap the answer for.

@@ -34,6 +34,10 @@ _DECODER: Final = msgspec.json.Decoder()
 # than one translate of the array (measured: 0.07 ms against 0.31 ms for 128k IDs).
 _NOT_IN_UNSIGNED_INTEGERS: Final = tuple(bytes([byte]) for byte in b'"{[neE-.')
 _EMPTY_ARRAY: Final = re.compile(rb"\[\s*\]\Z")
+# Searched a slice at a time, each slice is read from memory once and then from cache by the
+# other searches: 8 passes over a whole 32k-token array cost about twice as much
+# (docs/performance.md, "The common generate leg").
+_SCAN_SLICE: Final = 1 << 15
 # Decoded a slice at a time, the decoder's output stays in cache (and, even as UCS-4, below
 # malloc's mmap threshold): a megabyte body is checked about 3x faster than by one decode.
 _UTF8_SLICE: Final = 1 << 15
@@ -183,9 +187,12 @@ def scan_token_ids(raw: msgspec.Raw) -> RawTokenIds | None:
     data = bytes(raw)
     if not data.startswith(b"[") or _EMPTY_ARRAY.match(data) is not None:
         return None
-    for byte in _NOT_IN_UNSIGNED_INTEGERS:
-        if data.find(byte, 1) >= 0:
-            return None
+    find = data.find
+    for start in range(1, len(data), _SCAN_SLICE):
+        end = start + _SCAN_SLICE
+        for byte in _NOT_IN_UNSIGNED_INTEGERS:
+            if find(byte, start, end) >= 0:
+                return None
     return RawTokenIds(raw)
 
 
@@ -220,19 +227,26 @@ class RawMembers(dict[str, Any]):
         super().__init__()
         body, members = _split_syntax(data, error, what)
         self._members = members
-        dict.update(self, members)  # the document's key order; each value replaced below
         rest = members
         if token_ids_key in members:
+            dict.update(self, members)  # the document's key order; each value replaced below
             rest = dict(members)  # C-speed copies and iterations: no Python loop per member
             del rest[token_ids_key]
-        joined = b",".join(rest.values())
-        # Each level of nesting opens a bracket: the count bounds the members' depth (a proved
-        # token array adds one level, counted in _token_ids below).
-        self._brackets = joined.count(b"[") + joined.count(b"{")
+            joined = b",".join(rest.values())
+        else:
+            joined = body  # no member to keep undecoded: the whole body is decoded at once
+        # Each level of nesting opens a bracket: the count bounds the members' depth (the
+        # body's own brace is one; a proved token array adds one, counted in _token_ids below).
+        self._brackets = joined.count(b"[") + joined.count(b"{") - (rest is members)
         try:
             try:
-                # The members as one JSON array: one C call, not one Python call each.
-                self.update(zip(rest, _DECODER.decode(b"[" + joined + b"]"), strict=True))
+                if rest is members:
+                    # The members in the document's order (a repeated key where it first came,
+                    # its last value), as the split has them.
+                    dict.update(self, _DECODER.decode(body))
+                else:
+                    # The members as one JSON array: one C call, not one Python call each.
+                    self.update(zip(rest, _DECODER.decode(b"[" + joined + b"]"), strict=True))
             except (msgspec.DecodeError, RecursionError):
                 self._decode_each(rest, error)  # names the member that fails (or succeeds)
             if rest is not members:
