@@ -178,6 +178,10 @@ def _asked(client_body: object, requested: OutputMode) -> _Asked:
         except (msgspec.DecodeError, RecursionError):
             raise _not_a_client_body(client_body) from None
         client = {w.MODEL: view.model, w.TOP_LOGPROBS: view.top_logprobs}
+        top = view.top_logprobs
+        if requested is _TEXT and (top is None or (type(top) is int and top >= 0)):
+            # The common text ask, read as client_top_logprobs reads it, without its checks.
+            return _Asked(client, 0 if top is None else top)
     elif isinstance(client_body, Mapping):
         client = client_body
     else:
@@ -311,57 +315,42 @@ class _TextCompletion(msgspec.Struct, kw_only=True, gc=False):
 _USAGE_DECODER: Final = msgspec.json.Decoder(Usage)
 
 
-def _common_text_choice(
-    view: _Response[msgspec.Raw, Any],
-) -> tuple[_Choice[msgspec.Raw, Any], msgspec.Raw] | None:
-    """The one choice of the common text answer and its text; ``None``: another answer.
-
-    One choice with its text (a JSON string), no logprobs, no prompt logprobs, a usage that
-    needs no rewrite, and UTF-8 in what is written undecoded (the text and the usage; every
-    other string msgspec decoded, valid by construction).
-    """
-    choices, codec = view.choices, RAW_CODEC
-    if len(choices) != 1:
-        return None
-    choice = choices[0]
-    logprobs, text, usage = choice.logprobs, choice.text, view.usage
-    if (
-        (logprobs is not None and logprobs is not UNSET and not codec.is_null(logprobs))
-        or text is UNSET
-        or (view.prompt_logprobs is not UNSET and not codec.is_null(view.prompt_logprobs))
-    ):
-        return None
-    try:
-        as_is = (
-            usage is UNSET
-            or codec.is_null(usage)
-            or not _null_created_cache(_USAGE_DECODER.decode(usage))
-        )
-        written = str(text, "utf-8")
-        if usage is not UNSET:
-            str(usage, "utf-8")
-    except (msgspec.ValidationError, UnicodeDecodeError):
-        return None  # the general way reports it (a bad byte: the response's first one)
-    return (choice, text) if as_is and written.startswith('"') else None
-
-
 def _text_completion(
     view: _Response[msgspec.Raw, Any], asked: _Asked, options: EnvelopeOptions
 ) -> bytes | None:
     """The common text answer's envelope, encoded from structs; ``None``: another answer.
 
-    The answer the router sees most (:func:`_common_text_choice`). Its envelope is what
-    :func:`_wrap` builds (a property test holds the two to the same bytes), without a dict per
-    member, and UTF-8 without a check of the whole; any other answer, or one that breaks the
-    contract, goes the general way, which reports it.
+    The answer the router sees most: one choice with its text (a JSON string), no logprobs, no
+    prompt logprobs, a usage that needs no rewrite, and UTF-8 in what is written undecoded (the
+    text and the usage; every other string msgspec decoded, valid by construction). Its envelope
+    is what :func:`_wrap` builds (a property test holds the two to the same bytes), without a
+    dict per member, and UTF-8 without a check of the whole; any other answer, or one that
+    breaks the contract, goes the general way, which reports it.
     """
-    common = _common_text_choice(view)
-    if common is None:
+    choices, usage, is_null = view.choices, view.usage, RAW_CODEC.is_null
+    if len(choices) != 1:
         return None
-    choice, text = common
+    choice = choices[0]
+    logprobs, text = choice.logprobs, choice.text
+    if (
+        (logprobs is not None and logprobs is not UNSET and not is_null(logprobs))
+        or text is UNSET
+        or (view.prompt_logprobs is not UNSET and not is_null(view.prompt_logprobs))
+    ):
+        return None
+    try:
+        if usage is not UNSET and not is_null(usage):
+            if _null_created_cache(_USAGE_DECODER.decode(usage)):
+                return None
+            str(usage, "utf-8")
+        if not str(text, "utf-8").startswith('"'):
+            return None
+    except (msgspec.ValidationError, UnicodeDecodeError):
+        return None  # the general way reports it (a bad byte: the response's first one)
     finish, vllm_finish = finish_pair(
         choice.finish_reason, streaming=False, passthrough=options.vllm_finish_reasons
     )
+    created, model = view.created, view.model
     built = _TextChoice(
         index=choice.index,
         message=_TextMessage(w.ASSISTANT, text),
@@ -370,14 +359,20 @@ def _text_completion(
         stop_reason=None if choice.stop_reason is UNSET else choice.stop_reason,
         weight_versions=UNSET if writes_like_032(options) else None,
     )
-    completion = _TextCompletion(
-        id=chat_id(view.request_id),
-        created=envelope_created(options, view.created),
-        model=envelope_model(options, view.model, asked.client),
-        choices=[built],
-        usage=view.usage,
+    return _raw.encode(
+        _TextCompletion(
+            id=chat_id(view.request_id),
+            # The worker's created and model in the common case, without the calls.
+            created=created if type(created) is int else envelope_created(options, created),
+            model=(
+                model
+                if type(model) is str and model and not options.model
+                else envelope_model(options, model, asked.client)
+            ),
+            choices=[built],
+            usage=usage,
+        )
     )
-    return _raw.encode(completion)
 
 
 def _created_cache_counted(usage: Any) -> dict[str, Any]:  # noqa: ANN401 - a JSON object
@@ -472,7 +467,8 @@ def wrap_chat_completion_bytes(
         view = _decode_response(data, requested)
     if view.output_mode != requested:  # the one comparison a conforming answer costs
         check_echoed_mode(view.output_mode, requested, generate=view.object is UNSET)
-    require_text_mode(requested, streaming=False)
+    if requested is not _TEXT:
+        require_text_mode(requested, streaming=False)
     if client_error is not None:
         raise client_error
     out = _text_completion(view, asked, built) if requested is _TEXT else None
