@@ -515,6 +515,64 @@ def test_cumulative_logprobs_read_past_the_sent_ones_are_the_whole_arrays_cut(
     assert read(fast) == read(slow)
 
 
+def _sglang_events(texts: list[str], ids: list[Any], *, meta_first: bool = False) -> bytes:
+    """A cumulative stream of ``texts`` as SGLang writes it; ``meta_first``: a layout read whole."""
+    events = []
+    for count, text in enumerate(texts, 1):
+        finish = {"type": "length", "length": 9} if count == len(texts) else None
+        meta = {"id": "r", "finish_reason": finish, "completion_tokens": count}
+        event = {"text": text, "output_ids": ids[:count], "meta_info": meta}
+        if meta_first:
+            event = {"meta_info": meta, "text": text, "output_ids": ids[:count]}
+        events.append(b"data: " + json.dumps(event, separators=(",", ":")).encode() + b"\n\n")
+    return b"".join([*events, b"data: [DONE]\n\n"])
+
+
+@pytest.mark.parametrize(
+    "delta", ['","output_ids":[', '],"meta_info":{"id":"x"}}', "\\", '"', '\\"', "a\\\\"]
+)
+@pytest.mark.parametrize("step", [1, 7, 4096])
+def test_a_text_that_spells_sglangs_layout_reads_as_the_events_read_whole(
+    delta: str, step: int
+) -> None:
+    # An event is read from where the last one's text ended, up to the IDs' head: a text that
+    # holds that head, quotes or backslashes gives the chunks of the same events read whole.
+    texts = ["a", "a" + delta, "a" + delta + "b", "a" + delta + "b" + delta]
+    ids = list(range(len(texts)))
+    read = _read_stream(_sglang_events(texts, ids), step=step)
+    assert read == _read_stream(_sglang_events(texts, ids, meta_first=True), step=step)
+    assert _deltas(read) == ["a", delta, "b", delta]
+
+
+@pytest.mark.parametrize(
+    ("last", "error"),
+    [
+        (b'{"text":"ab"c","output_ids":[1,2],"meta_info":{"id":"r","finish_reason":null}}', "JSON"),
+        (b'{"text":"ab\\","output_ids":[1,2],"meta_info":{"id":"r","finish_reason":null}}', "JSON"),
+        (b'{"text":"ab","output_ids":[1,x],"meta_info":{"id":"r","finish_reason":null}}', "JSON"),
+        (b'{"text":"ab","output_ids":[1,2],"meta_info":{"id":"r","finish_reason":null}}x', "JSON"),
+        (
+            b'{"text":"ab","output_ids":[1,2],"meta_info":{"id":"r","finish_reason":null},"a":1}',
+            None,
+        ),
+        (b'{"text":"ab","output_ids":[1,"2"],"meta_info":{"id":"r","finish_reason":null}}', None),
+    ],
+)
+def test_an_event_past_the_first_is_read_whole_unless_in_sglangs_layout(
+    last: bytes, error: str | None
+) -> None:
+    # Only an event in SGLang's own layout is read in part; any other is read whole, so one
+    # that is not JSON breaks the contract, and one in another layout gives its delta.
+    first = b'{"text":"a","output_ids":[1],"meta_info":{"id":"r","finish_reason":null}}'
+    reader = SglangStreamReader(max_event_bytes=_MAX_EVENT)
+    reader.feed(b"data: " + first + b"\n\n")
+    if error is None:
+        assert _deltas(reader.feed(b"data: " + last + b"\n\n")) == ["b"]
+        return
+    with pytest.raises(UpstreamContractError, match=error):
+        reader.feed(b"data: " + last + b"\n\n")
+
+
 @given(stream=sglang_cumulative_streams(broken=True))
 def test_any_event_that_does_not_extend_the_text_is_refused(
     stream: tuple[list[str], bytes],
