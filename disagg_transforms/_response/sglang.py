@@ -400,6 +400,9 @@ class SglangStreamReader:
         new = self._new_part(payload)
         if new is not None:
             text, meta, offset = new
+            if plain and text and meta.finish_reason is None and type(meta) is _MetaCounts:
+                self._request_id = meta.id
+                return text  # a plain chunk, as _chunk gives it (the stream's most events)
             return self._chunk(text, meta, whole=False, plain=plain, offset=offset)
         self._read_whole_from_now()
         try:
