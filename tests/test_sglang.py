@@ -528,6 +528,14 @@ def _sglang_events(texts: list[str], ids: list[Any], *, meta_first: bool = False
     return b"".join([*events, b"data: [DONE]\n\n"])
 
 
+def _fed_each(reader: SglangStreamReader, data: bytes) -> bytes:
+    """``feed_each``'s events as generate SSE (a plain chunk written from its text)."""
+    return b"".join(
+        event if isinstance(event, bytes) else reader.plain_event(event)
+        for event in reader.feed_each(data)
+    )
+
+
 @pytest.mark.parametrize(
     "delta", ['","output_ids":[', '],"meta_info":{"id":"x"}}', "\\", '"', '\\"', "a\\\\"]
 )
@@ -539,38 +547,51 @@ def test_a_text_that_spells_sglangs_layout_reads_as_the_events_read_whole(
     # holds that head, quotes or backslashes gives the chunks of the same events read whole.
     texts = ["a", "a" + delta, "a" + delta + "b", "a" + delta + "b" + delta]
     ids = list(range(len(texts)))
-    read = _read_stream(_sglang_events(texts, ids), step=step)
+    data = _sglang_events(texts, ids)
+    read = _read_stream(data, step=step)
     assert read == _read_stream(_sglang_events(texts, ids, meta_first=True), step=step)
     assert _deltas(read) == ["a", delta, "b", delta]
+    reader = SglangStreamReader(max_event_bytes=_MAX_EVENT)
+    each = [_fed_each(reader, data[at : at + step]) for at in range(0, len(data), step)]
+    assert b"".join([*each, reader.close()]) == read
 
 
+_META = b'"meta_info":{"id":"r","finish_reason":null}}'
+
+
+@pytest.mark.parametrize("feed", ["feed", "feed_each"])
+@pytest.mark.parametrize("together", [False, True])
 @pytest.mark.parametrize(
     ("last", "error"),
     [
-        (b'{"text":"ab"c","output_ids":[1,2],"meta_info":{"id":"r","finish_reason":null}}', "JSON"),
-        (b'{"text":"ab\\","output_ids":[1,2],"meta_info":{"id":"r","finish_reason":null}}', "JSON"),
-        (b'{"text":"ab","output_ids":[1,x],"meta_info":{"id":"r","finish_reason":null}}', "JSON"),
-        (b'{"text":"ab","output_ids":[1,2],"meta_info":{"id":"r","finish_reason":null}}x', "JSON"),
-        (
-            b'{"text":"ab","output_ids":[1,2],"meta_info":{"id":"r","finish_reason":null},"a":1}',
-            None,
-        ),
-        (b'{"text":"ab","output_ids":[1,"2"],"meta_info":{"id":"r","finish_reason":null}}', None),
+        (b'{"text":"ab"c","output_ids":[1,2],' + _META, "JSON"),
+        (b'{"text":"ab\\","output_ids":[1,2],' + _META, "JSON"),
+        (b'{"text":"a\nb","output_ids":[1,2],' + _META, "JSON"),
+        (b'{"text":"ab","output_ids":[1,x],' + _META, "JSON"),
+        (b'{"text":"ab","output_ids":[\n,2],' + _META, "JSON"),  # a line cut in the IDs read
+        (b'{"text":"ab","output_ids":[1,2],' + _META + b"x", "JSON"),
+        (b'{"text":"ab","output_ids":[1,2],' + _META[:-1] + b',"a":1}', None),
+        (b'{"text":"ab","output_ids":[1,"2"],' + _META, None),
+        (b'{"text":"ab","output_ids":[1,2],' + _META + b" ", None),
     ],
 )
 def test_an_event_past_the_first_is_read_whole_unless_in_sglangs_layout(
-    last: bytes, error: str | None
+    last: bytes, error: str | None, feed: str, together: bool
 ) -> None:
     # Only an event in SGLang's own layout is read in part; any other is read whole, so one
-    # that is not JSON breaks the contract, and one in another layout gives its delta.
-    first = b'{"text":"a","output_ids":[1],"meta_info":{"id":"r","finish_reason":null}}'
+    # that is not JSON breaks the contract, and one in another layout gives its delta. Either
+    # feed, the events in one read or one a read.
+    first = b'data: {"text":"a","output_ids":[1],' + _META + b"\n\n"
     reader = SglangStreamReader(max_event_bytes=_MAX_EVENT)
-    reader.feed(b"data: " + first + b"\n\n")
+    read = reader.feed if feed == "feed" else lambda data: _fed_each(reader, data)
+    reads = (
+        [first + b"data: " + last + b"\n\n"] if together else [first, b"data: " + last + b"\n\n"]
+    )
     if error is None:
-        assert _deltas(reader.feed(b"data: " + last + b"\n\n")) == ["b"]
+        assert _deltas(b"".join(map(read, reads))) == ["a", "b"]
         return
     with pytest.raises(UpstreamContractError, match=error):
-        reader.feed(b"data: " + last + b"\n\n")
+        b"".join(map(read, reads))
 
 
 @given(stream=sglang_cumulative_streams(broken=True))

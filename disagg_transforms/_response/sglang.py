@@ -10,7 +10,7 @@ stream its deltas. An abort is a worker failure (:class:`SglangFailure`), never 
 
 from __future__ import annotations
 
-from collections.abc import Container, Iterator, Mapping
+from collections.abc import Container, Generator, Iterator, Mapping
 from typing import Any, Final, Literal, TypeAlias, overload
 
 import msgspec
@@ -56,6 +56,9 @@ _ID_BYTES: Final = b"-0123456789,"  # all a new part of the IDs may hold
 _META_HEAD: Final = b'],"meta_info":'
 _META_HEAD_SIZE: Final = len(_META_HEAD)
 _QUOTE: Final = b'"'
+_DATA_PREFIX: Final = b"data: "
+_LF: Final = b"\n"
+_EVENT_END: Final = b"}\n\n"  # an event's JSON object closed, then the blank line after it
 # A meta_info with an array may carry logprobs (each event repeats them all): read past the
 # positions sent. Without one (SGLang's, unless logprobs were asked), only its counts are read.
 _ARRAY: Final = b"["
@@ -358,14 +361,73 @@ class SglangStreamReader:
         """
         payloads: list[bytes] = []
         read = self._read
+        parser = self._parser
+        at = -1 if self._sent is None or self._ended else parser.feed_held(data, payloads)
+        if at >= 0:
+            for payload in payloads:  # the event the last read cut
+                yield read(payload, plain=True)
+            if self._sent is not None:  # still read in part after it
+                at = yield from self._plain_events(self._sent, data, at)
+            if at == len(data):
+                return
+            data, payloads = data[at:], []
         try:
-            self._parser.feed_into(data, payloads)
+            parser.feed_into(data, payloads)
         except UpstreamContractError:
             for payload in payloads:  # the events before the one too large
                 yield read(payload, plain=True)
             raise
         for payload in payloads:
             yield read(payload, plain=True)
+
+    def _plain_events(self, sent: bytes, data: bytes, at: int) -> Generator[str, None, int]:
+        """The text deltas of the plain cumulative events in SGLang's layout from ``at`` on.
+
+        Each is cut from ``data`` and read in one pass, as :meth:`_new_part` reads an event
+        the SSE parser cut (only the bytes past the last event's text, and no copy of the
+        event): a read of a cumulative stream holds about a hundred. Returns where the first
+        event it does not read starts (cut by the read's end, another layout or framing, a
+        finish, logprobs, an empty delta); :meth:`_read` reads that one and those after it.
+        """
+        line = _DATA_PREFIX + sent  # the last event's line up to the end of its text
+        ids_size = self._ids_size
+        starts, find, size = data.startswith, data.find, len(data)
+        try:
+            while at < size and starts(line, at):
+                start = at + len(line)
+                end = find(_IDS_HEAD, start)
+                if end < 0:
+                    break
+                new_ids = end + _IDS_HEAD_SIZE + ids_size
+                ids_end = find(_META_HEAD, new_ids)
+                if ids_end < 0:
+                    break
+                meta_at = ids_end + _META_HEAD_SIZE
+                lf = find(_LF, meta_at)  # the line's end: no "\n" comes before (checked below)
+                if (
+                    lf < 0
+                    or data[lf - 1 : lf + 2] != _EVENT_END
+                    or data[new_ids:ids_end].strip(_ID_BYTES)
+                    or find(_LF, end, new_ids) >= 0  # the last event's IDs are skipped unread
+                ):
+                    break
+                meta_bytes = data[meta_at : lf - 1]
+                if meta_bytes.find(_ARRAY) >= 0:
+                    break
+                try:
+                    text = _TEXT_DECODER.decode(_QUOTE + data[start : end + 1])
+                    meta = _COUNTS_DECODER.decode(meta_bytes)
+                except (msgspec.DecodeError, RecursionError):
+                    break
+                if not text or meta.finish_reason is not None:
+                    break
+                line, ids_size = data[at:end], ids_end - end - _IDS_HEAD_SIZE
+                self._request_id = meta.id  # a plain chunk written from its text names it
+                yield text
+                at = lf + 2
+        finally:  # the events given so far, however far the caller read
+            self._sent, self._ids_size = line[len(_DATA_PREFIX) :], ids_size
+        return at
 
     def plain_event(self, text: str) -> bytes:
         """The generate SSE of a plain chunk :meth:`feed_each` gave as its text delta."""
