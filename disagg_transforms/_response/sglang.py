@@ -81,6 +81,13 @@ class _MetaCounts(msgspec.Struct, kw_only=True, gc=False):
     cached_tokens: int = 0
 
 
+class _PlainMeta(_MetaCounts, kw_only=True, gc=False):
+    """A meta_info without logprobs: one with them (arrays) fails to decode as this."""
+
+    output_token_logprobs: None = None
+    output_top_logprobs: None = None
+
+
 class _Meta(_MetaCounts, kw_only=True, gc=False):
     output_token_logprobs: list[_Triple] | UnsetType = UNSET
     output_top_logprobs: list[list[_Triple] | None] | UnsetType = UNSET
@@ -113,6 +120,7 @@ class _Event(msgspec.Struct, kw_only=True, gc=False):
 
 _EVENT_DECODER = msgspec.json.Decoder(_Event)
 _COUNTS_DECODER = msgspec.json.Decoder(_MetaCounts)
+_PLAIN_META_DECODER = msgspec.json.Decoder(_PlainMeta)
 _LOGPROBS_META_DECODER = msgspec.json.Decoder(_RawLogprobsMeta)
 _TEXT_DECODER = msgspec.json.Decoder(str)
 
@@ -411,13 +419,10 @@ class SglangStreamReader:
                     or find(_LF, end, new_ids) >= 0  # the last event's IDs are skipped unread
                 ):
                     break
-                meta_bytes = data[meta_at : lf - 1]
-                if meta_bytes.find(_ARRAY) >= 0:
-                    break
                 try:
                     text = _TEXT_DECODER.decode(_QUOTE + data[start : end + 1])
-                    meta = _COUNTS_DECODER.decode(meta_bytes)
-                except (msgspec.DecodeError, RecursionError):
+                    meta = _PLAIN_META_DECODER.decode(data[meta_at : lf - 1])
+                except (msgspec.DecodeError, RecursionError):  # logprobs among them
                     break
                 if not text or meta.finish_reason is not None:
                     break
