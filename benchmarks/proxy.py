@@ -89,9 +89,12 @@ SG_STREAMS = {"stream 1k": 1024, "stream 8k": 8192}
 """The cumulative streams measured per chunk, by their answer's length in tokens."""
 SG_RENDER_CONTEXT = 32768  # the render worker's: a 1k prompt and an 8k answer fit
 SG_BOOTSTRAP_PORT = 8998  # the fast SGLang workers meet in process: any port does
-_SG_COUNTS = {  # requests per round: whole at each concurrency, each stream at c1
-    True: {1: 40, 16: 160, 64: 256, "stream 1k": 8, "stream 8k": 2},
-    False: {1: 100, 16: 400, 64: 640, "stream 1k": 16, "stream 8k": 4},
+# Requests per round: whole at each concurrency, each stream at c1. A process's CPU time moves in
+# 10 ms ticks: over 16 streams of 1k tokens a tick was 0.6 us a chunk, too coarse beside
+# sglang-router's 4 to 5 (its 1.5x floor); over 64 it is 0.15.
+_SG_COUNTS = {
+    True: {1: 40, 16: 160, 64: 256, "stream 1k": 16, "stream 8k": 2},
+    False: {1: 100, 16: 400, 64: 640, "stream 1k": 64, "stream 8k": 4},
 }
 
 
@@ -802,29 +805,30 @@ SGLANG_NOTE = """\
 **What the stream figures compare.** A cumulative event repeats the whole text and every token ID so
 far, so at 8k tokens the last events are about 60 KB each and the stream about 200 MB. The decode
 worker's reply bytes are the same for both routers. sglang-router relays them to a `/generate`
-client as they are. `serve` turns each into a chat delta: its SGLang reader cuts each read into
-events itself (the exchange no longer cuts them first), reads an event as SGLang writes it from
-where the last one's text ended (the bytes before compared with the last event's), skips its new
-token IDs, decodes `meta_info`, and hands a plain delta to the chat converter as its text, which
-the converter splices into bytes made once per stream (docs/sglang.md, "The answers"). In process
-(`python benchmarks/sglang_stream.py`, idle): 3.8 us an event at 1k tokens and 10.2 at 8k as the
-exchange relays it in 64 KB reads; with logprobs, whose cumulative arrays are now cut to the
-positions not sent yet before they are decoded, 9.8 us an event at 1k tokens, against 44.5
-before this work (e1b8d98), where every position of every event was decoded.
-Through `serve` on the fast pair (four 8k and 32 1k streams at c1, `serve`'s CPU, the code at
-e1b8d98 and now, alternately, the same load generator): 16.1-16.7 us a chunk then and 9.7 now at
-1k; 38.0-39.5 then and 25.6-36.6 now at 8k. The load generator used to keep every answer whole
-(200 MB for an 8k stream) before counting its events; it now counts them read by read, so its
-own CPU is a reader's. `aiohttp reader (reads only)` is the load generator's own CPU
-reading the decode's stream with aiohttp (`serve`'s worker client) and counting its events, and
-nothing else: about where any Python proxy on aiohttp starts. At 1k tokens it costs about as much
-as sglang-router's whole relay (0.91-1.04x in the runs this note was written with), so 1.5x leaves
-a Python proxy 2.5 to 3 us a chunk for everything else, and `serve` adds about 5: the chunk's
-share of the request's three calls (about 1.5 us: 1.1-1.6 ms a request over 1027 chunks) and the
-relay in the library (3.8 us an event in process: cut into events, the new part read, `meta_info`
-decoded, the client's chunk written). So the 1k floor is not met (1.82-2.20x in those runs). At
-8k tokens the reader alone is 1.43x sglang-router's relay and `serve` 1.48-1.54x, at the floor
-(written with this section, a rerun keeps it).
+client as they are. `serve` turns each into a chat delta: its SGLang reader cuts a read's events
+and reads each in one pass, from where the last one's text ended (the bytes before compared with
+the last event's): the new text, the new token IDs checked to be numbers and skipped, the line's
+end searched for from `meta_info` on, `meta_info` decoded; no event is copied out of the read. It
+hands each plain delta to the chat converter as its text, which the converter splices into bytes
+made once per stream (docs/sglang.md, "The answers"). `serve`'s worker client holds up to 256 KB
+of an answer unread (aiohttp's default, 64 KB, paused the decode's socket at 128 KB, so a 1k
+stream came in about 41 reads, each one write to the client; now in about 11). In process
+(`python benchmarks/sglang_stream.py`, idle, 256 KB reads): 1.9 us an event at 1k tokens and 5.2
+at 8k as the exchange relays it, against 3.1 and 7.2 at 56fdd98, before this round, in the same
+reads; with logprobs 8.5 us an event at 1k tokens (44.5 before e1b8d98, where every position of
+every event was decoded). Through `serve` on the fast pair, the
+benchmark's setup, `serve` and sglang-router alternately (5 rounds of 32 1k streams, CPU from
+`/proc/PID/task/*/schedstat`, the code at 56fdd98 and now, three runs each): 7.3-7.8 us a chunk
+then (1.78-2.07x sglang-router's) and 6.0-6.3 now (1.51-1.56x) at 1k; at 8k 18.7 then and 15.9
+now (1.16x and 1.08x). `aiohttp reader (reads only)` is the load generator's own CPU reading the
+decode's stream with aiohttp (`serve`'s worker client) and counting its events, and nothing
+else: about where any Python proxy on aiohttp starts. At 1k tokens it costs about as much as
+sglang-router's whole relay (0.91-1.02x in these runs), so 1.5x leaves a Python proxy 2 to 2.5 us
+a chunk for everything else; `serve` adds about that: the chunk's share of the request's three
+calls (about 1.2 us: 1.2-1.3 ms a request over 1027 chunks) and the relay in the library (1.9 us
+an event in process). So the 1k floor is at the edge (1.52x in this run, 1.51-1.56x in the runs
+above); what is left is aiohttp's and the server's own work per read, write and request. At 8k
+tokens `serve` costs less a chunk than sglang-router (0.77-1.08x).
 """
 """What the cumulative stream figures measure (a rerun keeps it)."""
 

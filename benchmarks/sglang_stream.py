@@ -4,7 +4,7 @@ Usage: ``python benchmarks/sglang_stream.py [--quick]`` prints a table (``docs/p
 "SGLang: `serve --engine sglang` beside sglang-router"). An SGLang ``/generate`` stream of 1k and
 8k tokens as the simulated SGLang worker writes it (a token a byte, every event repeating the text
 and the token IDs so far, orjson's bytes), with and without logprobs, fed event by event to
-``SglangStreamReader`` (and in 64 KB reads that cut events anywhere, as ``serve`` reads them),
+``SglangStreamReader`` (and in 256 KB reads that cut events anywhere, as ``serve`` reads them),
 then also through the chat stream converter, and as the exchange relays it (``EngineRelay``: the
 reader's plain chunks written by the converter from their text; ``serve --engine sglang``'s
 per-chunk work in the library); beside it vLLM's generate stream of as many tokens through the
@@ -29,7 +29,7 @@ from disagg_transforms._routes import Route
 
 _MAX_EVENT = 1 << 26
 _EOS = 151_645
-_READ = 1 << 16
+_READ = 1 << 18
 _CLIENT = {"model": "m", "stream": True, "stream_options": {"include_usage": True}}
 
 
@@ -60,7 +60,7 @@ def _read(events: list[bytes]) -> bytes:
 
 
 def _reads(events: list[bytes]) -> list[bytes]:
-    """The stream as ``serve`` reads it: in reads that cut events anywhere (64 KB here)."""
+    """The stream as ``serve`` reads it: in reads that cut events anywhere (256 KB here)."""
     data = b"".join(events)
     return [data[at : at + _READ] for at in range(0, len(data), _READ)]
 
@@ -102,9 +102,9 @@ def measure(*, quick: bool) -> list[tuple[str, int, float]]:
         stream, vllm = sglang_stream(n_tokens), _vllm_events(n_tokens)
         cases: dict[str, tuple[Callable[[list[bytes]], bytes], list[bytes]]] = {
             "SGLang cumulative, reader": (_read, stream),
-            "SGLang cumulative, reader, 64 KB reads": (_read, _reads(stream)),
+            "SGLang cumulative, reader, 256 KB reads": (_read, _reads(stream)),
             "SGLang cumulative, reader + chat converter": (_read_and_convert, stream),
-            "SGLang cumulative, as the exchange relays it, 64 KB reads": (
+            "SGLang cumulative, as the exchange relays it, 256 KB reads": (
                 _relayed,
                 _reads(stream),
             ),

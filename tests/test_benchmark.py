@@ -163,6 +163,19 @@ def test_the_sglang_stream_benchmark_turns_its_streams_into_the_chat_deltas() ->
     assert "| case | events | us/event |" in sglang_stream.table([("case", 2, 1e-6)])
 
 
+def test_the_sglang_stream_benchmark_relays_what_the_reader_then_converter_write() -> None:
+    # "as the exchange relays it" (plain chunks written by the converter from their text, the
+    # stream in reads that cut events anywhere): the chunks of reader then converter.
+    def chunks(out: bytes) -> list[object]:
+        events = [orjson.loads(line[6:]) for line in out.split(b"\n\n") if line[6:7] == b"{"]
+        return [{**event, "created": 0} for event in events]
+
+    stream = sglang_stream.sglang_stream(1024)
+    relayed = sglang_stream._relayed(sglang_stream._reads(stream))
+    assert chunks(relayed) == chunks(sglang_stream._read_and_convert(stream))
+    assert relayed.endswith(b"data: [DONE]\n\n")
+
+
 @given(st.lists(st.integers(0, 80), max_size=40))
 def test_the_load_generator_counts_each_event_once_wherever_the_reads_cut(cuts: list[int]) -> None:
     events = (b"data: " + b"x" * size + b"\n\n" for size in (0, 3, 40))

@@ -515,6 +515,85 @@ def test_cumulative_logprobs_read_past_the_sent_ones_are_the_whole_arrays_cut(
     assert read(fast) == read(slow)
 
 
+def _sglang_events(texts: list[str], ids: list[Any], *, meta_first: bool = False) -> bytes:
+    """A cumulative stream of ``texts`` as SGLang writes it; ``meta_first``: a layout read whole."""
+    events = []
+    for count, text in enumerate(texts, 1):
+        finish = {"type": "length", "length": 9} if count == len(texts) else None
+        meta = {"id": "r", "finish_reason": finish, "completion_tokens": count}
+        event = {"text": text, "output_ids": ids[:count], "meta_info": meta}
+        if meta_first:
+            event = {"meta_info": meta, "text": text, "output_ids": ids[:count]}
+        events.append(b"data: " + json.dumps(event, separators=(",", ":")).encode() + b"\n\n")
+    return b"".join([*events, b"data: [DONE]\n\n"])
+
+
+def _fed_each(reader: SglangStreamReader, data: bytes) -> bytes:
+    """``feed_each``'s events as generate SSE (a plain chunk written from its text)."""
+    return b"".join(
+        event if isinstance(event, bytes) else reader.plain_event(event)
+        for event in reader.feed_each(data)
+    )
+
+
+@pytest.mark.parametrize(
+    "delta", ['","output_ids":[', '],"meta_info":{"id":"x"}}', "\\", '"', '\\"', "a\\\\"]
+)
+@pytest.mark.parametrize("step", [1, 7, 4096])
+def test_a_text_that_spells_sglangs_layout_reads_as_the_events_read_whole(
+    delta: str, step: int
+) -> None:
+    # An event is read from where the last one's text ended, up to the IDs' head: a text that
+    # holds that head, quotes or backslashes gives the chunks of the same events read whole.
+    texts = ["a", "a" + delta, "a" + delta + "b", "a" + delta + "b" + delta]
+    ids = list(range(len(texts)))
+    data = _sglang_events(texts, ids)
+    read = _read_stream(data, step=step)
+    assert read == _read_stream(_sglang_events(texts, ids, meta_first=True), step=step)
+    assert _deltas(read) == ["a", delta, "b", delta]
+    reader = SglangStreamReader(max_event_bytes=_MAX_EVENT)
+    each = [_fed_each(reader, data[at : at + step]) for at in range(0, len(data), step)]
+    assert b"".join([*each, reader.close()]) == read
+
+
+_META = b'"meta_info":{"id":"r","finish_reason":null}}'
+
+
+@pytest.mark.parametrize("feed", ["feed", "feed_each"])
+@pytest.mark.parametrize("together", [False, True])
+@pytest.mark.parametrize(
+    ("last", "error"),
+    [
+        (b'{"text":"ab"c","output_ids":[1,2],' + _META, "JSON"),
+        (b'{"text":"ab\\","output_ids":[1,2],' + _META, "JSON"),
+        (b'{"text":"a\nb","output_ids":[1,2],' + _META, "JSON"),
+        (b'{"text":"ab","output_ids":[1,x],' + _META, "JSON"),
+        (b'{"text":"ab","output_ids":[\n,2],' + _META, "JSON"),  # a line cut in the IDs read
+        (b'{"text":"ab","output_ids":[1,2],' + _META + b"x", "JSON"),
+        (b'{"text":"ab","output_ids":[1,2],' + _META[:-1] + b',"a":1}', None),
+        (b'{"text":"ab","output_ids":[1,"2"],' + _META, None),
+        (b'{"text":"ab","output_ids":[1,2],' + _META + b" ", None),
+    ],
+)
+def test_an_event_past_the_first_is_read_whole_unless_in_sglangs_layout(
+    last: bytes, error: str | None, feed: str, together: bool
+) -> None:
+    # Only an event in SGLang's own layout is read in part; any other is read whole, so one
+    # that is not JSON breaks the contract, and one in another layout gives its delta. Either
+    # feed, the events in one read or one a read.
+    first = b'data: {"text":"a","output_ids":[1],' + _META + b"\n\n"
+    reader = SglangStreamReader(max_event_bytes=_MAX_EVENT)
+    read = reader.feed if feed == "feed" else lambda data: _fed_each(reader, data)
+    reads = (
+        [first + b"data: " + last + b"\n\n"] if together else [first, b"data: " + last + b"\n\n"]
+    )
+    if error is None:
+        assert _deltas(b"".join(map(read, reads))) == ["a", "b"]
+        return
+    with pytest.raises(UpstreamContractError, match=error):
+        b"".join(map(read, reads))
+
+
 @given(stream=sglang_cumulative_streams(broken=True))
 def test_any_event_that_does_not_extend_the_text_is_refused(
     stream: tuple[list[str], bytes],

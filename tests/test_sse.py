@@ -133,6 +133,40 @@ def test_an_event_cut_by_a_read_is_ended_by_the_next_one() -> None:
     assert parser.feed(b"\n\ndata: y\n\n") == [b"y"]
 
 
+def _fed_held_first(pieces: list[bytes]) -> tuple[list[bytes], list[bytes] | str]:
+    # Each read: the held event ended by feed_held, the rest fed; else all of it fed.
+    parser, payloads = SseParser(), list[bytes]()
+    for piece in pieces:
+        at = parser.feed_held(piece, payloads)
+        parser.feed_into(piece[at:] if at > 0 else piece, payloads)
+    try:
+        return payloads, parser.close()
+    except UpstreamContractError as error:
+        return payloads, str(error)
+
+
+@given(sse_streams, st.lists(st.integers(0, 200), max_size=6))
+def test_an_event_ended_by_feed_held_then_the_rest_fed_gives_the_same_payloads(
+    stream: bytes, cuts: list[int]
+) -> None:
+    # A reader that cuts a read's events itself (SGLang's) starts where feed_held says.
+    points = sorted({min(c, len(stream)) for c in cuts})
+    pieces = [stream[a:b] for a, b in zip([0, *points], [*points, len(stream)], strict=True)]
+    assert _fed_held_first(pieces) == _fed(pieces)
+
+
+def test_feed_held_says_where_a_reads_whole_events_start() -> None:
+    parser, payloads = SseParser(), list[bytes]()
+    assert parser.feed_held(b"data: 1\n\n", payloads) == 0  # nothing held
+    parser.feed_into(b"data: 1\n\ndata: 2", payloads)
+    assert parser.feed_held(b"3\n\ndata: 4\n\n", payloads) == 3
+    assert payloads == [b"1", b"23"]
+    parser.feed_into(b"data: 5", payloads)
+    assert parser.feed_held(b"6\r\n\r\n", payloads) == -1  # another framing: feed_into's
+    assert parser.feed_held(b"6\n", payloads) == -1  # the event does not end in it
+    assert payloads == [b"1", b"23"]
+
+
 def test_feed_into_keeps_the_events_before_one_past_the_bound() -> None:
     parser = SseParser(max_event_bytes=64)
     payloads: list[bytes] = []

@@ -10,8 +10,7 @@ stream its deltas. An abort is a worker failure (:class:`SglangFailure`), never 
 
 from __future__ import annotations
 
-import re
-from collections.abc import Container, Iterator, Mapping
+from collections.abc import Container, Generator, Iterator, Mapping
 from typing import Any, Final, Literal, TypeAlias, overload
 
 import msgspec
@@ -49,12 +48,20 @@ _TAIL: Final = 16
 # from where the last one's text ended: the new text, the new token IDs skipped, then meta_info
 # (docs/sglang.md, "Streams"). Any other event is read whole.
 _TEXT_HEAD: Final = b'{"text":"'
-# The rest of the text (a JSON string's inside: up to its unescaped closing quote), then the IDs.
-_NEW_TEXT: Final = re.compile(rb'[^"\\]*(?:\\.[^"\\]*)*(?=","output_ids":\[)')
-_IDS_HEAD_SIZE: Final = len(b'","output_ids":[')
-_NEW_IDS: Final = re.compile(rb"[-0-9,]*")
+# The rest of the text ends at the first of these: a JSON string holds no raw quote, and the new
+# text is decoded with this quote, which fails when it is escaped or a raw one comes before it.
+_IDS_HEAD: Final = b'","output_ids":['
+_IDS_HEAD_SIZE: Final = len(_IDS_HEAD)
+_ID_BYTES: Final = b"-0123456789,"  # all a new part of the IDs may hold
 _META_HEAD: Final = b'],"meta_info":'
+_META_HEAD_SIZE: Final = len(_META_HEAD)
 _QUOTE: Final = b'"'
+_DATA_PREFIX: Final = b"data: "
+_LF: Final = b"\n"
+_EVENT_END: Final = b"}\n\n"  # an event's JSON object closed, then the blank line after it
+# A meta_info with an array may carry logprobs (each event repeats them all): read past the
+# positions sent. Without one (SGLang's, unless logprobs were asked), only its counts are read.
+_ARRAY: Final = b"["
 
 
 class _Finish(msgspec.Struct, kw_only=True, gc=False):
@@ -72,6 +79,13 @@ class _MetaCounts(msgspec.Struct, kw_only=True, gc=False):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+
+
+class _PlainMeta(_MetaCounts, kw_only=True, gc=False):
+    """A meta_info without logprobs: one with them (arrays) fails to decode as this."""
+
+    output_token_logprobs: None = None
+    output_top_logprobs: None = None
 
 
 class _Meta(_MetaCounts, kw_only=True, gc=False):
@@ -105,9 +119,9 @@ class _Event(msgspec.Struct, kw_only=True, gc=False):
 
 
 _EVENT_DECODER = msgspec.json.Decoder(_Event)
-_META_DECODER = msgspec.json.Decoder(_Meta)
+_COUNTS_DECODER = msgspec.json.Decoder(_MetaCounts)
+_PLAIN_META_DECODER = msgspec.json.Decoder(_PlainMeta)
 _LOGPROBS_META_DECODER = msgspec.json.Decoder(_RawLogprobsMeta)
-_LOGPROBS_MARK: Final = b'_logprobs"'  # any *_logprobs key (input ones too): read the same
 _TEXT_DECODER = msgspec.json.Decoder(str)
 
 
@@ -149,7 +163,7 @@ def _finish_fields(
     raise UpstreamContractError(msg, param=path)
 
 
-def _usage(meta: _Meta) -> dict[str, Any]:
+def _usage(meta: _MetaCounts) -> dict[str, Any]:
     details = {w.CACHED_TOKENS: meta.cached_tokens} if meta.cached_tokens else None
     return {
         w.PROMPT_TOKENS: meta.prompt_tokens,
@@ -354,14 +368,71 @@ class SglangStreamReader:
             UpstreamContractError: as :meth:`feed`.
         """
         payloads: list[bytes] = []
+        read = self._read
+        parser = self._parser
+        at = -1 if self._sent is None or self._ended else parser.feed_held(data, payloads)
+        if at >= 0:
+            for payload in payloads:  # the event the last read cut
+                yield read(payload, plain=True)
+            if self._sent is not None:  # still read in part after it
+                at = yield from self._plain_events(self._sent, data, at)
+            if at == len(data):
+                return
+            data, payloads = data[at:], []
         try:
-            self._parser.feed_into(data, payloads)
+            parser.feed_into(data, payloads)
         except UpstreamContractError:
             for payload in payloads:  # the events before the one too large
-                yield self._read(payload, plain=True)
+                yield read(payload, plain=True)
             raise
         for payload in payloads:
-            yield self._read(payload, plain=True)
+            yield read(payload, plain=True)
+
+    def _plain_events(self, sent: bytes, data: bytes, at: int) -> Generator[str, None, int]:
+        """The text deltas of the plain cumulative events in SGLang's layout from ``at`` on.
+
+        Each is cut from ``data`` and read in one pass, as :meth:`_new_part` reads an event
+        the SSE parser cut (only the bytes past the last event's text, and no copy of the
+        event): a read of a cumulative stream holds about a hundred. Returns where the first
+        event it does not read starts (cut by the read's end, another layout or framing, a
+        finish, logprobs, an empty delta); :meth:`_read` reads that one and those after it.
+        """
+        line = _DATA_PREFIX + sent  # the last event's line up to the end of its text
+        ids_size = self._ids_size
+        starts, find, size = data.startswith, data.find, len(data)
+        try:
+            while at < size and starts(line, at):
+                start = at + len(line)
+                end = find(_IDS_HEAD, start)
+                if end < 0:
+                    break
+                new_ids = end + _IDS_HEAD_SIZE + ids_size
+                ids_end = find(_META_HEAD, new_ids)
+                if ids_end < 0:
+                    break
+                meta_at = ids_end + _META_HEAD_SIZE
+                lf = find(_LF, meta_at)  # the line's end: no "\n" comes before (checked below)
+                if (
+                    lf < 0
+                    or data[lf - 1 : lf + 2] != _EVENT_END
+                    or data[new_ids:ids_end].strip(_ID_BYTES)
+                    or find(_LF, end, new_ids) >= 0  # the last event's IDs are skipped unread
+                ):
+                    break
+                try:
+                    text = _TEXT_DECODER.decode(_QUOTE + data[start : end + 1])
+                    meta = _PLAIN_META_DECODER.decode(data[meta_at : lf - 1])
+                except (msgspec.DecodeError, RecursionError):  # logprobs among them
+                    break
+                if not text or meta.finish_reason is not None:
+                    break
+                line, ids_size = data[at:end], ids_end - end - _IDS_HEAD_SIZE
+                self._request_id = meta.id  # a plain chunk written from its text names it
+                yield text
+                at = lf + 2
+        finally:  # the events given so far, however far the caller read
+            self._sent, self._ids_size = line[len(_DATA_PREFIX) :], ids_size
+        return at
 
     def plain_event(self, text: str) -> bytes:
         """The generate SSE of a plain chunk :meth:`feed_each` gave as its text delta."""
@@ -396,8 +467,11 @@ class SglangStreamReader:
         new = self._new_part(payload)
         if new is not None:
             text, meta, offset = new
+            if plain and text and meta.finish_reason is None and type(meta) is _MetaCounts:
+                self._request_id = meta.id
+                return text  # a plain chunk, as _chunk gives it (the stream's most events)
             return self._chunk(text, meta, whole=False, plain=plain, offset=offset)
-        self._sent = None
+        self._read_whole_from_now()
         try:
             event = _EVENT_DECODER.decode(payload)
         except msgspec.ValidationError as error:
@@ -413,7 +487,7 @@ class SglangStreamReader:
             raise UpstreamContractError(msg, param="$")
         return self._chunk(event.text, event.meta_info, whole=not self._incremental, plain=plain)
 
-    def _new_part(self, payload: bytes) -> tuple[str, _Meta, int] | None:
+    def _new_part(self, payload: bytes) -> tuple[str, _MetaCounts, int] | None:
         """The new text and the meta_info of a cumulative event in SGLang's layout, else None.
 
         It extends the text so far when its bytes start with the last event's up to the end of
@@ -424,33 +498,36 @@ class SglangStreamReader:
         if sent is None or not payload.startswith(sent):
             return None
         start = len(sent)
-        new_text = _NEW_TEXT.match(payload, start)
-        if new_text is None:
+        end = payload.find(_IDS_HEAD, start)
+        if end < 0:
             return None
-        end = new_text.end()
         new_ids = end + _IDS_HEAD_SIZE + self._ids_size
-        ids_end = payload.find(b"]", new_ids)
-        if (
-            ids_end < 0
-            or not _NEW_IDS.fullmatch(payload, new_ids, ids_end)
-            or not payload.startswith(_META_HEAD, ids_end)
-            or not payload.endswith(b"}")
-        ):
+        ids_end = payload.find(_META_HEAD, new_ids)
+        if ids_end < 0 or payload[new_ids:ids_end].strip(_ID_BYTES) or not payload.endswith(b"}"):
             return None
-        meta_bytes = payload[ids_end + len(_META_HEAD) : -1]
+        meta_bytes = payload[ids_end + _META_HEAD_SIZE : -1]
         try:
-            text = _TEXT_DECODER.decode(_QUOTE + payload[start:end] + _QUOTE)
-            if _LOGPROBS_MARK in meta_bytes:
-                meta, offset = self._new_logprobs(meta_bytes), self._logprobs
+            text = _TEXT_DECODER.decode(_QUOTE + payload[start : end + 1])
+            if meta_bytes.find(_ARRAY) < 0:
+                meta, offset = _COUNTS_DECODER.decode(meta_bytes), 0
             else:
-                meta, offset = _META_DECODER.decode(meta_bytes), 0
+                meta, offset = self._new_logprobs(meta_bytes), self._logprobs
         except (msgspec.DecodeError, RecursionError):
             return None
         self._sent = payload[:end]
         self._ids_size = ids_end - end - _IDS_HEAD_SIZE
-        self._text_len += len(text)
-        self._tail = (self._tail + text)[-_TAIL:]
         return text, meta, offset
+
+    def _read_whole_from_now(self) -> None:
+        """Read every event whole from now on; the text so far is the last one read in part's.
+
+        The length and tail of the text so far, which a whole event is checked against, are
+        read from it once here, not kept up event by event.
+        """
+        sent, self._sent = self._sent, None
+        if sent is not None:
+            text = _TEXT_DECODER.decode(sent[len(_TEXT_HEAD) - 1 :] + _QUOTE)
+            self._text_len, self._tail = len(text), text[-_TAIL:]
 
     def _new_logprobs(self, meta_bytes: bytes) -> _Meta:
         """The meta_info, its logprob arrays from the first position not sent yet on.
@@ -496,14 +573,14 @@ class SglangStreamReader:
 
     @overload
     def _chunk(
-        self, text: str, meta: _Meta, *, whole: bool, plain: Literal[False], offset: int = 0
+        self, text: str, meta: _MetaCounts, *, whole: bool, plain: Literal[False], offset: int = 0
     ) -> bytes: ...
     @overload
     def _chunk(
-        self, text: str, meta: _Meta, *, whole: bool, plain: bool, offset: int = 0
+        self, text: str, meta: _MetaCounts, *, whole: bool, plain: bool, offset: int = 0
     ) -> bytes | str: ...
     def _chunk(
-        self, text: str, meta: _Meta, *, whole: bool, plain: bool, offset: int = 0
+        self, text: str, meta: _MetaCounts, *, whole: bool, plain: bool, offset: int = 0
     ) -> bytes | str:
         """The generate chunk of an event: ``text`` all its text if ``whole``, else the new part.
 
@@ -516,9 +593,11 @@ class SglangStreamReader:
             self._ended = True
             return _error_event({w.MESSAGE: fields.message, w.CODE: fields.status})
         delta = self._delta(text) if whole else text
-        logprobs = _logprobs(meta, (0 if self._incremental else self._logprobs) - offset)
-        if not isinstance(meta.output_token_logprobs, UnsetType):
-            self._logprobs = offset + len(meta.output_token_logprobs)
+        logprobs = None
+        if type(meta) is _Meta:  # else its counts alone: no logprobs in it
+            logprobs = _logprobs(meta, (0 if self._incremental else self._logprobs) - offset)
+            if not isinstance(meta.output_token_logprobs, UnsetType):
+                self._logprobs = offset + len(meta.output_token_logprobs)
         self._request_id = meta.id
         if plain and delta and finish is None and logprobs is None:
             return delta

@@ -97,6 +97,21 @@ class SseParser:
                     return
         self._read_lines(memoryview(data)[start:] if start else data, payloads)
 
+    def feed_held(self, data: bytes, payloads: list[bytes]) -> int:
+        """Where ``data``'s whole events start: past the end of the event the last read cut.
+
+        That event's payload is appended to ``payloads`` (``0``: none was held). ``-1`` when
+        ``data`` or the held bytes are in another form than vLLM's framing, or that event
+        does not end in ``data``: then give all of ``data`` to :meth:`feed_into`. A reader
+        that cuts the events from there itself gives the rest, from its first event it does
+        not read, to :meth:`feed_into` (docs/sglang.md, "Streams").
+        """
+        if type(data) is not bytes or self._data or data.find(_CR) >= 0:
+            return -1
+        if not self._buf:
+            return 0
+        return self._complete_data_line(data, payloads) or -1
+
     def _complete_data_line(self, data: bytes, payloads: list[bytes]) -> int:
         """End the held ``data: `` line, when ``data`` ends it and its event at once.
 

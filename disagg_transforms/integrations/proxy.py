@@ -526,6 +526,11 @@ _IDLE_CLOSE = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
 # A prefill answer worth another try (--prefill-max-retries): the worker or its gateway was
 # unavailable; any other status is the answer.
 _RETRIED_STATUSES = frozenset({502, 503, 504})
+# What a worker's answer may hold unread before its socket is paused (aiohttp pauses at twice
+# this): about one socket read of uvloop's (250 KB). At aiohttp's 64 KB, a stream of large events
+# (SGLang's cumulative ones) came in reads of a few events, each one write to the client
+# (docs/performance.md, "What the stream figures compare").
+_READ_BUFSIZE = 1 << 18
 _WorkerHeaders: TypeAlias = Mapping[str, str] | Sequence[tuple[str, str]]
 """A worker call's headers: an exchange's (pairs) or a relayed request's."""
 
@@ -831,6 +836,7 @@ class _Proxy:
             skip_auto_headers=_AUTO_HEADERS,
             auto_decompress=False,
             trust_env=False,
+            read_bufsize=_READ_BUFSIZE,
         ) as http:
             self.http = http
             yield
