@@ -18,6 +18,8 @@ from collections.abc import Callable, Iterable, Mapping
 from itertools import filterfalse
 from typing import Any, NamedTuple, TypeAlias
 
+import msgspec
+
 from disagg_transforms._request.mapping import ClientMapping
 from disagg_transforms._wire import keys as w
 from disagg_transforms._wire.validate import (
@@ -105,6 +107,27 @@ def copy_sampling(body: Mapping[str, Any], keys: tuple[str, ...]) -> dict[str, A
         for key in present
         if (value := typed(body, key, SAMPLING_FIELDS[key])) is not None
     }
+
+
+# A float field's reader returns an int as sent: its view keeps an int an int.
+_AS_SENT: Mapping[Any, Any] = {float: int | float, dict[str, float]: dict[str, int | float]}
+
+
+def sampling_view(keys: tuple[str, ...]) -> list[tuple[str, Any, None]]:
+    """A view's fields for the ``SAMPLING_FIELDS`` of ``keys``, typed as their readers check them.
+
+    A value converts when :func:`typed` takes it unchanged (an int of an ``int`` field, not a
+    whole float, which the reader rewrites); null or absent is ``None``.
+    """
+    return [
+        (key, _AS_SENT.get(SAMPLING_FIELDS[key], SAMPLING_FIELDS[key]) | None, None) for key in keys
+    ]
+
+
+def viewed_sampling(view: msgspec.Struct, keys: tuple[str, ...]) -> dict[str, Any]:
+    """What :func:`copy_sampling` gives, read from a view whose first fields are ``keys``."""
+    values = msgspec.structs.astuple(view)[: len(keys)]
+    return {key: value for key, value in zip(keys, values, strict=True) if value is not None}
 
 
 def refuse_when_set(body: Mapping[str, Any], reasons: Mapping[str, str]) -> None:
