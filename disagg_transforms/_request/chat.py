@@ -95,8 +95,9 @@ def map_chat_request(body: Mapping[str, Any], /, *, generate_leg: bool = True) -
 
 
 # What a chat generate leg reads of the body, each field typed as its reader checks it (the
-# refused keys null only; both caps in range): a body that converts passes every check of
-# map_chat_request and of its caps (docs/performance.md, "Typed views of the client's body").
+# refused keys null only; both caps in range; absent and null both None, as the readers take
+# them): a body that converts passes every check of map_chat_request and of its caps
+# (docs/performance.md, "Typed views of the client's body").
 _ChatView = msgspec.defstruct(
     "_ChatView",
     [
