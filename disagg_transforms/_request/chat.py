@@ -94,14 +94,14 @@ def map_chat_request(body: Mapping[str, Any], /, *, generate_leg: bool = True) -
     )
 
 
-# What a chat generate leg reads of the body, each field typed as its reader checks it (the
-# refused keys null only; both caps in range; absent and null both None, as the readers take
-# them): a body that converts passes every check of map_chat_request and of its caps
-# (docs/performance.md, "Typed views of the client's body").
+_ChatSampling = f.sampling_view("_ChatSampling", f.SAMPLING_KEYS)
+# What a chat generate leg reads of the body besides its sampling fields (_ChatSampling), each
+# field typed as its reader checks it (the refused keys null only; both caps in range; absent
+# and null both None, as the readers take them): a body that converts to both passes every check
+# of map_chat_request and of its caps (docs/performance.md, "Typed views of the client's body").
 _ChatView = msgspec.defstruct(
     "_ChatView",
     [
-        *f.sampling_view(f.SAMPLING_KEYS),
         *((key, None, None) for key in _REFUSED_WHEN_SET),
         (w.RESPONSE_FORMAT, OBJECT | None, None),
         (w.STRUCTURED_OUTPUTS, OBJECT | None, None),
@@ -125,7 +125,7 @@ def read_chat_view(body: Mapping[str, Any]) -> tuple[ClientMapping, dict[str, An
     """A chat body's mapping and caps for a generate leg, read through the chat view.
 
     What :func:`map_chat_request` and the caps give the common body (a text or no
-    ``response_format``, no ``structured_outputs``), built from one convert; ``None`` for any
+    ``response_format``, no ``structured_outputs``), built from two converts; ``None`` for any
     other body, which the mapper and the caps read (and refuse where they do).
     """
     try:
@@ -134,15 +134,16 @@ def read_chat_view(body: Mapping[str, Any]) -> tuple[ClientMapping, dict[str, An
         return None
     fmt, top, wanted = view.response_format, view.top_logprobs, view.logprobs is True
     caps = viewed_caps(view.max_completion_tokens or view.max_tokens, view.min_tokens)
+    sampling = f.viewed_sampling(body, _ChatSampling)
     if (
-        caps is None
+        sampling is None
+        or caps is None
         or view.structured_outputs is not None
         or (fmt is not None and fmt.get(w.TYPE) != w.TEXT)
-        or (not wanted and (top or view.logprob_token_ids is not None))
+        or (not wanted and (top or w.LOGPROB_TOKEN_IDS in sampling))
     ):
         return None  # the mapper's or the caps' rules (a format, a refusal) apply
-    sampling = f.viewed_sampling(view, f.SAMPLING_KEYS)
-    if wanted and view.logprob_token_ids is None:
+    if wanted and w.LOGPROB_TOKEN_IDS not in sampling:
         sampling[w.LOGPROBS] = 0 if top is None else top
     tools = view.tools
     context = f.parse_context(

@@ -50,7 +50,7 @@ CLIENT_MAPPERS: Mapping[Route, ClientMapper | None] = {
 }
 """The one table a generate leg picks a client's field mapper from, one row per route."""
 
-# Each API's typed view: its common body's mapping and caps in one convert, else None (the
+# Each API's typed view: its common body's mapping and caps from its view, else None (the
 # mapper and the caps read it). docs/performance.md, "Typed views of the client's body".
 _VIEWS: Mapping[
     Route, Callable[[Mapping[str, Any]], tuple[ClientMapping, dict[str, Any]] | None]

@@ -76,13 +76,14 @@ def map_messages_request(body: Mapping[str, Any], /, *, generate_leg: bool = Tru
     )
 
 
-# What a Messages generate leg reads of the body before its tools, each field typed as its
-# reader checks it (`output_config` null only; the cap in range): a body that converts with a
-# cap passes those checks and the caps' (docs/performance.md, "Typed views of the client's body").
+_MessagesSampling = f.sampling_view("_MessagesSampling", _SAMPLING)
+# What a Messages generate leg reads of the body before its tools besides its sampling fields,
+# each typed as its reader checks it (`output_config` null only; the cap in range): a body that
+# converts to both with a cap passes those checks and the caps' (docs/performance.md, "Typed
+# views of the client's body").
 _MessagesView = msgspec.defstruct(
     "_MessagesView",
     [
-        *f.sampling_view(_SAMPLING),
         (w.STOP_SEQUENCES, STRINGS | None, None),
         (w.CHAT_TEMPLATE_KWARGS, OBJECT | None, None),
         (w.OUTPUT_CONFIG, None, None),
@@ -106,9 +107,9 @@ def read_messages_view(body: Mapping[str, Any]) -> tuple[ClientMapping, dict[str
     except CONVERT_ERRORS:
         return None
     caps = viewed_caps(view.max_tokens, view.min_tokens)
-    if view.max_tokens is None or caps is None:
+    sampling = f.viewed_sampling(body, _MessagesSampling)
+    if sampling is None or view.max_tokens is None or caps is None:
         return None  # the mapper's or the caps' refusal
-    sampling = f.viewed_sampling(view, _SAMPLING)
     if view.stop_sequences is not None:
         sampling[w.STOP] = view.stop_sequences
     context = _parse_context(body, dict(view.chat_template_kwargs or {}))

@@ -114,14 +114,14 @@ def map_responses_request(
     )
 
 
-# What a Responses generate leg reads of the body, each field typed as its reader checks it
-# (the refused keys and `structured_outputs` null only; the cap in range): a body that converts
-# passes every check of map_responses_request before its tools, and of its caps
-# (docs/performance.md, "Typed views of the client's body").
+_ResponsesSampling = f.sampling_view("_ResponsesSampling", _SAMPLING)
+# What a Responses generate leg reads of the body besides its sampling fields, each field typed
+# as its reader checks it (the refused keys and `structured_outputs` null only; the cap in
+# range): a body that converts to both passes every check of map_responses_request before its
+# tools, and of its caps (docs/performance.md, "Typed views of the client's body").
 _ResponsesView = msgspec.defstruct(
     "_ResponsesView",
     [
-        *f.sampling_view(_SAMPLING),
         *((key, None, None) for key in _REFUSED_WHEN_SET),
         (w.STRUCTURED_OUTPUTS, None, None),
         (w.INCLUDE, STRINGS | None, None),
@@ -153,14 +153,15 @@ def read_responses_view(body: Mapping[str, Any]) -> tuple[ClientMapping, dict[st
     fmt = None if text is None else text.get(w.FORMAT)
     effort = None if reasoning is None else reasoning.get(w.EFFORT)
     caps = viewed_caps(view.max_output_tokens, view.min_tokens)
+    sampling = f.viewed_sampling(body, _ResponsesSampling)
     if (
-        caps is None
+        sampling is None
+        or caps is None
         or (top and not wanted)
         or (fmt is not None and (type(fmt) is not dict or fmt.get(w.TYPE) != w.TEXT))
         or (effort is not None and type(effort) is not str)
     ):
         return None  # the mapper's or the caps' rules (a format, a refusal) apply
-    sampling = f.viewed_sampling(view, _SAMPLING)
     if wanted:
         sampling[w.LOGPROBS] = 0 if top is None else top
     context = f.parse_context(
