@@ -1149,3 +1149,104 @@ sglang_logprob_triples = st.tuples(
     st.one_of(st.none(), st.text(max_size=3)),
 )
 """One output position's ``[logprob, token id, token text]`` as SGLang's meta_info writes it."""
+
+# A chat client's body with every field the chat mapper and caps read, each of the type the
+# reader wants or of another (ints and floats for each other, nulls, false for the refused keys,
+# formats, logprobs without the switch), plus any body of client_request_bodies, hostile or not.
+_chat_view_values = {
+    "n": st.integers(-1, 3) | st.just(2.0),
+    "temperature": st.floats(0, 2) | st.integers(0, 2) | st.booleans(),
+    "top_k": st.integers(-1, 50) | st.just(40.0),
+    "seed": st.integers(0, 2**70),
+    "stop": st.text(max_size=2) | st.lists(st.text(max_size=2), max_size=2) | st.just([1]),
+    "stop_token_ids": st.lists(st.integers(0, 9), max_size=2) | st.just([1.0]),
+    "ignore_eos": st.booleans() | st.just(1),
+    "logit_bias": st.dictionaries(
+        st.sampled_from(["5", "7"]), st.integers(-9, 9) | st.floats(-1, 1)
+    ),
+    "bad_words": st.lists(st.text(max_size=2), max_size=2),
+    "repetition_detection": st.just({"window": 3}) | st.just([]),
+    "logprob_token_ids": st.lists(st.integers(0, 9), max_size=2),
+    "echo": st.booleans(),
+    "use_beam_search": st.booleans(),
+    "length_penalty": st.just(1.0) | st.booleans(),
+    "response_format": st.sampled_from(
+        [{"type": "text"}, {"type": "json_object"}, {"type": "json_schema"}, {}]
+    ),
+    "structured_outputs": st.just({"regex": "a+"}),
+    "logprobs": st.booleans() | st.just(1),
+    "top_logprobs": st.integers(-2, 5) | st.just(2.0),
+    "tools": st.just([{"type": "function", "function": {"name": "f"}}])
+    | st.just([])
+    | st.just([1]),
+    "tool_choice": st.sampled_from(["auto", "none", {"type": "function"}, 3]),
+    "parallel_tool_calls": st.booleans() | st.just("yes"),
+    "chat_template_kwargs": st.just({"enable_thinking": False}) | st.just({}) | st.just([]),
+    "include_reasoning": st.booleans(),
+    "vllm_xargs": st.just({"lora": "a"}) | st.just([]),
+    "max_completion_tokens": cap_values | st.just(2**64),
+    "max_tokens": cap_values,
+    "min_tokens": cap_values,
+}
+_responses_view_values = {
+    "temperature": st.floats(0, 2) | st.integers(0, 2),
+    "top_k": st.integers(-1, 50) | st.just(40.0),
+    "seed": st.integers(0, 9),
+    "stop": st.lists(st.text(max_size=2), max_size=2) | st.just(3),
+    "logit_bias": st.dictionaries(st.sampled_from(["5"]), st.integers(-9, 9) | st.floats(-1, 1)),
+    "background": st.booleans(),
+    "prompt": st.just({"id": "p"}),
+    "include": st.just(["message.output_text.logprobs"]) | st.just([]) | st.just("x"),
+    "top_logprobs": st.integers(-2, 5) | st.just(2.0),
+    "text": st.sampled_from(
+        [{"format": {"type": "text"}}, {"format": {"type": "json_object"}}, {"format": 3}, {}]
+    ),
+    "structured_outputs": st.just({"regex": "a+"}),
+    "reasoning": st.sampled_from([{"effort": "low"}, {"effort": 3}, {}]),
+    "tools": st.just([{"type": "function", "name": "f"}]) | st.just([{"type": "web_search"}]),
+    "tool_choice": st.sampled_from(
+        ["auto", "required", "bogus", {"type": "function", "name": "f"}]
+    ),
+    "parallel_tool_calls": st.booleans() | st.just(1),
+    "vllm_xargs": st.just({"lora": "a"}) | st.just([]),
+    "max_output_tokens": cap_values | st.just(2**64),
+    "min_tokens": cap_values,
+}
+_messages_view_values = {
+    "temperature": st.floats(0, 1) | st.integers(0, 1) | st.just("hot"),
+    "top_p": st.floats(0, 1),
+    "top_k": st.integers(1, 50) | st.just(5.0),
+    "stop_sequences": st.lists(st.text(max_size=2), max_size=2) | st.just("x"),
+    "chat_template_kwargs": st.just({"enable_thinking": True}) | st.just([]),
+    "output_config": st.just({"effort": "low"}),
+    "tools": st.just([{"name": "f", "input_schema": {}}]) | st.just([{"type": "bash"}]),
+    "tool_choice": st.sampled_from([{"type": "any"}, {"type": "auto"}, {"type": "x"}, "auto"]),
+    "vllm_xargs": st.just({"lora": "a"}),
+    "max_tokens": cap_values | st.just(2**64),
+    "min_tokens": cap_values,
+}
+
+
+def _view_bodies(values: dict[str, Any], base: dict[str, Any]) -> st.SearchStrategy[Any]:
+    return st.fixed_dictionaries(
+        {key: st.just(value) for key, value in base.items()},
+        optional={key: st.none() | strategy for key, strategy in values.items()},
+    )
+
+
+client_view_bodies: st.SearchStrategy[tuple[str, Any]] = (
+    st.tuples(
+        st.just("/v1/chat/completions"),
+        _view_bodies(_chat_view_values, {"messages": [{"role": "user", "content": "hi"}]})
+        | client_request_bodies
+        | hostile(client_request_bodies),
+    )
+    | st.tuples(st.just("/v1/responses"), _view_bodies(_responses_view_values, {"input": "hi"}))
+    | st.tuples(st.just("/v1/messages"), _view_bodies(_messages_view_values, {"messages": []}))
+    | client_route_bodies
+    | client_route_bodies.flatmap(
+        lambda pair: st.tuples(st.just(pair[0]), hostile(st.just(pair[1])))
+    )
+)
+"""(client path, body) of a chat, Responses or Messages client: every field its view reads, of
+the type the mapper wants or off it, and any body of client_route_bodies, hostile or not."""

@@ -5,6 +5,7 @@ import json
 from functools import partial
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import jsonschema
 import msgspec
@@ -17,6 +18,7 @@ from strategies import (
     client_paths,
     client_request_bodies,
     client_route_bodies,
+    client_view_bodies,
     generate_request_bodies,
     render_answers,
     render_client_bodies,
@@ -24,6 +26,7 @@ from strategies import (
 )
 
 from disagg_transforms import (
+    DEFAULT_LIMITS,
     TOP_LEVEL_CAPS,
     DecodeLeg,
     DecodeParams,
@@ -39,8 +42,11 @@ from disagg_transforms import (
     build_encode_request,
     build_prefill_request,
 )
+from disagg_transforms._request import client as client_module
 from disagg_transforms._request import legs
-from disagg_transforms._request.client import read_client_request
+from disagg_transforms._request.client import client_caps, read_client_request
+from disagg_transforms._routes import detect_route
+from disagg_transforms._wire.limits import check_client_body
 from disagg_transforms._wire.raw import encode
 from disagg_transforms.envelopes import GenerateRequest
 
@@ -1042,3 +1048,38 @@ def test_the_common_render_core_is_the_general_one(
     core, general_core = fast[1], general[1]
     assert encode(core.body) == encode(general_core.body)
     assert (core.mapping, core.transfer) == (general_core.mapping, general_core.transfer)
+
+
+@given(
+    pair=client_view_bodies,
+    mode=st.sampled_from([OutputMode.TEXT, OutputMode.DERENDER, OutputMode.AUTO]),
+)
+def test_each_client_view_reads_what_its_mapper_reads(
+    pair: tuple[str, Any], mode: OutputMode
+) -> None:
+    # An API's view gives its mapper's mapping and the caps exactly (repr: an int stays an int),
+    # or None; the request read through it is the one read without it, or the same error.
+    path, body = pair
+    route = detect_route(path)
+    # Read only within the limits, as read_client_request reads it (deeper bodies are refused).
+    view = client_module._VIEWS.get(route)  # completions has none: the same read either way
+    within = isinstance(body, dict) and outcome(lambda: check_client_body(body, DEFAULT_LIMITS))
+    viewed = outcome(lambda: view(body)) if view and within == ("ok", None) else None
+    event("the view" if viewed not in (None, ("ok", None)) else "the mapper")
+    if viewed not in (None, ("ok", None)):
+        mapper = client_module.CLIENT_MAPPERS[route]
+        assert mapper is not None
+        general = outcome(lambda: (mapper(body), client_caps(body, route)))
+        assert repr(viewed) == repr(general)
+    params = DecodeParams(use_openai_format=False, output_mode=mode)
+
+    def read() -> tuple[str, Any]:
+        return outcome(
+            lambda: read_client_request(
+                body, path, limits=DEFAULT_LIMITS, steps=(PrefillParams(), params)
+            )
+        )
+
+    with mock.patch.dict(client_module._VIEWS, clear=True):
+        without = read()
+    assert repr(read()) == repr(without)

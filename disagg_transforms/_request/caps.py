@@ -10,7 +10,9 @@ encode rewrite that makes a worker compute the prompt's KV and emit one token.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Annotated, Any
+
+import msgspec
 
 from disagg_transforms._routes import Route
 from disagg_transforms._wire import keys as w
@@ -175,3 +177,22 @@ def apply_single_token_cap(body: Mapping[str, Any], route: Route) -> dict[str, A
     if route is Route.CHAT_COMPLETIONS and w.MAX_COMPLETION_TOKENS in body:
         result[w.MAX_COMPLETION_TOKENS] = 1
     return result
+
+
+CAP_VIEW: Any = Annotated[int, msgspec.Meta(ge=1, le=_validate.MAX_TOKEN_ID)] | None
+"""A client view's type for a cap the caps read as sent (an int in range, or null)."""
+MIN_TOKENS_VIEW: Any = Annotated[int, msgspec.Meta(ge=0)] | None
+"""A client view's type for a ``min_tokens`` the caps read as sent."""
+
+
+def viewed_caps(cap: int | None, minimum: int | None) -> dict[str, Any] | None:
+    """What :func:`sampling_caps` gives a cap and ``min_tokens`` a view proved in range.
+
+    ``None`` when ``min_tokens`` exceeds the cap: the caps refuse it.
+    """
+    if minimum is not None and cap is not None and minimum > cap:
+        return None
+    caps: dict[str, Any] = {} if cap is None else {w.MAX_TOKENS: cap}
+    if minimum is not None:
+        caps[w.MIN_TOKENS] = minimum
+    return caps

@@ -10,12 +10,22 @@ carries itself (:data:`disagg_transforms._request.fields.LEG_KEYS`).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Annotated, Any
+
+import msgspec
 
 from disagg_transforms._request import fields as f
+from disagg_transforms._request.caps import CAP_VIEW, MIN_TOKENS_VIEW, viewed_caps
 from disagg_transforms._request.mapping import ClientMapping
 from disagg_transforms._wire import keys as w
-from disagg_transforms._wire.validate import STRING_OR_OBJECT, client_object, obj, typed
+from disagg_transforms._wire.validate import (
+    CONVERT_ERRORS,
+    OBJECT,
+    STRING_OR_OBJECT,
+    client_object,
+    obj,
+    typed,
+)
 
 _CONTEXT_KEYS = (
     w.TOOLS,
@@ -82,3 +92,68 @@ def map_chat_request(body: Mapping[str, Any], /, *, generate_leg: bool = True) -
     return f.client_mapping(
         body, sampling, mapped=_CHAT_MAPPED, context_keys=_CONTEXT_KEYS, parse_context=context
     )
+
+
+_ChatSampling = f.sampling_view("_ChatSampling", f.SAMPLING_KEYS)
+# What a chat generate leg reads of the body besides its sampling fields (_ChatSampling), each
+# field typed as its reader checks it (the refused keys null only; both caps in range; absent
+# and null both None, as the readers take them): a body that converts to both passes every check
+# of map_chat_request and of its caps (docs/performance.md, "Typed views of the client's body").
+_ChatView = msgspec.defstruct(
+    "_ChatView",
+    [
+        *((key, None, None) for key in _REFUSED_WHEN_SET),
+        (w.RESPONSE_FORMAT, OBJECT | None, None),
+        (w.STRUCTURED_OUTPUTS, OBJECT | None, None),
+        (w.LOGPROBS, bool | None, None),
+        (w.TOP_LOGPROBS, Annotated[int, msgspec.Meta(ge=-1)] | None, None),
+        (w.TOOLS, list[dict[str, Any]] | None, None),
+        (w.TOOL_CHOICE, STRING_OR_OBJECT | None, None),
+        (w.PARALLEL_TOOL_CALLS, bool | None, None),
+        (w.CHAT_TEMPLATE_KWARGS, OBJECT | None, None),
+        (w.INCLUDE_REASONING, bool | None, None),
+        (w.VLLM_XARGS, OBJECT | None, None),
+        (w.MAX_COMPLETION_TOKENS, CAP_VIEW, None),
+        (w.MAX_TOKENS, CAP_VIEW, None),
+        (w.MIN_TOKENS, MIN_TOKENS_VIEW, None),
+    ],
+    kw_only=True,
+)
+
+
+def read_chat_view(body: Mapping[str, Any]) -> tuple[ClientMapping, dict[str, Any]] | None:
+    """A chat body's mapping and caps for a generate leg, read through the chat view.
+
+    What :func:`map_chat_request` and the caps give the common body (a text or no
+    ``response_format``, no ``structured_outputs``), built from two converts; ``None`` for any
+    other body, which the mapper and the caps read (and refuse where they do).
+    """
+    try:
+        view: Any = msgspec.convert(body, _ChatView)
+    except CONVERT_ERRORS:
+        return None
+    fmt, top, wanted = view.response_format, view.top_logprobs, view.logprobs is True
+    caps = viewed_caps(view.max_completion_tokens or view.max_tokens, view.min_tokens)
+    sampling = f.viewed_sampling(body, _ChatSampling)
+    if (
+        sampling is None
+        or caps is None
+        or view.structured_outputs is not None
+        or (fmt is not None and fmt.get(w.TYPE) != w.TEXT)
+        or (not wanted and (top or w.LOGPROB_TOKEN_IDS in sampling))
+    ):
+        return None  # the mapper's or the caps' rules (a format, a refusal) apply
+    if wanted and w.LOGPROB_TOKEN_IDS not in sampling:
+        sampling[w.LOGPROBS] = 0 if top is None else top
+    tools = view.tools
+    context = f.parse_context(
+        tools=None if tools is None else list(body[w.TOOLS]),
+        tool_choice=body.get(w.TOOL_CHOICE),
+        parallel_tool_calls=view.parallel_tool_calls,
+        chat_template_kwargs=view.chat_template_kwargs,
+        include_reasoning=view.include_reasoning,
+    )
+    mapping = f.client_mapping(
+        body, sampling, mapped=_CHAT_MAPPED, context_keys=_CONTEXT_KEYS, parse_context=context
+    )
+    return mapping, caps

@@ -7,19 +7,19 @@ it (``docs/architecture.md``, "The request flow").
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeAlias
 
 import msgspec
 
 from disagg_transforms._config import DecodeParams, EncodeParams, OutputMode, PrefillParams
 from disagg_transforms._request.caps import CAP_KEYS, sampling_caps
-from disagg_transforms._request.chat import map_chat_request
+from disagg_transforms._request.chat import map_chat_request, read_chat_view
 from disagg_transforms._request.completions import map_completions_request
 from disagg_transforms._request.fields import asks_for_tools
 from disagg_transforms._request.mapping import ClientMapper, ClientMapping
-from disagg_transforms._request.messages import map_messages_request
-from disagg_transforms._request.responses import map_responses_request
+from disagg_transforms._request.messages import map_messages_request, read_messages_view
+from disagg_transforms._request.responses import map_responses_request, read_responses_view
 from disagg_transforms._routes import Route, detect_route, leg_route
 from disagg_transforms._wire import keys as w
 from disagg_transforms._wire import limits as _limits
@@ -49,6 +49,16 @@ CLIENT_MAPPERS: Mapping[Route, ClientMapper | None] = {
     Route.GENERATE: None,  # a generate client's body is already a generate leg
 }
 """The one table a generate leg picks a client's field mapper from, one row per route."""
+
+# Each API's typed view: its common body's mapping and caps from its view, else None (the
+# mapper and the caps read it). docs/performance.md, "Typed views of the client's body".
+_VIEWS: Mapping[
+    Route, Callable[[Mapping[str, Any]], tuple[ClientMapping, dict[str, Any]] | None]
+] = {
+    Route.CHAT_COMPLETIONS: read_chat_view,
+    Route.RESPONSES: read_responses_view,
+    Route.MESSAGES: read_messages_view,
+}
 
 # Each chat-template route: its conversation's key and the key of a system prompt that opens it.
 _CONVERSATIONS: Mapping[Route, tuple[str, str | None]] = {
@@ -134,10 +144,15 @@ def read_client_request(
         _validate.typed(body, w.STREAM, bool)
     if not (generate or every_field):
         return ClientRequest(body=body, path=path, route=route)
-    mapper = CLIENT_MAPPERS[route]
-    mapping = None if mapper is None else mapper(body, generate_leg=generate)
+    view = _VIEWS.get(route) if generate else None
+    read = None if view is None else view(body)
+    if read is None:
+        mapper = CLIENT_MAPPERS[route]
+        mapping = None if mapper is None else mapper(body, generate_leg=generate)
+    else:
+        mapping = read[0]
     mode = None if decode is None else _output_mode(body, route, decode, mapping)
-    caps = client_caps(body, route)
+    caps = client_caps(body, route) if read is None else read[1]
     if every_field:
         _check_conversation(body, route)
     return ClientRequest(

@@ -18,10 +18,13 @@ from collections.abc import Callable, Iterable, Mapping
 from itertools import filterfalse
 from typing import Any, NamedTuple, TypeAlias
 
+import msgspec
+
 from disagg_transforms._request.mapping import ClientMapping
 from disagg_transforms._wire import keys as w
 from disagg_transforms._wire.validate import (
     ARRAY,
+    CONVERT_ERRORS,
     MAPPINGS,
     OBJECT,
     STRING_OR_STRINGS,
@@ -105,6 +108,35 @@ def copy_sampling(body: Mapping[str, Any], keys: tuple[str, ...]) -> dict[str, A
         for key in present
         if (value := typed(body, key, SAMPLING_FIELDS[key])) is not None
     }
+
+
+# A float field's reader returns an int as sent: its view keeps an int an int.
+_AS_SENT: Mapping[Any, Any] = {float: int | float, dict[str, float]: dict[str, int | float]}
+
+
+def sampling_view(name: str, keys: tuple[str, ...]) -> type[msgspec.Struct]:
+    """A view of the ``SAMPLING_FIELDS`` of ``keys``, typed as their readers check them.
+
+    A value converts when :func:`typed` takes it unchanged (an int of an ``int`` field, not a
+    whole float, which the reader rewrites); null or absent is ``None``, left out of
+    :func:`viewed_sampling`'s result.
+    """
+    fields = [
+        (key, _AS_SENT.get(SAMPLING_FIELDS[key], SAMPLING_FIELDS[key]) | None, None) for key in keys
+    ]
+    return msgspec.defstruct(name, fields, kw_only=True, omit_defaults=True)
+
+
+def viewed_sampling(body: Mapping[str, Any], view: type[msgspec.Struct]) -> dict[str, Any] | None:
+    """What :func:`copy_sampling` gives a body whose fields convert to ``view``, else ``None``.
+
+    One convert and one C-speed write-out of the set fields, in the view's (the keys') order.
+    """
+    try:
+        sampling: dict[str, Any] = msgspec.to_builtins(msgspec.convert(body, view))
+    except CONVERT_ERRORS:
+        return None
+    return sampling
 
 
 def refuse_when_set(body: Mapping[str, Any], reasons: Mapping[str, str]) -> None:

@@ -12,10 +12,21 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import msgspec
+
 from disagg_transforms._request import fields as f
+from disagg_transforms._request.caps import CAP_VIEW, MIN_TOKENS_VIEW, viewed_caps
 from disagg_transforms._request.mapping import ClientMapping
 from disagg_transforms._wire import keys as w
-from disagg_transforms._wire.validate import STRINGS, client_object, obj, refuse, typed
+from disagg_transforms._wire.validate import (
+    CONVERT_ERRORS,
+    OBJECT,
+    STRINGS,
+    client_object,
+    obj,
+    refuse,
+    typed,
+)
 
 _SAMPLING = (w.TEMPERATURE, w.TOP_P, w.TOP_K)
 _CONTEXT_KEYS = (w.TOOLS, w.TOOL_CHOICE, w.CHAT_TEMPLATE_KWARGS)
@@ -63,6 +74,49 @@ def map_messages_request(body: Mapping[str, Any], /, *, generate_leg: bool = Tru
     return f.client_mapping(
         body, sampling, mapped=_MAPPED, context_keys=_CONTEXT_KEYS, parse_context=context
     )
+
+
+_MessagesSampling = f.sampling_view("_MessagesSampling", _SAMPLING)
+# What a Messages generate leg reads of the body before its tools besides its sampling fields,
+# each typed as its reader checks it (`output_config` null only; the cap in range): a body that
+# converts to both with a cap passes those checks and the caps' (docs/performance.md, "Typed
+# views of the client's body").
+_MessagesView = msgspec.defstruct(
+    "_MessagesView",
+    [
+        (w.STOP_SEQUENCES, STRINGS | None, None),
+        (w.CHAT_TEMPLATE_KWARGS, OBJECT | None, None),
+        (w.OUTPUT_CONFIG, None, None),
+        (w.VLLM_XARGS, OBJECT | None, None),
+        (w.MAX_TOKENS, CAP_VIEW, None),
+        (w.MIN_TOKENS, MIN_TOKENS_VIEW, None),
+    ],
+    kw_only=True,
+)
+
+
+def read_messages_view(body: Mapping[str, Any]) -> tuple[ClientMapping, dict[str, Any]] | None:
+    """A Messages body's mapping and caps for a generate leg, read through its view.
+
+    What :func:`map_messages_request` and the caps give the common body (a cap, no
+    ``output_config``), its tools converted by the mapper's own rules; ``None`` for any other
+    body, which the mapper and the caps read (and refuse where they do).
+    """
+    try:
+        view: Any = msgspec.convert(body, _MessagesView)
+    except CONVERT_ERRORS:
+        return None
+    caps = viewed_caps(view.max_tokens, view.min_tokens)
+    sampling = f.viewed_sampling(body, _MessagesSampling)
+    if sampling is None or view.max_tokens is None or caps is None:
+        return None  # the mapper's or the caps' refusal
+    if view.stop_sequences is not None:
+        sampling[w.STOP] = view.stop_sequences
+    context = _parse_context(body, dict(view.chat_template_kwargs or {}))
+    mapping = f.client_mapping(
+        body, sampling, mapped=_MAPPED, context_keys=_CONTEXT_KEYS, parse_context=context
+    )
+    return mapping, caps
 
 
 def _parse_context(body: Mapping[str, Any], kwargs: Mapping[str, Any]) -> dict[str, Any] | None:

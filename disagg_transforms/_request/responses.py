@@ -9,12 +9,23 @@ full table is in ``docs/request-legs.md``. The cap (``max_output_tokens``) is
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Annotated, Any
+
+import msgspec
 
 from disagg_transforms._request import fields as f
+from disagg_transforms._request.caps import CAP_VIEW, MIN_TOKENS_VIEW, viewed_caps
 from disagg_transforms._request.mapping import ClientMapping
 from disagg_transforms._wire import keys as w
-from disagg_transforms._wire.validate import STRINGS, client_object, obj, refuse, typed
+from disagg_transforms._wire.validate import (
+    CONVERT_ERRORS,
+    OBJECT,
+    STRINGS,
+    client_object,
+    obj,
+    refuse,
+    typed,
+)
 
 _SAMPLING = (
     w.TEMPERATURE,
@@ -101,6 +112,68 @@ def map_responses_request(
     return f.client_mapping(
         body, sampling, mapped=_MAPPED, context_keys=_CONTEXT_KEYS, parse_context=context
     )
+
+
+_ResponsesSampling = f.sampling_view("_ResponsesSampling", _SAMPLING)
+# What a Responses generate leg reads of the body besides its sampling fields, each field typed
+# as its reader checks it (the refused keys and `structured_outputs` null only; the cap in
+# range): a body that converts to both passes every check of map_responses_request before its
+# tools, and of its caps (docs/performance.md, "Typed views of the client's body").
+_ResponsesView = msgspec.defstruct(
+    "_ResponsesView",
+    [
+        *((key, None, None) for key in _REFUSED_WHEN_SET),
+        (w.STRUCTURED_OUTPUTS, None, None),
+        (w.INCLUDE, STRINGS | None, None),
+        (w.TOP_LOGPROBS, Annotated[int, msgspec.Meta(ge=-1)] | None, None),
+        (w.TEXT, OBJECT | None, None),
+        (w.REASONING, OBJECT | None, None),
+        (w.PARALLEL_TOOL_CALLS, bool | None, None),
+        (w.VLLM_XARGS, OBJECT | None, None),
+        (w.MAX_OUTPUT_TOKENS, CAP_VIEW, None),
+        (w.MIN_TOKENS, MIN_TOKENS_VIEW, None),
+    ],
+    kw_only=True,
+)
+
+
+def read_responses_view(body: Mapping[str, Any]) -> tuple[ClientMapping, dict[str, Any]] | None:
+    """A Responses body's mapping and caps for a generate leg, read through its view.
+
+    What :func:`map_responses_request` and the caps give the common body (a text or no format,
+    a string or no reasoning effort), its tools converted by the mapper's own rules; ``None``
+    for any other body, which the mapper and the caps read (and refuse where they do).
+    """
+    try:
+        view: Any = msgspec.convert(body, _ResponsesView)
+    except CONVERT_ERRORS:
+        return None
+    top, text, reasoning = view.top_logprobs, view.text, view.reasoning
+    wanted = w.INCLUDE_OUTPUT_LOGPROBS in (view.include or ())
+    fmt = None if text is None else text.get(w.FORMAT)
+    effort = None if reasoning is None else reasoning.get(w.EFFORT)
+    caps = viewed_caps(view.max_output_tokens, view.min_tokens)
+    sampling = f.viewed_sampling(body, _ResponsesSampling)
+    if (
+        sampling is None
+        or caps is None
+        or (top and not wanted)
+        or (fmt is not None and (type(fmt) is not dict or fmt.get(w.TYPE) != w.TEXT))
+        or (effort is not None and type(effort) is not str)
+    ):
+        return None  # the mapper's or the caps' rules (a format, a refusal) apply
+    if wanted:
+        sampling[w.LOGPROBS] = 0 if top is None else top
+    context = f.parse_context(
+        tools=f.chat_tools(body, _chat_tool),
+        tool_choice=_tool_choice(body),
+        parallel_tool_calls=view.parallel_tool_calls,
+        chat_template_kwargs=None if effort is None else {w.REASONING_EFFORT: effort},
+    )
+    mapping = f.client_mapping(
+        body, sampling, mapped=_MAPPED, context_keys=_CONTEXT_KEYS, parse_context=context
+    )
+    return mapping, caps
 
 
 def _chat_tool(path: str, tool: Mapping[str, Any]) -> dict[str, Any]:
