@@ -276,7 +276,9 @@ def _with_litellm_warnings(test: Callable[..., None]) -> Callable[..., None]:
 
 
 @contextlib.contextmanager
-def _litellm_provider(fleet: _Fleet, prefill: str, port: int) -> Iterator[Any]:
+def _litellm_provider(
+    fleet: _Fleet, prefill: str, port: int, http_client: httpx.Client | None = None
+) -> Iterator[Any]:
     litellm = pytest.importorskip("litellm")
     from disagg_transforms.integrations.litellm import VllmGenerateLLM  # noqa: PLC0415
 
@@ -285,6 +287,7 @@ def _litellm_provider(fleet: _Fleet, prefill: str, port: int) -> Iterator[Any]:
         sglang=SglangSettings(bootstrap_port=port),
         prefill_api_base=prefill,
         render_api_base=fleet.render,
+        http_client=http_client,
     )
     litellm.custom_provider_map = [{"provider": "sglang-pd", "custom_handler": provider}]
     try:
@@ -310,6 +313,41 @@ def test_litellm_sync_call_with_a_failed_prefill_aborts_the_decode(fleet: _Fleet
     before = set(httpx.get(f"{fleet.decode}/simulated/aborted").json()["aborted"])
     with _litellm_provider(fleet, fleet.faulty_prefill, fleet.ports[1]) as litellm:
         # Timed from the call: setting the provider up (litellm's import) is not the request.
+        started = time.monotonic()
+        with pytest.raises(litellm.exceptions.BadGatewayError, match="prefill failed"):
+            litellm.completion(
+                model="sglang-pd/m", messages=_MESSAGES, api_base=fleet.decode, max_tokens=32
+            )
+        took = time.monotonic() - started
+    assert took < _TRANSFER_TIMEOUT / 6
+    assert len(_aborted(fleet.decode, before)) == 1
+
+
+class _LateDecode(httpx.BaseTransport):
+    """Real HTTP, but the decode's ``/generate`` leaves late: the prefill fails before it."""
+
+    def __init__(self, decode: str) -> None:
+        self._inner = httpx.HTTPTransport()
+        self._late = f"{decode}/generate"
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        if str(request.url) == self._late:
+            time.sleep(0.5)
+        return self._inner.handle_request(request)
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+@_with_litellm_warnings
+def test_a_sync_call_aborts_a_decode_that_arrives_after_the_prefill_failed(fleet: _Fleet) -> None:
+    # The first abort reaches the decode before the decode's call does and finds nothing to
+    # abort (SGLang's too); the abort is sent again until the decode answers (docs/litellm.md).
+    before = set(httpx.get(f"{fleet.decode}/simulated/aborted").json()["aborted"])
+    with (
+        httpx.Client(transport=_LateDecode(fleet.decode)) as http,
+        _litellm_provider(fleet, fleet.faulty_prefill, fleet.ports[1], http) as litellm,
+    ):
         started = time.monotonic()
         with pytest.raises(litellm.exceptions.BadGatewayError, match="prefill failed"):
             litellm.completion(

@@ -344,7 +344,10 @@ def _exchange_bytes(http: httpx.Client, plan: _Plan) -> Iterator[bytes]:
         while (call := drive.next_call()) is not None:
             peers.start(call)
             try:
-                answer = http.send(plan.request(http, call), stream=call.stream)
+                try:
+                    answer = http.send(plan.request(http, call), stream=call.stream)
+                finally:
+                    peers.main_answered()
                 peers.feed_done(drive)  # a failure sent together is the reply, not this answer
                 if not call.stream:  # httpx read the whole body in send()
                     drive.answered(answer.status_code, answer.headers.raw, answer.content)
@@ -369,27 +372,36 @@ def _exchange_bytes(http: httpx.Client, plan: _Plan) -> Iterator[bytes]:
             answer.close()
 
 
+# How often a failed peer's abort of the main call is sent again while the main call waits.
+_ABORT_AGAIN_SECONDS: Final = 0.25
+
+
 class _Peers:
     """The calls sent together with a synchronous call, each in a thread (docs/litellm.md).
 
     The thread only sends; the exchange is fed in the caller's thread. A call sent together
-    that fails sends the main call's ``abort`` at once, so the main call answers now rather
-    than at its own timeout; its answer is fed after that failure, which is the reply.
+    that fails sends the main call's ``abort`` at once, and again every
+    :data:`_ABORT_AGAIN_SECONDS` until the main call has answered: an abort that reaches the
+    worker before the main call does finds nothing to abort (SGLang's abort matches the calls it
+    holds), and the main call would then wait for its own timeout. The main call's answer is fed
+    after that failure, which is the reply.
     """
 
-    __slots__ = ("_http", "_main", "_plan", "_running")
+    __slots__ = ("_answered", "_http", "_main", "_plan", "_running")
 
     def __init__(self, http: httpx.Client, plan: _Plan) -> None:
         self._http = http
         self._plan = plan
         self._running: list[tuple[WorkerCall, Future[httpx.Response]]] = []
         self._main: WorkerCall | None = None
+        self._answered = threading.Event()
 
     def start(self, call: WorkerCall) -> None:
         if call.abort is not None:
             self._main = call
         if not call.together:
             return
+        self._answered.clear()
         pool = ThreadPoolExecutor(max_workers=len(call.together))
         for peer in call.together:
             future = pool.submit(self._send, peer)
@@ -400,10 +412,21 @@ class _Peers:
     def _send(self, call: WorkerCall) -> httpx.Response:
         return self._http.send(self._plan.request(self._http, call))
 
+    def main_answered(self) -> None:
+        """The main call has its answer (or failed): no abort of it is needed any more."""
+        self._answered.set()
+
     def _abort_main_if_failed(self, future: Future[httpx.Response]) -> None:
         error = future.exception()
-        if (error is not None or not future.result().is_success) and self._main is not None:
-            self._abort(self._main)
+        main = self._main
+        if (error is not None or not future.result().is_success) and main is not None:
+            # Its own thread: this callback may run in the caller's, before the main call is sent.
+            threading.Thread(target=self._abort_until_answered, args=(main,), daemon=True).start()
+
+    def _abort_until_answered(self, call: WorkerCall) -> None:
+        self._abort(call)
+        while not self._answered.wait(_ABORT_AGAIN_SECONDS):
+            self._abort(call)
 
     def _abort(self, call: WorkerCall) -> None:
         assert call.abort is not None  # noqa: S101 - only calls with an abort are aborted
@@ -420,6 +443,7 @@ class _Peers:
 
     def settle(self, drive: Driver, *, gone: bool) -> None:
         """Read the rest to their end, or, cancelled, abort them and the main call."""
+        self._answered.set()  # whatever happened, a failed peer's aborts stop here
         if not (gone or drive.cancelling):
             for call, future in self._running:
                 _feed(drive, call, future)  # waits for its answer
