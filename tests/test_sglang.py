@@ -121,6 +121,8 @@ def test_the_cap_is_always_sent() -> None:
         ({"allowed_token_ids": [1]}, "$.allowed_token_ids"),
         ({"structured_outputs": {"whitespace_pattern": " "}}, "$.structured_outputs"),
         ({"return_token_ids": True}, "$.return_token_ids"),
+        # Prompt logprobs would come from the prefill's answer: not read yet (docs/sglang.md).
+        ({"prompt_logprobs": 2}, "$.prompt_logprobs"),
         ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "$.tools"),
     ],
 )
