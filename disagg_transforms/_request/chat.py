@@ -10,7 +10,7 @@ carries itself (:data:`disagg_transforms._request.fields.LEG_KEYS`).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Annotated, Any
+from typing import Any
 
 import msgspec
 
@@ -106,7 +106,7 @@ _ChatView = msgspec.defstruct(
         (w.RESPONSE_FORMAT, OBJECT | None, None),
         (w.STRUCTURED_OUTPUTS, OBJECT | None, None),
         (w.LOGPROBS, bool | None, None),
-        (w.TOP_LOGPROBS, Annotated[int, msgspec.Meta(ge=-1)] | None, None),
+        (w.TOP_LOGPROBS, f.TOP_LOGPROBS_VIEW, None),
         (w.TOOLS, list[dict[str, Any]] | None, None),
         (w.TOOL_CHOICE, STRING_OR_OBJECT | None, None),
         (w.PARALLEL_TOOL_CALLS, bool | None, None),

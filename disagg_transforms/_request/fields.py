@@ -16,7 +16,7 @@ import functools
 import json
 from collections.abc import Callable, Iterable, Mapping
 from itertools import filterfalse
-from typing import Any, NamedTuple, TypeAlias
+from typing import Annotated, Any, NamedTuple, TypeAlias
 
 import msgspec
 
@@ -109,6 +109,9 @@ def copy_sampling(body: Mapping[str, Any], keys: tuple[str, ...]) -> dict[str, A
         if (value := typed(body, key, SAMPLING_FIELDS[key])) is not None
     }
 
+
+TOP_LOGPROBS_VIEW: Any = Annotated[int, msgspec.Meta(ge=-1)] | None
+"""A client view's type for a ``top_logprobs`` its reader takes as sent (-1 is all)."""
 
 # A float field's reader returns an int as sent: its view keeps an int an int.
 _AS_SENT: Mapping[Any, Any] = {float: int | float, dict[str, float]: dict[str, int | float]}

@@ -9,7 +9,7 @@ full table is in ``docs/request-legs.md``. The cap (``max_output_tokens``) is
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Annotated, Any
+from typing import Any
 
 import msgspec
 
@@ -125,7 +125,7 @@ _ResponsesView = msgspec.defstruct(
         *((key, None, None) for key in _REFUSED_WHEN_SET),
         (w.STRUCTURED_OUTPUTS, None, None),
         (w.INCLUDE, STRINGS | None, None),
-        (w.TOP_LOGPROBS, Annotated[int, msgspec.Meta(ge=-1)] | None, None),
+        (w.TOP_LOGPROBS, f.TOP_LOGPROBS_VIEW, None),
         (w.TEXT, OBJECT | None, None),
         (w.REASONING, OBJECT | None, None),
         (w.PARALLEL_TOOL_CALLS, bool | None, None),
