@@ -178,10 +178,6 @@ def _asked(client_body: object, requested: OutputMode) -> _Asked:
         except (msgspec.DecodeError, RecursionError):
             raise _not_a_client_body(client_body) from None
         client = {w.MODEL: view.model, w.TOP_LOGPROBS: view.top_logprobs}
-        top = view.top_logprobs
-        if requested is _TEXT and (top is None or (type(top) is int and top >= 0)):
-            # The common text ask, read as client_top_logprobs reads it, without its checks.
-            return _Asked(client, 0 if top is None else top)
     elif isinstance(client_body, Mapping):
         client = client_body
     else:
