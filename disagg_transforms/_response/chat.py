@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from itertools import starmap
-from typing import Any, Final, Generic, TypeVar
+from typing import Any, Final, Generic, TypedDict, TypeVar
 
 import msgspec
 from msgspec import UNSET, UnsetType
@@ -148,10 +148,11 @@ def _message(
     return {w.ROLE: w.ASSISTANT, w.CONTENT: view.text, **_TEXT_MESSAGE_NULLS}
 
 
-class _ClientView(msgspec.Struct, kw_only=True, gc=False):
-    # What the wrap reads of the client's request; the rest of its bytes is skipped.
-    model: Any = None
-    top_logprobs: Any = None
+class _ClientView(TypedDict, total=False):
+    # What the wrap reads of the client's request, decoded straight into the mapping the rules
+    # read (no dict built after); the rest of its bytes is skipped.
+    model: Any
+    top_logprobs: Any
 
 
 _CLIENT_DECODER = msgspec.json.Decoder(_ClientView)
@@ -174,10 +175,9 @@ def _asked(client_body: object, requested: OutputMode) -> _Asked:
     # Bytes before the Mapping ABC, whose isinstance check costs more than the whole read.
     elif isinstance(client_body, (bytes, bytearray, memoryview)):
         try:
-            view = _CLIENT_DECODER.decode(client_body)
+            client = _CLIENT_DECODER.decode(client_body)
         except (msgspec.DecodeError, RecursionError):
             raise _not_a_client_body(client_body) from None
-        client = {w.MODEL: view.model, w.TOP_LOGPROBS: view.top_logprobs}
     elif isinstance(client_body, Mapping):
         client = client_body
     else:
@@ -270,7 +270,7 @@ def _null_created_cache(usage: Usage) -> bool:
 class _TextMessage(msgspec.Struct, gc=False):
     # A text choice's message as _message builds it: the nulls of _TEXT_MESSAGE_NULLS.
     role: str
-    content: msgspec.Raw
+    content: Any
     refusal: None = None
     annotations: None = None
     audio: None = None
@@ -281,7 +281,7 @@ class _TextMessage(msgspec.Struct, gc=False):
 class _TextChoice(msgspec.Struct, kw_only=True, gc=False):
     # A choice as _wrap builds it (UNSET: left out): vllm_finish_reason only when mapped,
     # weight_versions not for vLLM 0.32.
-    index: int
+    index: Any
     message: _TextMessage
     logprobs: None = None
     finish_reason: Any
@@ -294,10 +294,10 @@ class _TextChoice(msgspec.Struct, kw_only=True, gc=False):
 
 class _TextCompletion(msgspec.Struct, kw_only=True, gc=False):
     # The chat.completion as _wrap builds it, in vLLM's field order (UNSET: left out).
-    id: str
+    id: Any
     object: str = w.CHAT_COMPLETION_OBJECT
-    created: int
-    model: str
+    created: Any
+    model: Any
     choices: list[_TextChoice]
     service_tier: None = None
     system_fingerprint: None = None
@@ -308,23 +308,65 @@ class _TextCompletion(msgspec.Struct, kw_only=True, gc=False):
     metrics: None = None
 
 
-_USAGE_DECODER: Final = msgspec.json.Decoder(Usage)
+def _text_pieces(*, mapped: bool, weight_versions: bool) -> tuple[bytes, ...]:
+    """The common text answer's envelope, encoded once and cut around the values that vary.
+
+    In order: ``id``, ``created``, ``model``, the choice's ``index``, its text, its finish
+    reason as the worker sent it (``vllm_finish_reason`` when ``mapped``), ``stop_reason``,
+    ``usage``. Built from the structs laid out as :func:`_wrap` builds the envelope.
+    """
+    finish, vllm_finish = (
+        (finish_pair(None, streaming=False, passthrough=False)[0], PLAIN_SLOT)
+        if mapped
+        else (PLAIN_SLOT, UNSET)
+    )
+    choice = _TextChoice(
+        index=PLAIN_SLOT,
+        message=_TextMessage(w.ASSISTANT, PLAIN_SLOT),
+        finish_reason=finish,
+        vllm_finish_reason=vllm_finish,
+        stop_reason=PLAIN_SLOT,
+        weight_versions=None if weight_versions else UNSET,
+    )
+    completion = _TextCompletion(
+        id=PLAIN_SLOT, created=PLAIN_SLOT, model=PLAIN_SLOT, choices=[choice], usage=PLAIN_SLOT
+    )
+    return tuple(cut_at_slots(_raw.encode(completion)))
+
+
+# _TEXT_PIECES[mapped][weight_versions]: a mapped finish reason writes vllm_finish_reason, and
+# vLLM 0.32 no weight_versions.
+_TEXT_PIECES: Final = tuple(
+    tuple(_text_pieces(mapped=mapped, weight_versions=versions) for versions in (False, True))
+    for mapped in (False, True)
+)
+
+
+class _KnownUsage(Usage, kw_only=True, forbid_unknown_fields=True):
+    """A usage of known members only: decoding it checks the UTF-8 of every string in it.
+
+    msgspec skips an unknown member's bytes unread (its key too): such a usage goes the
+    general way, which checks the bytes it passes on.
+    """
+
+
+_USAGE_DECODER: Final = msgspec.json.Decoder(_KnownUsage)
 
 
 def _text_completion(
     view: _Response[msgspec.Raw, Any], asked: _Asked, options: EnvelopeOptions
 ) -> bytes | None:
-    """The common text answer's envelope, encoded from structs; ``None``: another answer.
+    """The common text answer's envelope, its values spliced into bytes; ``None``: another answer.
 
     The answer the router sees most: one choice with its text (a JSON string), no logprobs, no
     prompt logprobs, a usage that needs no rewrite, and UTF-8 in what is written undecoded (the
     text and the usage; every other string msgspec decoded, valid by construction). Its envelope
     is what :func:`_wrap` builds (a property test holds the two to the same bytes), without a
-    dict per member, and UTF-8 without a check of the whole; any other answer, or one that
-    breaks the contract, goes the general way, which reports it.
+    dict or struct per member (:data:`_TEXT_PIECES`), and UTF-8 without a check of the whole;
+    any other answer, or one that breaks the contract, goes the general way, which reports it.
     """
     choices, usage, is_null = view.choices, view.usage, RAW_CODEC.is_null
-    if len(choices) != 1:
+    if len(choices) != 1 or usage is UNSET:
         return None
     choice = choices[0]
     logprobs, text = choice.logprobs, choice.text
@@ -335,38 +377,46 @@ def _text_completion(
     ):
         return None
     try:
-        if usage is not UNSET and not is_null(usage):
-            if _null_created_cache(_USAGE_DECODER.decode(usage)):
-                return None
-            str(usage, "utf-8")
+        if not is_null(usage) and _null_created_cache(_USAGE_DECODER.decode(usage)):
+            return None
         if not str(text, "utf-8").startswith('"'):
             return None
-    except (msgspec.ValidationError, UnicodeDecodeError):
+    except (msgspec.DecodeError, UnicodeDecodeError):
         return None  # the general way reports it (a bad byte: the response's first one)
     finish, vllm_finish = finish_pair(
         choice.finish_reason, streaming=False, passthrough=options.vllm_finish_reasons
     )
+    mapped = vllm_finish is not UNSET
     created, model = view.created, view.model
-    built = _TextChoice(
-        index=choice.index,
-        message=_TextMessage(w.ASSISTANT, text),
-        finish_reason=finish,
-        vllm_finish_reason=vllm_finish,
-        stop_reason=None if choice.stop_reason is UNSET else choice.stop_reason,
-        weight_versions=UNSET if writes_like_032(options) else None,
+    if type(created) is not int:
+        created = envelope_created(options, created)
+    # The worker's model in the common case, without the call.
+    if type(model) is not str or not model or options.model:
+        model = envelope_model(options, model, asked.client)
+    stop = choice.stop_reason
+    at_id, at_created, at_model, at_index, at_text, at_finish, at_stop, at_usage, end = (
+        _TEXT_PIECES[mapped][not writes_like_032(options)]
     )
-    return _raw.encode(
-        _TextCompletion(
-            id=chat_id(view.request_id),
-            # The worker's created and model in the common case, without the calls.
-            created=created if type(created) is int else envelope_created(options, created),
-            model=(
-                model
-                if type(model) is str and model and not options.model
-                else envelope_model(options, model, asked.client)
-            ),
-            choices=[built],
-            usage=usage,
+    encode = _raw.encode
+    return b"".join(
+        (
+            at_id,
+            encode(chat_id(view.request_id)),
+            at_created,
+            encode(created),
+            at_model,
+            encode(model),
+            at_index,
+            encode(choice.index),
+            at_text,
+            text,
+            at_finish,
+            encode(vllm_finish if mapped else finish),
+            at_stop,
+            encode(None if stop is UNSET else stop),
+            at_usage,
+            usage,
+            end,
         )
     )
 
