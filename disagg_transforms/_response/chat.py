@@ -267,6 +267,47 @@ def _null_created_cache(usage: Usage) -> bool:
     return isinstance(details, dict) and details.get(w.CREATED_CACHE_TOKENS, 0) is None
 
 
+class _CommonChoice(msgspec.Struct, kw_only=True, gc=False):
+    # _Choice as the common text answer has it: its text, no logprobs (null or absent).
+    index: int
+    finish_reason: str | UnsetType | None = UNSET
+    stop_reason: int | str | UnsetType | None = UNSET
+    text: msgspec.Raw
+    logprobs: None = None
+
+
+class _CommonText(msgspec.Struct, kw_only=True, gc=False):
+    # _Response as the common text answer has it: one choice, a usage, no prompt logprobs. Its
+    # shape checked while decoding, by msgspec, instead of one Python test each after.
+    request_id: str
+    output_mode: Any = UNSET
+    object: Any = UNSET
+    model: str | UnsetType | None = UNSET
+    created: int | UnsetType | None = UNSET
+    usage: msgspec.Raw
+    prompt_logprobs: None = None
+    choices: tuple[_CommonChoice]
+
+
+_COMMON_TEXT_DECODER: Final = msgspec.json.Decoder(_CommonText)
+# How a generate answer whose last choice has no logprobs ends: vLLM writes a choice's logprobs
+# last, and the choices last. Only such an answer is tried through the common view: one with
+# logprobs would fail it only once read nearly whole (its logprobs are most of it).
+_COMMON_TEXT_END: Final = b"null}]}"
+
+
+def _common_text(data: bytes) -> _CommonText | None:
+    """The response through the common text answer's view; ``None``: another answer.
+
+    Any other answer (logprobs, several choices...), or a broken one, does not decode through
+    it: the caller then decodes it the general way, which reads any answer and reports any error.
+    """
+    try:
+        return _COMMON_TEXT_DECODER.decode(data)
+    except (msgspec.DecodeError, RecursionError):
+        return None
+
+
 class _TextMessage(msgspec.Struct, gc=False):
     # A text choice's message as _message builds it: the nulls of _TEXT_MESSAGE_NULLS.
     role: str
@@ -350,35 +391,30 @@ class _KnownUsage(Usage, kw_only=True, forbid_unknown_fields=True):
     """
 
 
-_USAGE_DECODER: Final = msgspec.json.Decoder(_KnownUsage)
+_USAGE_DECODER: Final = msgspec.json.Decoder(_KnownUsage | None)
 
 
-def _text_completion(
-    view: _Response[msgspec.Raw, Any], asked: _Asked, options: EnvelopeOptions
-) -> bytes | None:
-    """The common text answer's envelope, its values spliced into bytes; ``None``: another answer.
+def _text_completion(view: _CommonText, asked: _Asked, options: EnvelopeOptions) -> bytes | None:
+    """The common text answer's envelope, its values spliced into bytes; ``None``: broken.
 
-    The answer the router sees most: one choice with its text (a JSON string), no logprobs, no
-    prompt logprobs, a usage that needs no rewrite, and UTF-8 in what is written undecoded (the
-    text and the usage; every other string msgspec decoded, valid by construction). Its envelope
-    is what :func:`_wrap` builds (a property test holds the two to the same bytes), without a
-    dict or struct per member (:data:`_TEXT_PIECES`), and UTF-8 without a check of the whole;
-    any other answer, or one that breaks the contract, goes the general way, which reports it.
+    The answer the router sees most (:class:`_CommonText`: one choice with its text, no
+    logprobs, no prompt logprobs, a usage). Its envelope is what :func:`_wrap` builds (a
+    property test holds the two to the same bytes), without a dict or struct per member
+    (:data:`_TEXT_PIECES`). UTF-8 is checked on what is written undecoded, the text (its check
+    also tells it is a JSON string) and the usage (decoded through a view of its known members,
+    which checks every string in it); every other string msgspec decoded, valid by
+    construction. ``None`` when the text is not a string, the usage is not one or holds another
+    member, or a byte is not UTF-8: the general way reports it.
     """
-    choices, usage, is_null = view.choices, view.usage, RAW_CODEC.is_null
-    if len(choices) != 1 or usage is UNSET:
-        return None
-    choice = choices[0]
-    logprobs, text = choice.logprobs, choice.text
-    if (
-        (logprobs is not None and logprobs is not UNSET and not is_null(logprobs))
-        or text is UNSET
-        or (view.prompt_logprobs is not UNSET and not is_null(view.prompt_logprobs))
-    ):
-        return None
+    choice = view.choices[0]
+    text, usage = choice.text, view.usage
     try:
-        if not is_null(usage) and _null_created_cache(_USAGE_DECODER.decode(usage)):
-            return None
+        known = _USAGE_DECODER.decode(usage)
+        if known is not None and _null_created_cache(known):
+            # Written as the general way writes it (docs/responses.md, "Allow-list").
+            usage = msgspec.Raw(
+                _raw.encode(_created_cache_counted(RAW_CODEC.load(usage, _USAGE_PATH)))
+            )
         if not str(text, "utf-8").startswith('"'):
             return None
     except (msgspec.DecodeError, UnicodeDecodeError):
@@ -496,11 +532,14 @@ def wrap_chat_completion_bytes(
     requested = as_output_mode(requested)
     built = DEFAULT_OPTIONS if options is None else options
     untyped: object = response  # the caller's value may be anything
-    if not isinstance(untyped, (bytes, bytearray, memoryview)):
+    if type(untyped) is bytes:  # immutable already: the common case, without the calls below
+        data = untyped
+    elif isinstance(untyped, (bytes, bytearray, memoryview)):
+        # A Raw is a view of its input: a private immutable copy keeps a caller's buffer out.
+        data = bytes(untyped)
+    else:
         msg = f"$: the generate response must be JSON bytes, got {describe(untyped)}"
         raise UpstreamContractError(msg, param="$")
-    # A Raw is a view of its input: a private immutable copy keeps a caller's buffer out of it.
-    data = bytes(untyped)
     _limits.check_body_size(data, built.limits, error=UpstreamContractError)
     asked = _NOT_ASKED
     client_error: DisaggTransformError | None = None
@@ -508,20 +547,32 @@ def wrap_chat_completion_bytes(
         asked = _asked(client_body, requested)
     except DisaggTransformError as error:
         client_error = error  # raised below, after the checks the dict path makes first
-    view = _precut(data, asked.top)
-    if view is None:
-        view = _decode_response(data, requested)
-    if view.output_mode != requested:  # the one comparison a conforming answer costs
-        check_echoed_mode(view.output_mode, requested, generate=view.object is UNSET)
+    common = _common_text(data) if requested is _TEXT and data.endswith(_COMMON_TEXT_END) else None
+    view = None
+    echo: _CommonText | _Response[Any, Any]
+    if common is None:
+        echo = view = _general_view(data, requested, asked.top)
+    else:
+        echo = common
+    if echo.output_mode != requested:  # the one comparison a conforming answer costs
+        check_echoed_mode(echo.output_mode, requested, generate=echo.object is UNSET)
     if requested is not _TEXT:
         require_text_mode(requested, streaming=False)
     if client_error is not None:
         raise client_error
-    out = _text_completion(view, asked, built) if requested is _TEXT else None
+    out = None if common is None else _text_completion(common, asked, built)
     if out is None:
+        if view is None:  # a broken answer read through the common view: the general reports it
+            view = _general_view(data, requested, asked.top)
         out = _raw.encode(_wrap(RAW_CODEC, view, requested=requested, asked=asked, options=built))
         _raw.check_passed_on_utf8(out, data, UpstreamContractError)
     return out
+
+
+def _general_view(data: bytes, requested: OutputMode, top: int | None) -> _Response[Any, Any]:
+    """The response through the general view, its logprobs cut while decoding when it can be."""
+    view = _precut(data, top)
+    return _decode_response(data, requested) if view is None else view
 
 
 def _precut(data: bytes, top: int | None) -> _Response[msgspec.Raw, Any] | None:
