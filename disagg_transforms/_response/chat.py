@@ -386,8 +386,8 @@ _TEXT_PIECES: Final = tuple(
 class _KnownUsage(Usage, kw_only=True, forbid_unknown_fields=True):
     """A usage of known members only: decoding it checks the UTF-8 of every string in it.
 
-    msgspec skips an unknown member's bytes unread (its key too): such a usage goes the
-    general way, which checks the bytes it passes on.
+    msgspec would skip an unknown member's value unread: such a usage goes the general way,
+    which checks the bytes it passes on.
     """
 
 
