@@ -426,6 +426,33 @@ def _text_response(text: str, **extra: Any) -> dict[str, Any]:
     return response
 
 
+@pytest.mark.parametrize(
+    ("client", "error", "param"),
+    [
+        (b"", UpstreamContractError, "client_body"),
+        (b"{", UpstreamContractError, "client_body"),
+        (b"[1]", UpstreamContractError, "client_body"),
+        (b'"x"', UpstreamContractError, "client_body"),
+        (b'{"top_logprobs": "2"}', RequestError, "$.top_logprobs"),
+        (b'{"top_logprobs": -2}', RequestError, "$.top_logprobs"),
+    ],
+)
+@pytest.mark.parametrize("logprobs", [False, True])
+def test_a_bad_client_body_is_refused_whatever_the_answer(
+    client: bytes, error: type[Exception], param: str, logprobs: bool
+) -> None:
+    # The client's bytes are read on every answer, the common text answer's own way included
+    # (one without logprobs needs neither its top_logprobs nor, naming a model, its model).
+    response = _text_response("hi")
+    response["choices"] = response["choices"][:1]
+    if logprobs:
+        response["choices"][0]["logprobs"] = {"content": []}
+    raw = json.dumps(_in_vllm_order(response), separators=(",", ":")).encode()
+    with pytest.raises(error) as caught:
+        wrap_chat_completion_bytes(raw, requested=OutputMode.TEXT, client_body=client)
+    assert caught.value.param == param  # type: ignore[attr-defined]
+
+
 @pytest.mark.parametrize("bad", [b"\xff", b"\xc3(", b"\xed\xa0\x80"])
 def test_invalid_utf8_the_wrap_would_pass_on_is_refused_at_its_input_byte(bad: bytes) -> None:
     raw = json.dumps(_text_response("caf\u00e9 MARK"), ensure_ascii=False).encode()
