@@ -134,7 +134,7 @@ def test_wrap_bytes_path_equals_dict_path(
     assert json.loads(by_bytes) == json.loads(json.dumps(by_dict))
 
 
-# What takes a text answer off the common case's fast envelope (or breaks it), one each.
+# What may take a text answer off the common case's own way (or breaks it), one each.
 _OFF_THE_COMMON_CASE: dict[str, Any] = {
     "logprobs": lambda r: r["choices"][0].update(logprobs={"content": []}),
     "null logprobs": lambda r: r["choices"][0].update(logprobs=None),
@@ -158,6 +158,31 @@ _OFF_THE_COMMON_CASE: dict[str, Any] = {
 }
 
 
+def _in_vllm_order(response: dict[str, Any]) -> dict[str, Any]:
+    # vLLM writes the choices last, and a choice's logprobs last (null when there are none).
+    def choice(given: Any) -> Any:
+        if not isinstance(given, dict):
+            return given
+        rest = {key: value for key, value in given.items() if key != "logprobs"}
+        return {**rest, "logprobs": given.get("logprobs")}
+
+    ordered = {key: value for key, value in response.items() if key != "choices"}
+    if isinstance(response.get("choices"), list):
+        ordered["choices"] = [choice(given) for given in response["choices"]]
+    return ordered
+
+
+# Of those, what the common text answer's own way still writes.
+_STILL_COMMON = {
+    "null logprobs",
+    "created cache null",
+    "null usage",
+    "no model",
+    "no created",
+    "absent finish",
+}
+
+
 @given(
     response=generate_text_responses,
     changes=st.lists(st.sampled_from(sorted(_OFF_THE_COMMON_CASE)), max_size=2, unique=True),
@@ -172,27 +197,46 @@ _OFF_THE_COMMON_CASE: dict[str, Any] = {
         vllm_version=st.none() | st.sampled_from(["0.32.0", "0.33.0"]),
         clock=st.just(lambda: 7.0),
     ),
+    one_line=st.booleans(),
 )
 def test_the_common_text_answer_s_fast_envelope_is_the_general_one(
-    response: dict[str, Any], changes: list[str], client: Any, options: EnvelopeOptions
+    response: dict[str, Any],
+    changes: list[str],
+    client: Any,
+    options: EnvelopeOptions,
+    one_line: bool,
 ) -> None:
-    # The bytes wrap encodes the common text answer from structs: the same bytes as the rules'
-    # dicts, or None (then the general way builds it, and reports what is broken).
+    # The bytes wrap reads the common text answer through its own view and splices its
+    # envelope from bytes: the same bytes as the rules' dicts, or None (not that answer, or a
+    # broken one: then the general way builds it, and reports what is broken).
     for change in changes:
         _OFF_THE_COMMON_CASE[change](response)
-    raw = _loose(response)
+    # On one line, in vLLM's order, the answer ends as vLLM's does: the wrap tries the common
+    # view first.
+    raw = json.dumps(_in_vllm_order(response)).encode() if one_line else _loose(response)
     asked = chat._asked(client, OutputMode.TEXT)
-    view = chat._precut(raw, asked.top) or chat._decode_response(raw, OutputMode.TEXT)
+    view = chat._general_view(raw, OutputMode.TEXT, asked.top)
     general = outcome(
         lambda: encode(
             chat._wrap(RAW_CODEC, view, requested=OutputMode.TEXT, asked=asked, options=options)
         )
     )
-    fast = outcome(lambda: chat._text_completion(view, asked, options))
+    common = chat._common_text(raw)
+    fast = (
+        ("ok", None)
+        if common is None
+        else outcome(lambda: chat._text_completion(common, asked, options))
+    )
     if fast != ("ok", None):
         assert fast == general
-    elif not changes or changes == ["absent finish"]:
+    elif set(changes) <= _STILL_COMMON:
         pytest.fail("the common text answer took the general way")
+    wrapped = outcome(
+        lambda: wrap_chat_completion_bytes(
+            raw, requested=OutputMode.TEXT, client_body=client, options=options
+        )
+    )
+    assert wrapped == general
 
 
 def test_wrap_bytes_keeps_passthrough_bytes() -> None:
@@ -380,6 +424,33 @@ def _text_response(text: str, **extra: Any) -> dict[str, Any]:
     response["choices"][0]["text"] = text
     response.update(extra)
     return response
+
+
+@pytest.mark.parametrize(
+    ("client", "error", "param"),
+    [
+        (b"", UpstreamContractError, "client_body"),
+        (b"{", UpstreamContractError, "client_body"),
+        (b"[1]", UpstreamContractError, "client_body"),
+        (b'"x"', UpstreamContractError, "client_body"),
+        (b'{"top_logprobs": "2"}', RequestError, "$.top_logprobs"),
+        (b'{"top_logprobs": -2}', RequestError, "$.top_logprobs"),
+    ],
+)
+@pytest.mark.parametrize("logprobs", [False, True])
+def test_a_bad_client_body_is_refused_whatever_the_answer(
+    client: bytes, error: type[Exception], param: str, logprobs: bool
+) -> None:
+    # The client's bytes are read on every answer, the common text answer's own way included
+    # (one without logprobs needs neither its top_logprobs nor, naming a model, its model).
+    response = _text_response("hi")
+    response["choices"] = response["choices"][:1]
+    if logprobs:
+        response["choices"][0]["logprobs"] = {"content": []}
+    raw = json.dumps(_in_vllm_order(response), separators=(",", ":")).encode()
+    with pytest.raises(error) as caught:
+        wrap_chat_completion_bytes(raw, requested=OutputMode.TEXT, client_body=client)
+    assert caught.value.param == param  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize("bad", [b"\xff", b"\xc3(", b"\xed\xa0\x80"])

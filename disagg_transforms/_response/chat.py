@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from itertools import starmap
-from typing import Any, Final, Generic, TypeVar
+from typing import Any, Final, Generic, TypedDict, TypeVar
 
 import msgspec
 from msgspec import UNSET, UnsetType
@@ -148,10 +148,11 @@ def _message(
     return {w.ROLE: w.ASSISTANT, w.CONTENT: view.text, **_TEXT_MESSAGE_NULLS}
 
 
-class _ClientView(msgspec.Struct, kw_only=True, gc=False):
-    # What the wrap reads of the client's request; the rest of its bytes is skipped.
-    model: Any = None
-    top_logprobs: Any = None
+class _ClientView(TypedDict, total=False):
+    # What the wrap reads of the client's request, decoded straight into the mapping the rules
+    # read (no dict built after); the rest of its bytes is skipped.
+    model: Any
+    top_logprobs: Any
 
 
 _CLIENT_DECODER = msgspec.json.Decoder(_ClientView)
@@ -174,10 +175,9 @@ def _asked(client_body: object, requested: OutputMode) -> _Asked:
     # Bytes before the Mapping ABC, whose isinstance check costs more than the whole read.
     elif isinstance(client_body, (bytes, bytearray, memoryview)):
         try:
-            view = _CLIENT_DECODER.decode(client_body)
+            client = _CLIENT_DECODER.decode(client_body)
         except (msgspec.DecodeError, RecursionError):
             raise _not_a_client_body(client_body) from None
-        client = {w.MODEL: view.model, w.TOP_LOGPROBS: view.top_logprobs}
     elif isinstance(client_body, Mapping):
         client = client_body
     else:
@@ -267,10 +267,51 @@ def _null_created_cache(usage: Usage) -> bool:
     return isinstance(details, dict) and details.get(w.CREATED_CACHE_TOKENS, 0) is None
 
 
+class _CommonChoice(msgspec.Struct, kw_only=True, gc=False):
+    # _Choice as the common text answer has it: its text, no logprobs (null or absent).
+    index: int
+    finish_reason: str | UnsetType | None = UNSET
+    stop_reason: int | str | UnsetType | None = UNSET
+    text: msgspec.Raw
+    logprobs: None = None
+
+
+class _CommonText(msgspec.Struct, kw_only=True, gc=False):
+    # _Response as the common text answer has it: one choice, a usage, no prompt logprobs. Its
+    # shape checked while decoding, by msgspec, instead of one Python test each after.
+    request_id: str
+    output_mode: Any = UNSET
+    object: Any = UNSET
+    model: str | UnsetType | None = UNSET
+    created: int | UnsetType | None = UNSET
+    usage: msgspec.Raw
+    prompt_logprobs: None = None
+    choices: tuple[_CommonChoice]
+
+
+_COMMON_TEXT_DECODER: Final = msgspec.json.Decoder(_CommonText)
+# How a generate answer whose last choice has no logprobs ends: vLLM writes a choice's logprobs
+# last, and the choices last. Only such an answer is tried through the common view: one with
+# logprobs would fail it only once read nearly whole (its logprobs are most of it).
+_COMMON_TEXT_END: Final = b"null}]}"
+
+
+def _common_text(data: bytes) -> _CommonText | None:
+    """The response through the common text answer's view; ``None``: another answer.
+
+    Any other answer (logprobs, several choices...), or a broken one, does not decode through
+    it: the caller then decodes it the general way, which reads any answer and reports any error.
+    """
+    try:
+        return _COMMON_TEXT_DECODER.decode(data)
+    except (msgspec.DecodeError, RecursionError):
+        return None
+
+
 class _TextMessage(msgspec.Struct, gc=False):
     # A text choice's message as _message builds it: the nulls of _TEXT_MESSAGE_NULLS.
     role: str
-    content: msgspec.Raw
+    content: Any
     refusal: None = None
     annotations: None = None
     audio: None = None
@@ -281,7 +322,7 @@ class _TextMessage(msgspec.Struct, gc=False):
 class _TextChoice(msgspec.Struct, kw_only=True, gc=False):
     # A choice as _wrap builds it (UNSET: left out): vllm_finish_reason only when mapped,
     # weight_versions not for vLLM 0.32.
-    index: int
+    index: Any
     message: _TextMessage
     logprobs: None = None
     finish_reason: Any
@@ -294,10 +335,10 @@ class _TextChoice(msgspec.Struct, kw_only=True, gc=False):
 
 class _TextCompletion(msgspec.Struct, kw_only=True, gc=False):
     # The chat.completion as _wrap builds it, in vLLM's field order (UNSET: left out).
-    id: str
+    id: Any
     object: str = w.CHAT_COMPLETION_OBJECT
-    created: int
-    model: str
+    created: Any
+    model: Any
     choices: list[_TextChoice]
     service_tier: None = None
     system_fingerprint: None = None
@@ -308,65 +349,110 @@ class _TextCompletion(msgspec.Struct, kw_only=True, gc=False):
     metrics: None = None
 
 
-_USAGE_DECODER: Final = msgspec.json.Decoder(Usage)
+def _text_pieces(*, mapped: bool, weight_versions: bool) -> tuple[bytes, ...]:
+    """The common text answer's envelope, encoded once and cut around the values that vary.
 
-
-def _text_completion(
-    view: _Response[msgspec.Raw, Any], asked: _Asked, options: EnvelopeOptions
-) -> bytes | None:
-    """The common text answer's envelope, encoded from structs; ``None``: another answer.
-
-    The answer the router sees most: one choice with its text (a JSON string), no logprobs, no
-    prompt logprobs, a usage that needs no rewrite, and UTF-8 in what is written undecoded (the
-    text and the usage; every other string msgspec decoded, valid by construction). Its envelope
-    is what :func:`_wrap` builds (a property test holds the two to the same bytes), without a
-    dict per member, and UTF-8 without a check of the whole; any other answer, or one that
-    breaks the contract, goes the general way, which reports it.
+    In order: ``id``, ``created``, ``model``, the choice's ``index``, its text, its finish
+    reason as the worker sent it (``vllm_finish_reason`` when ``mapped``), ``stop_reason``,
+    ``usage``. Built from the structs laid out as :func:`_wrap` builds the envelope.
     """
-    choices, usage, is_null = view.choices, view.usage, RAW_CODEC.is_null
-    if len(choices) != 1:
-        return None
-    choice = choices[0]
-    logprobs, text = choice.logprobs, choice.text
-    if (
-        (logprobs is not None and logprobs is not UNSET and not is_null(logprobs))
-        or text is UNSET
-        or (view.prompt_logprobs is not UNSET and not is_null(view.prompt_logprobs))
-    ):
-        return None
+    finish, vllm_finish = (
+        (finish_pair(None, streaming=False, passthrough=False)[0], PLAIN_SLOT)
+        if mapped
+        else (PLAIN_SLOT, UNSET)
+    )
+    choice = _TextChoice(
+        index=PLAIN_SLOT,
+        message=_TextMessage(w.ASSISTANT, PLAIN_SLOT),
+        finish_reason=finish,
+        vllm_finish_reason=vllm_finish,
+        stop_reason=PLAIN_SLOT,
+        weight_versions=None if weight_versions else UNSET,
+    )
+    completion = _TextCompletion(
+        id=PLAIN_SLOT, created=PLAIN_SLOT, model=PLAIN_SLOT, choices=[choice], usage=PLAIN_SLOT
+    )
+    return tuple(cut_at_slots(_raw.encode(completion)))
+
+
+# _TEXT_PIECES[mapped][weight_versions]: a mapped finish reason writes vllm_finish_reason, and
+# vLLM 0.32 no weight_versions.
+_TEXT_PIECES: Final = tuple(
+    tuple(_text_pieces(mapped=mapped, weight_versions=versions) for versions in (False, True))
+    for mapped in (False, True)
+)
+
+
+class _KnownUsage(Usage, kw_only=True, forbid_unknown_fields=True):
+    """A usage of known members only: decoding it checks the UTF-8 of every string in it.
+
+    msgspec would skip an unknown member's value unread: such a usage goes the general way,
+    which checks the bytes it passes on.
+    """
+
+
+_USAGE_DECODER: Final = msgspec.json.Decoder(_KnownUsage | None)
+
+
+def _text_completion(view: _CommonText, asked: _Asked, options: EnvelopeOptions) -> bytes | None:
+    """The common text answer's envelope, its values spliced into bytes; ``None``: broken.
+
+    The answer the router sees most (:class:`_CommonText`: one choice with its text, no
+    logprobs, no prompt logprobs, a usage). Its envelope is what :func:`_wrap` builds (a
+    property test holds the two to the same bytes), without a dict or struct per member
+    (:data:`_TEXT_PIECES`). UTF-8 is checked on what is written undecoded, the text (its check
+    also tells it is a JSON string) and the usage (decoded through a view of its known members,
+    which checks every string in it); every other string msgspec decoded, valid by
+    construction. ``None`` when the text is not a string, the usage is not one or holds another
+    member, or a byte is not UTF-8: the general way reports it.
+    """
+    choice = view.choices[0]
+    text, usage = choice.text, view.usage
     try:
-        if usage is not UNSET and not is_null(usage):
-            if _null_created_cache(_USAGE_DECODER.decode(usage)):
-                return None
-            str(usage, "utf-8")
+        known = _USAGE_DECODER.decode(usage)
+        if known is not None and _null_created_cache(known):
+            # Written as the general way writes it (docs/responses.md, "Allow-list").
+            usage = msgspec.Raw(
+                _raw.encode(_created_cache_counted(RAW_CODEC.load(usage, _USAGE_PATH)))
+            )
         if not str(text, "utf-8").startswith('"'):
             return None
-    except (msgspec.ValidationError, UnicodeDecodeError):
+    except (msgspec.DecodeError, UnicodeDecodeError):
         return None  # the general way reports it (a bad byte: the response's first one)
     finish, vllm_finish = finish_pair(
         choice.finish_reason, streaming=False, passthrough=options.vllm_finish_reasons
     )
+    mapped = vllm_finish is not UNSET
     created, model = view.created, view.model
-    built = _TextChoice(
-        index=choice.index,
-        message=_TextMessage(w.ASSISTANT, text),
-        finish_reason=finish,
-        vllm_finish_reason=vllm_finish,
-        stop_reason=None if choice.stop_reason is UNSET else choice.stop_reason,
-        weight_versions=UNSET if writes_like_032(options) else None,
+    if type(created) is not int:
+        created = envelope_created(options, created)
+    # The worker's model in the common case, without the call.
+    if type(model) is not str or not model or options.model:
+        model = envelope_model(options, model, asked.client)
+    stop = choice.stop_reason
+    at_id, at_created, at_model, at_index, at_text, at_finish, at_stop, at_usage, end = (
+        _TEXT_PIECES[mapped][not writes_like_032(options)]
     )
-    return _raw.encode(
-        _TextCompletion(
-            id=chat_id(view.request_id),
-            # The worker's created and model in the common case, without the calls.
-            created=created if type(created) is int else envelope_created(options, created),
-            model=(
-                model
-                if type(model) is str and model and not options.model
-                else envelope_model(options, model, asked.client)
-            ),
-            choices=[built],
-            usage=usage,
+    encode = _raw.encode
+    return b"".join(
+        (
+            at_id,
+            encode(chat_id(view.request_id)),
+            at_created,
+            encode(created),
+            at_model,
+            encode(model),
+            at_index,
+            encode(choice.index),
+            at_text,
+            text,
+            at_finish,
+            encode(vllm_finish if mapped else finish),
+            at_stop,
+            encode(None if stop is UNSET else stop),
+            at_usage,
+            usage,
+            end,
         )
     )
 
@@ -446,11 +532,14 @@ def wrap_chat_completion_bytes(
     requested = as_output_mode(requested)
     built = DEFAULT_OPTIONS if options is None else options
     untyped: object = response  # the caller's value may be anything
-    if not isinstance(untyped, (bytes, bytearray, memoryview)):
+    if type(untyped) is bytes:  # immutable already: the common case, without the calls below
+        data = untyped
+    elif isinstance(untyped, (bytes, bytearray, memoryview)):
+        # A Raw is a view of its input: a private immutable copy keeps a caller's buffer out.
+        data = bytes(untyped)
+    else:
         msg = f"$: the generate response must be JSON bytes, got {describe(untyped)}"
         raise UpstreamContractError(msg, param="$")
-    # A Raw is a view of its input: a private immutable copy keeps a caller's buffer out of it.
-    data = bytes(untyped)
     _limits.check_body_size(data, built.limits, error=UpstreamContractError)
     asked = _NOT_ASKED
     client_error: DisaggTransformError | None = None
@@ -458,20 +547,32 @@ def wrap_chat_completion_bytes(
         asked = _asked(client_body, requested)
     except DisaggTransformError as error:
         client_error = error  # raised below, after the checks the dict path makes first
-    view = _precut(data, asked.top)
-    if view is None:
-        view = _decode_response(data, requested)
-    if view.output_mode != requested:  # the one comparison a conforming answer costs
-        check_echoed_mode(view.output_mode, requested, generate=view.object is UNSET)
+    common = _common_text(data) if requested is _TEXT and data.endswith(_COMMON_TEXT_END) else None
+    view = None
+    echo: _CommonText | _Response[Any, Any]
+    if common is None:
+        echo = view = _general_view(data, requested, asked.top)
+    else:
+        echo = common
+    if echo.output_mode != requested:  # the one comparison a conforming answer costs
+        check_echoed_mode(echo.output_mode, requested, generate=echo.object is UNSET)
     if requested is not _TEXT:
         require_text_mode(requested, streaming=False)
     if client_error is not None:
         raise client_error
-    out = _text_completion(view, asked, built) if requested is _TEXT else None
+    out = None if common is None else _text_completion(common, asked, built)
     if out is None:
+        if view is None:  # a broken answer read through the common view: the general reports it
+            view = _general_view(data, requested, asked.top)
         out = _raw.encode(_wrap(RAW_CODEC, view, requested=requested, asked=asked, options=built))
         _raw.check_passed_on_utf8(out, data, UpstreamContractError)
     return out
+
+
+def _general_view(data: bytes, requested: OutputMode, top: int | None) -> _Response[Any, Any]:
+    """The response through the general view, its logprobs cut while decoding when it can be."""
+    view = _precut(data, top)
+    return _decode_response(data, requested) if view is None else view
 
 
 def _precut(data: bytes, top: int | None) -> _Response[msgspec.Raw, Any] | None:
