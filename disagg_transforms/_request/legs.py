@@ -393,8 +393,8 @@ def _carry(
 ) -> None:
     """Carry the client's own keys onto a leg built from render's answer or its mapping.
 
-    A key is carried where the leg's value (read from ``current`` when given: the view of the
-    render answer a leg of raw members is written from) is null.
+    A key is carried where the leg's value (read from ``current`` when given: the render answer
+    a leg of raw members is written from) is null.
     """
     values = leg if current is None else current
     for key in CARRIED_AS_IS:
@@ -477,33 +477,33 @@ def _viewed_render_leg(
     ):
         return None
     assert type(answer) is RenderAnswer  # noqa: S101 - it has a view
-    sampling = view[w.SAMPLING_PARAMS]
+    sampling = getattr(view, w.SAMPLING_PARAMS)
     if sampling.detokenize is False and mode is not OutputMode.TOKENS:
         return None  # the rule rewrites sampling_params: the general rules
     raw = answer.raw
     leg: dict[str, Any] = dict(raw)  # the answer's order; each member as vLLM wrote it
     for key in TRANSFER_KEYS:
         del leg[key]  # null in a viewed answer
-    leg[w.TOKEN_IDS] = view[w.TOKEN_IDS]
+    leg[w.TOKEN_IDS] = answer.token_ids
     kv = _router_object(inputs.kv_transfer_params, w.KV_TRANSFER_PARAMS)
     ec = _router_object(inputs.ec_transfer_params, w.EC_TRANSFER_PARAMS)
-    transfer = _Transfer(kv=_merged(kv), ec=_merged(ec), stripped=())
-    extra_args = (kv is not None or ec is not None) and (
-        params.kv_transfer_placement is not KvTransferPlacement.TOP_LEVEL
-    )
+    placed = kv is not None or ec is not None
+    extra_args = placed and params.kv_transfer_placement is not KvTransferPlacement.TOP_LEVEL
     if extra_args or not _holds(sampling, caps):
         # Written over render's: the general rules' merge of the decoded members.
         answered = _raw.decode_member(raw[w.SAMPLING_PARAMS], "$", UpstreamContractError)
         leg[w.SAMPLING_PARAMS] = {**answered, **caps}
-    _carry(leg, body, view)
+    _carry(leg, body, answer)
     if inputs.request_id is not None:
         leg[w.REQUEST_ID] = inputs.request_id
-    leg = _place_generate(leg, transfer, params.kv_transfer_placement)
+    if placed:
+        transfer = _Transfer(kv=_merged(kv), ec=_merged(ec), stripped=())
+        leg = _place_generate(leg, transfer, params.kv_transfer_placement)
     streams, client_streams = _leg_stream(body, mode)
     leg[w.OUTPUT_MODE] = _MODE_TEXT[mode]
     leg[w.STREAM] = streams
     # The rule reads render's stream_options, decoded (and takes them out of the leg).
-    options = view[w.STREAM_OPTIONS]
+    options = getattr(view, w.STREAM_OPTIONS)
     leg[w.STREAM_OPTIONS] = (
         None
         if options is None
@@ -516,7 +516,7 @@ def _viewed_render_leg(
         dropped.append(w.STREAM_OPTIONS)
     dropped.extend(mapping.dropped)
     if mode is OutputMode.DERENDER:
-        if view.get(w.PARSE_CONTEXT) is None:  # else render's own, as vLLM wrote it
+        if getattr(view, w.PARSE_CONTEXT, None) is None:  # else render's, as vLLM wrote it
             context = mapping.parse_context or {}
             leg[w.PARSE_CONTEXT] = dict(_validate.mapping(context, f"$.{w.PARSE_CONTEXT}"))
     else:
@@ -779,6 +779,16 @@ def build_decode_request(  # noqa: PLR0913 - the documented keyword front; `inpu
 
 def decode_leg(client: ClientRequest, params: DecodeParams, inputs: LegInputs) -> DecodeLeg:
     """The decode leg of a request read once (what :func:`build_decode_request` returns)."""
+    fields = _decode_fields(client, params, inputs)
+    # Only a generate leg has an output_mode to check and wrap the answer for.
+    kind = DecodeLeg if fields["output_mode"] is None else GenerateDecodeLeg
+    return kind(**fields)
+
+
+def _decode_fields(
+    client: ClientRequest, params: DecodeParams, inputs: LegInputs
+) -> dict[str, Any]:
+    """The fields of the decode leg, its body a dict: one builder for both kinds of leg."""
     request = _step_request(client, params, inputs)
     body, client_route, route = client.body, client.route, request.route
     generate = route is Route.GENERATE
@@ -805,20 +815,18 @@ def decode_leg(client: ClientRequest, params: DecodeParams, inputs: LegInputs) -
         if checked is not None:
             _check_generate(checked)
         _limits.check_token_count(leg, inputs.limits)
-    # Only a generate leg has an output_mode to check and wrap the answer for.
-    kind: type[DecodeLeg] = GenerateDecodeLeg if generate else DecodeLeg
-    return kind(
-        path=ROUTE_PATH[route],
-        route=route,
-        body=leg,
-        stream=streams,
-        single_frame=client_streams and not streams,
-        wrap_chat_completion=(
+    return {
+        "path": ROUTE_PATH[route],
+        "route": route,
+        "body": leg,
+        "stream": streams,
+        "single_frame": client_streams and not streams,
+        "wrap_chat_completion": (
             generate and params.wrap_chat_completion and client_route is Route.CHAT_COMPLETIONS
         ),
-        output_mode=mode,
-        dropped=dropped,
-    )
+        "output_mode": mode,
+        "dropped": dropped,
+    }
 
 
 def build_decode_request_bytes(
@@ -848,12 +856,11 @@ def build_decode_request_bytes(
     members = _raw.RawMembers(
         client_body, RequestError, "the client body", token_ids_key=w.TOKEN_IDS
     )
-    leg = decode_leg(_read(members, client_path, params, given), params, given)
+    fields = _decode_fields(_read(members, client_path, params, given), params, given)
     # The bytes leg has the dict leg's fields, its body written as JSON bytes.
-    fields = {**msgspec.structs.asdict(leg), "body": members.encode(leg.body)}
-    if isinstance(leg, GenerateDecodeLeg):
-        return GenerateDecodeLegBytes(**fields)
-    return DecodeLegBytes(**fields)
+    fields["body"] = members.encode(fields["body"])
+    kind = DecodeLegBytes if fields["output_mode"] is None else GenerateDecodeLegBytes
+    return kind(**fields)
 
 
 def _read(

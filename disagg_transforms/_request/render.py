@@ -63,13 +63,17 @@ _STRUCTS: Final = frozenset({w.SAMPLING_PARAMS, w.PARSE_CONTEXT, w.STREAM_OPTION
 
 
 def _layout(without: tuple[str, ...]) -> tuple[tuple[str, ...], msgspec.json.Decoder[Any]]:
-    """The members vLLM writes but ``token_ids`` (and ``without``), and their values' decoder."""
+    """The members vLLM writes but ``token_ids`` (and ``without``), and their view's decoder.
+
+    The decoder reads the members' values as one JSON array, in that order.
+    """
     hints = get_type_hints(GenerateRequest)
     keys = tuple(
         key for key in GenerateRequest.__struct_fields__ if key not in (w.TOKEN_IDS, *without)
     )
-    types = tuple(_STRICT.get(key, hints[key]) for key in keys)
-    return keys, msgspec.json.Decoder(tuple[types])  # type: ignore[valid-type]
+    fields = [(key, _STRICT.get(key, hints[key])) for key in keys]
+    view = msgspec.defstruct("_RenderView", fields, array_like=True, frozen=True)
+    return keys, msgspec.json.Decoder(view)
 
 
 # vLLM 0.33 writes every GenerateRequest member, in the order the class declares them; 0.32 has
@@ -114,7 +118,7 @@ class RenderAnswer(Mapping[str, Any]):
     a member no parser reads is refused on arrival, as before).
     """
 
-    __slots__ = ("_decoded", "_split", "raw", "view")
+    __slots__ = ("_decoded", "_split", "raw", "token_ids", "view")
 
     def __init__(self, data: object) -> None:
         """Split vLLM's answer and read it through its view.
@@ -125,27 +129,27 @@ class RenderAnswer(Mapping[str, Any]):
         self._split = _raw.split_syntax(data, UpstreamContractError, _ANSWER)
         self.raw: Mapping[str, msgspec.Raw] = self._split[1]
         """The answer's members, each the bytes vLLM wrote, in its order."""
-        self.view: dict[str, Any] | None = None
-        """Each member read through the view (``sampling_params``, ``parse_context`` and
-        ``stream_options`` as structs; ``token_ids`` proved), when the answer is of the common
-        shape: laid out as vLLM writes it, ``features`` and the transfer params null,
-        ``sampling_params`` common (:func:`common_sampling`)."""
+        self.view: Any = None
+        """The members but ``token_ids`` read through the view, as a struct's fields (each a
+        member's key; ``sampling_params``, ``parse_context`` and ``stream_options`` themselves
+        structs), when the answer is of the common shape: laid out as vLLM writes it,
+        ``features`` and the transfer params null, ``sampling_params`` common
+        (:func:`common_sampling`); else ``None``."""
+        self.token_ids: _raw.RawTokenIds | None = None
+        """The proved token IDs of an answer with a view."""
         self._decoded: _raw.RawMembers | None = None
         rest = dict(self.raw)  # C-speed copies: no Python loop per member
         tokens = rest.pop(w.TOKEN_IDS, None)
-        layout = tuple(rest)
-        decoder = _LAYOUTS.get(layout)
+        decoder = _LAYOUTS.get(tuple(rest))
         proved = None if decoder is None or tokens is None else _raw.scan_token_ids(tokens)
         if decoder is not None and proved is not None:
             try:
-                values = decoder.decode(b"[" + b",".join(rest.values()) + b"]")
+                view = decoder.decode(b"[" + b",".join(rest.values()) + b"]")
             except (msgspec.ValidationError, RecursionError):
                 pass  # off the view (or a value no parser reads): decoded as any body is
             else:
-                view = dict(zip(layout, values))  # noqa: B905 - of the layout's length
-                if _common_view(view[w.SAMPLING_PARAMS]):
-                    view[w.TOKEN_IDS] = proved
-                    self.view = view
+                if _common_view(getattr(view, w.SAMPLING_PARAMS)):
+                    self.view, self.token_ids = view, proved
                     return
         self.members()
 
@@ -153,17 +157,15 @@ class RenderAnswer(Mapping[str, Any]):
         """The members decoded (once), as :class:`RawMembers` has them."""
         decoded = self._decoded
         if decoded is None:
-            view = self.view
-            proved = None if view is None else view[w.TOKEN_IDS]
             decoded = self._decoded = _raw.RawMembers.of_split(
-                self._split, UpstreamContractError, token_ids_key=w.TOKEN_IDS, proved=proved
+                self._split, UpstreamContractError, token_ids_key=w.TOKEN_IDS, proved=self.token_ids
             )
         return decoded
 
     def __getitem__(self, key: str) -> Any:  # noqa: ANN401 - a JSON value
-        view = self.view
-        if view is not None and key not in _STRUCTS:
-            return view[key]  # the view's value is the decoded one (a stream's model, ...)
+        if self.view is not None and key in self.raw and key not in _STRUCTS:
+            # The view's value is the decoded one (a stream's model, ...): no decode of the rest.
+            return self.token_ids if key == w.TOKEN_IDS else getattr(self.view, key)
         return self.members()[key]
 
     def __iter__(self) -> Iterator[str]:
