@@ -462,7 +462,8 @@ def _viewed_render_leg(
     """
     client, inputs = request.client, request.inputs
     answer = inputs.rendered
-    view = answer.view if type(answer) is RenderAnswer else None
+    assert type(answer) is RenderAnswer  # noqa: S101 - called for one
+    view = answer.view
     body, caps, mapping, mode = client.body, client.caps, client.mapping, client.output_mode
     if (
         view is None
@@ -476,7 +477,6 @@ def _viewed_render_leg(
         or _sends_transfer(body)
     ):
         return None
-    assert type(answer) is RenderAnswer  # noqa: S101 - it has a view
     sampling = getattr(view, w.SAMPLING_PARAMS)
     if sampling.detokenize is False and mode is not OutputMode.TOKENS:
         return None  # the rule rewrites sampling_params: the general rules
@@ -800,10 +800,10 @@ def _decode_fields(
         streams = client_streams = _validate.typed(body, w.STREAM, bool) is True
         dropped = transfer.stripped
     else:
-        viewed = None
+        common = viewed = None
         if client_route is Route.GENERATE:
             common = _common_generate(client, params, inputs)
-        else:
+        elif type(inputs.rendered) is RenderAnswer:
             common = viewed = _viewed_render_leg(request, params)
         if common is None:
             core = _common_render_core(request) or _generate_core(request)
