@@ -533,6 +533,9 @@ def _holds(sampling: object, caps: Mapping[str, Any]) -> bool:
     return True
 
 
+# Where a leg on a viewed render answer may hold the client's own value: the carried keys, its
+# request ID and stream_options.
+_FROM_THE_CLIENT = (*CARRIED_AS_IS, w.REQUEST_ID, w.STREAM_OPTIONS)
 # What a leg on a viewed render answer writes that needs no check: its mode, its stream, the
 # proved token IDs.
 _WRITTEN_VALID = frozenset({w.OUTPUT_MODE, w.STREAM, w.TOKEN_IDS})
@@ -779,7 +782,7 @@ def build_decode_request(  # noqa: PLR0913 - the documented keyword front; `inpu
 
 def decode_leg(client: ClientRequest, params: DecodeParams, inputs: LegInputs) -> DecodeLeg:
     """The decode leg of a request read once (what :func:`build_decode_request` returns)."""
-    fields = _decode_fields(client, params, inputs)
+    fields, _ = _decode_fields(client, params, inputs)
     # Only a generate leg has an output_mode to check and wrap the answer for.
     kind = DecodeLeg if fields["output_mode"] is None else GenerateDecodeLeg
     return kind(**fields)
@@ -787,12 +790,15 @@ def decode_leg(client: ClientRequest, params: DecodeParams, inputs: LegInputs) -
 
 def _decode_fields(
     client: ClientRequest, params: DecodeParams, inputs: LegInputs
-) -> dict[str, Any]:
-    """The fields of the decode leg, its body a dict: one builder for both kinds of leg."""
+) -> tuple[dict[str, Any], bool]:
+    """The fields of the decode leg, its body a dict (one builder for both kinds of leg).
+
+    Also whether the leg was written from a viewed render answer's raw members.
+    """
     request = _step_request(client, params, inputs)
     body, client_route, route = client.body, client.route, request.route
     generate = route is Route.GENERATE
-    mode = None
+    mode = viewed = None
     if not generate:
         leg, transfer = _openai_leg(request)
         leg = _place_top_level(leg, transfer)
@@ -815,7 +821,7 @@ def _decode_fields(
         if checked is not None:
             _check_generate(checked)
         _limits.check_token_count(leg, inputs.limits)
-    return {
+    fields = {
         "path": ROUTE_PATH[route],
         "route": route,
         "body": leg,
@@ -827,6 +833,7 @@ def _decode_fields(
         "output_mode": mode,
         "dropped": dropped,
     }
+    return fields, viewed is not None
 
 
 def build_decode_request_bytes(
@@ -856,9 +863,10 @@ def build_decode_request_bytes(
     members = _raw.RawMembers(
         client_body, RequestError, "the client body", token_ids_key=w.TOKEN_IDS
     )
-    fields = _decode_fields(_read(members, client_path, params, given), params, given)
-    # The bytes leg has the dict leg's fields, its body written as JSON bytes.
-    fields["body"] = members.encode(fields["body"])
+    fields, viewed = _decode_fields(_read(members, client_path, params, given), params, given)
+    # The bytes leg has the dict leg's fields, its body written as JSON bytes. A leg written
+    # from a render answer holds the client's own values only where a rule carried them.
+    fields["body"] = members.encode(fields["body"], _FROM_THE_CLIENT if viewed else None)
     kind = DecodeLegBytes if fields["output_mode"] is None else GenerateDecodeLegBytes
     return kind(**fields)
 

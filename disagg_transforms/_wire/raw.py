@@ -307,14 +307,24 @@ class RawMembers(dict[str, Any]):
         """
         return self._brackets <= limit - 1
 
-    def encode(self, result: Mapping[str, Any]) -> bytes:
+    def encode(self, result: Mapping[str, Any], keys: Iterable[str] | None = None) -> bytes:
         """Write ``result`` (built by the rules from this mapping) as JSON bytes.
 
         A value that is the very object this mapping handed out for the same key was passed
         through unchanged: its input bytes are written. A :class:`RawTokenIds` is written as its
-        bytes (:func:`encode`). Everything else is encoded.
+        bytes (:func:`encode`). Everything else is encoded. ``keys``, when given, are the only
+        keys of ``result`` that may hold such a value (a leg built on another body).
         """
         members, mine = self._members, dict.get
+        if keys is not None:
+            written = None
+            for key in keys:
+                value = result.get(key, _ABSENT)
+                if value is not _ABSENT and mine(self, key, _ABSENT) is value:
+                    if written is None:
+                        written = dict(result)  # the result's key order, a value replaced
+                    written[key] = members[key]
+            return encode(result if written is None else written)
         return encode(
             {
                 key: members[key] if mine(self, key, _ABSENT) is value else value
