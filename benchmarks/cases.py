@@ -29,8 +29,7 @@ from disagg_transforms import (
     wrap_chat_completion,
     wrap_chat_completion_bytes,
 )
-from disagg_transforms._wire.raw import RawMembers
-from disagg_transforms.errors import UpstreamContractError
+from disagg_transforms._request.render import RenderAnswer
 
 Runner = Callable[[bytes], bytes]
 
@@ -123,10 +122,8 @@ def _decode_chat_stdlib(raw: bytes) -> bytes:
 
 def _decode_rendered_bytes(raw: bytes, client: bytes, path: str) -> bytes:
     # What the exchange does with render's answer (its `_read_render`, then the decode leg):
-    # the answer split into raw members, its token IDs kept as their bytes.
-    key = "token_ids"  # the member kept as its bytes
-    rendered = RawMembers(raw, UpstreamContractError, "the render answer", token_ids_key=key)
-    inputs = LegInputs(rendered=rendered)
+    # the answer read through its typed view, its token IDs kept as their bytes.
+    inputs = LegInputs(rendered=RenderAnswer(raw))
     return build_decode_request_bytes(
         client, client_path=path, params=_AUTO_PARAMS, inputs=inputs
     ).body

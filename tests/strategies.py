@@ -7,6 +7,7 @@ import json
 from operator import add, itemgetter
 from typing import Any
 
+import msgspec
 from hypothesis import strategies as st
 
 from disagg_transforms import LegInputs
@@ -581,6 +582,64 @@ render_answers: st.SearchStrategy[dict[str, Any]] = (
 )
 """What vLLM's ``/render`` answers: its common shape, that shape with one member drawn off it,
 or any generate body."""
+
+_TOOLS_CONTEXT = {"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "auto"}
+_vllm_sampling = st.fixed_dictionaries(
+    {"temperature": st.floats(0, 2) | st.integers(0, 2)},
+    optional={
+        "stop": st.just([]) | st.lists(st.text(max_size=2), max_size=2),
+        "max_tokens": st.none() | st.integers(1, 300) | cap_values,
+        "skip_special_tokens": st.booleans(),
+        "output_kind": st.just(2),
+        "extra_args": st.none() | st.just({}) | st.just({"kv_transfer_params": {}}),
+        "detokenize": st.booleans(),
+        "min_tokens": cap_values,
+        "logit_bias": st.just({"1": 0.5}),
+        "not_a_field": json_values,
+    },
+)
+_common_vllm_answers = st.fixed_dictionaries(
+    {
+        "request_id": st.text(max_size=4),
+        "token_ids": token_id_lists,
+        **dict.fromkeys(["token_offsets", "features", "content_parts"], st.none()),
+        "sampling_params": _vllm_sampling,
+        "model": st.none() | st.just("Qwen/Qwen3-0.6B"),
+        "reasoning_ended": st.none() | st.booleans(),
+        "reasoning_parser_kwargs": st.none() | st.just({"chat_template_kwargs": {"a": True}}),
+        "return_token_ids": st.none() | st.booleans(),
+        "output_mode": st.just("tokens"),
+        "parse_context": st.none() | st.just(_TOOLS_CONTEXT),
+        "stream": st.booleans(),
+        "stream_options": st.none()
+        | st.just({"include_usage": True, "continuous_usage_stats": True}),
+        "cache_salt": st.none() | st.text(min_size=1, max_size=4),
+        "priority": st.just(0) | st.integers(-2, 2),
+        **dict.fromkeys(["kv_transfer_params", "ec_transfer_params"], st.none()),
+    }
+)
+_vllm_answers = (
+    _common_vllm_answers
+    # vLLM 0.32 has no parse_context.
+    | _common_vllm_answers.map(lambda body: {k: v for k, v in body.items() if k != "parse_context"})
+    # One member drawn off the common shape (or one more), in vLLM's order or reversed.
+    | st.tuples(_common_vllm_answers, st.sampled_from(sorted(_generate_members))).flatmap(
+        lambda pair: _generate_members[pair[1]].map(lambda value: {**pair[0], pair[1]: value})
+    )
+    | _common_vllm_answers.map(lambda body: dict(reversed(body.items())))
+)
+vllm_render_answers: st.SearchStrategy[tuple[bytes, bool]] = st.tuples(
+    _vllm_answers, st.booleans()
+).map(
+    lambda pair: (
+        (msgspec.json.encode(pair[0]), True)
+        if pair[1]
+        else (json.dumps(pair[0], indent=1).encode(), False)
+    )
+)
+"""A render answer as vLLM writes one (its ``GenerateRequest``'s members, in order; 0.32's
+without ``parse_context``), of the common shape or off it, as bytes: compact as msgspec writes
+JSON (``True``) or spelt otherwise (indented, non-ASCII escaped: ``False``)."""
 
 router_decode_inputs = st.builds(
     LegInputs,

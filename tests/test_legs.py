@@ -10,7 +10,7 @@ from unittest import mock
 import jsonschema
 import msgspec
 import pytest
-from golden import load_fixture
+from golden import FIXTURES, load_fixture
 from helpers import outcome
 from hypothesis import event, given
 from hypothesis import strategies as st
@@ -23,13 +23,16 @@ from strategies import (
     render_answers,
     render_client_bodies,
     router_decode_inputs,
+    vllm_render_answers,
 )
 
 from disagg_transforms import (
     DEFAULT_LIMITS,
     TOP_LEVEL_CAPS,
     DecodeLeg,
+    DecodeLegBytes,
     DecodeParams,
+    DisaggTransformError,
     EncodeParams,
     KvTransferPlacement,
     Leg,
@@ -39,16 +42,20 @@ from disagg_transforms import (
     RequestError,
     Route,
     build_decode_request,
+    build_decode_request_bytes,
     build_encode_request,
     build_prefill_request,
 )
 from disagg_transforms._request import client as client_module
 from disagg_transforms._request import legs
 from disagg_transforms._request.client import client_caps, read_client_request
+from disagg_transforms._request.render import RenderAnswer
 from disagg_transforms._routes import detect_route
+from disagg_transforms._wire import keys as w
 from disagg_transforms._wire.limits import check_client_body
-from disagg_transforms._wire.raw import encode
+from disagg_transforms._wire.raw import RawMembers, encode
 from disagg_transforms.envelopes import GenerateRequest
+from disagg_transforms.errors import UpstreamContractError
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
@@ -1048,6 +1055,104 @@ def test_the_common_render_core_is_the_general_one(
     core, general_core = fast[1], general[1]
     assert encode(core.body) == encode(general_core.body)
     assert (core.mapping, core.transfer) == (general_core.mapping, general_core.transfer)
+
+
+def _general_read(data: bytes) -> RawMembers:
+    """The render answer read as any body is (the exchange's read before the view)."""
+    return RawMembers(data, UpstreamContractError, "the render answer", token_ids_key=w.TOKEN_IDS)
+
+
+_REAL_ANSWERS = [
+    (FIXTURES / "vllm-0.32-real" / "render-chat-response.json").read_bytes(),
+    *(
+        msgspec.json.encode(load_fixture(f"render-{api}-response.json"))
+        for api in ("chat", "messages")
+    ),
+]
+
+
+@pytest.mark.parametrize("data", _REAL_ANSWERS)
+def test_vllm_s_render_answers_are_read_through_the_view(data: bytes) -> None:
+    # The answers of vLLM 0.32 (captured) and 0.33 (its classes): the leg is written from the
+    # answer's raw members, never decoded into a mapping, and is the general rules' leg.
+    answer = RenderAnswer(data)
+    assert answer.view is not None
+    inputs = LegInputs(rendered=answer)
+    client = b'{"messages":[{"role":"user","content":"hi"}],"max_tokens":8}'
+    viewed = build_decode_request_bytes(client, client_path=CHAT, params=TEXT, inputs=inputs)
+    assert answer._decoded is None
+    general = _general_read(data)
+    inputs = LegInputs(rendered=general)
+    assert viewed == build_decode_request_bytes(
+        client, client_path=CHAT, params=TEXT, inputs=inputs
+    )
+
+
+def _attempt(call: Any) -> tuple[str, Any]:
+    """``("ok", result)``, or the library error ``call`` raised: its class, param and message."""
+    try:
+        return "ok", call()
+    except DisaggTransformError as error:
+        return type(error).__name__, (error.param, str(error))
+
+
+def _in_order(data: bytes) -> str:
+    """A JSON document's value with its keys in their order, written one way."""
+    return json.dumps(json.loads(data))
+
+
+@given(
+    pair=render_client_bodies,
+    answer=vllm_render_answers,
+    inputs=router_decode_inputs,
+    params=st.builds(
+        partial(DecodeParams, use_openai_format=False),
+        output_mode=st.sampled_from([OutputMode.TEXT, OutputMode.DERENDER, OutputMode.AUTO]),
+        trust_client_transfer_params=st.booleans(),
+        kv_transfer_placement=st.sampled_from(list(KvTransferPlacement)),
+    ),
+)
+def test_the_viewed_render_leg_is_the_general_one(
+    pair: tuple[str, dict[str, Any]],
+    answer: tuple[bytes, bool],
+    inputs: LegInputs,
+    params: DecodeParams,
+) -> None:
+    # A render answer read through its view reads as the general read (the same members or the
+    # same error), and the bytes leg built on it is the general rules' (every field, the body's
+    # bytes and key order) or the same error. An answer spelt otherwise than compactly keeps its
+    # own spelling where the leg passes a member on: the same JSON, in the same key order.
+    data, compact = answer
+    viewed = _attempt(lambda: RenderAnswer(data))
+    general = _attempt(lambda: _general_read(data))
+    assert viewed[0] == general[0]
+    if viewed[0] != "ok":
+        assert viewed == general
+        return
+    assert encode(dict(viewed[1])) == encode(dict(general[1]))
+    path, body = pair
+    try:
+        client = msgspec.json.encode(body)
+    except (TypeError, OverflowError):
+        return  # not a JSON body: never handed in as bytes
+
+    def leg(rendered: Any) -> DecodeLegBytes:
+        given = msgspec.structs.replace(inputs, rendered=rendered)
+        return build_decode_request_bytes(client, client_path=path, params=params, inputs=given)
+
+    fresh = RenderAnswer(data)  # not yet read as a mapping, as the exchange hands it in
+    fast, slow = _attempt(lambda: leg(fresh)), _attempt(lambda: leg(general[1]))
+    # The general rules read the answer as a mapping; the viewed leg never decodes it.
+    taken = fresh.view is not None and fresh._decoded is None and fast[0] == "ok"
+    event("the viewed leg" if taken else "the general rules")
+    assert fast[0] == slow[0]
+    if fast[0] != "ok" or compact:
+        assert fast == slow
+        return
+    fast_leg, slow_leg = fast[1], slow[1]
+    unwritten = partial(msgspec.structs.replace, body=b"")
+    assert unwritten(fast_leg) == unwritten(slow_leg)
+    assert _in_order(fast_leg.body) == _in_order(slow_leg.body)
 
 
 @given(

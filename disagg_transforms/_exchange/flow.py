@@ -69,6 +69,7 @@ from disagg_transforms._request.legs import (
     single_token_leg,
     strip_transfer_params,
 )
+from disagg_transforms._request.render import RenderAnswer
 from disagg_transforms._request.sglang import (
     SglangLeg,
     new_rendezvous,
@@ -914,8 +915,14 @@ class Exchange:
 
     def _read_render(self, status: int, body: bytes) -> Phase | None:
         del status
-        rendered = _raw.RawMembers(
-            body, UpstreamContractError, "the render answer", token_ids_key=self._token_ids_key()
+        # Read through the view of vLLM's GenerateRequest unless a host's transforms read it
+        # (plain JSON values then, no token IDs kept as bytes).
+        key = self._token_ids_key()
+        what = "the render answer"
+        rendered = (
+            RenderAnswer(body)
+            if key
+            else _raw.RawMembers(body, UpstreamContractError, what, token_ids_key=key)
         )
         self._gathered = msgspec.structs.replace(self._gathered, rendered=rendered)
         return None

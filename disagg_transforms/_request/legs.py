@@ -29,6 +29,7 @@ from disagg_transforms._request.caps import (
 from disagg_transforms._request.client import ClientRequest, own_output_mode, read_client_request
 from disagg_transforms._request.fields import CARRIED_AS_IS, TRANSFER_KEYS
 from disagg_transforms._request.mapping import ClientMapping
+from disagg_transforms._request.render import RenderAnswer, common_sampling
 from disagg_transforms._routes import ROUTE_PATH, Route, leg_route
 from disagg_transforms._wire import keys as w
 from disagg_transforms._wire import limits as _limits
@@ -37,7 +38,7 @@ from disagg_transforms._wire import validate as _validate
 from disagg_transforms._wire.describe import describe
 from disagg_transforms._wire.limits import DEFAULT_LIMITS, Limits
 from disagg_transforms.envelopes import GenerateRequest
-from disagg_transforms.errors import RequestError, RequestTooLargeError
+from disagg_transforms.errors import RequestError, RequestTooLargeError, UpstreamContractError
 
 __all__ = (
     "DecodeLeg",
@@ -358,11 +359,6 @@ _RULED_RENDER = (*CAP_KEYS, *TRANSFER_KEYS, w.FEATURES, w.VLLM_XARGS)
 _REMOVED_FROM_RENDER = (*CAP_KEYS, *TRANSFER_KEYS)
 
 
-def _plain_cap(value: object) -> bool:
-    """A cap the cap rule keeps as it is (an int in range, or null)."""
-    return value is None or (type(value) is int and 1 <= value <= _validate.MAX_TOKEN_ID)
-
-
 def _common_render(
     rendered: object, body: Mapping[str, Any]
 ) -> tuple[dict[str, Any], dict[str, Any]] | None:
@@ -375,25 +371,34 @@ def _common_render(
     if not isinstance(rendered, dict):
         return None
     sampling = rendered.get(w.SAMPLING_PARAMS)
-    if type(sampling) is not dict or not _plain_cap(sampling.get(w.MAX_TOKENS)):
-        return None
-    extra = sampling.get(w.EXTRA_ARGS)
-    if (extra is not None and extra != {}) or w.MIN_TOKENS in sampling:
+    if type(sampling) is not dict or not common_sampling(sampling):
         return None
     for key in _RULED_RENDER:
         if rendered.get(key) is not None:
             return None
+    return None if _sends_transfer(body) else (rendered, sampling)
+
+
+def _sends_transfer(body: Mapping[str, Any]) -> bool:
+    """Whether the client's body holds transfer params (top level or ``vllm_xargs``)."""
     xargs = body.get(w.VLLM_XARGS)
     for key in TRANSFER_KEYS:
         if body.get(key) is not None or (xargs is not None and key in xargs):
-            return None
-    return rendered, sampling
+            return True
+    return False
 
 
-def _carry(leg: dict[str, Any], body: Mapping[str, Any]) -> None:
-    """Carry the client's own keys onto a leg built from render's answer or its mapping."""
+def _carry(
+    leg: dict[str, Any], body: Mapping[str, Any], current: Mapping[str, Any] | None = None
+) -> None:
+    """Carry the client's own keys onto a leg built from render's answer or its mapping.
+
+    A key is carried where the leg's value (read from ``current`` when given: the render answer
+    a leg of raw members is written from) is null.
+    """
+    values = leg if current is None else current
     for key in CARRIED_AS_IS:
-        if body.get(key) is not None and leg.get(key) is None:
+        if body.get(key) is not None and values.get(key) is None:
             leg[key] = body[key]
     if body.get(w.REQUEST_ID) is not None:
         leg[w.REQUEST_ID] = body[w.REQUEST_ID]
@@ -408,7 +413,7 @@ def _common_render_core(request: _Request) -> _Core | None:
     (``test_the_common_render_core_is_the_general_one``).
     """
     client, inputs = request.client, request.inputs
-    body, caps, mapping, rendered = client.body, client.caps, client.mapping, inputs.rendered
+    body, caps, mapping, rendered = client.body, client.caps, client.mapping, _rendered(inputs)
     if (
         caps is None
         or mapping is None
@@ -435,12 +440,131 @@ def _common_render_core(request: _Request) -> _Core | None:
     return _Core(body=leg, mapping=mapping, transfer=transfer)
 
 
+def _rendered(inputs: LegInputs) -> object:
+    """The render answer as the general rules read it: a mapping of its decoded members."""
+    rendered = inputs.rendered
+    return rendered.members() if type(rendered) is RenderAnswer else rendered
+
+
+def _viewed_render_leg(
+    request: _Request, params: DecodeParams
+) -> tuple[dict[str, Any], OutputMode, bool, bool, tuple[str, ...]] | None:
+    """The decode leg on a render answer read through its view, as the general rules build it.
+
+    For an answer its view proved of the common shape (:class:`RenderAnswer`), when the router
+    hands in no prompt, features or ``parse_context`` and the client sends no transfer params,
+    the rules of :func:`_common_render_core` and :func:`_decode_generate` keep most of the
+    answer as it is: the leg is its raw members, the few a rule writes replaced (``output_mode``,
+    ``stream``, the caps in ``sampling_params`` when render holds others, the carried keys, the
+    derender ``parse_context``), the transfer params and ``stream_options`` out. Every member
+    left as vLLM wrote it was proved of its type by the view. ``None`` for any other request.
+    docs/performance.md, "The render answer read as a typed view".
+    """
+    client, inputs = request.client, request.inputs
+    answer = inputs.rendered
+    assert type(answer) is RenderAnswer  # noqa: S101 - called for one
+    view = answer.view
+    body, caps, mapping, mode = client.body, client.caps, client.mapping, client.output_mode
+    if (
+        view is None
+        or caps is None
+        or mapping is None
+        or mode is None
+        or inputs.token_ids is not None
+        or inputs.features is not None
+        or inputs.parse_context is not None
+        or request.flags is not None
+        or _sends_transfer(body)
+    ):
+        return None
+    sampling = getattr(view, w.SAMPLING_PARAMS)
+    if sampling.detokenize is False and mode is not OutputMode.TOKENS:
+        return None  # the rule rewrites sampling_params: the general rules
+    raw = answer.raw
+    leg: dict[str, Any] = dict(raw)  # the answer's order; each member as vLLM wrote it
+    for key in TRANSFER_KEYS:
+        del leg[key]  # null in a viewed answer
+    leg[w.TOKEN_IDS] = answer.token_ids
+    kv = _router_object(inputs.kv_transfer_params, w.KV_TRANSFER_PARAMS)
+    ec = _router_object(inputs.ec_transfer_params, w.EC_TRANSFER_PARAMS)
+    placed = kv is not None or ec is not None
+    extra_args = placed and params.kv_transfer_placement is not KvTransferPlacement.TOP_LEVEL
+    if extra_args or not _holds(sampling, caps):
+        # Written over render's: the general rules' merge of the decoded members.
+        answered = _raw.decode_member(raw[w.SAMPLING_PARAMS], "$", UpstreamContractError)
+        leg[w.SAMPLING_PARAMS] = {**answered, **caps}
+    _carry(leg, body, answer)
+    if inputs.request_id is not None:
+        leg[w.REQUEST_ID] = inputs.request_id
+    if placed:
+        transfer = _Transfer(kv=_merged(kv), ec=_merged(ec), stripped=())
+        leg = _place_generate(leg, transfer, params.kv_transfer_placement)
+    streams, client_streams = _leg_stream(body, mode)
+    leg[w.OUTPUT_MODE] = _MODE_TEXT[mode]
+    leg[w.STREAM] = streams
+    # The rule reads render's stream_options, decoded (and takes them out of the leg).
+    options = getattr(view, w.STREAM_OPTIONS)
+    leg[w.STREAM_OPTIONS] = (
+        None
+        if options is None
+        else _raw.decode_member(raw[w.STREAM_OPTIONS], "$", UpstreamContractError)
+    )
+    dropped = []
+    if not _stream_options(body, client.route, leg, streams=streams) and (
+        body.get(w.STREAM_OPTIONS) is not None
+    ):
+        dropped.append(w.STREAM_OPTIONS)
+    dropped.extend(mapping.dropped)
+    if mode is OutputMode.DERENDER:
+        if getattr(view, w.PARSE_CONTEXT, None) is None:  # else render's, as vLLM wrote it
+            context = mapping.parse_context or {}
+            leg[w.PARSE_CONTEXT] = dict(_validate.mapping(context, f"$.{w.PARSE_CONTEXT}"))
+    else:
+        dropped.extend(mapping.context_keys)
+    return leg, mode, streams, client_streams, tuple(dict.fromkeys(dropped))
+
+
+def _holds(sampling: object, caps: Mapping[str, Any]) -> bool:
+    """Whether the viewed ``sampling_params`` already holds each cap, of the same type."""
+    for key, value in caps.items():
+        held = getattr(sampling, key)
+        if type(held) is not type(value) or held != value:
+            return False
+    return True
+
+
+# Where a leg on a viewed render answer may hold the client's own value: the carried keys, its
+# request ID and stream_options.
+_FROM_THE_CLIENT = (*CARRIED_AS_IS, w.REQUEST_ID, w.STREAM_OPTIONS)
+# What a leg on a viewed render answer writes that needs no check: its mode, its stream, the
+# proved token IDs.
+_WRITTEN_VALID = frozenset({w.OUTPUT_MODE, w.STREAM, w.TOKEN_IDS})
+
+
+def _unproved(leg: Mapping[str, Any]) -> dict[str, Any] | None:
+    """What :func:`_check_generate` reads of a leg on a viewed render answer (``None``: nothing).
+
+    A member still as vLLM wrote it (a ``msgspec.Raw``) was proved of its type by the view; the
+    others a rule wrote are read as on any leg, in the leg's order (the first wrong one is the
+    one named).
+    """
+    checked = {
+        key: value
+        for key, value in leg.items()
+        if type(value) is not msgspec.Raw and key not in _WRITTEN_VALID
+    }
+    if not checked:
+        return None
+    checked.setdefault(w.SAMPLING_PARAMS, {})  # proved as vLLM wrote it; required
+    return checked
+
+
 def _generate_core(request: _Request) -> _Core:
     client, inputs = request.client, request.inputs
     body, mapping, caps = client.body, client.mapping, client.caps
     assert caps is not None  # noqa: S101 - the request was read for a generate leg
     features = _router_object(inputs.features, w.FEATURES)
-    rendered = _router_object(inputs.rendered, "rendered")
+    rendered = _router_object(_rendered(inputs), "rendered")
     where = _EVERYWHERE
     if client.route is Route.GENERATE:
         leg = dict(body)  # a C-speed copy, then the few cap keys out: cheaper than a filter
@@ -658,10 +782,23 @@ def build_decode_request(  # noqa: PLR0913 - the documented keyword front; `inpu
 
 def decode_leg(client: ClientRequest, params: DecodeParams, inputs: LegInputs) -> DecodeLeg:
     """The decode leg of a request read once (what :func:`build_decode_request` returns)."""
+    fields, _ = _decode_fields(client, params, inputs)
+    # Only a generate leg has an output_mode to check and wrap the answer for.
+    kind = DecodeLeg if fields["output_mode"] is None else GenerateDecodeLeg
+    return kind(**fields)
+
+
+def _decode_fields(
+    client: ClientRequest, params: DecodeParams, inputs: LegInputs
+) -> tuple[dict[str, Any], bool]:
+    """The fields of the decode leg, its body a dict (one builder for both kinds of leg).
+
+    Also whether the leg was written from a viewed render answer's raw members.
+    """
     request = _step_request(client, params, inputs)
     body, client_route, route = client.body, client.route, request.route
     generate = route is Route.GENERATE
-    mode = None
+    mode = viewed = None
     if not generate:
         leg, transfer = _openai_leg(request)
         leg = _place_top_level(leg, transfer)
@@ -669,31 +806,34 @@ def decode_leg(client: ClientRequest, params: DecodeParams, inputs: LegInputs) -
         streams = client_streams = _validate.typed(body, w.STREAM, bool) is True
         dropped = transfer.stripped
     else:
-        common = (
-            _common_generate(client, params, inputs) if client_route is Route.GENERATE else None
-        )
+        common = viewed = None
+        if client_route is Route.GENERATE:
+            common = _common_generate(client, params, inputs)
+        elif type(inputs.rendered) is RenderAnswer:
+            common = viewed = _viewed_render_leg(request, params)
         if common is None:
             core = _common_render_core(request) or _generate_core(request)
             common = _decode_generate(
                 client, params, core, _router_object(inputs.parse_context, w.PARSE_CONTEXT)
             )
         leg, mode, streams, client_streams, dropped = common
-        _check_generate(leg)
+        checked = leg if viewed is None else _unproved(leg)
+        if checked is not None:
+            _check_generate(checked)
         _limits.check_token_count(leg, inputs.limits)
-    # Only a generate leg has an output_mode to check and wrap the answer for.
-    kind: type[DecodeLeg] = GenerateDecodeLeg if generate else DecodeLeg
-    return kind(
-        path=ROUTE_PATH[route],
-        route=route,
-        body=leg,
-        stream=streams,
-        single_frame=client_streams and not streams,
-        wrap_chat_completion=(
+    fields = {
+        "path": ROUTE_PATH[route],
+        "route": route,
+        "body": leg,
+        "stream": streams,
+        "single_frame": client_streams and not streams,
+        "wrap_chat_completion": (
             generate and params.wrap_chat_completion and client_route is Route.CHAT_COMPLETIONS
         ),
-        output_mode=mode,
-        dropped=dropped,
-    )
+        "output_mode": mode,
+        "dropped": dropped,
+    }
+    return fields, viewed is not None
 
 
 def build_decode_request_bytes(
@@ -723,12 +863,12 @@ def build_decode_request_bytes(
     members = _raw.RawMembers(
         client_body, RequestError, "the client body", token_ids_key=w.TOKEN_IDS
     )
-    leg = decode_leg(_read(members, client_path, params, given), params, given)
-    # The bytes leg has the dict leg's fields, its body written as JSON bytes.
-    fields = {**msgspec.structs.asdict(leg), "body": members.encode(leg.body)}
-    if isinstance(leg, GenerateDecodeLeg):
-        return GenerateDecodeLegBytes(**fields)
-    return DecodeLegBytes(**fields)
+    fields, viewed = _decode_fields(_read(members, client_path, params, given), params, given)
+    # The bytes leg has the dict leg's fields, its body written as JSON bytes. A leg written
+    # from a render answer holds the client's own values only where a rule carried them.
+    fields["body"] = members.encode(fields["body"], _FROM_THE_CLIENT if viewed else None)
+    kind = DecodeLegBytes if fields["output_mode"] is None else GenerateDecodeLegBytes
+    return kind(**fields)
 
 
 def _read(

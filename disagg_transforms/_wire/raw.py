@@ -94,12 +94,12 @@ def split(data: object, error: ErrorFactory, what: str) -> dict[str, msgspec.Raw
         DisaggTransformError: from ``error``: ``data`` is not bytes, not JSON, not an object,
             or not UTF-8; ``param`` is ``$``.
     """
-    body, members = _split_syntax(data, error, what)
+    body, members = split_syntax(data, error, what)
     check_utf8(body, error)
     return members
 
 
-def _split_syntax(
+def split_syntax(
     data: object, error: ErrorFactory, what: str
 ) -> tuple[bytes, dict[str, msgspec.Raw]]:
     """:func:`split` without the UTF-8 check: the body's bytes and its raw members."""
@@ -225,7 +225,37 @@ class RawMembers(dict[str, Any]):
         outside strings is). Only a failed decode looks for the body's first bad byte.
         """
         super().__init__()
-        body, members = _split_syntax(data, error, what)
+        body, members = split_syntax(data, error, what)
+        self._decode(body, members, error, token_ids_key, None)
+
+    @classmethod
+    def of_split(
+        cls,
+        split: tuple[bytes, dict[str, msgspec.Raw]],
+        error: ErrorFactory,
+        *,
+        token_ids_key: str,
+        proved: RawTokenIds | None = None,
+    ) -> RawMembers:
+        """The members of a body :func:`split_syntax` split, its token IDs ``proved`` if given.
+
+        Raises:
+            DisaggTransformError: from ``error``, as :meth:`__init__` (but the split's).
+        """
+        self = cls.__new__(cls)
+        dict.__init__(self)
+        self._decode(*split, error, token_ids_key, proved)
+        return self
+
+    def _decode(
+        self,
+        body: bytes,
+        members: dict[str, msgspec.Raw],
+        error: ErrorFactory,
+        token_ids_key: str,
+        proved: RawTokenIds | None,
+    ) -> None:
+        """Fill this mapping with ``members`` (``body`` split) decoded, as :meth:`__init__` says."""
         self._members = members
         rest = members
         if token_ids_key in members:
@@ -250,7 +280,7 @@ class RawMembers(dict[str, Any]):
             except (msgspec.DecodeError, RecursionError):
                 self._decode_each(rest, error)  # names the member that fails (or succeeds)
             if rest is not members:
-                self._token_ids(token_ids_key, error)
+                self._token_ids(token_ids_key, error, proved)
         except DisaggTransformError:
             check_utf8(body, error)  # refused for a bad byte: name it as split does
             raise
@@ -259,8 +289,8 @@ class RawMembers(dict[str, Any]):
         for key in keys:
             self[key] = decode_member(self._members[key], f"$.{key}", error)
 
-    def _token_ids(self, key: str, error: ErrorFactory) -> None:
-        value = _token_ids_member(self._members[key], f"$.{key}", error)
+    def _token_ids(self, key: str, error: ErrorFactory, proved: RawTokenIds | None) -> None:
+        value = proved or _token_ids_member(self._members[key], f"$.{key}", error)
         self[key] = value
         if isinstance(value, RawTokenIds):
             self._brackets += 1
@@ -277,14 +307,24 @@ class RawMembers(dict[str, Any]):
         """
         return self._brackets <= limit - 1
 
-    def encode(self, result: Mapping[str, Any]) -> bytes:
+    def encode(self, result: Mapping[str, Any], keys: Iterable[str] | None = None) -> bytes:
         """Write ``result`` (built by the rules from this mapping) as JSON bytes.
 
         A value that is the very object this mapping handed out for the same key was passed
         through unchanged: its input bytes are written. A :class:`RawTokenIds` is written as its
-        bytes (:func:`encode`). Everything else is encoded.
+        bytes (:func:`encode`). Everything else is encoded. ``keys``, when given, are the only
+        keys of ``result`` that may hold such a value (a leg built on another body).
         """
         members, mine = self._members, dict.get
+        if keys is not None:
+            written = None
+            for key in keys:
+                value = result.get(key, _ABSENT)
+                if value is not _ABSENT and mine(self, key, _ABSENT) is value:
+                    if written is None:
+                        written = dict(result)  # the result's key order, a value replaced
+                    written[key] = members[key]
+            return encode(result if written is None else written)
         return encode(
             {
                 key: members[key] if mine(self, key, _ABSENT) is value else value
