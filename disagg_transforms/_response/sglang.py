@@ -400,6 +400,7 @@ class SglangStreamReader:
         line = _DATA_PREFIX + sent  # the last event's line up to the end of its text
         ids_size = self._ids_size
         starts, find, size = data.startswith, data.find, len(data)
+        text_of, meta_of = _TEXT_DECODER.decode, _PLAIN_META_DECODER.decode
         try:
             while at < size and starts(line, at):
                 start = at + len(line)
@@ -414,14 +415,14 @@ class SglangStreamReader:
                 lf = find(_LF, meta_at)  # the line's end: no "\n" comes before (checked below)
                 if (
                     lf < 0
-                    or data[lf - 1 : lf + 2] != _EVENT_END
+                    or not starts(_EVENT_END, lf - 1)
                     or data[new_ids:ids_end].strip(_ID_BYTES)
                     or find(_LF, end, new_ids) >= 0  # the last event's IDs are skipped unread
                 ):
                     break
                 try:
-                    text = _TEXT_DECODER.decode(_QUOTE + data[start : end + 1])
-                    meta = _PLAIN_META_DECODER.decode(data[meta_at : lf - 1])
+                    text = text_of(_QUOTE + data[start : end + 1])
+                    meta = meta_of(data[meta_at : lf - 1])
                 except (msgspec.DecodeError, RecursionError):  # logprobs among them
                     break
                 if not text or meta.finish_reason is not None:
