@@ -409,15 +409,15 @@ class SglangStreamReader:
                     break
                 new_ids = end + _IDS_HEAD_SIZE + ids_size
                 ids_end = find(_META_HEAD, new_ids)
-                if ids_end < 0:
-                    break
                 meta_at = ids_end + _META_HEAD_SIZE
-                lf = find(_LF, meta_at)  # the line's end: no "\n" comes before (checked below)
+                # The line's end: the first "\n" past the text, so none is among the last
+                # event's IDs, skipped unread, nor before meta_info (the new IDs are checked).
+                lf = find(_LF, end)
                 if (
-                    lf < 0
+                    ids_end < 0
+                    or lf < meta_at
                     or not starts(_EVENT_END, lf - 1)
                     or data[new_ids:ids_end].strip(_ID_BYTES)
-                    or find(_LF, end, new_ids) >= 0  # the last event's IDs are skipped unread
                 ):
                     break
                 try:
