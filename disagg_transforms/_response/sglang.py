@@ -404,18 +404,20 @@ class SglangStreamReader:
         try:
             while at < size and starts(line, at):
                 start = at + len(line)
-                end = find(_IDS_HEAD, start)
+                # The line's end first: the heads are searched for before it (a bounded search
+                # of a long read costs a fraction), and no "\n" is among the last event's IDs,
+                # skipped unread.
+                lf = find(_LF, start)
+                if lf < 0:
+                    break
+                end = find(_IDS_HEAD, start, lf)
                 if end < 0:
                     break
                 new_ids = end + _IDS_HEAD_SIZE + ids_size
-                ids_end = find(_META_HEAD, new_ids)
+                ids_end = find(_META_HEAD, new_ids, lf)
                 meta_at = ids_end + _META_HEAD_SIZE
-                # The line's end: the first "\n" past the text, so none is among the last
-                # event's IDs, skipped unread, nor before meta_info (the new IDs are checked).
-                lf = find(_LF, end)
                 if (
                     ids_end < 0
-                    or lf < meta_at
                     or not starts(_EVENT_END, lf - 1)
                     or data[new_ids:ids_end].strip(_ID_BYTES)
                 ):
