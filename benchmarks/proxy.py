@@ -92,6 +92,9 @@ SG_BOOTSTRAP_PORT = 8998  # the fast SGLang workers meet in process: any port do
 # Requests per round: whole at each concurrency, each stream at c1. A process's CPU time moves in
 # 10 ms ticks: over 16 streams of 1k tokens a tick was 0.6 us a chunk, too coarse beside
 # sglang-router's 4 to 5 (its 1.5x floor); over 64 it is 0.15.
+# Rounds of each SGLang load, the targets taken in turn each round (each figure their median): a
+# c1 stream round is under a second and one target's CPU per chunk moved 10-20% between them.
+_SG_ROUNDS = {"whole": 2, "stream 1k": 5, "stream 8k": 5}
 _SG_COUNTS = {
     True: {1: 40, 16: 160, 64: 256, "stream 1k": 16, "stream 8k": 2},
     False: {1: 100, 16: 400, 64: 640, "stream 1k": 64, "stream 8k": 4},
@@ -271,17 +274,38 @@ def _spawn_router(
 
 
 def cpu_seconds(pid: int) -> float | None:
-    """User plus system CPU time so far of a process and its children (psutil, else ``/proc``)."""
+    """CPU time so far of a process and its children (psutil finds them; without it, the one).
+
+    The scheduler's own count, in nanoseconds (``/proc/PID/task/*/schedstat``), where Linux
+    keeps it: user plus system time comes in clock ticks (10 ms, a few percent of a round's
+    CPU at c1). Else user plus system (psutil, else ``/proc``).
+    """
     try:
         import psutil  # noqa: PLC0415 - the bench extra; /proc without it
     except ImportError:
+        psutil = None
+    pids = [pid]
+    if psutil is not None:
+        pids += [child.pid for child in psutil.Process(pid).children(recursive=True)]
+    try:
+        return sum(map(_scheduled_seconds, pids))
+    except (OSError, ValueError, IndexError):
+        pass  # no schedstat here: clock ticks
+    if psutil is None:
         try:
             fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             return None
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    root = psutil.Process(pid)
-    return sum(sum(p.cpu_times()[:2]) for p in (root, *root.children(recursive=True)))
+    return sum(sum(psutil.Process(p).cpu_times()[:2]) for p in pids)
+
+
+def _scheduled_seconds(pid: int) -> float:
+    """A process's time on a CPU, every thread's, from the scheduler's statistics."""
+    tasks = list(Path(f"/proc/{pid}/task").glob("*/schedstat"))
+    if not tasks:
+        raise OSError(pid)
+    return sum(int(task.read_text().split()[0]) for task in tasks) / 1e9
 
 
 @contextmanager
@@ -503,7 +527,7 @@ def measure_sglang(*, quick: bool, router: Path | None) -> list[Result]:
             runs: dict[str, list[Load]] = {name: [] for name in chosen}
             cpu: dict[str, list[float]] = {name: [] for name in chosen}
             reader: list[float] = []
-            for _ in range(1 if quick else 2):
+            for _ in range(1 if quick else _SG_ROUNDS[mode]):
                 for name, (path, payload) in chosen.items():
                     url, pid = targets[name]
                     print(f"sglang {mode}, {concurrency} in flight: {name}", file=sys.stderr)
@@ -807,28 +831,36 @@ far, so at 8k tokens the last events are about 60 KB each and the stream about 2
 worker's reply bytes are the same for both routers. sglang-router relays them to a `/generate`
 client as they are. `serve` turns each into a chat delta: its SGLang reader cuts a read's events
 and reads each in one pass, from where the last one's text ended (the bytes before compared with
-the last event's): the new text, the new token IDs checked to be numbers and skipped, the line's
-end searched for from `meta_info` on, `meta_info` decoded; no event is copied out of the read. It
-hands each plain delta to the chat converter as its text, which the converter splices into bytes
+the last event's): the line's end found first, the new text and the new token IDs before it (the
+IDs checked to be numbers and skipped), `meta_info` decoded; no event is copied out of the read.
+It hands each plain delta to the chat converter as its text, which the converter splices into bytes
 made once per stream (docs/sglang.md, "The answers"). `serve`'s worker client holds up to 256 KB
 of an answer unread (aiohttp's default, 64 KB, paused the decode's socket at 128 KB, so a 1k
-stream came in about 41 reads, each one write to the client; now in about 11). In process
-(`python benchmarks/sglang_stream.py`, idle, 256 KB reads): 1.9 us an event at 1k tokens and 5.2
-at 8k as the exchange relays it, against 3.1 and 7.2 at 56fdd98, before this round, in the same
-reads; with logprobs 8.5 us an event at 1k tokens (44.5 before e1b8d98, where every position of
-every event was decoded). Through `serve` on the fast pair, the
-benchmark's setup, `serve` and sglang-router alternately (5 rounds of 32 1k streams, CPU from
-`/proc/PID/task/*/schedstat`, the code at 56fdd98 and now, three runs each): 7.3-7.8 us a chunk
-then (1.78-2.07x sglang-router's) and 6.0-6.3 now (1.51-1.56x) at 1k; at 8k 18.7 then and 15.9
-now (1.16x and 1.08x). `aiohttp reader (reads only)` is the load generator's own CPU reading the
-decode's stream with aiohttp (`serve`'s worker client) and counting its events, and nothing
-else: about where any Python proxy on aiohttp starts. At 1k tokens it costs about as much as
-sglang-router's whole relay (0.91-1.02x in these runs), so 1.5x leaves a Python proxy 2 to 2.5 us
-a chunk for everything else; `serve` adds about that: the chunk's share of the request's three
-calls (about 1.2 us: 1.2-1.3 ms a request over 1027 chunks) and the relay in the library (1.9 us
-an event in process). So the 1k floor is at the edge (1.52x in this run, 1.51-1.56x in the runs
-above); what is left is aiohttp's and the server's own work per read, write and request. At 8k
-tokens `serve` costs less a chunk than sglang-router (0.77-1.08x).
+stream came in about 41 reads, each one write to the client; now in about 11), and `serve` sends
+the reply from the request's own task, the last write also ending the body (Starlette's
+`StreamingResponse` ran a task group and a second task a reply under uvicorn's ASGI 2.3). In
+process (`python benchmarks/sglang_stream.py`, 256 KB reads): 1.7 us an event at 1k tokens and
+5.0 at 8k as the exchange relays it (1.9 and 5.0 at 9d2b7f6, before this round; 3.1 and 7.2 at
+56fdd98); with logprobs 8.5 us an event at 1k tokens (44.5 before e1b8d98, where every position
+of every event was decoded). Through `serve` on the fast pair, the benchmark's setup, `serve` and
+sglang-router alternately (5 rounds of 32 1k streams, CPU from `/proc/PID/task/*/schedstat`,
+the code at 9d2b7f6 and at 752a8ca, three runs each, on a loaded machine: load average 2 to 3
+on its 2 CPUs): 1.59x, 1.65x and 1.64x sglang-router's CPU per chunk then, 1.47x, 1.50x and
+1.51x after (6.1-6.2 us a chunk to 6.0-6.1, sglang-router's own 3.8-4.1); a 4-token stream,
+the request's fixed cost, 1.45-1.57 ms of CPU then and 1.31-1.46 ms after. The CPU figures of
+this benchmark are the scheduler's own count (`schedstat`, nanoseconds; clock ticks of 10 ms were
+a few percent of a c1 round), and each SGLang stream figure the median of 5 rounds (a target's
+CPU per chunk moved 10-20% between rounds of under a second). `aiohttp reader (reads only)` is
+the load generator's own CPU reading the decode's stream with aiohttp (`serve`'s worker client)
+and counting its events, and nothing else: about where any Python proxy on aiohttp starts. At 1k
+tokens it costs about as much as sglang-router's whole relay (0.91-1.09x in these runs), so 1.5x
+leaves a Python proxy 2 to 2.5 us a chunk for everything else; `serve` adds about that: the
+chunk's share of the request's three calls (about 1.3 us: 1.3 ms a request over 1027 chunks) and
+the relay in the library (1.7 us an event in process). So the 1k floor is at the edge, and just
+missed: 1.53x in this run, 1.68x in a run of the same code measured in clock ticks over 2 rounds,
+1.50x in one before the last reader change; what is left is aiohttp's and the server's own work
+per read, write and request. At 8k tokens `serve` costs less a chunk than sglang-router
+(0.77-1.08x).
 """
 """What the cumulative stream figures measure (a rerun keeps it)."""
 
@@ -913,8 +945,9 @@ path and ignores each call's `EPP-Profile`; `{ROUTER}`:
 {PROMPT_TOKENS} prompt tokens, `max_tokens` {MAX_TOKENS}; "whole": one JSON answer; "stream": the
 worker's chunks, one a token. "Added" is the latency (and for streams the time to the first chunk)
 over calling the worker directly. "CPU ms/request" is the CPU time of the target's process and its
-children per request (psutil; the median of the rounds); "CPU us/chunk" is a stream request's CPU
-over its chunks. CPU moves far less than requests per second when the machine is shared.
+children per request (the scheduler's count, `/proc/PID/task/*/schedstat`; the median of the
+rounds); "CPU us/chunk" is a stream request's CPU over its chunks. CPU moves far less than
+requests per second when the machine is shared.
 
 {table(results)}
 {sglang_section(sglang, results)}

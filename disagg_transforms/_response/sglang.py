@@ -400,28 +400,31 @@ class SglangStreamReader:
         line = _DATA_PREFIX + sent  # the last event's line up to the end of its text
         ids_size = self._ids_size
         starts, find, size = data.startswith, data.find, len(data)
+        text_of, meta_of = _TEXT_DECODER.decode, _PLAIN_META_DECODER.decode
         try:
             while at < size and starts(line, at):
                 start = at + len(line)
-                end = find(_IDS_HEAD, start)
+                # The line's end first: the heads are searched for before it (a bounded search
+                # of a long read costs a fraction), and no "\n" is among the last event's IDs,
+                # skipped unread.
+                lf = find(_LF, start)
+                if lf < 0:
+                    break
+                end = find(_IDS_HEAD, start, lf)
                 if end < 0:
                     break
                 new_ids = end + _IDS_HEAD_SIZE + ids_size
-                ids_end = find(_META_HEAD, new_ids)
-                if ids_end < 0:
-                    break
+                ids_end = find(_META_HEAD, new_ids, lf)
                 meta_at = ids_end + _META_HEAD_SIZE
-                lf = find(_LF, meta_at)  # the line's end: no "\n" comes before (checked below)
                 if (
-                    lf < 0
-                    or data[lf - 1 : lf + 2] != _EVENT_END
+                    ids_end < 0
+                    or not starts(_EVENT_END, lf - 1)
                     or data[new_ids:ids_end].strip(_ID_BYTES)
-                    or find(_LF, end, new_ids) >= 0  # the last event's IDs are skipped unread
                 ):
                     break
                 try:
-                    text = _TEXT_DECODER.decode(_QUOTE + data[start : end + 1])
-                    meta = _PLAIN_META_DECODER.decode(data[meta_at : lf - 1])
+                    text = text_of(_QUOTE + data[start : end + 1])
+                    meta = meta_of(data[meta_at : lf - 1])
                 except (msgspec.DecodeError, RecursionError):  # logprobs among them
                     break
                 if not text or meta.finish_reason is not None:

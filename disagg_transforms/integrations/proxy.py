@@ -40,8 +40,9 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 from starlette.routing import Route as HttpRoute
+from starlette.types import Message, Receive, Scope, Send
 
 from disagg_transforms import (
     DEFAULT_LIMITS,
@@ -64,6 +65,7 @@ from disagg_transforms.errors import (
 )
 from disagg_transforms.exchange import (
     ClientReply,
+    ClientStream,
     Driver,
     Engine,
     ErrorKind,
@@ -984,32 +986,34 @@ class _Proxy:
         log.begin(ex.client_model)
         drive = Driver(ex)
         flight = _Flight()
-        calls = asyncio.ensure_future(self._calls(drive, log, urls, flight))
-        gone = asyncio.ensure_future(_disconnected(request))
-        await asyncio.wait((calls, gone), return_when=asyncio.FIRST_COMPLETED)
-        if not calls.done():
+        watch = _Watch(request)
+        try:
+            stream = await self._calls(drive, log, urls, flight)
+        except BaseException as error:
+            if not (isinstance(error, asyncio.CancelledError) and watch.caught()):
+                watch.stop()  # a bug, or the server stops
+                raise
             # The client went away: the call in flight is cancelled, which closes its
             # connection, so the worker aborts it and frees its KV blocks (docs/proxy.md).
-            calls.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await calls
             self._settle(drive, flight, urls, gone=True)
             log.write(ex.request_id, 499, "client-disconnected")
             return Response(b"", status_code=499)  # nobody reads it
-        gone.cancel()
-        stream = calls.result()
         reply = drive.reply()
         if isinstance(reply, ClientReply):
+            watch.stop()
             if stream is not None:
                 stream.close()
             self._settle(drive, flight, urls, gone=False)
             log.write(ex.request_id, reply.status, error=ex.error_kind)
             return Response(reply.body, status_code=reply.status, headers=dict(reply.headers))
         assert stream is not None  # noqa: S101 - a client stream relays a worker stream
-        body_stream = self._relay(
-            drive, stream, reply.first, log, reply.status, flight=flight, urls=urls
-        )
-        return StreamingResponse(body_stream, status_code=reply.status, headers=dict(reply.headers))
+
+        async def relay(send: Send, start: Message) -> None:
+            await self._relay(
+                send, start, reply, log, drive=drive, stream=stream, flight=flight, urls=urls
+            )
+
+        return _Streamed(reply.status, reply.headers, relay, watch)
 
     def _settle(
         self, drive: Driver, flight: _Flight, urls: Mapping[str, str], *, gone: bool
@@ -1227,49 +1231,117 @@ class _Proxy:
 
     async def _relay(  # noqa: PLR0913 - the reply's parts and what settles the request
         self,
+        send: Send,
+        start: Message,
+        reply: ClientStream,
+        log: _Log,
+        *,
         drive: Driver,
         stream: _Stream,
-        first: bytes,
-        log: _Log,
-        status: int,
-        *,
         flight: _Flight,
         urls: Mapping[str, str],
-    ) -> AsyncIterator[bytes]:
-        """The client's stream, relayed as the worker's comes; closes the worker's at the end.
+    ) -> None:
+        """Send the client's stream as the worker's comes; close the worker's at the end.
 
         Everything one read of the worker's stream brings is fed at once, and what the exchange
-        gives back is one write to the client (none when it gives nothing).
+        gives back is one write to the client (none when it gives nothing); the last one also
+        ends the reply's body (no write of its own).
         """
         ended: str | None = None  # how it ended when the exchange cannot know (the client left)
         why = ""
         try:
+            await send(start)
             log.first_bytes()
-            yield first
-            while drive.relaying:
-                # b"" is the stream's end; the client's stream may end first (a broken
-                # contract: its error event went out, and the worker's is closed below, unread).
-                if out := drive.chunk(await stream.read() or None):
-                    yield out
-        except _FAILURES as error:
-            why = _logged_failure("streamed", str(stream.answer.url), error, self.timeouts)
-            yield drive.failed(why, timed_out=_timed_out(error))
+            out = reply.first
+            try:
+                while drive.relaying:
+                    if out:
+                        await send({"type": "http.response.body", "body": out, "more_body": True})
+                    # b"" is the stream's end; the client's stream may end first (a broken
+                    # contract: its error event went out, and the worker's is closed below).
+                    out = drive.chunk(await stream.read() or None)
+            except _FAILURES as error:
+                why = _logged_failure("streamed", str(stream.answer.url), error, self.timeouts)
+                out = drive.failed(why, timed_out=_timed_out(error))
+            await send({"type": "http.response.body", "body": out, "more_body": False})
         except BaseException:
-            # Starlette cancels the relay when the client goes away: the worker's stream is
-            # closed below, so the worker stops generating for nobody.
+            # Cancelled when the client goes away (_Watch): the worker's stream is closed
+            # below, so the worker stops generating for nobody.
             ended = "client-disconnected"
             raise
         finally:
             stream.close()
             self._settle(drive, flight, urls, gone=ended is not None)
             ex = drive.exchange
-            log.write(ex.request_id, status, str(ended or ex.stream_end), why, ex.error_kind)
+            log.write(ex.request_id, reply.status, str(ended or ex.stream_end), why, ex.error_kind)
 
 
-async def _disconnected(request: Request) -> None:
-    """Return once the client closed its connection (its body was read whole before)."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
+class _Watch:
+    """Watches one request's client while the request is served: its leaving cancels the task.
+
+    One task reads the client's side (its body was read whole before) from the first worker
+    call to the reply's end; the request's own task makes the calls and sends the reply, and
+    takes the cancel back when it was the client's (:meth:`caught`).
+    """
+
+    __slots__ = ("_task", "_watcher", "left")
+
+    def __init__(self, request: Request) -> None:
+        task = asyncio.current_task()
+        assert task is not None  # noqa: S101 - a request is served in a task
+        self._task = task
+        self.left = False
+        self._watcher = asyncio.ensure_future(self._watch(request.receive))
+
+    async def _watch(self, receive: Receive) -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        self.left = True
+        self._task.cancel()
+
+    def caught(self) -> bool:
+        """Whether the cancel being raised is the client's leaving, then taken back."""
+        if not self.left:
+            return False  # the server's (it stops): raised on
+        if sys.version_info >= (3, 11):
+            self._task.uncancel()
+        return True
+
+    def stop(self) -> None:
+        """The reply is over: the client is no longer watched."""
+        self._watcher.cancel()
+
+
+class _Streamed(Response):
+    """A streamed reply that ``relay`` sends, in the request's own task (:class:`_Watch`).
+
+    Not Starlette's ``StreamingResponse``: under uvicorn's ASGI 2.3 that runs a task group and
+    a second task per reply to see the client leave, which the request's watcher already does.
+    """
+
+    def __init__(
+        self,
+        status: int,
+        headers: Sequence[tuple[str, str]],
+        relay: Callable[[Send, Message], Awaitable[None]],
+        watch: _Watch,
+    ) -> None:
+        self.status_code = status
+        self.background = None
+        self.init_headers(dict(headers))
+        self._relay = relay
+        self._watch = watch
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        del scope, receive
+        start = {"type": "http.response.start", "status": self.status_code}
+        try:
+            await self._relay(send, {**start, "headers": self.raw_headers})
+        except asyncio.CancelledError:
+            if not self._watch.caught():
+                raise
+        finally:
+            self._watch.stop()
 
 
 class _Model(msgspec.Struct):
