@@ -40,8 +40,8 @@ class Driver:
                     drive.chunk(<the next chunk, None at the end>)
             except <transport failure or timeout>:
                 drive.failed(<reason>, timed_out=<whether it was a timeout>)
-            if drive.awaiting:
-                <wait for the together calls' answers, fed as above>
+        if drive.awaiting:
+            <wait for the together calls' answers, fed as above>
         reply = drive.reply()  # ClientReply, or ClientStream: send reply.first
         while drive.relaying:  # on a failure here: send drive.failed(<reason>)
             <send> drive.chunk(<the next chunk, None at the end>)

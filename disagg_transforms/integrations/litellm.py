@@ -359,8 +359,8 @@ def _exchange_bytes(http: httpx.Client, plan: _Plan) -> Iterator[bytes]:
             except httpx.TransportError as error:
                 peers.feed_done(drive)
                 drive.failed(_reason(error), timed_out=_timed_out(error))
-            if drive.awaiting:  # the reply needs a peer's answer too (SGLang's prompt logprobs)
-                peers.feed_all(drive)
+        if drive.awaiting:  # the reply needs a peer's answer too (SGLang's prompt logprobs)
+            peers.feed_all(drive)
         yield _reply_bytes(drive.reply())
         try:
             while drive.relaying:
@@ -495,8 +495,8 @@ async def _aexchange_bytes(http: httpx.AsyncClient, plan: _Plan) -> AsyncIterato
                     drive.chunk(await anext(chunks, None))
             except httpx.TransportError as error:
                 drive.failed(_reason(error), timed_out=_timed_out(error))
-            if drive.awaiting:  # the reply needs a peer's answer too (SGLang's prompt logprobs)
-                await peers.answered()
+        if drive.awaiting:  # the reply needs a peer's answer too (SGLang's prompt logprobs)
+            await peers.answered()
         yield _reply_bytes(drive.reply())
         try:
             while drive.relaying and chunks is not None:
