@@ -464,6 +464,8 @@ def test_prompt_logprobs_read_as_vllm_writes_them() -> None:
         ([-1.0, 5, "t"], [[-1.0, 5, "t"], [-1.0, 1, "x"], [-2.0, 2, "y"]], 2, 1),
         # Tied with the list's last: a token outside the list may tie too: not known.
         ([-2.0, 5, "t"], [[-0.5, 1, "x"], [-2.0, 2, "y"]], 2, None),
+        # A certain token (logprob 0) listed last: the prompt's token is below it, not known.
+        ([-1.0, 5, "t"], [[0.0, 1, "x"]], 1, None),
         # No list (a count of 0): not known.
         ([-0.1, 5, "t"], None, 0, None),
     ],

@@ -538,3 +538,16 @@ def test_a_decode_alone_gives_its_own_prompt_logprobs() -> None:
     assert outcome.status == 200, outcome.body
     assert json.loads(outcome.calls[-1].body)["logprob_start_len"] == 0
     assert outcome.json()["prompt_logprobs"][1] is not None
+
+
+def test_a_prompt_whose_logprobs_are_asked_reuses_no_cached_prefix() -> None:
+    # SGLang computes the prompt from where its logprobs start (0): no KV reused.
+    _, _, workers = _workers()
+    router_runs = [
+        asyncio.run(_Router(workers).run(_exchange("/v1/chat/completions", body)))
+        for body in (_CHAT, _ASKED, _CHAT)
+    ]
+    details = [outcome.json()["usage"]["prompt_tokens_details"] for outcome in router_runs]
+    assert details[1] is None
+    assert details[2] is not None
+    assert details[2]["cached_tokens"] > 0

@@ -299,8 +299,8 @@ def prompt_logprobs(body: bytes, count: int) -> list[dict[str, Any] | None]:
 def _position(token: _Triple, top: list[_Triple], count: int) -> dict[str, Any]:
     """One prompt position as vLLM writes it: the prompt's token, then the top ``count``.
 
-    vLLM's rank of the prompt's token is the count of tokens at least as likely
-    (``batched_count_greater_than``), and a top token's is its place in the top list; when the
+    vLLM's rank of the prompt's token is the count of tokens at least as likely (ties
+    counted), and a top token's is its place in the top list; when the
     prompt's token is among the top ``count``, its place wins (vLLM writes it last). SGLang's
     top list (as long as the prefill was asked for, maybe more than ``count``) proves the count
     when the token is more likely than its last entry: every token at least as likely is in it.
@@ -308,7 +308,8 @@ def _position(token: _Triple, top: list[_Triple], count: int) -> dict[str, Any]:
     logprob, token_id, text = token
     value = _NO_LOGPROB if logprob is None else logprob  # orjson's null: -inf, as vLLM clamps
     rank = None
-    if top and logprob is not None and logprob > (top[-1][0] or _NO_LOGPROB):
+    last = top[-1][0] if top else None
+    if logprob is not None and last is not None and logprob > last:
         rank = sum(1 for alt in top if alt[0] is not None and alt[0] >= logprob)
     entries = {str(token_id): _prompt_entry(value, rank, text)}
     for place, (alt_logprob, alt_id, alt_text) in enumerate(top[:count], start=1):

@@ -525,6 +525,10 @@ class SimulatedSglangWorker:
                 if isinstance(call.body, dict)
             )
             slot.cached_tokens = cached_prefix(request.prompt, earlier)
+            start = request.body.get("logprob_start_len")
+            if request.body.get("return_logprob") is True and isinstance(start, int) and start >= 0:
+                # SGLang reuses no KV past where logprobs start (docs/sglang.md).
+                slot.cached_tokens = min(slot.cached_tokens, start)
             slot.prefill.set()
             try:
                 await _wait(slot.decode.wait(), abort, self.transfer_timeout)
