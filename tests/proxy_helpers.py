@@ -1,6 +1,7 @@
 """Start ``disagg-transforms serve`` / ``simulate`` as subprocesses and wait for them.
 
-``served`` runs an ASGI app (a test's own worker) on a uvicorn server in a thread instead.
+``served`` runs an ASGI app (a test's own worker) on a uvicorn server in a thread instead;
+``by_host`` serves several from one server (one event loop), told apart by the request's host.
 
 Each process is started with this interpreter (``python -m disagg_transforms``), so the tests run
 the same package they import: the source tree, or the installed wheel in CI. It binds
@@ -10,6 +11,7 @@ to a file a test can read at any time.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import pathlib
 import select
@@ -19,7 +21,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -155,6 +157,34 @@ def served(app: Any) -> Iterator[str]:
         server.should_exit = True
         thread.join(10)
         sock.close()
+
+
+def by_host(apps: Mapping[str, Any]) -> Any:
+    """One ASGI app serving each of ``apps`` to the host its key names (``127.0.0.1``,
+    ``localhost``): SGLang workers that meet in process share one event loop."""
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        host = dict(scope["headers"]).get(b"host", b"").decode().partition(":")[0]
+        await apps[host](scope, receive, send)
+
+    return app
+
+
+def held_back(app: Any, seconds: float) -> Any:
+    """``app`` whose answer is sent ``seconds`` after it is written (a late prefill)."""
+
+    async def late(scope: Any, receive: Any, send: Any) -> None:
+        held: list[Any] = []
+
+        async def hold(message: Any) -> None:
+            held.append(message)
+
+        await app(scope, receive, hold)
+        await asyncio.sleep(seconds)
+        for message in held:
+            await send(message)
+
+    return late
 
 
 @dataclass

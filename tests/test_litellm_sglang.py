@@ -13,6 +13,7 @@ import httpx
 import pytest
 from helpers import LITELLM_WARNINGS, TIMEOUT
 from helpers import run_bounded as run
+from proxy_helpers import by_host, held_back, served
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 litellm = pytest.importorskip("litellm")
@@ -27,7 +28,7 @@ MESSAGES = [{"role": "user", "content": "Hi"}]
 
 
 class _Fleet:
-    def __init__(self, **prefill: Any) -> None:
+    def __init__(self, late: float = 0.0, **prefill: Any) -> None:
         self.prefill = SimulatedSglangWorker(
             disaggregation_mode="prefill", transfer_timeout=5, **prefill
         )
@@ -38,7 +39,7 @@ class _Fleet:
         )
         apps: dict[str, Any] = {
             "render.test": SimulatedWorker(),
-            "prefill.test": self.prefill,
+            "prefill.test": held_back(self.prefill, late) if late else self.prefill,
             "decode.test": self.decode,
         }
         transports = {host: httpx.ASGITransport(app=app) for host, app in apps.items()}
@@ -114,6 +115,50 @@ def test_a_failed_prefill_is_a_502_and_aborts_the_decode(register: Any) -> None:
         _complete()
     assert "prefill failed with HTTP 500" in str(failed.value)
     assert len(fleet.decode.aborted) == 1
+
+
+def test_prompt_logprobs_wait_for_the_prefills_answer(register: Any) -> None:
+    fleet = _Fleet(late=0.3)  # the prefill answers after the decode
+    register(fleet)
+    response = _complete(extra_body={"prompt_logprobs": 2})
+    assert response.choices[0].message.content == "Hello!"
+    prompt = response.model_extra["prompt_logprobs"]
+    assert prompt[0] is None
+    assert prompt[1] is not None
+    [prefill] = fleet.prefill.calls_to("/generate")
+    assert prefill.body["logprob_start_len"] == 0
+
+
+def test_prompt_logprobs_through_a_synchronous_call(register: Any) -> None:
+    # litellm.completion: the prefill sent in a thread, its answer fed before the reply.
+    prefill = SimulatedSglangWorker(disaggregation_mode="prefill", transfer_timeout=5)
+    decode = SimulatedSglangWorker(
+        disaggregation_mode="decode", transfer_timeout=5, prefills={("127.0.0.1", 8998): prefill}
+    )
+    workers = by_host({"127.0.0.1": held_back(prefill, 0.3), "localhost": decode})
+
+    with served(SimulatedWorker()) as render, served(workers) as url, httpx.Client() as http:
+        provider = VllmGenerateLLM(
+            http_client=http,
+            engine=Engine.SGLANG,
+            sglang=SglangSettings(bootstrap_port=8998),
+            prefill_api_base=url,
+            render_api_base=render,
+        )
+        fleet = _Fleet()
+        fleet.provider = provider
+        register(fleet)
+        response = litellm.completion(
+            model="sglang-pd/m",
+            messages=MESSAGES,
+            api_base=url.replace("127.0.0.1", "localhost"),
+            timeout=TIMEOUT,
+            max_tokens=32,
+            extra_body={"prompt_logprobs": 1},
+        )
+    assert response.choices[0].message.content == "Hello!"
+    assert response.model_extra["prompt_logprobs"][1] is not None
+    assert len(decode.calls_to("/generate")) == 1
 
 
 def test_sglang_needs_a_render_worker() -> None:

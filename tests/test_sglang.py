@@ -26,6 +26,7 @@ from disagg_transforms._request.sglang import (
     build_sglang_openai_request,
     build_sglang_request,
     new_rendezvous,
+    prefill_body,
     sglang_client_leg,
 )
 from disagg_transforms._response.dispatch import stream_converter, wrap_envelope
@@ -33,6 +34,7 @@ from disagg_transforms._response.sglang import (
     SglangFailure,
     SglangStreamReader,
     generate_answer,
+    prompt_logprobs,
     sglang_error_message,
 )
 from disagg_transforms._routes import Route
@@ -121,8 +123,7 @@ def test_the_cap_is_always_sent() -> None:
         ({"allowed_token_ids": [1]}, "$.allowed_token_ids"),
         ({"structured_outputs": {"whitespace_pattern": " "}}, "$.structured_outputs"),
         ({"return_token_ids": True}, "$.return_token_ids"),
-        # Prompt logprobs would come from the prefill's answer: not read yet (docs/sglang.md).
-        ({"prompt_logprobs": 2}, "$.prompt_logprobs"),
+        ({"prompt_logprobs": -1}, "$.prompt_logprobs"),  # every token's: SGLang has none
         ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "$.tools"),
     ],
 )
@@ -195,6 +196,67 @@ def test_an_openai_route_leg_refuses_before_any_worker_call(
     assert caught.value.param == param
 
 
+def test_prompt_logprobs_are_asked_of_the_prefill_alone() -> None:
+    # SGLang's decode never sends prompt logprobs (its prefill computes them): its body is the
+    # one it gets without them; the prefill's asks them from the first position on.
+    leg = build_sglang_request(
+        _chat(prompt_logprobs=2), client_path=CHAT, rendezvous=RENDEZVOUS, token_ids=PROMPT
+    )
+    assert leg.prompt_logprobs == 2
+    assert leg.body == _leg(_chat())
+    assert prefill_body(leg.body, 2) == {
+        **leg.body,
+        "return_logprob": True,
+        "top_logprobs_num": 2,
+        "logprob_start_len": 0,
+        "return_text_in_logprobs": True,
+    }
+    assert _leg(_chat()) == _leg(_chat(prompt_logprobs=None))
+
+
+@pytest.mark.parametrize(("top", "prompt", "asked"), [(5, 2, 5), (1, 3, 3), (0, 0, 0)])
+def test_the_prefill_asks_the_larger_top_count_of_output_and_prompt(
+    top: int, prompt: int, asked: int
+) -> None:
+    # One top_logprobs_num for both, and the decode takes its first token's from the prefill.
+    leg = build_sglang_request(
+        _chat(logprobs=True, top_logprobs=top, prompt_logprobs=prompt),
+        client_path=CHAT,
+        rendezvous=RENDEZVOUS,
+        token_ids=PROMPT,
+    )
+    assert leg.body["top_logprobs_num"] == top
+    assert leg.body["logprob_start_len"] == -1
+    assert prefill_body(leg.body, prompt)["top_logprobs_num"] == asked
+
+
+def test_streamed_prompt_logprobs_are_refused_as_vllm_refuses_them() -> None:
+    with pytest.raises(RequestError, match="not available when `stream=True`") as caught:
+        _leg(_chat(stream=True, prompt_logprobs=1))
+    assert caught.value.param == "$.prompt_logprobs"
+    # 0 is taken by vLLM in a stream, which never shows them: nothing to ask.
+    leg = build_sglang_request(
+        _chat(stream=True, prompt_logprobs=0),
+        client_path=CHAT,
+        rendezvous=RENDEZVOUS,
+        token_ids=PROMPT,
+    )
+    assert leg.prompt_logprobs is None
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", CHAT])
+def test_prompt_logprobs_on_sglangs_openai_route_are_refused_not_dropped(path: str) -> None:
+    # SGLang's OpenAI requests have no such field and would ignore it.
+    body = {**_chat(prompt_logprobs=1), "prompt": "x"}
+    with pytest.raises(RequestError, match="has no prompt logprobs") as caught:
+        build_sglang_openai_request(body, client_path=path, rendezvous=RENDEZVOUS)
+    assert caught.value.param == "$.prompt_logprobs"
+    leg = build_sglang_openai_request(
+        {**body, "prompt_logprobs": None}, client_path=path, rendezvous=RENDEZVOUS
+    )
+    assert leg.body["prompt_logprobs"] is None
+
+
 def test_a_completions_client_keeps_its_own_route() -> None:
     with pytest.raises(RequestError, match="completions client keeps its own route"):
         _leg({"model": "m", "prompt": "x"}, "/v1/completions")
@@ -251,6 +313,7 @@ _sampling = st.fixed_dictionaries(
         ),
         "priority": st.integers(-5, 5),
         "cache_salt": st.text(min_size=1, max_size=4),
+        "prompt_logprobs": st.integers(-2, 5),
     },
 )
 
@@ -270,6 +333,9 @@ def test_every_leg_passes_sglangs_own_contract(fields: dict[str, Any], room: int
     parsed = contract.GenerateRequest.from_json_value(json.loads(json.dumps(leg.body)))
     assert parsed.bootstrap_room == room
     assert "max_new_tokens" in leg.body["sampling_params"]
+    if leg.prompt_logprobs is not None:
+        prefill = prefill_body(leg.body, leg.prompt_logprobs)
+        contract.GenerateRequest.from_json_value(json.loads(json.dumps(prefill)))
 
 
 @given(case=client_route_bodies)
@@ -345,6 +411,91 @@ def test_every_envelope_is_rebuilt_from_an_sglang_answer() -> None:
     message = wrap_envelope(Route.MESSAGES, read, requested=OutputMode.TEXT, client_body=named)
     assert message["stop_reason"] == "end_turn"
     assert message["usage"]["cache_read_input_tokens"] == 16
+
+
+def _prefill_answer(tokens: list[Any], tops: list[Any]) -> bytes:
+    meta = {"prompt_tokens": len(tokens), "input_token_logprobs": tokens}
+    return json.dumps({"meta_info": {**meta, "input_top_logprobs": tops}}).encode()
+
+
+def test_prompt_logprobs_read_as_vllm_writes_them() -> None:
+    # SGLang's triples [logprob, id, text], the first position null; vLLM's dict per position,
+    # the prompt's token first, then the top count, each with its rank.
+    body = _prefill_answer(
+        [[None, 7, "a"], [-0.25, 8, "b"], [-0.75, 9, "c"], [-3.0, 10, "d"]],
+        [
+            None,
+            [[-0.25, 8, "b"], [-1.5, 1, "x"], [-2.5, 2, "y"]],
+            [[-0.5, 1, "x"], [-0.75, 9, "c"], [-2.5, 2, "y"]],
+            [[-0.5, 1, "x"], [-1.5, 2, "y"], [-2.5, 3, "z"]],
+        ],
+    )
+    read = prompt_logprobs(body, 2)
+    assert read == [
+        None,
+        {
+            "8": {"logprob": -0.25, "rank": 1, "decoded_token": "b"},
+            "1": {"logprob": -1.5, "rank": 2, "decoded_token": "x"},
+        },
+        {
+            "9": {"logprob": -0.75, "rank": 2, "decoded_token": "c"},
+            "1": {"logprob": -0.5, "rank": 1, "decoded_token": "x"},
+        },
+        # Less likely than every listed token: its rank is not known.
+        {
+            "10": {"logprob": -3.0, "rank": None, "decoded_token": "d"},
+            "1": {"logprob": -0.5, "rank": 1, "decoded_token": "x"},
+            "2": {"logprob": -1.5, "rank": 2, "decoded_token": "y"},
+        },
+    ]
+    # The prompt's token keeps its place first, with its rank in the top list, as vLLM's dict.
+    assert list(read[2] or {}) == ["9", "1"]
+
+
+@pytest.mark.parametrize(
+    ("token", "tops", "count", "rank"),
+    [
+        # Past the client's count but more likely than the list's last: counted (vLLM's >=).
+        ([-1.0, 5, "t"], [[-0.5, 1, "x"], [-1.0, 5, "t"], [-2.0, 2, "y"]], 1, 2),
+        # Tied with another listed token: vLLM counts the tie (>=) when not in its top count.
+        ([-1.0, 5, "t"], [[-1.0, 1, "x"], [-1.0, 5, "t"], [-2.0, 2, "y"]], 1, 2),
+        # Among the top count, its place wins, as vLLM writes the top list after the token.
+        ([-1.0, 5, "t"], [[-1.0, 1, "x"], [-1.0, 5, "t"], [-2.0, 2, "y"]], 2, 2),
+        ([-1.0, 5, "t"], [[-1.0, 5, "t"], [-1.0, 1, "x"], [-2.0, 2, "y"]], 2, 1),
+        # Tied with the list's last: a token outside the list may tie too: not known.
+        ([-2.0, 5, "t"], [[-0.5, 1, "x"], [-2.0, 2, "y"]], 2, None),
+        # A certain token (logprob 0) listed last: the prompt's token is below it, not known.
+        ([-1.0, 5, "t"], [[0.0, 1, "x"]], 1, None),
+        # No list (a count of 0): not known.
+        ([-0.1, 5, "t"], None, 0, None),
+    ],
+)
+def test_a_prompt_tokens_rank_is_given_where_the_top_list_proves_it(
+    token: list[Any], tops: list[Any] | None, count: int, rank: int | None
+) -> None:
+    read = prompt_logprobs(_prefill_answer([[None, 4, "s"], token], [None, tops]), count)
+    assert read[1] is not None
+    assert read[1]["5"]["rank"] == rank
+
+
+def test_a_null_prompt_logprob_is_vllms_clamped_minus_infinity() -> None:
+    # orjson writes -inf as null; vLLM clamps -inf to -9999.0.
+    read = prompt_logprobs(_prefill_answer([[None, 4, "s"], [None, 5, "t"]], []), 0)
+    assert read == [None, {"5": {"logprob": -9999.0, "rank": None, "decoded_token": "t"}}]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"[]",
+        _prefill_answer([[-0.5, 4, "s"], [-1.0, 5, "t"]], []),  # the first position not null
+        json.dumps({"meta_info": {"prompt_tokens": 3, "input_token_logprobs": []}}).encode(),
+        json.dumps({"meta_info": {"prompt_tokens": 1}}).encode(),
+    ],
+)
+def test_an_answer_without_every_prompt_logprob_breaks_the_contract(body: bytes) -> None:
+    with pytest.raises(UpstreamContractError):
+        prompt_logprobs(body, 1)
 
 
 @pytest.mark.parametrize(

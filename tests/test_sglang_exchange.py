@@ -425,3 +425,129 @@ def test_a_completions_client_keeps_its_own_route_on_the_token_pipeline(stream: 
     assert decode == prefill
     assert decode["bootstrap_host"] == "prefill"
     assert b'"text_completion"' in outcome.body
+
+
+# --- prompt logprobs: the prefill computes them, the reply waits for its answer --------------
+
+
+async def _legs_answered(
+    workers: Mapping[str, Any], ex: Exchange
+) -> tuple[Driver, WorkerCall, httpx.Response, httpx.Response]:
+    """Render answered; the decode call and its prefill sent at once, neither answer fed."""
+    router = _Router(workers)
+    drive = Driver(ex)
+    render = drive.next_call()
+    assert render is not None
+    answer = await router._send(render)
+    drive.answered(answer.status_code, answer.headers.raw, answer.content)
+    call = drive.next_call()
+    assert call is not None
+    (prefill,) = call.together
+    decoded, prefilled = await asyncio.gather(router._send(call), router._send(prefill))
+    for client in router.clients.values():
+        await client.aclose()
+    return drive, call, decoded, prefilled
+
+
+_ASKED = {**_CHAT, "prompt_logprobs": 2}
+
+
+@pytest.mark.parametrize("decode_first", [True, False])
+def test_prompt_logprobs_come_from_the_prefill_whichever_answers_first(decode_first: bool) -> None:
+    _, _, workers = _workers()
+    drive, call, decoded, prefilled = asyncio.run(
+        _legs_answered(workers, _exchange("/v1/chat/completions", _ASKED))
+    )
+    (prefill,) = call.together
+    assert json.loads(prefill.body)["logprob_start_len"] == 0
+    assert json.loads(prefill.body)["top_logprobs_num"] == 2
+    assert "logprob_start_len" not in json.loads(call.body)  # the decode never computes them
+
+    def feed_prefill() -> None:
+        drive.together_answered(prefill, prefilled.status_code, (), prefilled.content)
+
+    if decode_first:
+        drive.answered(decoded.status_code, (), decoded.content)
+        assert drive.awaiting
+        assert drive.next_call() is None
+        with pytest.raises(ExchangeStateError, match="still waits"):
+            drive.reply()
+        feed_prefill()
+    else:
+        feed_prefill()
+        assert not drive.awaiting
+        drive.answered(decoded.status_code, (), decoded.content)
+    assert not drive.awaiting
+    reply = drive.reply()
+    assert isinstance(reply, ClientReply)
+    assert reply.status == 200, reply.body
+    completion = json.loads(reply.body)
+    assert completion["choices"][0]["message"]["content"] == "Hello!"
+    logprobs = completion["prompt_logprobs"]
+    assert len(logprobs) == completion["usage"]["prompt_tokens"]
+    assert logprobs[0] is None
+    assert [len(position) for position in logprobs[1:4]] == [2, 2, 3]  # the token, then the top
+    assert [next(iter(position.values()))["rank"] for position in logprobs[1:4]] == [1, 2, None]
+
+
+def test_the_exchange_router_gets_prompt_logprobs_and_no_other_change() -> None:
+    asked = asyncio.run(_Router(_workers()[2]).run(_exchange("/v1/chat/completions", _ASKED)))
+    plain = asyncio.run(_Router(_workers()[2]).run(_exchange("/v1/chat/completions", _CHAT)))
+    assert asked.status == plain.status == 200
+    assert asked.json()["prompt_logprobs"][1] is not None
+    assert plain.json()["prompt_logprobs"] is None
+    same = {key: value for key, value in asked.json().items() if key not in {"id", "created"}}
+    assert same == {
+        **{key: value for key, value in plain.json().items() if key not in {"id", "created"}},
+        "prompt_logprobs": asked.json()["prompt_logprobs"],
+    }
+
+
+@pytest.mark.parametrize("failure", ["http-500", "transport", "no-logprobs"])
+def test_a_prefill_that_fails_while_the_reply_waits_for_it_is_the_reply(failure: str) -> None:
+    _, _, workers = _workers()
+    drive, call, decoded, _ = asyncio.run(
+        _legs_answered(workers, _exchange("/v1/chat/completions", _ASKED))
+    )
+    (prefill,) = call.together
+    drive.answered(decoded.status_code, (), decoded.content)
+    assert drive.awaiting
+    if failure == "transport":
+        drive.together_failed(prefill, "ConnectError")
+    elif failure == "http-500":
+        drive.together_answered(prefill, 500, (), b'{"error": {"message": "boom"}}')
+    else:  # a 200 without them: the prefill broke the contract
+        drive.together_answered(prefill, 200, (), decoded.content)
+    reply = drive.reply()
+    assert isinstance(reply, ClientReply)
+    assert reply.status == 502
+    message = json.loads(reply.body)["error"]["message"]
+    assert message.startswith("prefill"), message
+    assert drive.cancelling
+    assert not drive.awaiting
+
+
+def test_a_decode_alone_gives_its_own_prompt_logprobs() -> None:
+    # No prefill step: one SGLang server (no P/D) computes them itself.
+    pipeline = parse_pipeline_params({"decode": {}}, use_openai_format=False)
+    workers = {"render": SimulatedWorker(), "decode": SimulatedSglangWorker()}
+    ex = Exchange(
+        pipeline, "/v1/chat/completions", {}, json.dumps(_ASKED).encode(), settings=_settings()
+    )
+    outcome = asyncio.run(_Router(workers).run(ex))
+    assert outcome.status == 200, outcome.body
+    assert json.loads(outcome.calls[-1].body)["logprob_start_len"] == 0
+    assert outcome.json()["prompt_logprobs"][1] is not None
+
+
+def test_a_prompt_whose_logprobs_are_asked_reuses_no_cached_prefix() -> None:
+    # SGLang computes the prompt from where its logprobs start (0): no KV reused.
+    _, _, workers = _workers()
+    router_runs = [
+        asyncio.run(_Router(workers).run(_exchange("/v1/chat/completions", body)))
+        for body in (_CHAT, _ASKED, _CHAT)
+    ]
+    details = [outcome.json()["usage"]["prompt_tokens_details"] for outcome in router_runs]
+    assert details[1] is None
+    assert details[2] is not None
+    assert details[2]["cached_tokens"] > 0

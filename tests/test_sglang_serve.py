@@ -20,10 +20,13 @@ import httpx
 import openai
 import pytest
 from helpers import LITELLM_WARNINGS
-from proxy_helpers import refused, running
+from proxy_helpers import by_host, held_back, refused, running, served
+from starlette.testclient import TestClient
 
-from disagg_transforms import Engine, SglangSettings
+from disagg_transforms import Engine, SglangSettings, parse_pipeline_params
 from disagg_transforms._cli.config import config_errors, engine_settings
+from disagg_transforms.integrations.proxy import create_app
+from disagg_transforms.testing import SimulatedSglangWorker, SimulatedWorker
 
 SGLANG = ["simulate", "--engine", "sglang", "--port", "0"]
 _TRANSFER_TIMEOUT = 30.0
@@ -126,6 +129,80 @@ def test_chat_plain_and_streamed(fleet: _Fleet) -> None:
     assert completion.usage is not None
     assert completion.usage.completion_tokens > 0
     assert final.choices[0].message.content == "Hello!"
+
+
+def test_chat_prompt_logprobs_come_from_the_prefill(fleet: _Fleet) -> None:
+    with _openai(fleet.proxy) as client:
+        raw = client.chat.completions.with_raw_response.create(
+            model="m",
+            messages=_MESSAGES,
+            max_tokens=32,
+            logprobs=True,
+            top_logprobs=1,
+            extra_body={"prompt_logprobs": 2},
+        )
+    completion = raw.parse()
+    assert completion.choices[0].message.content == "Hello!"
+    assert completion.choices[0].logprobs is not None
+    prompt = json.loads(raw.text)["prompt_logprobs"]
+    assert completion.usage is not None
+    assert len(prompt) == completion.usage.prompt_tokens
+    assert prompt[0] is None
+    # vLLM's shape: the prompt's token first, then the top 2; a rank where SGLang proves it.
+    assert all(set(entry) == {"logprob", "rank", "decoded_token"} for entry in prompt[1].values())
+    assert [next(iter(position.values()))["rank"] for position in prompt[1:4]] == [1, 2, None]
+    assert all(len(position) in (2, 3) for position in prompt[1:])
+
+
+def test_the_proxy_waits_for_a_prefill_that_answers_after_the_decode() -> None:
+    # In process: the prefill's answer held back past the decode's, as with a one-token cap.
+    prefill = SimulatedSglangWorker(disaggregation_mode="prefill", transfer_timeout=5)
+    decode = SimulatedSglangWorker(
+        disaggregation_mode="decode", transfer_timeout=5, prefills={("127.0.0.1", 8998): prefill}
+    )
+
+    workers = by_host({"127.0.0.1": held_back(prefill, 0.3), "localhost": decode})
+
+    with served(SimulatedWorker()) as render, served(workers) as url:
+        app = create_app(
+            parse_pipeline_params({"prefill": {}, "decode": {}}, use_openai_format=False),
+            render_url=render,
+            prefill_url=url,
+            decode_url=url.replace("127.0.0.1", "localhost"),
+            engine=Engine.SGLANG,
+            sglang=SglangSettings(bootstrap_port=8998),
+        )
+        with (
+            TestClient(app) as http,
+            openai.OpenAI(
+                base_url="http://testserver/v1", api_key="none", http_client=http
+            ) as client,
+        ):
+            raw = client.chat.completions.with_raw_response.create(
+                model="m", messages=_MESSAGES, max_tokens=4, extra_body={"prompt_logprobs": 1}
+            )
+    assert raw.parse().choices[0].message.content == "Hell"
+    assert json.loads(raw.text)["prompt_logprobs"][1] is not None
+
+
+def test_prompt_logprobs_streamed_or_on_sglangs_openai_route_are_refused(fleet: _Fleet) -> None:
+    with _openai(fleet.proxy) as client:
+        with pytest.raises(openai.BadRequestError) as streamed:
+            client.chat.completions.create(
+                model="m",
+                messages=_MESSAGES,
+                max_tokens=32,
+                stream=True,
+                extra_body={"prompt_logprobs": 2},
+            )
+        # A completions client keeps SGLang's OpenAI route, which has no prompt logprobs.
+        with pytest.raises(openai.BadRequestError) as completions:
+            client.completions.create(
+                model="m", prompt="Hi", max_tokens=8, extra_body={"prompt_logprobs": 2}
+            )
+    for caught in (streamed, completions):
+        assert isinstance(caught.value.body, dict)
+        assert caught.value.body["param"] == "$.prompt_logprobs"
 
 
 def test_chat_logprobs(fleet: _Fleet) -> None:

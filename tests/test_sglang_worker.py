@@ -21,12 +21,14 @@ from disagg_transforms._request.sglang import (
     Rendezvous,
     build_sglang_openai_request,
     build_sglang_request,
+    prefill_body,
 )
 from disagg_transforms._response.dispatch import wrap_envelope
 from disagg_transforms._response.sglang import (
     SglangFailure,
     SglangStreamReader,
     generate_answer,
+    prompt_logprobs,
     sglang_error_message,
 )
 from disagg_transforms._routes import Route
@@ -92,6 +94,38 @@ def test_a_pair_meets_by_room_and_the_decode_answers() -> None:
     assert chat["choices"][0]["finish_reason"] == "stop"
     first_token = chat["choices"][0]["logprobs"]["content"][0]
     assert first_token["bytes"] == [ord("H")]
+
+
+def test_the_prefill_answers_the_prompt_logprobs_asked_and_the_decode_none() -> None:
+    prefill, decode = _pair()
+    body = _body(max_tokens=4, logprobs=True, top_logprobs=1)
+    asked = prefill_body(body, 2)
+
+    async def both() -> tuple[httpx.Response, httpx.Response]:
+        async with _client(prefill) as p, _client(decode) as d:
+            return await asyncio.gather(
+                p.post("/generate", json=asked), d.post("/generate", json=body)
+            )
+
+    first, second = asyncio.run(both())
+    contract = sglang_contract.contract()
+    for answer in (first.json(), second.json()):
+        contract.GenerateResponse.from_json_value(answer)
+    assert second.json()["meta_info"]["input_token_logprobs"] == []
+    meta = first.json()["meta_info"]
+    assert len(meta["input_token_logprobs"]) == len(PROMPT) == len(meta["input_top_logprobs"])
+    assert [len(top or ()) for top in meta["input_top_logprobs"]] == [0] + [2] * (len(PROMPT) - 1)
+    read = prompt_logprobs(first.content, 2)
+    assert read[0] is None
+    # Scripted by position: the prompt's token first, second, or below every listed one.
+    ranks = [
+        entry[str(token)]["rank"]
+        for token, entry in zip(PROMPT[1:], read[1:], strict=True)
+        if entry
+    ]
+    assert ranks[:3] == [1, 2, None]
+    assert read[1] is not None
+    assert read[1][str(PROMPT[1])]["decoded_token"] == "h"  # noqa: S105 - a token, no password
 
 
 def test_the_decode_streams_cumulatively_or_incrementally() -> None:

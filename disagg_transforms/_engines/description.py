@@ -93,6 +93,9 @@ class EngineDescription(msgspec.Struct, frozen=True, kw_only=True):
     stream_reader: StreamReaderFactory | None
     """Makes the reader of the decode's stream; ``None``: the stream already is the generate
     SSE."""
+    prompt_logprobs: Callable[[bytes, int], list[dict[str, Any] | None]] | None
+    """vLLM's ``prompt_logprobs`` (the client's count of them) from the answer of the worker
+    that computed them, SGLang's prefill; ``None``: the decode's answer already carries them."""
     peer_failure: Callable[[bytes], SglangFailure | None] | None
     """The failure a 2xx answer of a call sent together with decode reports (an abort), else
     ``None``; ``None`` for an engine whose legs are never sent together."""

@@ -18,6 +18,7 @@ from disagg_transforms._response.sglang import (
     SglangStreamReader,
     answer_failure,
     generate_answer,
+    prompt_logprobs,
 )
 from disagg_transforms._wire import keys as w
 from disagg_transforms._wire.describe import describe
@@ -81,5 +82,6 @@ DESCRIPTION = EngineDescription(
     abort_path=w.SGLANG_ABORT_PATH,
     read_answer=_read,
     stream_reader=_stream,
+    prompt_logprobs=prompt_logprobs,
     peer_failure=answer_failure,
 )

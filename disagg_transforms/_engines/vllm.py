@@ -25,5 +25,6 @@ DESCRIPTION = EngineDescription(
     abort_path=None,
     read_answer=_as_is,
     stream_reader=None,
+    prompt_logprobs=None,
     peer_failure=None,
 )

@@ -40,6 +40,8 @@ class Driver:
                     drive.chunk(<the next chunk, None at the end>)
             except <transport failure or timeout>:
                 drive.failed(<reason>, timed_out=<whether it was a timeout>)
+        if drive.awaiting:
+            <wait for the together calls' answers, fed as above>
         reply = drive.reply()  # ClientReply, or ClientStream: send reply.first
         while drive.relaying:  # on a failure here: send drive.failed(<reason>)
             <send> drive.chunk(<the next chunk, None at the end>)
@@ -119,6 +121,16 @@ class Driver:
     def together_failed(self, call: WorkerCall, reason: str, *, timed_out: bool = False) -> None:
         """``call``, one of the ``together`` calls of the call made, got no answer."""
         self.exchange.together_failed(call.step, reason, timed_out=timed_out)
+
+    @property
+    def awaiting(self) -> bool:
+        """The client's reply waits for the answer of a call sent together with the call made.
+
+        The call made has answered, and the reply needs the answer of one of its ``together``
+        calls too (SGLang's prompt logprobs come in the prefill's): wait for those answers and
+        feed them before :meth:`reply` (``docs/router.md``, "Calls that go together").
+        """
+        return self.exchange.awaits_together
 
     @property
     def cancelling(self) -> bool:

@@ -14,7 +14,8 @@ The rules of the machine:
    built (``build``) and how its answer is read (``read``). Adding a phase is one row, its
    builder and its reader.
 3. A reader returns the phase to go to: ``None`` for the next row that runs, ``REPLIED`` once
-   it made the client's reply (the decode row's reader, always).
+   it made the client's reply (the decode row's reader, always), or holds it for the answer of
+   a call sent together that the reply needs (``_Awaiting``: SGLang's prompt logprobs).
 4. An answer whose status its row does not read, a failure the router reports, or an error
    raised while building or reading ends in ``REPLIED`` with an error in the client API's own
    shape; once the client's stream has started, with its in-stream error event.
@@ -73,6 +74,7 @@ from disagg_transforms._request.render import RenderAnswer
 from disagg_transforms._request.sglang import (
     SglangLeg,
     new_rendezvous,
+    prefill_body,
     sglang_client_leg,
     sglang_openai_leg,
     unprompted_sglang_leg,
@@ -330,7 +332,18 @@ class _Replied(msgspec.Struct, kw_only=True):
     """Whose fault an error reply is; ``None`` for a reply that is no error."""
 
 
-_At: TypeAlias = _Calling | _Reading | _Streaming | _Replied
+class _Awaiting:
+    """The decode's answer, read, waits for a call sent together that the reply needs."""
+
+    __slots__ = ("answer", "leg")
+
+    def __init__(self, answer: dict[str, Any], leg: DecodeLeg) -> None:
+        self.answer = answer
+        """The generate answer the client's reply is built from, once it is complete."""
+        self.leg = leg
+
+
+_At: TypeAlias = _Calling | _Reading | _Streaming | _Awaiting | _Replied
 
 
 class PlanRow(NamedTuple):
@@ -412,6 +425,8 @@ class Exchange:
         self._together_ended = False
         """A call sent together failed and ended the exchange: the current call's answer, fed
         later, is dropped."""
+        self._prompt_logprobs: list[dict[str, Any] | None] | None = None
+        """The prompt logprobs the prefill's answer gave, once read (docs/sglang.md)."""
         if self._rendezvous() and Step.PREFILL in self._params and not bootstrap_host:
             msg = "bootstrap_host: SGLang's prefill needs the prefill worker's host"
             raise ConfigError(msg, param="bootstrap_host")
@@ -479,7 +494,7 @@ class Exchange:
         at = self._at
         if isinstance(at, _Calling):
             return at.call
-        if isinstance(at, _Reading):
+        if isinstance(at, (_Reading, _Awaiting)):
             return NEED_DATA
         if isinstance(at, _Streaming):
             return at.head
@@ -520,6 +535,16 @@ class Exchange:
         if at.stream_end not in (None, "complete"):
             return "upstream_5xx"
         return at.error_kind
+
+    @property
+    def awaits_together(self) -> bool:
+        """Whether the client's reply waits for the answer of a call sent together.
+
+        The decode's answer is in, and the reply needs the prefill's too (SGLang's prompt
+        logprobs): feed it (:meth:`receive_together` or :meth:`together_failed`), then ask
+        :meth:`next_event` again (``docs/exchange.md``, "Calls that go together").
+        """
+        return isinstance(self._at, _Awaiting)
 
     @property
     def client_model(self) -> str | None:
@@ -677,7 +702,9 @@ class Exchange:
 
         Read to its end, it never reaches the client. One that failed before the client's reply
         started ends the exchange with its error as the reply (:attr:`reply_over`, and the call
-        in flight is to be cancelled); afterwards, or a success, it changes nothing.
+        in flight is to be cancelled); afterwards it changes nothing. A success gives the
+        prompt logprobs the client asked for (SGLang's prefill computes them), and completes a
+        reply that waited for them (:attr:`awaits_together`); else it changes nothing.
         """
         del headers
         _check_status(status)
@@ -690,9 +717,29 @@ class Exchange:
         elif (failure := None if read is None else read(bytes(body))) is not None:
             status, message, detail = failure.status, failure.message, _NO_DETAIL
         else:
+            self._read_prompt_logprobs(phase, bytes(body))
             return
         self._fail_worker(status, message, detail, drops_stream=True, step=phase)
         self._together_ended = True
+
+    def _read_prompt_logprobs(self, phase: Phase, body: bytes) -> None:
+        """Read the prompt logprobs asked for from a call sent together; reply if waiting."""
+        asked = self._prompt_count()
+        if asked is None:
+            return
+        try:
+            self._prompt_logprobs = self._read_prompt(body, asked)
+        except DisaggTransformError as error:
+            self._reply(self._error_reply(error, phase), drops_stream=True, error_kind=_kind(error))
+            self._together_ended = True
+            return
+        at = self._at
+        if isinstance(at, _Awaiting):
+            answer = {**at.answer, w.PROMPT_LOGPROBS: self._prompt_logprobs}
+            try:
+                self._reply_decode(_raw.encode(answer), at.leg)
+            except DisaggTransformError as error:
+                self._fail(error)
 
     def together_failed(self, step: str, reason: str, *, timed_out: bool = False) -> None:
         """A call sent together with the current one got no answer (connection, timeout).
@@ -751,6 +798,16 @@ class Exchange:
     def _prefills(self) -> bool:
         # Met by rendezvous, the prefill's call goes together with decode's.
         return Step.PREFILL in self._params and not self._rendezvous()
+
+    def _prompt_count(self) -> int | None:
+        """The prompt logprobs the SGLang leg asks for (vLLM's ``prompt_logprobs``), or none."""
+        leg = self._sglang_leg
+        return None if leg is None else leg.prompt_logprobs
+
+    def _read_prompt(self, body: bytes, asked: int) -> list[dict[str, Any] | None]:
+        read = self._engine.prompt_logprobs
+        assert read is not None  # noqa: S101 - only an SGLang leg asks its prefill for them
+        return read(body, asked)
 
     def _stop_ids(self) -> tuple[int, ...]:
         """The stop tokens the SGLang leg named: its answer's ``stop_reason`` when matched."""
@@ -867,11 +924,17 @@ class Exchange:
         if client.generate and not self._as_written():
             leg = with_prompt(leg, _rendered_ids(self._gathered.rendered), self._gathered.limits)
         body = leg.body
-        data = _raw.encode(self._run_hooks(Step.DECODE, body))
+        hooked = self._run_hooks(Step.DECODE, body)
+        data = prefill_data = _raw.encode(hooked)
+        asked = leg.prompt_logprobs
+        if asked is not None:  # the prefill computes them; a decode alone, itself
+            prefill_data = _raw.encode(prefill_body(hooked, asked))
+            if Step.PREFILL not in self._params:
+                data = prefill_data
         abort_path = self._engine.abort_path
         assert abort_path is not None  # noqa: S101 - a rendezvous engine aborts by id
 
-        def call(step: Phase, together: tuple[WorkerCall, ...] = ()) -> WorkerCall:
+        def call(step: Phase, data: bytes, together: tuple[WorkerCall, ...] = ()) -> WorkerCall:
             abort = WorkerCall(
                 step=step,
                 method="POST",
@@ -910,8 +973,8 @@ class Exchange:
                 | {"wrap_chat_completion": client.route is Route.CHAT_COMPLETIONS}
                 | {"output_mode": OutputMode.TEXT}
             )
-        together = (call(Phase.PREFILL),) if Step.PREFILL in self._params else ()
-        return _Calling(call(Phase.DECODE, together), read_as)
+        together = (call(Phase.PREFILL, prefill_data),) if Step.PREFILL in self._params else ()
+        return _Calling(call(Phase.DECODE, data, together), read_as)
 
     def _read_render(self, status: int, body: bytes) -> Phase | None:
         del status
@@ -983,7 +1046,20 @@ class Exchange:
             if isinstance(read, SglangFailure):
                 self._fail_worker(read.status, read.message, _NO_DETAIL, drops_stream=False)
                 return Phase.REPLIED
+            asked = self._prompt_count()
+            if asked is not None and Step.PREFILL not in self._params:
+                self._prompt_logprobs = self._read_prompt(body, asked)  # a decode alone's own
+            if asked is not None and self._prompt_logprobs is None:
+                self._at = _Awaiting(read, leg)  # the prefill's answer completes the reply
+                return Phase.REPLIED
+            if asked is not None:
+                read[w.PROMPT_LOGPROBS] = self._prompt_logprobs
             body = _raw.encode(read)
+        self._reply_decode(body, leg)
+        return Phase.REPLIED
+
+    def _reply_decode(self, body: bytes, leg: DecodeLeg) -> None:
+        """The client's reply from the decode's whole answer (a generate answer, or the API's)."""
         hook = None
         hooks = self._hooks
         if hooks is not None and hooks.response:
@@ -1003,7 +1079,6 @@ class Exchange:
         )
         headers = self._reply_headers(content_type)
         self._reply(ClientReply(status=200, headers=headers, body=reply), drops_stream=False)
-        return Phase.REPLIED
 
     # The plan (rule 2): the worker-call phases in order. Below the methods its rows name.
     _plan: ClassVar[Mapping[Phase, PlanRow]] = {

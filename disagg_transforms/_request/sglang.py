@@ -34,6 +34,7 @@ __all__ = (
     "build_sglang_openai_request",
     "build_sglang_request",
     "new_rendezvous",
+    "prefill_body",
     "sglang_client_leg",
     "sglang_openai_leg",
 )
@@ -165,6 +166,9 @@ class SglangLeg(msgspec.Struct, frozen=True, kw_only=True):
     """The stop tokens the request named: a match is a ``stop_reason``, an EOS is not."""
     dropped: tuple[str, ...]
     """Client keys left out of the leg, on the documented list (``docs/sglang.md``)."""
+    prompt_logprobs: int | None = None
+    """The prompt logprobs the client asked for (vLLM's ``prompt_logprobs``: the top count);
+    ``None``: none. The prefill computes them (:func:`prefill_body`), the decode never does."""
 
 
 def build_sglang_request(
@@ -248,6 +252,9 @@ def unprompted_sglang_leg(client: ClientRequest, rendezvous: Rendezvous) -> Sgla
         w.RID: _rid(rendezvous.rid),
         w.STREAM: _validate.typed(client.body, w.STREAM, bool) is True,
     }
+    prompt_logprobs = _prompt_logprobs(
+        sampling.pop(w.PROMPT_LOGPROBS, None), stream=body[w.STREAM], client_body=client.body
+    )
     body[w.SAMPLING_PARAMS] = _sampling(sampling, body, client.body)
     for key in (w.CACHE_SALT, w.PRIORITY):
         if client.body.get(key) is not None:
@@ -263,6 +270,7 @@ def unprompted_sglang_leg(client: ClientRequest, rendezvous: Rendezvous) -> Sgla
         rid=rendezvous.rid,
         stop_token_ids=tuple(stop_ids),
         dropped=(*mapping.dropped, *mapping.context_keys),
+        prompt_logprobs=prompt_logprobs,
     )
 
 
@@ -337,6 +345,45 @@ def _logprobs(count: object, client_body: Mapping[str, Any]) -> dict[str, Any]:
         w.RETURN_LOGPROB: True,
         w.TOP_LOGPROBS_NUM: count,
         w.LOGPROB_START_LEN: -1,
+        w.RETURN_TEXT_IN_LOGPROBS: True,
+    }
+
+
+def _prompt_logprobs(count: object, *, stream: bool, client_body: Mapping[str, Any]) -> int | None:
+    """The prompt logprobs asked for, checked as vLLM 0.33 checks them; ``None``: none to get.
+
+    vLLM refuses them in a stream (but 0, which a stream never shows: nothing to ask SGLang).
+    """
+    if count is None or (stream and count == 0):
+        return None
+    if type(count) is not int or count < -1:
+        path = f"$.{w.PROMPT_LOGPROBS}"
+        msg = f"{path}: `prompt_logprobs` must be a positive value or -1, got {describe(count)}"
+        raise RequestError(msg, param=path)
+    if count == -1:
+        raise _no_place(w.PROMPT_LOGPROBS, client_body, "has no every-token alternatives (-1)")
+    if stream:
+        path = f"$.{w.PROMPT_LOGPROBS}"
+        msg = f"{path}: `prompt_logprobs` are not available when `stream=True`."
+        raise RequestError(msg, param=path)
+    return count
+
+
+def prefill_body(body: Mapping[str, Any], prompt_logprobs: int) -> dict[str, Any]:
+    """The prefill's ``/generate`` body (a new dict) when the client asked for prompt logprobs.
+
+    In SGLang's P/D the prefill computes the prompt's logprobs and the decode returns none, so
+    only the prefill's body asks for them, from the first position on. ``top_logprobs_num`` is
+    one count for the prompt and the output, and the decode takes its first token's top
+    logprobs from the prefill's: the prefill asks the larger of the two (the answer is cut to
+    the client's count when read). ``docs/sglang.md``, "Prompt logprobs".
+    """
+    top = body.get(w.TOP_LOGPROBS_NUM)
+    return {
+        **body,
+        w.RETURN_LOGPROB: True,
+        w.TOP_LOGPROBS_NUM: max(top if type(top) is int else 0, prompt_logprobs),
+        w.LOGPROB_START_LEN: 0,
         w.RETURN_TEXT_IN_LOGPROBS: True,
     }
 
@@ -449,9 +496,19 @@ def sglang_openai_leg(
     higher: SGLang's Responses route keeps 2 tokens of it as headroom.
 
     Raises:
-        RequestError: the rendezvous is out of range, or ``stream`` is not a boolean.
+        RequestError: the rendezvous is out of range, ``stream`` is not a boolean, or the client
+            asks for prompt logprobs, which SGLang's OpenAI server has no field for.
     """
     body = dict(client_body)
+    stream = _validate.typed(body, w.STREAM, bool) is True
+    asked = _prompt_logprobs(body.get(w.PROMPT_LOGPROBS), stream=stream, client_body=body)
+    if asked is not None:  # SGLang's OpenAI requests would ignore it: never dropped unsaid
+        param = f"$.{w.PROMPT_LOGPROBS}"
+        msg = (
+            f"{param}: SGLang's OpenAI {path} has no prompt logprobs; they come from its "
+            "/generate prefill, for chat clients on the token route (docs/sglang.md)"
+        )
+        raise RequestError(msg, param=param)
     cap = body.get(w.MAX_OUTPUT_TOKENS)
     if path == Route.RESPONSES.value and type(cap) is int:
         body[w.MAX_OUTPUT_TOKENS] = cap + _RESPONSES_HEADROOM
@@ -460,7 +517,7 @@ def sglang_openai_leg(
     return SglangLeg(
         path=path,
         body=body,
-        stream=_validate.typed(body, w.STREAM, bool) is True,
+        stream=stream,
         rid=rendezvous.rid,
         stop_token_ids=(),
         dropped=(),

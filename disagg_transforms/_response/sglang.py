@@ -29,6 +29,7 @@ __all__ = (
     "SglangStreamReader",
     "answer_failure",
     "generate_answer",
+    "prompt_logprobs",
     "sglang_error_message",
 )
 
@@ -249,6 +250,76 @@ class _Cumulative:
 
 _TRIPLES_DECODER: Final = msgspec.json.Decoder(list[_Triple])
 _TOPS_DECODER: Final = msgspec.json.Decoder(list[list[_Triple] | None])
+
+
+class _InputMeta(msgspec.Struct, kw_only=True, gc=False):
+    prompt_tokens: int
+    input_token_logprobs: list[_Triple]
+    input_top_logprobs: list[list[_Triple] | None] = []
+
+
+class _InputAnswer(msgspec.Struct, kw_only=True, gc=False):
+    meta_info: _InputMeta
+
+
+_INPUT_DECODER: Final = msgspec.json.Decoder(_InputAnswer)
+
+
+def prompt_logprobs(body: bytes, count: int) -> list[dict[str, Any] | None]:
+    """The prompt logprobs as vLLM writes them, from the SGLang worker that computed them.
+
+    In P/D that is the prefill (its body from ``prefill_body``); ``count`` is the client's
+    ``prompt_logprobs``. Each position is vLLM 0.33's: the prompt's token first, then the top
+    ``count``, keyed by token id, each ``{"logprob", "rank", "decoded_token"}``; the first
+    position ``None``. SGLang gives no rank: it is the one vLLM gives wherever SGLang's top list
+    proves it, else ``None`` (``docs/sglang.md``, "Prompt logprobs").
+
+    Raises:
+        UpstreamContractError: the answer carries no prompt logprobs in SGLang's shape.
+    """
+    try:
+        meta = _INPUT_DECODER.decode(body).meta_info
+    except (msgspec.DecodeError, RecursionError) as error:
+        raise contract_error(error, "the SGLang /generate answer") from None
+    tokens, tops = meta.input_token_logprobs, meta.input_top_logprobs
+    if len(tokens) != meta.prompt_tokens or (tokens and tokens[0][0] is not None):
+        path = f"$.{w.META_INFO}.{w.INPUT_TOKEN_LOGPROBS}"
+        msg = (
+            f"{path}: expected a logprob for each of the {meta.prompt_tokens} prompt tokens, "
+            f"the first null, got {len(tokens)} (was logprob_start_len 0?)"
+        )
+        raise UpstreamContractError(msg, param=path)
+    out: list[dict[str, Any] | None] = [None]  # the first token has nothing before it
+    for position in range(1, len(tokens)):
+        top = tops[position] if position < len(tops) else None
+        out.append(_position(tokens[position], top or [], count))
+    return out
+
+
+def _position(token: _Triple, top: list[_Triple], count: int) -> dict[str, Any]:
+    """One prompt position as vLLM writes it: the prompt's token, then the top ``count``.
+
+    vLLM's rank of the prompt's token is the count of tokens at least as likely (ties
+    counted), and a top token's is its place in the top list; when the
+    prompt's token is among the top ``count``, its place wins (vLLM writes it last). SGLang's
+    top list (as long as the prefill was asked for, maybe more than ``count``) proves the count
+    when the token is more likely than its last entry: every token at least as likely is in it.
+    """
+    logprob, token_id, text = token
+    value = _NO_LOGPROB if logprob is None else logprob  # orjson's null: -inf, as vLLM clamps
+    rank = None
+    last = top[-1][0] if top else None
+    if logprob is not None and last is not None and logprob > last:
+        rank = sum(1 for alt in top if alt[0] is not None and alt[0] >= logprob)
+    entries = {str(token_id): _prompt_entry(value, rank, text)}
+    for place, (alt_logprob, alt_id, alt_text) in enumerate(top[:count], start=1):
+        alt = _NO_LOGPROB if alt_logprob is None else alt_logprob
+        entries[str(alt_id)] = _prompt_entry(alt, place, alt_text)
+    return entries
+
+
+def _prompt_entry(logprob: float, rank: int | None, text: str | None) -> dict[str, Any]:
+    return {w.LOGPROB: logprob, w.RANK: rank, w.DECODED_TOKEN: text}
 
 
 def generate_answer(

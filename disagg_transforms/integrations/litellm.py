@@ -359,6 +359,8 @@ def _exchange_bytes(http: httpx.Client, plan: _Plan) -> Iterator[bytes]:
             except httpx.TransportError as error:
                 peers.feed_done(drive)
                 drive.failed(_reason(error), timed_out=_timed_out(error))
+        if drive.awaiting:  # the reply needs a peer's answer too (SGLang's prompt logprobs)
+            peers.feed_all(drive)
         yield _reply_bytes(drive.reply())
         try:
             while drive.relaying:
@@ -441,13 +443,17 @@ class _Peers:
             self._running.remove((call, future))
             _feed(drive, call, future)
 
+    def feed_all(self, drive: Driver) -> None:
+        """Wait for every answer still to come and feed it."""
+        for call, future in self._running:
+            _feed(drive, call, future)  # waits for its answer
+        self._running.clear()
+
     def settle(self, drive: Driver, *, gone: bool) -> None:
         """Read the rest to their end, or, cancelled, abort them and the main call."""
         self._answered.set()  # whatever happened, a failed peer's aborts stop here
         if not (gone or drive.cancelling):
-            for call, future in self._running:
-                _feed(drive, call, future)  # waits for its answer
-            self._running.clear()
+            self.feed_all(drive)
             self._main = None
             return
         for call, future in self._running:
@@ -489,6 +495,8 @@ async def _aexchange_bytes(http: httpx.AsyncClient, plan: _Plan) -> AsyncIterato
                     drive.chunk(await anext(chunks, None))
             except httpx.TransportError as error:
                 drive.failed(_reason(error), timed_out=_timed_out(error))
+        if drive.awaiting:  # the reply needs a peer's answer too (SGLang's prompt logprobs)
+            await peers.answered()
         yield _reply_bytes(drive.reply())
         try:
             while drive.relaying and chunks is not None:
@@ -555,6 +563,11 @@ class _AsyncPeers:
             await answer.aclose()
         except httpx.TransportError as error:
             _LOG.warning("%s abort failed: %s", call.step, _reason(error))
+
+    async def answered(self) -> None:
+        """Wait for the answers of the calls sent together (each task feeds its own)."""
+        if self._running:
+            await asyncio.wait(self._running)
 
     async def settle(self, *, gone: bool) -> None:
         """Read the rest to their end, or, cancelled, abort them and the main call."""

@@ -1139,7 +1139,11 @@ class _Proxy:
                 main.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await main
-        return None if main.cancelled() else main.result()
+        if main.cancelled():
+            return None
+        if drive.awaiting:  # the reply needs a peer's answer too (SGLang's prompt logprobs)
+            await asyncio.wait(flight.peers)
+        return main.result()
 
     async def _peer(
         self, drive: Driver, call: WorkerCall, log: _Log, urls: Mapping[str, str], flight: _Flight

@@ -10,14 +10,14 @@ import asyncio
 import dataclasses
 import time
 from collections.abc import Mapping
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, TypeAlias
 
 import orjson
 
 from disagg_transforms.testing import _sglang_openai as openai
 from disagg_transforms.testing._common import WorkerSettings
 from disagg_transforms.testing._generate import cached_prefix
-from disagg_transforms.testing._tokenizer import IM_END, decode, encode
+from disagg_transforms.testing._tokenizer import BYTE_OFFSET, IM_END, decode, encode
 from disagg_transforms.testing._worker import (
     Receive,
     RecordedCall,
@@ -77,6 +77,7 @@ SAMPLING_KEYS: Final = (
 _DEFAULT_CAP: Final = 128
 _LOGPROB: Final = -0.1
 _ALTERNATIVE: Final = -2.3
+_BYTES: Final = 256  # the toy tokenizer's byte tokens: a prompt position's alternatives
 _ABORTED: Final = {"type": "abort", "message": "Aborted", "status_code": None, "err_type": None}
 _SSE: Final = "text/event-stream; charset=utf-8"
 _SIMULATED_500: Final = openai.error_response("Internal server error (simulated)", "500", 500)
@@ -524,6 +525,10 @@ class SimulatedSglangWorker:
                 if isinstance(call.body, dict)
             )
             slot.cached_tokens = cached_prefix(request.prompt, earlier)
+            start = request.body.get("logprob_start_len")
+            if request.body.get("return_logprob") is True and isinstance(start, int) and start >= 0:
+                # SGLang reuses no KV past where logprobs start (docs/sglang.md).
+                slot.cached_tokens = min(slot.cached_tokens, start)
             slot.prefill.set()
             try:
                 await _wait(slot.decode.wait(), abort, self.transfer_timeout)
@@ -647,16 +652,26 @@ class SimulatedSglangWorker:
         with_text = body.get("return_text_in_logprobs") is True
         top = body.get("top_logprobs_num") or 0
 
-        def triple(logprob: float, token: int) -> list[Any]:
+        def triple(logprob: float | None, token: int) -> list[Any]:
             return [logprob, token, decode([token]) if with_text else None]
 
+        start = body.get("logprob_start_len")
+        # In P/D the prefill computes the prompt's logprobs; a decode never sends them.
+        if self.mode == "decode" or not isinstance(start, int) or start < 0:
+            start = len(request.prompt)
+        top = top if isinstance(top, int) and top > 0 else 0
+        inputs = [
+            _prompt_position(request.prompt, at, top) for at in range(start, len(request.prompt))
+        ]
         out: dict[str, Any] = {
-            "input_token_logprobs": [],
+            "input_token_logprobs": [triple(*position[0]) for position in inputs],
             "output_token_logprobs": [triple(_LOGPROB, token) for token in ids],
             "output_token_logprobs_length": len(ids),
         }
-        if isinstance(top, int) and top > 0:
-            out["input_top_logprobs"] = []
+        if top:
+            out["input_top_logprobs"] = [
+                None if alts is None else [triple(*alt) for alt in alts] for _, alts in inputs
+            ]
             out["output_top_logprobs"] = [
                 [triple(_LOGPROB, token)]
                 + [triple(_ALTERNATIVE - rank, token + 1000 + rank) for rank in range(top - 1)]
@@ -707,6 +722,26 @@ class SimulatedSglangWorker:
             "max_model_len": self.settings.max_model_len,
         }
         return {"object": "list", "data": [card]}
+
+
+_Scored: TypeAlias = tuple[float | None, int]
+
+
+def _prompt_position(prompt: list[int], at: int, top: int) -> tuple[_Scored, list[_Scored] | None]:
+    """The logprob of the prompt's token ``at`` and the ``top`` most likely there (none at 0).
+
+    Scripted by position, so a test knows each rank: the prompt's token is the most likely, the
+    second, or less likely than every listed one (``docs/sglang.md``, "Prompt logprobs").
+    """
+    token = prompt[at]
+    if at == 0:
+        return (None, token), None
+    logprob = {1: -0.25, 2: -0.75}.get(at % 3, -1.5 - top)
+    others = (BYTE_OFFSET + (token - BYTE_OFFSET + 1 + rank) % _BYTES for rank in range(top))
+    scored: list[_Scored] = [(-0.5 - rank, other) for rank, other in enumerate(others)]
+    scored.append((logprob, token))
+    scored.sort(key=lambda alt: alt[0] or 0.0, reverse=True)
+    return (logprob, token), scored[:top]
 
 
 def _layout() -> dict[str, Any]:
