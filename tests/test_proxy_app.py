@@ -117,7 +117,7 @@ def _glibc() -> bool:
 
 @pytest.mark.skipif(not _glibc(), reason="mallopt's thresholds are glibc's")
 def test_each_serving_process_fixes_glibcs_heap_thresholds(monkeypatch: pytest.MonkeyPatch) -> None:
-    # Else where they end depends on the process's history (docs/performance.md, "The heap's top").
+    # Else where they end depends on the process's history (docs/performance.md, SGLang).
     assert proxy._steady_heap()  # glibc takes both
     calls: list[tuple[int, int]] = []
 

@@ -512,8 +512,8 @@ class _Stream:
 
         ``readany`` takes the pieces one by one, each time resuming the connection's reading
         and so running its parser again: about 0.35 us a piece, and an SGLang event is one
-        (docs/performance.md, "SGLang: ..."). Only ``readany`` reads this answer, so no piece
-        was partly read.
+        (docs/performance.md, "What the stream figures compare"). Only ``readany`` reads this
+        answer, so no piece was partly read.
         """
         content = self._content
         if not pieces and not content.is_eof() and content.exception() is None:
@@ -560,10 +560,10 @@ _READ_BUFSIZE = 1 << 18
 # glibc's malloc (mallopt's parameters): blocks from the mmap threshold up are mapped on their
 # own; free space past the trim threshold at the heap's top goes back to the system. glibc moves
 # both with the largest block freed so far, so where they end depends on the process's history:
-# in about one serving process in five, the ~1 MB a streamed request's reads swing the heap's top
+# in about one serving process in six, the ~1 MB a streamed request's reads swing the heap's top
 # by went back and came again each request (900 page faults a 1k-token SGLang stream, 15% more
 # CPU a chunk). Fixed above what a read holds (twice _READ_BUFSIZE), a process runs the same way
-# each time (docs/performance.md, "The heap's top").
+# each time (docs/performance.md, "What the stream figures compare").
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
 _MMAP_THRESHOLD = 1 << 20
 _TRIM_THRESHOLD = 8 << 20
