@@ -765,6 +765,11 @@ core, which is what the table's figure measures (two runs of this benchmark minu
 and 22.0 ms for it, vllm-router's 1.5 and 8.0 ms). What would meet it with room: fewer calls in a
 row before the decode (render and prefill are two; a request the exchange need not render saves
 one), and less Python per worker call and per leg.
+Measured again at 8ff14ac the same way (every process on `SCHED_FIFO`; 200 streams through
+each of two `serve` default processes, alternating with the worker alone): `serve` adds 1.87-1.89
+ms p50 (the worker alone 0.27 ms), the same through this round's code; without `SCHED_FIFO`, at a
+load average of 6 to 8 from other work, 5.6-6.0 ms. So the 3.34 ms of a benchmark run is the
+machine's load, not `serve`'s own work.
 """
 """What the time to the first chunk at c1 is made of (a rerun keeps it)."""
 
@@ -856,11 +861,25 @@ and counting its events, and nothing else: about where any Python proxy on aioht
 tokens it costs about as much as sglang-router's whole relay (0.91-1.09x in these runs), so 1.5x
 leaves a Python proxy 2 to 2.5 us a chunk for everything else; `serve` adds about that: the
 chunk's share of the request's three calls (about 1.3 us: 1.3 ms a request over 1027 chunks) and
-the relay in the library (1.7 us an event in process). So the 1k floor is at the edge, and just
-missed: 1.53x in this run, 1.68x in a run of the same code measured in clock ticks over 2 rounds,
-1.50x in one before the last reader change; what is left is aiohttp's and the server's own work
-per read, write and request. At 8k tokens `serve` costs less a chunk than sglang-router
-(0.77-1.08x).
+the relay in the library (1.7 us an event in process). That left the 1k floor at the edge (1.53x in
+a run of this benchmark at 8ff14ac). Two costs outside the library were then found and cut
+(alternating runs as above, two or three `serve` processes of each code at once, 6 rounds of 32
+streams). aiohttp's `readany` took an answer's unread bytes one piece at a time, a piece per HTTP
+chunk (an SGLang event is one), and resumed the connection's reading after each, which runs its
+parser again: `serve` now joins the pieces a read finds before `readany` takes them (5.5-5.7 to
+5.2-5.4 us a chunk). And in about one `serve` process in six (of about 50 started at 8ff14ac),
+glibc's malloc gave the heap's top back to the system after each streamed request, the ~1 MB its
+reads swing it by, and faulted it in again on the next: about 900 page faults a 1k stream, 6.4-6.8
+us a chunk against 5.5-5.7 in the other processes of the same code, a third of it in the kernel
+instead of a fifth. Where glibc leaves its thresholds (it moves them with the largest block freed so
+far) depends on a process's history, so one run's figure depended on the process it got. Each
+serving process now fixes them (`mallopt`: mmap from 1 MiB, trim past 8 MiB of free heap, above what
+a read holds), and none of 27 processes since faulted so. sglang-router's own CPU per chunk 3.6-3.8
+us; `serve`'s 1.38-1.43x of it after, 1.46-1.58x at 8ff14ac in the same runs; a 4-token stream, the
+request's fixed cost, 1.37-1.40 ms of CPU, unchanged. What is left is aiohttp's and the server's own
+work per read, write, event and request (aiohttp's Python runs three times an event as its parser
+feeds it). At 8k tokens `serve` costs about what sglang-router does a chunk (0.95-1.07x in these
+runs, 0.77-1.08x before).
 """
 """What the cumulative stream figures measure (a rerun keeps it)."""
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+import os
 import socket
 from typing import Any
 
@@ -17,6 +19,7 @@ pytest.importorskip("uvicorn")
 from proxy_helpers import served
 from starlette.testclient import TestClient
 
+from disagg_transforms.integrations import proxy
 from disagg_transforms.integrations.proxy import create_app, url_errors
 
 
@@ -103,6 +106,30 @@ def test_models_is_the_decode_workers_answer_with_two_headers_passed_on() -> Non
     assert (call.headers["authorization"], call.headers["x-request-id"]) == ("Bearer k", "models-1")
     assert "x-other" not in call.headers
     assert worker.calls_to("/health") == []  # the proxy's /health calls no worker
+
+
+def _glibc() -> bool:
+    try:
+        return bool(os.confstr("CS_GNU_LIBC_VERSION"))
+    except (AttributeError, ValueError, OSError):
+        return False
+
+
+@pytest.mark.skipif(not _glibc(), reason="mallopt's thresholds are glibc's")
+def test_each_serving_process_fixes_glibcs_heap_thresholds(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Else where they end depends on the process's history (docs/performance.md, SGLang).
+    assert proxy._steady_heap()  # glibc takes both
+    calls: list[tuple[int, int]] = []
+
+    class Libc:
+        def mallopt(self, param: int, value: int) -> int:
+            calls.append((param, value))
+            return 1
+
+    monkeypatch.setattr(ctypes, "CDLL", lambda _name: Libc())
+    app = create_app(parse_pipeline_params({"decode": {}}), decode_url="http://127.0.0.1:9")
+    with TestClient(app):
+        assert calls == [(-3, 1 << 20), (-1, 8 << 20)]  # M_MMAP_THRESHOLD, M_TRIM_THRESHOLD
 
 
 def test_an_unreachable_worker_is_a_502_naming_the_step() -> None:

@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import logging
 import operator
+import os
 import random
 import signal
 import sys
 import threading
 import time
 import urllib.parse
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from http import HTTPStatus
@@ -477,6 +480,9 @@ class _Stream:
     def __init__(self, answer: aiohttp.ClientResponse, first_byte_due: float, idle: float) -> None:
         self.answer = answer
         self._content = answer.content
+        # What the answer holds unread, one piece per HTTP chunk (none for an answer with no
+        # body: aiohttp's empty reader).
+        self._pieces: deque[bytes] | None = getattr(self._content, "_buffer", None)
         self._loop = asyncio.get_running_loop()
         self._idle = idle
         self._due = first_byte_due  # the deadline of the read in progress
@@ -495,9 +501,27 @@ class _Stream:
             self._timer = self._loop.call_at(min(self._due, now + self._idle), self._check)
         self._reading = True
         try:
+            if (pieces := self._pieces) is not None:
+                await self._gather(pieces)
             return await self._content.readany()
         finally:
             self._reading = False
+
+    async def _gather(self, pieces: deque[bytes]) -> None:
+        """Wait for bytes, then make what came one piece, so ``readany`` takes it at once.
+
+        ``readany`` takes the pieces one by one, each time resuming the connection's reading
+        and so running its parser again: about 0.35 us a piece, and an SGLang event is one
+        (docs/performance.md, "What the stream figures compare"). Only ``readany`` reads this
+        answer, so no piece was partly read.
+        """
+        content = self._content
+        if not pieces and not content.is_eof() and content.exception() is None:
+            await content._wait("readany")  # noqa: SLF001 - readany's own wait
+        if len(pieces) > 1:
+            whole = b"".join(pieces)
+            pieces.clear()
+            pieces.append(whole)
 
     def _check(self) -> None:
         self._timer = None
@@ -533,6 +557,32 @@ _RETRIED_STATUSES = frozenset({502, 503, 504})
 # (SGLang's cumulative ones) came in reads of a few events, each one write to the client
 # (docs/performance.md, "What the stream figures compare").
 _READ_BUFSIZE = 1 << 18
+# glibc's malloc (mallopt's parameters): blocks from the mmap threshold up are mapped on their
+# own; free space past the trim threshold at the heap's top goes back to the system. glibc moves
+# both with the largest block freed so far, so where they end depends on the process's history:
+# in about one serving process in six, the ~1 MB a streamed request's reads swing the heap's top
+# by went back and came again each request (900 page faults a 1k-token SGLang stream, 15% more
+# CPU a chunk). Fixed above what a read holds (twice _READ_BUFSIZE), a process runs the same way
+# each time (docs/performance.md, "What the stream figures compare").
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+_MMAP_THRESHOLD = 1 << 20
+_TRIM_THRESHOLD = 8 << 20
+
+
+def _steady_heap() -> bool:
+    """Fix glibc malloc's mmap and trim thresholds in this process; False with another libc."""
+    try:
+        glibc = bool(os.confstr("CS_GNU_LIBC_VERSION"))
+    except (AttributeError, ValueError, OSError):  # no confstr, or not that name
+        glibc = False
+    if not glibc:
+        return False  # another allocator, its own rules
+    libc = ctypes.CDLL(None)
+    return bool(libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD)) and bool(
+        libc.mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD)
+    )
+
+
 _WorkerHeaders: TypeAlias = Mapping[str, str] | Sequence[tuple[str, str]]
 """A worker call's headers: an exchange's (pairs) or a relayed request's."""
 
@@ -783,6 +833,7 @@ class _Proxy:
 
     @contextlib.asynccontextmanager
     async def lifespan(self, _app: Starlette) -> AsyncIterator[None]:
+        _steady_heap()  # each serving process
         with self._draining_on_stop_signals():
             async with self._pooled_client():
                 yield
