@@ -556,7 +556,8 @@ def wrap_chat_completion_bytes(
     else:
         msg = f"$: the generate response must be JSON bytes, got {describe(untyped)}"
         raise UpstreamContractError(msg, param="$")
-    _limits.check_body_size(data, built.limits, error=UpstreamContractError)
+    if len(data) > built.limits.max_body_bytes:  # the check's call (it words the error) only then
+        _limits.check_body_size(data, built.limits, error=UpstreamContractError)
     asked = _NOT_ASKED
     client_error: DisaggTransformError | None = None
     try:
@@ -568,8 +569,6 @@ def wrap_chat_completion_bytes(
         if out is not None:
             return out
     view = _general_view(data, requested, asked.top)
-    if view.output_mode != requested:  # the one comparison a conforming answer costs
-        check_echoed_mode(view.output_mode, requested, generate=view.object is UNSET)
     if requested is not _TEXT:
         require_text_mode(requested, streaming=False)
     if client_error is not None:
@@ -580,9 +579,16 @@ def wrap_chat_completion_bytes(
 
 
 def _general_view(data: bytes, requested: OutputMode, top: int | None) -> _Response[Any, Any]:
-    """The response through the general view, its logprobs cut while decoding when it can be."""
+    """The response through the general view, its logprobs cut while decoding when it can be.
+
+    Its echo is checked (first, as on the dict path).
+    """
     view = _precut(data, top)
-    return _decode_response(data, requested) if view is None else view
+    if view is None:
+        view = _decode_response(data, requested)
+    if view.output_mode != requested:  # the one comparison a conforming answer costs
+        check_echoed_mode(view.output_mode, requested, generate=view.object is UNSET)
+    return view
 
 
 def _precut(data: bytes, top: int | None) -> _Response[msgspec.Raw, Any] | None:
