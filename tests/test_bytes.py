@@ -221,12 +221,7 @@ def test_the_common_text_answer_s_fast_envelope_is_the_general_one(
             chat._wrap(RAW_CODEC, view, requested=OutputMode.TEXT, asked=asked, options=options)
         )
     )
-    common = chat._common_text(raw)
-    fast = (
-        ("ok", None)
-        if common is None
-        else outcome(lambda: chat._text_completion(common, asked, options))
-    )
+    fast = outcome(lambda: chat._text_completion(raw, asked, options))
     if fast != ("ok", None):
         assert fast == general
     elif set(changes) <= _STILL_COMMON:
@@ -478,6 +473,65 @@ def test_invalid_utf8_in_a_one_choice_answer_is_refused_at_its_input_byte(
         wrap_chat_completion_bytes(raw, requested=OutputMode.TEXT)
 
 
+_MARK = "MARK"
+_DETAILS = {"cached_tokens": 0, "x_note": _MARK}
+_LOGPROBS_ENTRY = {"token": "a", "logprob": -0.5, "bytes": None, "top_logprobs": []}
+
+
+@pytest.mark.parametrize(
+    ("mode", "where", "top", "param"),
+    [
+        # Members the general way decodes through a typed view (docs/bytes.md).
+        (
+            "text",
+            {"usage": {"prompt_tokens": 1, "prompt_tokens_details": _DETAILS}},
+            None,
+            "$.usage",
+        ),
+        (
+            "text",
+            {"prompt_logprobs": [None, {"7": {"decoded_token": _MARK}}]},
+            None,
+            "$.prompt_logprobs",
+        ),
+        (
+            "derender",
+            {"message": {"role": "assistant", "content": _MARK}},
+            None,
+            "$.choices[0].message",
+        ),
+        # Logprobs cut to the client's top_logprobs: keys split, an unusual shape decoded.
+        ("text", {"logprobs": {"content": [], _MARK: 1}}, 2, "$.choices[0].logprobs"),
+        ("text", {"logprobs": {"content": [], _MARK: 1}}, 25, "$.choices[0].logprobs"),
+        (
+            "text",
+            {"logprobs": {"content": [{**_LOGPROBS_ENTRY, _MARK: 1}]}},
+            2,
+            "$.choices[0].logprobs",
+        ),
+        ("text", {"logprobs": {"content": _MARK}}, 2, "$.choices[0].logprobs"),
+        ("text", {"logprobs": {"content": [_MARK]}}, 25, "$.choices[0].logprobs"),
+    ],
+)
+@pytest.mark.parametrize("bad", [b"\xff", b"\xc3(", b"\xed\xa0\x80"])
+def test_invalid_utf8_in_a_decoded_member_is_a_contract_error_at_its_path(
+    mode: str, where: dict[str, Any], top: int | None, param: str, bad: bytes
+) -> None:
+    # msgspec refuses a string that is not UTF-8 in what it decodes with its own DecodeError:
+    # such a member is the worker's broken answer, an UpstreamContractError naming the member.
+    response = load_fixture(
+        "response-text.json" if mode == "text" else "response-derender-text.json"
+    )
+    response["choices"] = response["choices"][:1]
+    for key, value in where.items():
+        (response["choices"][0] if key in {"message", "logprobs"} else response)[key] = value
+    raw = json.dumps(response).encode().replace(_MARK.encode(), bad)
+    client = None if top is None else {"top_logprobs": top}
+    with pytest.raises(UpstreamContractError, match="UTF-8") as caught:
+        wrap_chat_completion_bytes(raw, requested=OutputMode(mode), client_body=client)
+    assert caught.value.param == param
+
+
 @pytest.mark.parametrize(("text", "shown"), [(5, "5 (an integer)"), ([1], "an array of 1 items")])
 def test_text_that_is_not_a_string_is_refused_on_both_paths(text: object, shown: str) -> None:
     response = _text_response("x")
@@ -506,13 +560,30 @@ def test_invalid_utf8_in_what_the_wrap_drops_is_not_read() -> None:
     )
 
 
-@given(response=generate_responses("text"), bad=st.sampled_from([b"\xff", b"\xc3", b"\x80"]))
-def test_wrap_bytes_output_is_utf8_or_refused(response: dict[str, Any], bad: bytes) -> None:
-    raw = _loose(response)
-    at = raw.rindex(b'"', 0, len(raw) // 2 + 1)  # inside or beside some string
+@given(
+    mode=st.sampled_from(["text", "derender"]),
+    data=st.data(),
+    bad=st.sampled_from([b"\xff", b"\xc3", b"\x80", b"\xed\xa0\x80"]),
+    top=st.none() | st.sampled_from([0, 2, 25]),
+    strings=st.booleans(),
+)
+def test_wrap_bytes_output_is_utf8_or_refused(
+    mode: str, data: st.DataObject, bad: bytes, top: int | None, *, strings: bool
+) -> None:
+    # A bad byte inside any string of the answer (a key, text, a message, logprobs, usage,
+    # prompt logprobs, a dropped member): the wrap writes UTF-8 or raises ours, never msgspec's.
+    response = data.draw(generate_responses(mode))
+    if strings:  # strings where the general way decodes usage and prompt logprobs
+        response["usage"]["prompt_tokens_details"] = {"cached_tokens": 0, "x_note": "n"}
+        response["prompt_logprobs"] = [None, {"7": {"logprob": -1.0, "decoded_token": "d"}}]
+    raw = _loose(_in_vllm_order(response))
+    # Unescaped quotes alternate, opening and closing: the bad byte opens one string.
+    quotes = [at for at in range(len(raw)) if raw[at] == ord('"') and raw[at - 1] != ord("\\")]
+    at = data.draw(st.sampled_from(quotes[::2])) + 1
     broken = raw[:at] + bad + raw[at:]
+    client = None if top is None else json.dumps({"top_logprobs": top}).encode()
     try:
-        out = wrap_chat_completion_bytes(broken, requested=OutputMode.TEXT)
+        out = wrap_chat_completion_bytes(broken, requested=OutputMode(mode), client_body=client)
     except UpstreamContractError as error:
         assert error.param is not None
         assert error.param.startswith("$")

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from itertools import starmap
-from typing import Any, Final, Generic, TypedDict, TypeVar
+from typing import Any, Final, Generic, Literal, TypedDict, TypeVar
 
 import msgspec
 from msgspec import UNSET, UnsetType
@@ -30,6 +30,7 @@ from disagg_transforms._response.choices import (
     DICT_CODEC,
     PRECUT_LOGPROBS,
     RAW_CODEC,
+    SDK_FINISH_REASONS,
     Codec,
     chat_id,
     choice_path,
@@ -70,7 +71,7 @@ from disagg_transforms._wire import limits as _limits
 from disagg_transforms._wire import raw as _raw
 from disagg_transforms._wire.describe import describe
 from disagg_transforms._wire.sse import DONE_EVENT, encode_event_json, format_sse_event
-from disagg_transforms._wire.validate import CONVERT_ERRORS
+from disagg_transforms._wire.validate import CONVERT_ERRORS, MAPPINGS
 from disagg_transforms.envelopes import ChatMessage, Usage
 from disagg_transforms.errors import DisaggTransformError, UpstreamContractError, error_body
 
@@ -170,15 +171,14 @@ class _Asked(msgspec.Struct, frozen=True, gc=False):
 def _asked(client_body: object, requested: OutputMode) -> _Asked:
     """Read the client body (a bytes body narrowly: its ``model`` and ``top_logprobs``)."""
     client: Mapping[str, Any] | None
-    if client_body is None or isinstance(client_body, dict):
-        client = client_body
-    # Bytes before the Mapping ABC, whose isinstance check costs more than the whole read.
-    elif isinstance(client_body, (bytes, bytearray, memoryview)):
+    # Bytes first (the bytes wrap's own case), and before the Mapping ABC, whose isinstance
+    # check costs more than the whole read.
+    if isinstance(client_body, (bytes, bytearray, memoryview)):
         try:
             client = _CLIENT_DECODER.decode(client_body)
         except (msgspec.DecodeError, RecursionError):
             raise _not_a_client_body(client_body) from None
-    elif isinstance(client_body, Mapping):
+    elif client_body is None or isinstance(client_body, MAPPINGS):
         client = client_body
     else:
         raise _not_a_client_body(client_body)
@@ -280,8 +280,7 @@ class _CommonText(msgspec.Struct, kw_only=True, gc=False):
     # _Response as the common text answer has it: one choice, a usage, no prompt logprobs. Its
     # shape checked while decoding, by msgspec, instead of one Python test each after.
     request_id: str
-    output_mode: Any = UNSET
-    object: Any = UNSET
+    output_mode: Literal["text"]  # another echo (or none) is checked the general way
     model: str | UnsetType | None = UNSET
     created: int | UnsetType | None = UNSET
     usage: msgspec.Raw
@@ -294,18 +293,7 @@ _COMMON_TEXT_DECODER: Final = msgspec.json.Decoder(_CommonText)
 # last, and the choices last. Only such an answer is tried through the common view: one with
 # logprobs would fail it only once read nearly whole (its logprobs are most of it).
 _COMMON_TEXT_END: Final = b"null}]}"
-
-
-def _common_text(data: bytes) -> _CommonText | None:
-    """The response through the common text answer's view; ``None``: another answer.
-
-    Any other answer (logprobs, several choices...), or a broken one, does not decode through
-    it: the caller then decodes it the general way, which reads any answer and reports any error.
-    """
-    try:
-        return _COMMON_TEXT_DECODER.decode(data)
-    except (msgspec.DecodeError, RecursionError):
-        return None
+_AT_END: Final = -len(_COMMON_TEXT_END)  # a slice's compare: cheaper than endswith's arguments
 
 
 class _TextMessage(msgspec.Struct, gc=False):
@@ -383,6 +371,28 @@ _TEXT_PIECES: Final = tuple(
 )
 
 
+def _finish_written(value: object, passthrough: bool) -> tuple[bool, bytes]:
+    """A text choice's finish reason as the envelope writes it: mapped or not, and its bytes.
+
+    Mapped (:func:`finish_pair`), the bytes are the ``vllm_finish_reason`` kept (the
+    ``finish_reason`` is then a constant of the layout); else the ``finish_reason``.
+    """
+    finish, vllm_finish = finish_pair(value, streaming=False, passthrough=passthrough)
+    mapped = vllm_finish is not UNSET
+    return mapped, _raw.encode(vllm_finish if mapped else finish)
+
+
+# _FINISH_WRITTEN[passthrough][reason]: _finish_written of the reasons vLLM writes, worked out
+# once (any other value is worked out per answer).
+_FINISH_WRITTEN: Final[tuple[dict[object, tuple[bool, bytes]], ...]] = tuple(
+    {
+        reason: _finish_written(reason, passthrough)
+        for reason in (*SDK_FINISH_REASONS, w.FINISH_ABORT, w.FINISH_REPETITION, None)
+    }
+    for passthrough in (False, True)
+)
+
+
 class _KnownUsage(Usage, kw_only=True, forbid_unknown_fields=True):
     """A usage of known members only: decoding it checks the UTF-8 of every string in it.
 
@@ -394,35 +404,40 @@ class _KnownUsage(Usage, kw_only=True, forbid_unknown_fields=True):
 _USAGE_DECODER: Final = msgspec.json.Decoder(_KnownUsage | None)
 
 
-def _text_completion(view: _CommonText, asked: _Asked, options: EnvelopeOptions) -> bytes | None:
-    """The common text answer's envelope, its values spliced into bytes; ``None``: broken.
+def _text_completion(data: bytes, asked: _Asked, options: EnvelopeOptions) -> bytes | None:
+    """The common text answer's envelope, its values spliced into bytes; ``None``: another.
 
     The answer the router sees most (:class:`_CommonText`: one choice with its text, no
-    logprobs, no prompt logprobs, a usage). Its envelope is what :func:`_wrap` builds (a
-    property test holds the two to the same bytes), without a dict or struct per member
-    (:data:`_TEXT_PIECES`). UTF-8 is checked on what is written undecoded, the text (its check
-    also tells it is a JSON string) and the usage (decoded through a view of its known members,
-    which checks every string in it); every other string msgspec decoded, valid by
-    construction. ``None`` when the text is not a string, the usage is not one or holds another
-    member, or a byte is not UTF-8: the general way reports it.
+    logprobs, no prompt logprobs, a usage, the echo ``text``), read through its own view. Its
+    envelope is what :func:`_wrap` builds (a property test holds the two to the same bytes),
+    without a dict or struct per member (:data:`_TEXT_PIECES`). UTF-8 is checked on what is
+    written undecoded, the text (its check also tells it is a JSON string) and the usage
+    (decoded through a view of its known members, which checks every string in it); every
+    other string msgspec decoded, valid by construction. ``None`` for any other answer (another
+    echo, logprobs, several choices...) and a broken one (the text not a string, the usage not
+    one or holding another member, a byte not UTF-8): the general way, which reads any answer,
+    reports what is wrong.
     """
-    choice = view.choices[0]
-    text, usage = choice.text, view.usage
     try:
+        view = _COMMON_TEXT_DECODER.decode(data)
+        choice = view.choices[0]
+        text, usage = choice.text, view.usage
         known = _USAGE_DECODER.decode(usage)
-        if known is not None and _null_created_cache(known):
+        # Only a details object (absent or null in the common answer) can hold the null.
+        if known is not None and known.prompt_tokens_details and _null_created_cache(known):
             # Written as the general way writes it (docs/responses.md, "Allow-list").
             usage = msgspec.Raw(
                 _raw.encode(_created_cache_counted(RAW_CODEC.load(usage, _USAGE_PATH)))
             )
-        if not str(text, "utf-8").startswith('"'):
+        if str(text, "utf-8")[0] != '"':  # valid JSON: never empty
             return None
-    except (msgspec.DecodeError, UnicodeDecodeError):
+    except (msgspec.DecodeError, RecursionError, UnicodeDecodeError):
         return None  # the general way reports it (a bad byte: the response's first one)
-    finish, vllm_finish = finish_pair(
-        choice.finish_reason, streaming=False, passthrough=options.vllm_finish_reasons
+    finish = choice.finish_reason
+    written = _FINISH_WRITTEN[options.vllm_finish_reasons].get(finish)
+    mapped, finish_bytes = (
+        _finish_written(finish, options.vllm_finish_reasons) if written is None else written
     )
-    mapped = vllm_finish is not UNSET
     created, model = view.created, view.model
     if type(created) is not int:
         created = envelope_created(options, created)
@@ -431,7 +446,7 @@ def _text_completion(view: _CommonText, asked: _Asked, options: EnvelopeOptions)
         model = envelope_model(options, model, asked.client)
     stop = choice.stop_reason
     at_id, at_created, at_model, at_index, at_text, at_finish, at_stop, at_usage, end = (
-        _TEXT_PIECES[mapped][not writes_like_032(options)]
+        _TEXT_PIECES[mapped][options.vllm_version is None or not writes_like_032(options)]
     )
     encode = _raw.encode
     return b"".join(
@@ -447,9 +462,9 @@ def _text_completion(view: _CommonText, asked: _Asked, options: EnvelopeOptions)
             at_text,
             text,
             at_finish,
-            encode(vllm_finish if mapped else finish),
+            finish_bytes,
             at_stop,
-            encode(None if stop is UNSET else stop),
+            _NULL if stop is None or stop is UNSET else encode(stop),
             at_usage,
             usage,
             end,
@@ -529,7 +544,8 @@ def wrap_chat_completion_bytes(
         ConfigError: ``requested`` is ``tokens``.
         RequestError: the client's ``top_logprobs`` is not an integer >= -1.
     """
-    requested = as_output_mode(requested)
+    if requested is not _TEXT:  # the text mode itself needs no reading
+        requested = as_output_mode(requested)
     built = DEFAULT_OPTIONS if options is None else options
     untyped: object = response  # the caller's value may be anything
     if type(untyped) is bytes:  # immutable already: the common case, without the calls below
@@ -540,39 +556,39 @@ def wrap_chat_completion_bytes(
     else:
         msg = f"$: the generate response must be JSON bytes, got {describe(untyped)}"
         raise UpstreamContractError(msg, param="$")
-    _limits.check_body_size(data, built.limits, error=UpstreamContractError)
+    if len(data) > built.limits.max_body_bytes:  # the check's call (it words the error) only then
+        _limits.check_body_size(data, built.limits, error=UpstreamContractError)
     asked = _NOT_ASKED
     client_error: DisaggTransformError | None = None
     try:
         asked = _asked(client_body, requested)
     except DisaggTransformError as error:
         client_error = error  # raised below, after the checks the dict path makes first
-    common = _common_text(data) if requested is _TEXT and data.endswith(_COMMON_TEXT_END) else None
-    view = None
-    echo: _CommonText | _Response[Any, Any]
-    if common is None:
-        echo = view = _general_view(data, requested, asked.top)
-    else:
-        echo = common
-    if echo.output_mode != requested:  # the one comparison a conforming answer costs
-        check_echoed_mode(echo.output_mode, requested, generate=echo.object is UNSET)
+    if requested is _TEXT and client_error is None and data[_AT_END:] == _COMMON_TEXT_END:
+        out = _text_completion(data, asked, built)
+        if out is not None:
+            return out
+    view = _general_view(data, requested, asked.top)
     if requested is not _TEXT:
         require_text_mode(requested, streaming=False)
     if client_error is not None:
         raise client_error
-    out = None if common is None else _text_completion(common, asked, built)
-    if out is None:
-        if view is None:  # a broken answer read through the common view: the general reports it
-            view = _general_view(data, requested, asked.top)
-        out = _raw.encode(_wrap(RAW_CODEC, view, requested=requested, asked=asked, options=built))
-        _raw.check_passed_on_utf8(out, data, UpstreamContractError)
+    out = _raw.encode(_wrap(RAW_CODEC, view, requested=requested, asked=asked, options=built))
+    _raw.check_passed_on_utf8(out, data, UpstreamContractError)
     return out
 
 
 def _general_view(data: bytes, requested: OutputMode, top: int | None) -> _Response[Any, Any]:
-    """The response through the general view, its logprobs cut while decoding when it can be."""
+    """The response through the general view, its logprobs cut while decoding when it can be.
+
+    Its echo is checked (first, as on the dict path).
+    """
     view = _precut(data, top)
-    return _decode_response(data, requested) if view is None else view
+    if view is None:
+        view = _decode_response(data, requested)
+    if view.output_mode != requested:  # the one comparison a conforming answer costs
+        check_echoed_mode(view.output_mode, requested, generate=view.object is UNSET)
+    return view
 
 
 def _precut(data: bytes, top: int | None) -> _Response[msgspec.Raw, Any] | None:

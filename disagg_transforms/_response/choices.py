@@ -132,12 +132,17 @@ _RAW_ENTRIES: Final = msgspec.json.Decoder(list[dict[str, msgspec.Raw]])
 _RAW_ITEMS: Final = msgspec.json.Decoder(list[msgspec.Raw])
 
 
-def cut_logprobs_raw(logprobs: msgspec.Raw, top: int | None) -> object:
+def cut_logprobs_raw(logprobs: msgspec.Raw, top: int | None, position: int) -> object:
     """:func:`cut_logprobs` on raw JSON: only the ``top_logprobs`` lists are split and cut.
 
-    ``logprobs`` is a member of a document msgspec has parsed (valid JSON). The result is the
-    input itself when nothing is cut, else a structure of ``msgspec.Raw`` parts for the encoder;
-    an unusual shape is decoded and handed to :func:`cut_logprobs`, so both give one answer.
+    ``logprobs`` is a member of a document msgspec has parsed (valid JSON syntax), the logprobs
+    of the choice at ``position``. The result is the input itself when nothing is cut, else a
+    structure of ``msgspec.Raw`` parts for the encoder; an unusual shape is decoded and handed
+    to :func:`cut_logprobs`, so both give one answer.
+
+    Raises:
+        UpstreamContractError: a string (a key included) is not UTF-8, or a value no parser
+            reads; the ``param`` is the logprobs' path.
     """
     if top is None:
         return logprobs
@@ -147,8 +152,9 @@ def cut_logprobs_raw(logprobs: msgspec.Raw, top: int | None) -> object:
         entries: list[dict[str, Any]] | None = (
             _RAW_ENTRIES.decode(content) if content is not None else None
         )
-    except msgspec.ValidationError:
-        return cut_logprobs(msgspec.json.decode(logprobs), top)
+    except msgspec.DecodeError:  # another shape, or a key not UTF-8: the decode tells which
+        path = f"{choice_path(position)}.{w.LOGPROBS}"
+        return cut_logprobs(_raw.decode_member(logprobs, path, UpstreamContractError), top)
     if entries is None:
         return logprobs
     for entry in entries:
@@ -256,8 +262,8 @@ class Codec(Generic[_P]):
         """A message with one more key, the rest as given."""
         raise NotImplementedError
 
-    def cut(self, logprobs: _P, top: int | None) -> object:
-        """``logprobs`` cut to ``top`` alternatives per token (``None``: as given)."""
+    def cut(self, logprobs: _P, top: int | None, position: int) -> object:
+        """The choice at ``position``'s ``logprobs`` cut to ``top`` alternatives per token."""
         raise NotImplementedError
 
 
@@ -283,7 +289,7 @@ class _DictCodec(Codec[Any]):
     def extend(self, message: Any, key: str, value: object) -> object:  # noqa: ANN401
         return {**message, key: value}
 
-    def cut(self, logprobs: Any, top: int | None) -> object:  # noqa: ANN401 - JSON value
+    def cut(self, logprobs: Any, top: int | None, position: int) -> object:  # noqa: ANN401, ARG002
         # Without a cut the worker's object is handed on as is (a copy when cut).
         return cut_logprobs(logprobs, top)
 
@@ -294,7 +300,9 @@ class _RawCodec(Codec[Any]):
     def read(self, value: msgspec.Raw, view: type[_T], path: str) -> _T:
         try:
             return msgspec.json.decode(value, type=view)
-        except msgspec.ValidationError as error:
+        # Valid syntax, so a mismatch; or a string not UTF-8 (msgspec checks what it decodes),
+        # a number no parser reads, nesting too deep: each the worker's, at the member's path.
+        except (msgspec.DecodeError, RecursionError) as error:
             raise contract_error(error, "the generate response", path) from None
 
     def is_object(self, value: Any) -> bool:  # noqa: ANN401 - Raw, or a precut struct
@@ -315,10 +323,10 @@ class _RawCodec(Codec[Any]):
         # A Raw is not bytes: split its buffer (the bytes path's reasoning_content).
         return {**_raw.split(memoryview(message), UpstreamContractError, "a message"), key: value}
 
-    def cut(self, logprobs: Any, top: int | None) -> object:  # noqa: ANN401 - as is_object
+    def cut(self, logprobs: Any, top: int | None, position: int) -> object:  # noqa: ANN401 - as is_object
         if isinstance(logprobs, msgspec.Struct):
             return logprobs
-        return cut_logprobs_raw(logprobs, top)
+        return cut_logprobs_raw(logprobs, top, position)
 
 
 DICT_CODEC = _DictCodec()
@@ -338,4 +346,4 @@ def logprobs_out(codec: Codec[_P], value: _P | UnsetType, top: int | None, posit
         path = choice_path(position)
         msg = f"{path}.logprobs: expected an object or null"
         raise UpstreamContractError(msg, param=f"{path}.logprobs")
-    return codec.cut(value, top)
+    return codec.cut(value, top, position)
