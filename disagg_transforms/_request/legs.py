@@ -10,9 +10,10 @@ with the client's cap and sampling fields where vLLM reads them (``sampling_para
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, Generic, TypeAlias, TypeVar
+from typing import Any, Final, Generic, TypeAlias, TypeVar, get_type_hints
 
 import msgspec
+from msgspec import UNSET
 
 from disagg_transforms._config import (
     DecodeParams,
@@ -546,17 +547,24 @@ def _unproved(leg: Mapping[str, Any]) -> dict[str, Any] | None:
 
     A member still as vLLM wrote it (a ``msgspec.Raw``) was proved of its type by the view; the
     others a rule wrote are read as on any leg, in the leg's order (the first wrong one is the
-    one named).
+    one named), by :data:`_WRITTEN`.
     """
     checked = {
         key: value
         for key, value in leg.items()
         if type(value) is not msgspec.Raw and key not in _WRITTEN_VALID
     }
-    if not checked:
-        return None
-    checked.setdefault(w.SAMPLING_PARAMS, {})  # proved as vLLM wrote it; required
-    return checked
+    return checked or None
+
+
+# GenerateRequest with no member required (the leg's token IDs and sampling_params are there,
+# proved): the members a rule wrote read with the leg check's types, so its errors, without
+# building the defaults of a whole request (0.85 against 0.15 us for a stream_options).
+_WRITTEN: Final = msgspec.defstruct(
+    "_Written",
+    [(key, hint, UNSET) for key, hint in get_type_hints(GenerateRequest).items()],
+    kw_only=True,
+)
 
 
 def _generate_core(request: _Request) -> _Core:
@@ -817,9 +825,12 @@ def _decode_fields(
                 client, params, core, _router_object(inputs.parse_context, w.PARSE_CONTEXT)
             )
         leg, mode, streams, client_streams, dropped = common
-        checked = leg if viewed is None else _unproved(leg)
-        if checked is not None:
-            _check_generate(checked)
+        if viewed is None:
+            _check_generate(leg)
+        else:
+            written = _unproved(leg)
+            if written is not None:
+                _validate.convert(written, _WRITTEN, "$")
         _limits.check_token_count(leg, inputs.limits)
     fields = {
         "path": ROUTE_PATH[route],
