@@ -503,11 +503,12 @@ def _viewed_render_leg(
     streams, client_streams = _leg_stream(body, mode)
     leg[w.OUTPUT_MODE] = _MODE_TEXT[mode]
     leg[w.STREAM] = streams
-    # The rule reads render's stream_options, decoded (and takes them out of the leg).
+    # The rule reads render's stream_options, decoded (and takes them out of the leg), only
+    # for a streamed leg: an unstreamed one carries none, whatever render's are.
     options = getattr(view, w.STREAM_OPTIONS)
     leg[w.STREAM_OPTIONS] = (
         None
-        if options is None
+        if options is None or not streams
         else _raw.decode_member(raw[w.STREAM_OPTIONS], "$", UpstreamContractError)
     )
     dropped = []
