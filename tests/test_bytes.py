@@ -649,8 +649,8 @@ def test_encode_writes_proved_token_ids_as_their_bytes_and_refuses_other_objects
         encode({"x": object()})
 
 
-def _members(data: object, key: str) -> RawMembers:
-    return RawMembers(data, RequestError, "the client body", token_ids_key=key)
+def _members(data: object, key: str, *, whole: bool) -> RawMembers:
+    return RawMembers(data, RequestError, "the client body", token_ids_key=key, whole=whole)
 
 
 def _read_as_split(members: RawMembers) -> list[tuple[str, str]]:
@@ -672,19 +672,21 @@ _TOKEN_IDS_FIRST = (b"", b'{"token_ids":[1,2],', b'{"token\\u005fids":[3],', b'{
     key=st.sampled_from(["token_ids", ""]),
 )
 def test_a_client_body_decoded_whole_reads_as_split(data: bytes, first: bytes, key: str) -> None:
-    # A body without token IDs is decoded whole and split only when its bytes are asked for;
-    # any body reads as the split reads it (a bytearray is always split first): the same
-    # members in the same order, the same depth bound and bytes written, or the same error.
+    # A body decoded whole (a client of an API without token IDs) and split only when its
+    # bytes are asked for reads as any body split first: the same members in the same order,
+    # the same depth bound and bytes written, or the same error.
     if first and data.startswith(b"{") and len(data) > 2:
         data = first + data[1:]
     try:
-        read = _members(data, key)
+        read = _members(data, key, whole=True)
     except RequestError as error:
         with pytest.raises(RequestError) as general_error:
-            _members(bytearray(data), key)
+            _members(data, key, whole=False)
         assert (general_error.value.param, str(general_error.value)) == (error.param, str(error))
         return
-    general = _members(bytearray(data), key)
+    general = _members(data, key, whole=False)
+    # Only a body with token IDs was split first.
+    assert (read._members is None) == (key not in general)
     assert _read_as_split(read) == _read_as_split(general)
     assert read._brackets == general._brackets
     for keys in (None, ("model", "stream_options", "request_id")):

@@ -31,7 +31,7 @@ from disagg_transforms._request.client import ClientRequest, own_output_mode, re
 from disagg_transforms._request.fields import CARRIED_AS_IS, TRANSFER_KEYS
 from disagg_transforms._request.mapping import ClientMapping
 from disagg_transforms._request.render import RenderAnswer, common_sampling
-from disagg_transforms._routes import ROUTE_PATH, Route, leg_route
+from disagg_transforms._routes import ROUTE_PATH, Route, detect_route, leg_route
 from disagg_transforms._wire import keys as w
 from disagg_transforms._wire import limits as _limits
 from disagg_transforms._wire import raw as _raw
@@ -872,8 +872,10 @@ def build_decode_request_bytes(
     given = _inputs(inputs)
     if isinstance(client_body, bytes):
         _limits.check_body_size(client_body, given.limits, error=RequestTooLargeError)
+    # Only a generate client sends token IDs: any other's body is decoded whole.
+    whole = isinstance(client_path, str) and detect_route(client_path) is not Route.GENERATE
     members = _raw.RawMembers(
-        client_body, RequestError, "the client body", token_ids_key=w.TOKEN_IDS
+        client_body, RequestError, "the client body", token_ids_key=w.TOKEN_IDS, whole=whole
     )
     fields, viewed = _decode_fields(_read(members, client_path, params, given), params, given)
     # The bytes leg has the dict leg's fields, its body written as JSON bytes. A leg written

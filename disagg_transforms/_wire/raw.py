@@ -216,29 +216,39 @@ class RawMembers(dict[str, Any]):
     """
 
     __slots__ = ("_body", "_brackets", "_members")
+    _body: bytes
+    _brackets: int
     _members: dict[str, msgspec.Raw] | None  # None until split (a body decoded whole)
 
-    def __init__(self, data: object, error: ErrorFactory, what: str, *, token_ids_key: str) -> None:
+    def __init__(
+        self,
+        data: object,
+        error: ErrorFactory,
+        what: str,
+        *,
+        token_ids_key: str,
+        whole: bool = False,
+    ) -> None:
         """Split ``data`` (see :func:`split`, same errors) and decode its members.
 
         UTF-8 is proved without a pass of its own: msgspec refuses a string that is not UTF-8
         in what it decodes (keys and every member), and proved token IDs are ASCII (valid JSON
         outside strings is). Only a failed decode looks for the body's first bad byte.
 
-        A body without ``token_ids`` (every client's but a generate one's) is decoded whole by
-        one msgspec call and split only when a member's bytes are asked for (:meth:`encode`):
-        the split is a second pass over the same bytes. Any body that call does not read as an
-        object without ``token_ids`` is split first, as always, which names what is wrong
-        (docs/performance.md, "The client's body decoded once").
+        ``whole``: the body is expected to hold no ``token_ids`` (a client of an API that sends
+        none). It is decoded whole by one msgspec call, then split only when a member's bytes
+        are asked for (:meth:`encode`): the split is a second pass over the same bytes. A body
+        that call does not read as an object without ``token_ids`` is split first, as any is,
+        which names what is wrong (docs/performance.md, "The client's body decoded once").
         """
         super().__init__()
-        if type(data) is bytes and token_ids_key.encode() not in data:
+        if whole and type(data) is bytes:
             try:
-                whole = _DECODER.decode(data)
+                decoded = _DECODER.decode(data)
             except (msgspec.DecodeError, RecursionError):
-                whole = None  # refused below, by the split or a member's decode
-            if type(whole) is dict and token_ids_key not in whole:
-                dict.update(self, whole)
+                decoded = None  # refused below, by the split or a member's decode
+            if type(decoded) is dict and token_ids_key not in decoded:
+                dict.update(self, decoded)
                 self._body, self._members = data, None
                 # As _decode counts them for a body without token IDs.
                 self._brackets = data.count(b"[") + data.count(b"{") - 1
