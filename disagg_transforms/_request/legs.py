@@ -560,7 +560,7 @@ def _unproved(leg: Mapping[str, Any]) -> dict[str, Any] | None:
 
 # GenerateRequest with no member required (the leg's token IDs and sampling_params are there,
 # proved): the members a rule wrote read with the leg check's types, so its errors, without
-# building the defaults of a whole request (0.85 against 0.15 us for a stream_options).
+# building the defaults of a whole request (0.77 against 0.35 us for a stream_options).
 _WRITTEN: Final = msgspec.defstruct(
     "_Written",
     [(key, hint, UNSET) for key, hint in get_type_hints(GenerateRequest).items()],
