@@ -14,8 +14,10 @@ from hypothesis import strategies as st
 from strategies import (
     client_paths,
     client_request_bodies,
+    client_view_bodies,
     generate_responses,
     generate_text_responses,
+    hostile_json_bytes,
     router_leg_inputs,
 )
 
@@ -35,7 +37,7 @@ from disagg_transforms import (
 )
 from disagg_transforms._response import chat
 from disagg_transforms._response.choices import RAW_CODEC
-from disagg_transforms._wire.raw import _SCAN_SLICE, encode, scan_token_ids
+from disagg_transforms._wire.raw import _SCAN_SLICE, RawMembers, RawTokenIds, encode, scan_token_ids
 
 GENERATE = "/inference/v1/generate"
 TEXT = DecodeParams(use_openai_format=False, output_mode=OutputMode.TEXT)
@@ -716,3 +718,47 @@ def test_encode_writes_proved_token_ids_as_their_bytes_and_refuses_other_objects
     )
     with pytest.raises(TypeError, match="Encoding objects of type object is unsupported"):
         encode({"x": object()})
+
+
+def _members(data: object, key: str, *, whole: bool) -> RawMembers:
+    return RawMembers(data, RequestError, "the client body", token_ids_key=key, whole=whole)
+
+
+def _read_as_split(members: RawMembers) -> list[tuple[str, str]]:
+    """A body's members, in order, each as read (proved token IDs by their bytes)."""
+    return [
+        (key, repr(bytes(value.raw) if type(value) is RawTokenIds else value))
+        for key, value in members.items()
+    ]
+
+
+# A client body's bytes as the exchange may get them: any of the views' bodies, hostile or
+# broken (hostile_json_bytes), some opening with token IDs (their key spelt plainly or escaped).
+_TOKEN_IDS_FIRST = (b"", b'{"token_ids":[1,2],', b'{"token\\u005fids":[3],', b'{"token_ids":"x",')
+
+
+@given(
+    data=hostile_json_bytes(client_view_bodies.map(lambda pair: pair[1])),
+    first=st.sampled_from(_TOKEN_IDS_FIRST),
+    key=st.sampled_from(["token_ids", ""]),
+)
+def test_a_client_body_decoded_whole_reads_as_split(data: bytes, first: bytes, key: str) -> None:
+    # A body decoded whole (a client of an API without token IDs) and split only when its
+    # bytes are asked for reads as any body split first: the same members in the same order,
+    # the same depth bound and bytes written, or the same error.
+    if first and data.startswith(b"{") and len(data) > 2:
+        data = first + data[1:]
+    try:
+        read = _members(data, key, whole=True)
+    except RequestError as error:
+        with pytest.raises(RequestError) as general_error:
+            _members(data, key, whole=False)
+        assert (general_error.value.param, str(general_error.value)) == (error.param, str(error))
+        return
+    general = _members(data, key, whole=False)
+    # Only a body with token IDs was split first.
+    assert (read._members is None) == (key not in general)
+    assert _read_as_split(read) == _read_as_split(general)
+    assert read._brackets == general._brackets
+    for keys in (None, ("model", "stream_options", "request_id")):
+        assert read.encode(dict(read), keys) == general.encode(dict(general), keys)

@@ -1113,7 +1113,12 @@ class Exchange:
         if isinstance(body, (bytes, bytearray, memoryview)):
             _limits.check_body_size(bytes(body), self._gathered.limits, error=RequestTooLargeError)
         return _raw.RawMembers(
-            body, RequestError, "the client body", token_ids_key=self._token_ids_key()
+            body,
+            RequestError,
+            "the client body",
+            token_ids_key=self._token_ids_key(),
+            # Only a generate client sends token IDs: any other's body is decoded whole.
+            whole=self._client.route is not Route.GENERATE,
         )
 
     def _token_ids_key(self) -> str:

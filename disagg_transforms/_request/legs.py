@@ -10,9 +10,10 @@ with the client's cap and sampling fields where vLLM reads them (``sampling_para
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, Generic, TypeAlias, TypeVar
+from typing import Any, Final, Generic, TypeAlias, TypeVar, get_type_hints
 
 import msgspec
+from msgspec import UNSET
 
 from disagg_transforms._config import (
     DecodeParams,
@@ -30,7 +31,7 @@ from disagg_transforms._request.client import ClientRequest, own_output_mode, re
 from disagg_transforms._request.fields import CARRIED_AS_IS, TRANSFER_KEYS
 from disagg_transforms._request.mapping import ClientMapping
 from disagg_transforms._request.render import RenderAnswer, common_sampling
-from disagg_transforms._routes import ROUTE_PATH, Route, leg_route
+from disagg_transforms._routes import ROUTE_PATH, Route, detect_route, leg_route
 from disagg_transforms._wire import keys as w
 from disagg_transforms._wire import limits as _limits
 from disagg_transforms._wire import raw as _raw
@@ -502,11 +503,12 @@ def _viewed_render_leg(
     streams, client_streams = _leg_stream(body, mode)
     leg[w.OUTPUT_MODE] = _MODE_TEXT[mode]
     leg[w.STREAM] = streams
-    # The rule reads render's stream_options, decoded (and takes them out of the leg).
+    # The rule reads render's stream_options, decoded (and takes them out of the leg), only
+    # for a streamed leg: an unstreamed one carries none, whatever render's are.
     options = getattr(view, w.STREAM_OPTIONS)
     leg[w.STREAM_OPTIONS] = (
         None
-        if options is None
+        if options is None or not streams
         else _raw.decode_member(raw[w.STREAM_OPTIONS], "$", UpstreamContractError)
     )
     dropped = []
@@ -546,17 +548,24 @@ def _unproved(leg: Mapping[str, Any]) -> dict[str, Any] | None:
 
     A member still as vLLM wrote it (a ``msgspec.Raw``) was proved of its type by the view; the
     others a rule wrote are read as on any leg, in the leg's order (the first wrong one is the
-    one named).
+    one named), by :data:`_WRITTEN`.
     """
     checked = {
         key: value
         for key, value in leg.items()
         if type(value) is not msgspec.Raw and key not in _WRITTEN_VALID
     }
-    if not checked:
-        return None
-    checked.setdefault(w.SAMPLING_PARAMS, {})  # proved as vLLM wrote it; required
-    return checked
+    return checked or None
+
+
+# GenerateRequest with no member required (the leg's token IDs and sampling_params are there,
+# proved): the members a rule wrote read with the leg check's types, so its errors, without
+# building the defaults of a whole request (0.77 against 0.35 us for a stream_options).
+_WRITTEN: Final = msgspec.defstruct(
+    "_Written",
+    [(key, hint, UNSET) for key, hint in get_type_hints(GenerateRequest).items()],
+    kw_only=True,
+)
 
 
 def _generate_core(request: _Request) -> _Core:
@@ -817,9 +826,12 @@ def _decode_fields(
                 client, params, core, _router_object(inputs.parse_context, w.PARSE_CONTEXT)
             )
         leg, mode, streams, client_streams, dropped = common
-        checked = leg if viewed is None else _unproved(leg)
-        if checked is not None:
-            _check_generate(checked)
+        if viewed is None:
+            _check_generate(leg)
+        else:
+            written = _unproved(leg)
+            if written is not None:
+                _validate.convert(written, _WRITTEN, "$")
         _limits.check_token_count(leg, inputs.limits)
     fields = {
         "path": ROUTE_PATH[route],
@@ -860,8 +872,10 @@ def build_decode_request_bytes(
     given = _inputs(inputs)
     if isinstance(client_body, bytes):
         _limits.check_body_size(client_body, given.limits, error=RequestTooLargeError)
+    # Only a generate client sends token IDs: any other's body is decoded whole.
+    whole = isinstance(client_path, str) and detect_route(client_path) is not Route.GENERATE
     members = _raw.RawMembers(
-        client_body, RequestError, "the client body", token_ids_key=w.TOKEN_IDS
+        client_body, RequestError, "the client body", token_ids_key=w.TOKEN_IDS, whole=whole
     )
     fields, viewed = _decode_fields(_read(members, client_path, params, given), params, given)
     # The bytes leg has the dict leg's fields, its body written as JSON bytes. A leg written

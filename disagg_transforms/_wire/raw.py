@@ -215,16 +215,44 @@ class RawMembers(dict[str, Any]):
     read it at C speed.
     """
 
-    __slots__ = ("_brackets", "_members")
+    __slots__ = ("_body", "_brackets", "_members")
+    _body: bytes
+    _brackets: int
+    _members: dict[str, msgspec.Raw] | None  # None until split (a body decoded whole)
 
-    def __init__(self, data: object, error: ErrorFactory, what: str, *, token_ids_key: str) -> None:
+    def __init__(
+        self,
+        data: object,
+        error: ErrorFactory,
+        what: str,
+        *,
+        token_ids_key: str,
+        whole: bool = False,
+    ) -> None:
         """Split ``data`` (see :func:`split`, same errors) and decode its members.
 
         UTF-8 is proved without a pass of its own: msgspec refuses a string that is not UTF-8
         in what it decodes (keys and every member), and proved token IDs are ASCII (valid JSON
         outside strings is). Only a failed decode looks for the body's first bad byte.
+
+        ``whole``: the body is expected to hold no ``token_ids`` (a client of an API that sends
+        none). It is decoded whole by one msgspec call, then split only when a member's bytes
+        are asked for (:meth:`encode`): the split is a second pass over the same bytes. A body
+        that call does not read as an object without ``token_ids`` is split first, as any is,
+        which names what is wrong (docs/performance.md, "The client's body decoded once").
         """
         super().__init__()
+        if whole and type(data) is bytes:
+            try:
+                decoded = _DECODER.decode(data)
+            except (msgspec.DecodeError, RecursionError):
+                decoded = None  # refused below, by the split or a member's decode
+            if type(decoded) is dict and token_ids_key not in decoded:
+                dict.update(self, decoded)
+                self._body, self._members = data, None
+                # As _decode counts them for a body without token IDs.
+                self._brackets = data.count(b"[") + data.count(b"{") - 1
+                return
         body, members = split_syntax(data, error, what)
         self._decode(body, members, error, token_ids_key, None)
 
@@ -256,7 +284,7 @@ class RawMembers(dict[str, Any]):
         proved: RawTokenIds | None,
     ) -> None:
         """Fill this mapping with ``members`` (``body`` split) decoded, as :meth:`__init__` says."""
-        self._members = members
+        self._body, self._members = body, members
         rest = members
         if token_ids_key in members:
             dict.update(self, members)  # the document's key order; each value replaced below
@@ -285,17 +313,24 @@ class RawMembers(dict[str, Any]):
             check_utf8(body, error)  # refused for a bad byte: name it as split does
             raise
 
+    def _raw(self) -> dict[str, msgspec.Raw]:
+        """The body's raw members, split the first time they are asked for."""
+        members = self._members
+        if members is None:
+            members = self._members = _SPLITTER.decode(self._body)  # decoded whole: valid
+        return members
+
     def _decode_each(self, keys: Iterable[str], error: ErrorFactory) -> None:
         for key in keys:
-            self[key] = decode_member(self._members[key], f"$.{key}", error)
+            self[key] = decode_member(self._raw()[key], f"$.{key}", error)
 
     def _token_ids(self, key: str, error: ErrorFactory, proved: RawTokenIds | None) -> None:
-        value = proved or _token_ids_member(self._members[key], f"$.{key}", error)
+        value = proved or _token_ids_member(self._raw()[key], f"$.{key}", error)
         self[key] = value
         if isinstance(value, RawTokenIds):
             self._brackets += 1
         else:  # decoded: its brackets count as the other members' do
-            raw = bytes(self._members[key])
+            raw = bytes(self._raw()[key])
             self._brackets += raw.count(b"[") + raw.count(b"{")
 
     def nests_within(self, limit: int) -> bool:
@@ -315,7 +350,7 @@ class RawMembers(dict[str, Any]):
         bytes (:func:`encode`). Everything else is encoded. ``keys``, when given, are the only
         keys of ``result`` that may hold such a value (a leg built on another body).
         """
-        members, mine = self._members, dict.get
+        mine = dict.get
         if keys is not None:
             written = None
             for key in keys:
@@ -323,8 +358,9 @@ class RawMembers(dict[str, Any]):
                 if value is not _ABSENT and mine(self, key, _ABSENT) is value:
                     if written is None:
                         written = dict(result)  # the result's key order, a value replaced
-                    written[key] = members[key]
+                    written[key] = self._raw()[key]
             return encode(result if written is None else written)
+        members = self._raw()
         return encode(
             {
                 key: members[key] if mine(self, key, _ABSENT) is value else value
