@@ -937,16 +937,19 @@ def test_derender_leg_always_has_a_parse_context(path: str, body: dict[str, Any]
 
 # ---- the common generate leg: built without the general rules, the same leg ----
 
+# A token-route decode step with any mode, trust and placement, for the properties below.
+token_route_decode_params = st.builds(
+    partial(DecodeParams, use_openai_format=False),
+    output_mode=st.sampled_from([OutputMode.TEXT, OutputMode.DERENDER, OutputMode.AUTO]),
+    trust_client_transfer_params=st.booleans(),
+    kv_transfer_placement=st.sampled_from(list(KvTransferPlacement)),
+)
+
 
 @given(
     body=generate_request_bodies,
     inputs=router_decode_inputs,
-    params=st.builds(
-        partial(DecodeParams, use_openai_format=False),
-        output_mode=st.sampled_from([OutputMode.TEXT, OutputMode.DERENDER, OutputMode.AUTO]),
-        trust_client_transfer_params=st.booleans(),
-        kv_transfer_placement=st.sampled_from(list(KvTransferPlacement)),
-    ),
+    params=token_route_decode_params,
 )
 def test_the_common_generate_leg_is_the_general_one(
     body: dict[str, Any], inputs: LegInputs, params: DecodeParams
@@ -1022,11 +1025,7 @@ def test_vllm_s_own_generate_body_takes_the_common_leg(inputs: LegInputs) -> Non
     pair=render_client_bodies,
     answer=render_answers,
     inputs=router_decode_inputs,
-    params=st.builds(
-        partial(DecodeParams, use_openai_format=False),
-        output_mode=st.sampled_from([OutputMode.TEXT, OutputMode.DERENDER, OutputMode.AUTO]),
-        trust_client_transfer_params=st.booleans(),
-    ),
+    params=token_route_decode_params,
 )
 def test_the_common_render_core_is_the_general_one(
     pair: tuple[str, dict[str, Any]],
@@ -1105,12 +1104,7 @@ def _in_order(data: bytes) -> str:
     pair=render_client_bodies,
     answer=vllm_render_answers,
     inputs=router_decode_inputs,
-    params=st.builds(
-        partial(DecodeParams, use_openai_format=False),
-        output_mode=st.sampled_from([OutputMode.TEXT, OutputMode.DERENDER, OutputMode.AUTO]),
-        trust_client_transfer_params=st.booleans(),
-        kv_transfer_placement=st.sampled_from(list(KvTransferPlacement)),
-    ),
+    params=token_route_decode_params,
 )
 def test_the_viewed_render_leg_is_the_general_one(
     pair: tuple[str, dict[str, Any]],
