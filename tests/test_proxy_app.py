@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ctypes
-import os
 import socket
 from typing import Any
 
@@ -108,14 +107,7 @@ def test_models_is_the_decode_workers_answer_with_two_headers_passed_on() -> Non
     assert worker.calls_to("/health") == []  # the proxy's /health calls no worker
 
 
-def _glibc() -> bool:
-    try:
-        return bool(os.confstr("CS_GNU_LIBC_VERSION"))
-    except (AttributeError, ValueError, OSError):
-        return False
-
-
-@pytest.mark.skipif(not _glibc(), reason="mallopt's thresholds are glibc's")
+@pytest.mark.skipif(not proxy._is_glibc(), reason="mallopt's thresholds are glibc's")
 def test_each_serving_process_fixes_glibcs_heap_thresholds(monkeypatch: pytest.MonkeyPatch) -> None:
     # Else where they end depends on the process's history (docs/performance.md, SGLang).
     assert proxy._steady_heap()  # glibc takes both

@@ -446,7 +446,7 @@ def _text_completion(data: bytes, asked: _Asked, options: EnvelopeOptions) -> by
         model = envelope_model(options, model, asked.client)
     stop = choice.stop_reason
     at_id, at_created, at_model, at_index, at_text, at_finish, at_stop, at_usage, end = (
-        _TEXT_PIECES[mapped][options.vllm_version is None or not writes_like_032(options)]
+        _TEXT_PIECES[mapped][not writes_like_032(options)]
     )
     encode = _raw.encode
     return b"".join(
@@ -556,8 +556,7 @@ def wrap_chat_completion_bytes(
     else:
         msg = f"$: the generate response must be JSON bytes, got {describe(untyped)}"
         raise UpstreamContractError(msg, param="$")
-    if len(data) > built.limits.max_body_bytes:  # the check's call (it words the error) only then
-        _limits.check_body_size(data, built.limits, error=UpstreamContractError)
+    _limits.check_body_size(data, built.limits, error=UpstreamContractError)
     asked = _NOT_ASKED
     client_error: DisaggTransformError | None = None
     try:

@@ -569,13 +569,17 @@ _MMAP_THRESHOLD = 1 << 20
 _TRIM_THRESHOLD = 8 << 20
 
 
+def _is_glibc() -> bool:
+    """Whether this process's C library is glibc (whose malloc ``mallopt`` tunes)."""
+    try:
+        return bool(os.confstr("CS_GNU_LIBC_VERSION"))
+    except (AttributeError, ValueError, OSError):  # no confstr, or not that name
+        return False
+
+
 def _steady_heap() -> bool:
     """Fix glibc malloc's mmap and trim thresholds in this process; False with another libc."""
-    try:
-        glibc = bool(os.confstr("CS_GNU_LIBC_VERSION"))
-    except (AttributeError, ValueError, OSError):  # no confstr, or not that name
-        glibc = False
-    if not glibc:
+    if not _is_glibc():
         return False  # another allocator, its own rules
     libc = ctypes.CDLL(None)
     return bool(libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD)) and bool(
