@@ -15,7 +15,18 @@ ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
 CORPUS = ROOT / "fuzz" / "corpus"
 MAX_SEED_BYTES = 4096  # keep the corpus small: a fuzzer grows big inputs itself
-HOSTILE = (b"", b"{", b"[" * 300, b'{"output_mode": NaN}', b'{"a": "\\ud800", "a": 1}', b"\xff")
+# The last seeds put a byte that is not UTF-8 inside a member a wrap decodes (a worker's
+# usage, a client's tool list): refused by our error naming the member, never msgspec's.
+HOSTILE = (
+    b"",
+    b"{",
+    b"[" * 300,
+    b'{"output_mode": NaN}',
+    b'{"a": "\\ud800", "a": 1}',
+    b"\xff",
+    b'{"usage": {"prompt_tokens": "\xff"}, "choices": [{"text": "a", "index": 0}]}',
+    b'{"messages": [{"role": "user", "content": "\xc3("}], "tools": [{"a": "\xff"}]}',
+)
 
 
 def seeds() -> dict[str, bytes]:
