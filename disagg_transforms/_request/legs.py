@@ -103,6 +103,8 @@ class LegInputs(msgspec.Struct, frozen=True, kw_only=True):
 
 def _inputs(given: object, **keywords: Any) -> LegInputs:  # noqa: ANN401 - any keyword value
     """The router's inputs, from ``inputs=`` or from the builder's keywords (not both)."""
+    if type(given) is LegInputs and not keywords:
+        return given  # the builders that take no keywords: nothing to compare
     from_keywords = LegInputs(**keywords)
     if given is None:
         return from_keywords
@@ -389,20 +391,25 @@ def _sends_transfer(body: Mapping[str, Any]) -> bool:
     return False
 
 
-def _carry(
-    leg: dict[str, Any], body: Mapping[str, Any], current: Mapping[str, Any] | None = None
-) -> None:
+def _carry(leg: dict[str, Any], body: Mapping[str, Any], view: object = None) -> bool:
     """Carry the client's own keys onto a leg built from render's answer or its mapping.
 
-    A key is carried where the leg's value (read from ``current`` when given: the render answer
-    a leg of raw members is written from) is null.
+    A key is carried where the leg's value (read from ``view`` when given: the view of the
+    render answer a leg of raw members is written from, which holds every carried key) is
+    null. Returns whether a key was carried.
     """
-    values = leg if current is None else current
+    carried = False
     for key in CARRIED_AS_IS:
-        if body.get(key) is not None and values.get(key) is None:
+        if (
+            body.get(key) is not None
+            and (leg.get(key) if view is None else getattr(view, key)) is None
+        ):
             leg[key] = body[key]
+            carried = True
     if body.get(w.REQUEST_ID) is not None:
         leg[w.REQUEST_ID] = body[w.REQUEST_ID]
+        carried = True
+    return carried
 
 
 def _common_render_core(request: _Request) -> _Core | None:
@@ -458,8 +465,9 @@ def _viewed_render_leg(
     answer as it is: the leg is its raw members, the few a rule writes replaced (``output_mode``,
     ``stream``, the caps in ``sampling_params`` when render holds others, the carried keys, the
     derender ``parse_context``), the transfer params and ``stream_options`` out. Every member
-    left as vLLM wrote it was proved of its type by the view. ``None`` for any other request.
-    docs/performance.md, "The render answer read as a typed view".
+    left as vLLM wrote it was proved of its type by the view; what a rule wrote is checked
+    here (:func:`_check_written`). ``None`` for any other request. docs/performance.md, "The
+    render answer read as a typed view".
     """
     client, inputs = request.client, request.inputs
     answer = inputs.rendered
@@ -486,20 +494,28 @@ def _viewed_render_leg(
     for key in TRANSFER_KEYS:
         del leg[key]  # null in a viewed answer
     leg[w.TOKEN_IDS] = answer.token_ids
-    kv = _router_object(inputs.kv_transfer_params, w.KV_TRANSFER_PARAMS)
-    ec = _router_object(inputs.ec_transfer_params, w.EC_TRANSFER_PARAMS)
+    # Whether a rule wrote a member that needs the leg's check (_check_written): most legs on a
+    # common answer write none but their mode and stream.
+    written = _carry(leg, body, view)
+    kv, ec = inputs.kv_transfer_params, inputs.ec_transfer_params
     placed = kv is not None or ec is not None
     extra_args = placed and params.kv_transfer_placement is not KvTransferPlacement.TOP_LEVEL
     if extra_args or not _holds(sampling, caps):
         # Written over render's: the general rules' merge of the decoded members.
         answered = _raw.decode_member(raw[w.SAMPLING_PARAMS], "$", UpstreamContractError)
         leg[w.SAMPLING_PARAMS] = {**answered, **caps}
-    _carry(leg, body, answer)
+        written = True
     if inputs.request_id is not None:
         leg[w.REQUEST_ID] = inputs.request_id
+        written = True
     if placed:
-        transfer = _Transfer(kv=_merged(kv), ec=_merged(ec), stripped=())
+        transfer = _Transfer(
+            kv=_merged(_router_object(kv, w.KV_TRANSFER_PARAMS)),
+            ec=_merged(_router_object(ec, w.EC_TRANSFER_PARAMS)),
+            stripped=(),
+        )
         leg = _place_generate(leg, transfer, params.kv_transfer_placement)
+        written = True
     streams, client_streams = _leg_stream(body, mode)
     leg[w.OUTPUT_MODE] = _MODE_TEXT[mode]
     leg[w.STREAM] = streams
@@ -521,8 +537,10 @@ def _viewed_render_leg(
         if getattr(view, w.PARSE_CONTEXT, None) is None:  # else render's, as vLLM wrote it
             context = mapping.parse_context or {}
             leg[w.PARSE_CONTEXT] = dict(_validate.mapping(context, f"$.{w.PARSE_CONTEXT}"))
+            written = True
     else:
         dropped.extend(mapping.context_keys)
+    _check_written(leg, written=written)
     return leg, mode, streams, client_streams, tuple(dict.fromkeys(dropped))
 
 
@@ -543,19 +561,23 @@ _FROM_THE_CLIENT = (*CARRIED_AS_IS, w.REQUEST_ID, w.STREAM_OPTIONS)
 _WRITTEN_VALID = frozenset({w.OUTPUT_MODE, w.STREAM, w.TOKEN_IDS})
 
 
-def _unproved(leg: Mapping[str, Any]) -> dict[str, Any] | None:
-    """What :func:`_check_generate` reads of a leg on a viewed render answer (``None``: nothing).
+def _check_written(leg: Mapping[str, Any], *, written: bool) -> None:
+    """What :func:`_check_generate` reads of a leg on a viewed render answer.
 
     A member still as vLLM wrote it (a ``msgspec.Raw``) was proved of its type by the view; the
     others a rule wrote are read as on any leg, in the leg's order (the first wrong one is the
-    one named), by :data:`_WRITTEN`.
+    one named), by :data:`_WRITTEN`. ``written``: a rule wrote a member other than
+    :data:`_WRITTEN_VALID` and ``stream_options`` (else the leg holds none to read).
     """
+    if not written and w.STREAM_OPTIONS not in leg:
+        return
     checked = {
         key: value
         for key, value in leg.items()
         if type(value) is not msgspec.Raw and key not in _WRITTEN_VALID
     }
-    return checked or None
+    if checked:
+        _validate.convert(checked, _WRITTEN, "$")
 
 
 # GenerateRequest with no member required (the leg's token IDs and sampling_params are there,
@@ -826,12 +848,8 @@ def _decode_fields(
                 client, params, core, _router_object(inputs.parse_context, w.PARSE_CONTEXT)
             )
         leg, mode, streams, client_streams, dropped = common
-        if viewed is None:
+        if viewed is None:  # a viewed leg checked what its rules wrote
             _check_generate(leg)
-        else:
-            written = _unproved(leg)
-            if written is not None:
-                _validate.convert(written, _WRITTEN, "$")
         _limits.check_token_count(leg, inputs.limits)
     fields = {
         "path": ROUTE_PATH[route],
