@@ -456,7 +456,7 @@ def _rendered(inputs: LegInputs) -> object:
 
 def _viewed_render_leg(
     request: _Request, params: DecodeParams
-) -> tuple[dict[str, Any], OutputMode, bool, bool, tuple[str, ...]] | None:
+) -> tuple[tuple[dict[str, Any], OutputMode, bool, bool, tuple[str, ...]], tuple[str, ...]] | None:
     """The decode leg on a render answer read through its view, as the general rules build it.
 
     For an answer its view proved of the common shape (:class:`RenderAnswer`), when the router
@@ -468,6 +468,9 @@ def _viewed_render_leg(
     left as vLLM wrote it was proved of its type by the view; what a rule wrote is checked
     here (:func:`_check_written`). ``None`` for any other request. docs/performance.md, "The
     render answer read as a typed view".
+
+    Returned with the leg: the keys under which it may hold the client's own values (none, or
+    :data:`_FROM_THE_CLIENT`), which the bytes leg writes as the client sent them.
     """
     client, inputs = request.client, request.inputs
     answer = inputs.rendered
@@ -496,7 +499,7 @@ def _viewed_render_leg(
     leg[w.TOKEN_IDS] = answer.token_ids
     # Whether a rule wrote a member that needs the leg's check (_check_written): most legs on a
     # common answer write none but their mode and stream.
-    written = _carry(leg, body, view)
+    carried = written = _carry(leg, body, view)
     kv, ec = inputs.kv_transfer_params, inputs.ec_transfer_params
     placed = kv is not None or ec is not None
     extra_args = placed and params.kv_transfer_placement is not KvTransferPlacement.TOP_LEVEL
@@ -528,9 +531,8 @@ def _viewed_render_leg(
         else _raw.decode_member(raw[w.STREAM_OPTIONS], "$", UpstreamContractError)
     )
     dropped = []
-    if not _stream_options(body, client.route, leg, streams=streams) and (
-        body.get(w.STREAM_OPTIONS) is not None
-    ):
+    kept = _stream_options(body, client.route, leg, streams=streams)
+    if not kept and body.get(w.STREAM_OPTIONS) is not None:
         dropped.append(w.STREAM_OPTIONS)
     dropped.extend(mapping.dropped)
     if mode is OutputMode.DERENDER:
@@ -541,7 +543,8 @@ def _viewed_render_leg(
     else:
         dropped.extend(mapping.context_keys)
     _check_written(leg, written=written)
-    return leg, mode, streams, client_streams, tuple(dict.fromkeys(dropped))
+    from_client = _FROM_THE_CLIENT if carried or kept else ()
+    return (leg, mode, streams, client_streams, tuple(dict.fromkeys(dropped))), from_client
 
 
 def _holds(sampling: object, caps: Mapping[str, Any]) -> bool:
@@ -821,10 +824,11 @@ def decode_leg(client: ClientRequest, params: DecodeParams, inputs: LegInputs) -
 
 def _decode_fields(
     client: ClientRequest, params: DecodeParams, inputs: LegInputs
-) -> tuple[dict[str, Any], bool]:
+) -> tuple[dict[str, Any], tuple[str, ...] | None]:
     """The fields of the decode leg, its body a dict (one builder for both kinds of leg).
 
-    Also whether the leg was written from a viewed render answer's raw members.
+    Also, for a leg written from a viewed render answer's raw members, the keys under which it
+    may hold the client's own values (else ``None``: any key may).
     """
     request = _step_request(client, params, inputs)
     body, client_route, route = client.body, client.route, request.route
@@ -841,7 +845,8 @@ def _decode_fields(
         if client_route is Route.GENERATE:
             common = _common_generate(client, params, inputs)
         elif type(inputs.rendered) is RenderAnswer:
-            common = viewed = _viewed_render_leg(request, params)
+            viewed = _viewed_render_leg(request, params)
+            common = None if viewed is None else viewed[0]
         if common is None:
             core = _common_render_core(request) or _generate_core(request)
             common = _decode_generate(
@@ -863,7 +868,7 @@ def _decode_fields(
         "output_mode": mode,
         "dropped": dropped,
     }
-    return fields, viewed is not None
+    return fields, None if viewed is None else viewed[1]
 
 
 def build_decode_request_bytes(
@@ -895,10 +900,10 @@ def build_decode_request_bytes(
     members = _raw.RawMembers(
         client_body, RequestError, "the client body", token_ids_key=w.TOKEN_IDS, whole=whole
     )
-    fields, viewed = _decode_fields(_read(members, client_path, params, given), params, given)
+    fields, from_client = _decode_fields(_read(members, client_path, params, given), params, given)
     # The bytes leg has the dict leg's fields, its body written as JSON bytes. A leg written
     # from a render answer holds the client's own values only where a rule carried them.
-    fields["body"] = members.encode(fields["body"], _FROM_THE_CLIENT if viewed else None)
+    fields["body"] = members.encode(fields["body"], from_client)
     kind = DecodeLegBytes if fields["output_mode"] is None else GenerateDecodeLegBytes
     return kind(**fields)
 
