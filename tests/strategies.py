@@ -588,10 +588,17 @@ _vllm_sampling = st.fixed_dictionaries(
     {"temperature": st.floats(0, 2) | st.integers(0, 2)},
     optional={
         "stop": st.just([]) | st.lists(st.text(max_size=2), max_size=2),
-        "max_tokens": st.none() | st.integers(1, 300) | cap_values,
+        # The view's types bound the cap: at and past the largest token ID.
+        "max_tokens": st.none()
+        | st.integers(1, 300)
+        | cap_values
+        | st.sampled_from([2**63 - 1, 2**63]),
         "skip_special_tokens": st.booleans(),
         "output_kind": st.just(2),
-        "extra_args": st.none() | st.just({}) | st.just({"kv_transfer_params": {}}),
+        "extra_args": st.none()
+        | st.just({})
+        | st.just({"kv_transfer_params": {}})
+        | st.just({"other": 1}),
         "detokenize": st.booleans(),
         "min_tokens": cap_values,
         "logit_bias": st.just({"1": 0.5}),

@@ -1087,6 +1087,34 @@ def test_vllm_s_render_answers_are_read_through_the_view(data: bytes) -> None:
     )
 
 
+def test_a_viewed_leg_writes_what_it_carried_from_the_client_as_sent() -> None:
+    # The bytes leg looks for the client's own bytes only under the keys a rule carried: a
+    # carried model and chat's own stream_options keep the client's spelling; with nothing
+    # carried, every member is render's.
+    answer = json.loads(_REAL_ANSWERS[0])
+    answer["model"] = None
+    data = msgspec.json.encode(answer)
+    client = (
+        b'{"messages":[{"role":"user","content":"hi"}],"max_tokens":8,"model":"m" ,'
+        b'"stream":true,"stream_options":{"include_usage" : true}}'
+    )
+    rendered = RenderAnswer(data)
+    assert rendered.view is not None
+    inputs = LegInputs(rendered=rendered)
+    leg = build_decode_request_bytes(client, client_path=CHAT, params=TEXT, inputs=inputs)
+    assert rendered._decoded is None  # written from the view
+    assert b'"model":"m",' in leg.body
+    assert leg.body.endswith(b',"stream_options":{"include_usage" : true}}')
+    general = LegInputs(rendered=_general_read(data))
+    slow = build_decode_request_bytes(client, client_path=CHAT, params=TEXT, inputs=general)
+    assert leg == slow
+    unstreamed = client.replace(b'"stream":true', b'"stream":false')
+    leg = build_decode_request_bytes(unstreamed, client_path=CHAT, params=TEXT, inputs=inputs)
+    slow = build_decode_request_bytes(unstreamed, client_path=CHAT, params=TEXT, inputs=general)
+    assert leg == slow
+    assert b"stream_options" not in leg.body
+
+
 def _attempt(call: Any) -> tuple[str, Any]:
     """``("ok", result)``, or the library error ``call`` raised: its class, param and message."""
     try:

@@ -103,6 +103,8 @@ class LegInputs(msgspec.Struct, frozen=True, kw_only=True):
 
 def _inputs(given: object, **keywords: Any) -> LegInputs:  # noqa: ANN401 - any keyword value
     """The router's inputs, from ``inputs=`` or from the builder's keywords (not both)."""
+    if type(given) is LegInputs and not keywords:
+        return given  # the builders that take no keywords: nothing to compare
     from_keywords = LegInputs(**keywords)
     if given is None:
         return from_keywords
@@ -389,20 +391,25 @@ def _sends_transfer(body: Mapping[str, Any]) -> bool:
     return False
 
 
-def _carry(
-    leg: dict[str, Any], body: Mapping[str, Any], current: Mapping[str, Any] | None = None
-) -> None:
+def _carry(leg: dict[str, Any], body: Mapping[str, Any], view: object = None) -> bool:
     """Carry the client's own keys onto a leg built from render's answer or its mapping.
 
-    A key is carried where the leg's value (read from ``current`` when given: the render answer
-    a leg of raw members is written from) is null.
+    A key is carried where the leg's value (read from ``view`` when given: the view of the
+    render answer a leg of raw members is written from, which holds every carried key) is
+    null. Returns whether a key was carried.
     """
-    values = leg if current is None else current
+    carried = False
     for key in CARRIED_AS_IS:
-        if body.get(key) is not None and values.get(key) is None:
+        if (
+            body.get(key) is not None
+            and (leg.get(key) if view is None else getattr(view, key)) is None
+        ):
             leg[key] = body[key]
+            carried = True
     if body.get(w.REQUEST_ID) is not None:
         leg[w.REQUEST_ID] = body[w.REQUEST_ID]
+        carried = True
+    return carried
 
 
 def _common_render_core(request: _Request) -> _Core | None:
@@ -449,7 +456,7 @@ def _rendered(inputs: LegInputs) -> object:
 
 def _viewed_render_leg(
     request: _Request, params: DecodeParams
-) -> tuple[dict[str, Any], OutputMode, bool, bool, tuple[str, ...]] | None:
+) -> tuple[tuple[dict[str, Any], OutputMode, bool, bool, tuple[str, ...]], tuple[str, ...]] | None:
     """The decode leg on a render answer read through its view, as the general rules build it.
 
     For an answer its view proved of the common shape (:class:`RenderAnswer`), when the router
@@ -458,8 +465,12 @@ def _viewed_render_leg(
     answer as it is: the leg is its raw members, the few a rule writes replaced (``output_mode``,
     ``stream``, the caps in ``sampling_params`` when render holds others, the carried keys, the
     derender ``parse_context``), the transfer params and ``stream_options`` out. Every member
-    left as vLLM wrote it was proved of its type by the view. ``None`` for any other request.
-    docs/performance.md, "The render answer read as a typed view".
+    left as vLLM wrote it was proved of its type by the view; what a rule wrote is checked
+    here (:func:`_check_written`). ``None`` for any other request. docs/performance.md, "The
+    render answer read as a typed view".
+
+    Returned with the leg: the keys under which it may hold the client's own values (none, or
+    :data:`_FROM_THE_CLIENT`), which the bytes leg writes as the client sent them.
     """
     client, inputs = request.client, request.inputs
     answer = inputs.rendered
@@ -486,20 +497,28 @@ def _viewed_render_leg(
     for key in TRANSFER_KEYS:
         del leg[key]  # null in a viewed answer
     leg[w.TOKEN_IDS] = answer.token_ids
-    kv = _router_object(inputs.kv_transfer_params, w.KV_TRANSFER_PARAMS)
-    ec = _router_object(inputs.ec_transfer_params, w.EC_TRANSFER_PARAMS)
+    # Whether a rule wrote a member that needs the leg's check (_check_written): most legs on a
+    # common answer write none but their mode and stream.
+    carried = written = _carry(leg, body, view)
+    kv, ec = inputs.kv_transfer_params, inputs.ec_transfer_params
     placed = kv is not None or ec is not None
     extra_args = placed and params.kv_transfer_placement is not KvTransferPlacement.TOP_LEVEL
     if extra_args or not _holds(sampling, caps):
         # Written over render's: the general rules' merge of the decoded members.
         answered = _raw.decode_member(raw[w.SAMPLING_PARAMS], "$", UpstreamContractError)
         leg[w.SAMPLING_PARAMS] = {**answered, **caps}
-    _carry(leg, body, answer)
+        written = True
     if inputs.request_id is not None:
         leg[w.REQUEST_ID] = inputs.request_id
+        written = True
     if placed:
-        transfer = _Transfer(kv=_merged(kv), ec=_merged(ec), stripped=())
+        transfer = _Transfer(
+            kv=_merged(_router_object(kv, w.KV_TRANSFER_PARAMS)),
+            ec=_merged(_router_object(ec, w.EC_TRANSFER_PARAMS)),
+            stripped=(),
+        )
         leg = _place_generate(leg, transfer, params.kv_transfer_placement)
+        written = True
     streams, client_streams = _leg_stream(body, mode)
     leg[w.OUTPUT_MODE] = _MODE_TEXT[mode]
     leg[w.STREAM] = streams
@@ -512,18 +531,20 @@ def _viewed_render_leg(
         else _raw.decode_member(raw[w.STREAM_OPTIONS], "$", UpstreamContractError)
     )
     dropped = []
-    if not _stream_options(body, client.route, leg, streams=streams) and (
-        body.get(w.STREAM_OPTIONS) is not None
-    ):
+    kept = _stream_options(body, client.route, leg, streams=streams)
+    if not kept and body.get(w.STREAM_OPTIONS) is not None:
         dropped.append(w.STREAM_OPTIONS)
     dropped.extend(mapping.dropped)
     if mode is OutputMode.DERENDER:
         if getattr(view, w.PARSE_CONTEXT, None) is None:  # else render's, as vLLM wrote it
             context = mapping.parse_context or {}
             leg[w.PARSE_CONTEXT] = dict(_validate.mapping(context, f"$.{w.PARSE_CONTEXT}"))
+            written = True
     else:
         dropped.extend(mapping.context_keys)
-    return leg, mode, streams, client_streams, tuple(dict.fromkeys(dropped))
+    _check_written(leg, written=written)
+    from_client = _FROM_THE_CLIENT if carried or kept else ()
+    return (leg, mode, streams, client_streams, tuple(dict.fromkeys(dropped))), from_client
 
 
 def _holds(sampling: object, caps: Mapping[str, Any]) -> bool:
@@ -543,19 +564,23 @@ _FROM_THE_CLIENT = (*CARRIED_AS_IS, w.REQUEST_ID, w.STREAM_OPTIONS)
 _WRITTEN_VALID = frozenset({w.OUTPUT_MODE, w.STREAM, w.TOKEN_IDS})
 
 
-def _unproved(leg: Mapping[str, Any]) -> dict[str, Any] | None:
-    """What :func:`_check_generate` reads of a leg on a viewed render answer (``None``: nothing).
+def _check_written(leg: Mapping[str, Any], *, written: bool) -> None:
+    """What :func:`_check_generate` reads of a leg on a viewed render answer.
 
     A member still as vLLM wrote it (a ``msgspec.Raw``) was proved of its type by the view; the
     others a rule wrote are read as on any leg, in the leg's order (the first wrong one is the
-    one named), by :data:`_WRITTEN`.
+    one named), by :data:`_WRITTEN`. ``written``: a rule wrote a member other than
+    :data:`_WRITTEN_VALID` and ``stream_options`` (else the leg holds none to read).
     """
+    if not written and w.STREAM_OPTIONS not in leg:
+        return
     checked = {
         key: value
         for key, value in leg.items()
         if type(value) is not msgspec.Raw and key not in _WRITTEN_VALID
     }
-    return checked or None
+    if checked:
+        _validate.convert(checked, _WRITTEN, "$")
 
 
 # GenerateRequest with no member required (the leg's token IDs and sampling_params are there,
@@ -799,10 +824,11 @@ def decode_leg(client: ClientRequest, params: DecodeParams, inputs: LegInputs) -
 
 def _decode_fields(
     client: ClientRequest, params: DecodeParams, inputs: LegInputs
-) -> tuple[dict[str, Any], bool]:
+) -> tuple[dict[str, Any], tuple[str, ...] | None]:
     """The fields of the decode leg, its body a dict (one builder for both kinds of leg).
 
-    Also whether the leg was written from a viewed render answer's raw members.
+    Also, for a leg written from a viewed render answer's raw members, the keys under which it
+    may hold the client's own values (else ``None``: any key may).
     """
     request = _step_request(client, params, inputs)
     body, client_route, route = client.body, client.route, request.route
@@ -819,19 +845,16 @@ def _decode_fields(
         if client_route is Route.GENERATE:
             common = _common_generate(client, params, inputs)
         elif type(inputs.rendered) is RenderAnswer:
-            common = viewed = _viewed_render_leg(request, params)
+            viewed = _viewed_render_leg(request, params)
+            common = None if viewed is None else viewed[0]
         if common is None:
             core = _common_render_core(request) or _generate_core(request)
             common = _decode_generate(
                 client, params, core, _router_object(inputs.parse_context, w.PARSE_CONTEXT)
             )
         leg, mode, streams, client_streams, dropped = common
-        if viewed is None:
+        if viewed is None:  # a viewed leg checked what its rules wrote
             _check_generate(leg)
-        else:
-            written = _unproved(leg)
-            if written is not None:
-                _validate.convert(written, _WRITTEN, "$")
         _limits.check_token_count(leg, inputs.limits)
     fields = {
         "path": ROUTE_PATH[route],
@@ -845,7 +868,7 @@ def _decode_fields(
         "output_mode": mode,
         "dropped": dropped,
     }
-    return fields, viewed is not None
+    return fields, None if viewed is None else viewed[1]
 
 
 def build_decode_request_bytes(
@@ -877,10 +900,10 @@ def build_decode_request_bytes(
     members = _raw.RawMembers(
         client_body, RequestError, "the client body", token_ids_key=w.TOKEN_IDS, whole=whole
     )
-    fields, viewed = _decode_fields(_read(members, client_path, params, given), params, given)
+    fields, from_client = _decode_fields(_read(members, client_path, params, given), params, given)
     # The bytes leg has the dict leg's fields, its body written as JSON bytes. A leg written
     # from a render answer holds the client's own values only where a rule carried them.
-    fields["body"] = members.encode(fields["body"], _FROM_THE_CLIENT if viewed else None)
+    fields["body"] = members.encode(fields["body"], from_client)
     kind = DecodeLegBytes if fields["output_mode"] is None else GenerateDecodeLegBytes
     return kind(**fields)
 

@@ -14,15 +14,16 @@ as a typed view".
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import Any, Final, get_type_hints
+from typing import Annotated, Any, Final, TypeAlias, get_type_hints
 
 import msgspec
-from msgspec import UNSET
+from msgspec import UNSET, UnsetType
 
 from disagg_transforms._wire import keys as w
 from disagg_transforms._wire import raw as _raw
 from disagg_transforms._wire import validate as _validate
 from disagg_transforms.envelopes import (
+    JSON,
     GenerateRequest,
     ParseContext,
     SamplingParams,
@@ -35,10 +36,18 @@ __all__ = ("RenderAnswer", "common_sampling")
 _ANSWER: Final = "the render answer"
 
 
+# A cap the cap rule keeps as it is (_plain_cap), and extra_args without transfer params.
+_PlainCap: TypeAlias = Annotated[int, msgspec.Meta(ge=1, le=_validate.MAX_TOKEN_ID)]
+_NoArgs: TypeAlias = Annotated[dict[str, JSON], msgspec.Meta(max_length=0)]
+
+
 # The objects of a viewed answer: every member one of their fields (an unknown one would be
 # skipped, not parsed: such an answer takes the general rules).
 class _Sampling(SamplingParams, forbid_unknown_fields=True, kw_only=True):
-    pass
+    # Typed as common_sampling reads them: a cap or extra_args off the common shape fails the
+    # view's decode (the general rules), with no Python check after it.
+    max_tokens: _PlainCap | UnsetType | None = UNSET
+    extra_args: _NoArgs | UnsetType | None = UNSET
 
 
 class _ParseContext(ParseContext, forbid_unknown_fields=True, kw_only=True):
@@ -100,16 +109,6 @@ def common_sampling(sampling: Mapping[str, Any]) -> bool:
     )
 
 
-def _common_view(sampling: _Sampling) -> bool:
-    """:func:`common_sampling`, read from the view (an absent field is ``UNSET``)."""
-    cap, extra = sampling.max_tokens, sampling.extra_args
-    return (
-        (cap is UNSET or _plain_cap(cap))
-        and (extra is UNSET or extra is None or extra == {})
-        and sampling.min_tokens is UNSET
-    )
-
-
 class RenderAnswer(Mapping[str, Any]):
     """A render answer: its raw members, its view when it has one, its members decoded on demand.
 
@@ -148,7 +147,8 @@ class RenderAnswer(Mapping[str, Any]):
             except (msgspec.ValidationError, RecursionError):
                 pass  # off the view (or a value no parser reads): decoded as any body is
             else:
-                if _common_view(getattr(view, w.SAMPLING_PARAMS)):
+                # common_sampling: the view's types proved the cap and extra_args.
+                if getattr(view, w.SAMPLING_PARAMS).min_tokens is UNSET:
                     self.view, self.token_ids = view, proved
                     return
         self.members()
