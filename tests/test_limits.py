@@ -8,6 +8,8 @@ from functools import partial
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from disagg_transforms import (
     DEFAULT_LIMITS,
@@ -31,7 +33,7 @@ from disagg_transforms import (
 )
 from disagg_transforms._routes import Route
 from disagg_transforms._wire.limits import _is_flat, check_body_size, check_client_body, check_depth
-from disagg_transforms._wire.validate import CONVERT_FROM
+from disagg_transforms._wire.validate import CONVERT_FROM, whole_number
 
 CHAT = "/v1/chat/completions"
 GENERATE_LEG = DecodeParams(use_openai_format=False)
@@ -231,6 +233,37 @@ def test_n_in_range(key: str, path: str) -> None:
     decode(body(8), limits=Limits(max_n=8))
     with pytest.raises(RequestError, match="at most 8"):
         decode(body(9), limits=Limits(max_n=8))
+
+
+_N_VALUES = st.one_of(
+    st.integers(min_value=-3, max_value=20),
+    st.integers(),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.sampled_from([None, True, False, "2", [1], {"n": 1}, 16384, 16385, 2**64]),
+)
+
+
+@given(_N_VALUES, _N_VALUES, st.integers(min_value=1, max_value=20))
+def test_the_common_n_is_the_general_rule(n: object, nested: object, max_n: int) -> None:
+    # check_client_body takes an int in range without the rule's call: the same outcome as
+    # whole_number, for n at the top level and in sampling_params (docs/performance.md).
+    limits = Limits(max_n=max_n)
+
+    def outcome(check: Any) -> object:
+        try:
+            check()
+        except RequestError as error:
+            return (str(error), error.param)
+        return None
+
+    body = {"n": n, "sampling_params": {"n": nested}}
+    expected = (
+        outcome(lambda: whole_number(n, "$.n", minimum=1, maximum=max_n)) if n is not None else None
+    )
+    if expected is None and nested is not None:
+        path = "$.sampling_params.n"
+        expected = outcome(lambda: whole_number(nested, path, minimum=1, maximum=max_n))
+    assert outcome(lambda: check_client_body(body, limits)) == expected
 
 
 def test_cache_salt_length_and_characters() -> None:

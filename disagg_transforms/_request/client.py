@@ -130,9 +130,10 @@ def read_client_request(
         RequestError: the body is not a JSON object, is past a limit, or holds a field a leg
             refuses or a bad cap; ``client_path`` is not a str.
     """
-    body = _validate.mapping(client_body, "$")
+    # A dict body and a str path, the common ones, are taken without a call to their checks.
+    body = client_body if isinstance(client_body, dict) else _validate.mapping(client_body, "$")
     _limits.check_client_body(body, limits)
-    path = _checked_path(client_path)
+    path = client_path if type(client_path) is str else _checked_path(client_path)
     route = detect_route(path)
     generate = False
     decode = None  # the decode step, when it is a generate leg
@@ -216,13 +217,6 @@ def _checked_path(client_path: object) -> str:
     return client_path
 
 
-def _tools_context(
-    body: Mapping[str, Any], mapping: ClientMapping | None
-) -> Mapping[str, Any] | None:
-    """Where the client asks for tools: its mapped ``parse_context`` (a generate client's own)."""
-    return _validate.obj(body, w.PARSE_CONTEXT) if mapping is None else mapping.parse_context
-
-
 def own_output_mode(body: Mapping[str, Any], route: Route) -> OutputMode | None:
     """A generate client's own ``output_mode``; ``None`` when it sent none (or is on another API).
 
@@ -253,9 +247,17 @@ _CLIENT_MODES = {mode.value: mode for mode in OutputMode if mode is not OutputMo
 def _output_mode(
     body: Mapping[str, Any], route: Route, params: DecodeParams, mapping: ClientMapping | None
 ) -> OutputMode:
-    """The decode leg's mode: a generate client's own, else the step's for this request."""
+    """The decode leg's mode: a generate client's own, else the step's for this request.
+
+    A client of another API (its body mapped) has no mode of its own and asks for tools in its
+    mapped ``parse_context``; a generate client (no mapping) in its own.
+    """
+    if mapping is not None:
+        return chosen_output_mode(params, mapping.parse_context)
     own = own_output_mode(body, route)
-    return own if own is not None else chosen_output_mode(params, _tools_context(body, mapping))
+    if own is not None:
+        return own
+    return chosen_output_mode(params, _validate.obj(body, w.PARSE_CONTEXT))
 
 
 def chosen_output_mode(params: DecodeParams, tools_context: Mapping[str, Any] | None) -> OutputMode:

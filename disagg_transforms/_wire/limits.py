@@ -25,7 +25,8 @@ MAX_CACHE_SALT_CHARS: Final = 128
 """vLLM's validator caps ``cache_salt`` at 128 characters (the schema says 1024)."""
 _CACHE_SALT_FORBIDDEN: Final = ("@", "/", "\\", "\x00")
 _CACHE_SALT_REFUSED: Final = re.compile("[" + re.escape("".join(_CACHE_SALT_FORBIDDEN)) + "]")
-_SAMPLING_PATH: Final = f"$.{w.SAMPLING_PARAMS}"
+_N_PATH: Final = f"$.{w.N}"
+_SAMPLING_N_PATH: Final = f"$.{w.SAMPLING_PARAMS}.{w.N}"
 _LEAF_TYPES: Final = frozenset({int, float, str, bool, type(None)})
 # What a mapping's walk skips by its exact type: scalars, and token IDs the bytes path proved flat.
 _NOT_NESTED: Final = _LEAF_TYPES | {RawTokenIds}
@@ -140,15 +141,19 @@ def check_client_body(body: Mapping[str, Any], limits: Limits) -> None:
     # A body from bytes with few brackets is proved shallow by their count: no walk.
     if not (isinstance(body, RawMembers) and body.nests_within(limits.max_depth)):
         check_depth(body, limits.max_depth)
+    max_n = limits.max_n
+    n = body.get(w.N)
+    # An int in range passes as is (the common n): no call to the rule that names a bad one.
+    if n is not None and not (type(n) is int and 1 <= n <= max_n):
+        _validate.whole_number(n, _N_PATH, minimum=1, maximum=max_n)
     sampling = body.get(w.SAMPLING_PARAMS)
-    for holder, parent in ((body, "$"), (sampling, _SAMPLING_PATH)):
-        # None first: an absent sampling_params would cost the Mapping ABC's check.
-        if (
-            holder is not None
-            and isinstance(holder, _validate.MAPPINGS)
-            and holder.get(w.N) is not None
-        ):
-            _validate.whole_number(holder[w.N], f"{parent}.{w.N}", minimum=1, maximum=limits.max_n)
+    # None first: an absent sampling_params would cost the Mapping ABC's check.
+    if (
+        sampling is not None
+        and isinstance(sampling, _validate.MAPPINGS)
+        and sampling.get(w.N) is not None
+    ):
+        _validate.whole_number(sampling[w.N], _SAMPLING_N_PATH, minimum=1, maximum=max_n)
     salt = body.get(w.CACHE_SALT)
     if salt is not None:
         _cache_salt(salt, f"$.{w.CACHE_SALT}")

@@ -241,7 +241,7 @@ class RawMembers(dict[str, Any]):
         that call does not read as an object without ``token_ids`` is split first, as any is,
         which names what is wrong (docs/performance.md, "The client's body decoded once").
         """
-        super().__init__()
+        # dict.__new__ made this mapping empty: no dict.__init__ call.
         if whole and type(data) is bytes:
             try:
                 decoded = _DECODER.decode(data)
