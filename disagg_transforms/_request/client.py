@@ -130,10 +130,9 @@ def read_client_request(
         RequestError: the body is not a JSON object, is past a limit, or holds a field a leg
             refuses or a bad cap; ``client_path`` is not a str.
     """
-    # A dict body and a str path, the common ones, are taken without a call to their checks.
-    body = client_body if isinstance(client_body, dict) else _validate.mapping(client_body, "$")
+    body = _validate.mapping(client_body, "$")
     _limits.check_client_body(body, limits)
-    path = client_path if type(client_path) is str else _checked_path(client_path)
+    path = _checked_path(client_path)
     route = detect_route(path)
     generate = False
     decode = None  # the decode step, when it is a generate leg

@@ -357,8 +357,7 @@ def client_mapping(
     list is empty or absent (nothing for ``parse_context`` to carry); ``context_keys`` is those
     of ``context_keys`` present (they only feed ``parse_context``, so text mode drops them).
     """
-    # Most bodies send none: its reader is called only for one that does.
-    xargs = obj(body, w.VLLM_XARGS) if w.VLLM_XARGS in body else None
+    xargs = obj(body, w.VLLM_XARGS)
     if xargs is not None:
         sampling[w.EXTRA_ARGS] = dict(xargs)
     kept = _kept(mapped)
