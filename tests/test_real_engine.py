@@ -521,25 +521,62 @@ def _text_delta(event: Any) -> tuple[Any, ...] | None:
         return (kind, event.get("item_id"), event.get("output_index"), event.get("content_index"))
     if kind == "content_block_delta" and event.get("delta", {}).get("type") == "text_delta":
         return (kind, event.get("index"))
-    choices = event.get("choices")
-    if kind is None and "usage" not in event and isinstance(choices, list) and len(choices) == 1:
-        choice = choices[0]
-        text_only = set(choice.get("delta", {})) == {"content"}
-        running = choice.get("finish_reason") is None and "stop_reason" not in choice
-        if text_only and running and choice.get("logprobs") is None:
-            return ("chunk", choice.get("index"))
+    choice = _text_choice(event)
+    if choice is not None and choice.get("finish_reason") is None:
+        return ("chunk", choice.get("index"))
     return None
 
 
+def _closing_text(event: Any) -> tuple[Any, ...] | None:
+    """Where a chunk closing its choice with text of its own goes, else ``None``."""
+    choice = _text_choice(event)
+    if choice is not None and choice.get("finish_reason") is not None and _chunk_text(choice):
+        return ("chunk", choice.get("index"))
+    return None
+
+
+def _text_choice(event: Any) -> dict[str, Any] | None:
+    """A chat or completions chunk's one choice when text is all it carries, else ``None``.
+
+    No usage, logprobs or token ids (each is a token's own and would not join); a finish
+    reason and a stop reason may be there (the closing chunk).
+    """
+    if not isinstance(event, dict) or "type" in event or event.get("usage") is not None:
+        return None
+    choices = event.get("choices")
+    if not (isinstance(choices, list) and len(choices) == 1 and isinstance(choices[0], dict)):
+        return None
+    choice: dict[str, Any] = choices[0]
+    if any(choice.get(key) is not None for key in _TOKEN_OWN):
+        return None
+    return choice if _chunk_text(choice) is not None else None
+
+
+_TOKEN_OWN: Final = ("logprobs", "token_ids", "prompt_token_ids")
+
+
+def _chunk_text(choice: dict[str, Any]) -> str | None:
+    """A choice's text: chat ``delta.content`` (the delta's only member), completions ``text``."""
+    delta = choice.get("delta")
+    text = delta.get("content") if isinstance(delta, dict) and set(delta) == {"content"} else None
+    text = choice.get("text") if delta is None else text
+    return text if isinstance(text, str) else None
+
+
 def _joined(into: dict[str, Any], event: dict[str, Any]) -> dict[str, Any]:
-    if "choices" in into:
-        choice = into["choices"][0]
-        text = choice["delta"]["content"] + event["choices"][0]["delta"]["content"]
-        return {**into, "choices": [{**choice, "delta": {"content": text}}]}
-    if into.get("type") == "content_block_delta":
+    """``event`` with ``into``'s text before its own."""
+    if "choices" in event:
+        choice = event["choices"][0]
+        if "delta" in choice:
+            text = into["choices"][0]["delta"]["content"] + choice["delta"]["content"]
+            joined = {**choice, "delta": {**choice["delta"], "content": text}}
+        else:
+            joined = {**choice, "text": into["choices"][0]["text"] + choice["text"]}
+        return {**event, "choices": [joined]}
+    if event.get("type") == "content_block_delta":
         text = into["delta"]["text"] + event["delta"]["text"]
-        return {**into, "delta": {**into["delta"], "text": text}}
-    return {**into, "delta": into["delta"] + event["delta"]}
+        return {**event, "delta": {**event["delta"], "text": text}}
+    return {**event, "delta": into["delta"] + event["delta"]}
 
 
 def merged_deltas(reply: dict[str, Any]) -> dict[str, Any]:
@@ -548,8 +585,10 @@ def merged_deltas(reply: dict[str, Any]) -> dict[str, Any]:
     RETRY's last word on a real worker: when a difference stays on every attempt, the two
     streams are compared once more with each run of text-only deltas to the same choice, item
     or block joined into one (and ``sequence_number`` counted again), because vLLM joins such
-    deltas itself when its server falls behind the engine (RETRY above). Every other event, and
-    the text, must still be the same.
+    deltas itself when its server falls behind the engine (RETRY above). A chat or completions
+    run is joined into the chunk closing its choice when that chunk carries text of its own
+    (vLLM joins the last token's delta with the ones before it too); a closing chunk without
+    text stays apart. Every other event, and the text, must still be the same.
     """
     events = reply["content"]
     if not isinstance(events, list):
@@ -558,8 +597,10 @@ def merged_deltas(reply: dict[str, Any]) -> dict[str, Any]:
     places: list[tuple[Any, ...] | None] = []
     for event in events:
         place = _text_delta(event)
-        if place is not None and places and places[-1] == place:
+        joins = place or _closing_text(event)
+        if joins is not None and places and places[-1] == joins:
             out[-1] = _joined(out[-1], event)
+            places[-1] = place
             continue
         out.append(event)
         places.append(place)
@@ -713,3 +754,54 @@ def test_a_cold_prompt(
         answers.append(normalised(side(case.method, case.path, case.raw())))
     coupled, through = answers
     assert through == coupled, _first_difference(through, coupled, "$")
+
+
+# ------------------------------------------------------------------ the MERGED DELTAS rule
+
+
+def _completion_chunk(text: str, finish: str | None = None, **more: Any) -> dict[str, Any]:
+    # As vLLM's completions stream writes a chunk (its choice's members all set, nulls too).
+    choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+    return {"object": "text_completion", "choices": [{**choice, "stop_reason": None, **more}]}
+
+
+def _chat_chunk(text: str, finish: str | None = None, **more: Any) -> dict[str, Any]:
+    choice: dict[str, Any] = {"index": 0, "delta": {"content": text}, "finish_reason": finish}
+    if finish is not None:
+        choice["stop_reason"] = None
+    return {"object": "chat.completion.chunk", "choices": [{**choice, **more}]}
+
+
+def _stream(*events: Any) -> dict[str, Any]:
+    return {"status": 200, "media_type": "text/event-stream", "content": [*events, "[DONE]"]}
+
+
+USAGE_CHUNK: Final = {"choices": [], "usage": {"completion_tokens": 4}}
+
+
+@pytest.mark.parametrize("chunk", [_completion_chunk, _chat_chunk], ids=["completions", "chat"])
+def test_merged_deltas_joins_what_vllm_joins(chunk: Callable[..., dict[str, Any]]) -> None:
+    # A token a delta (the rebuilt side) against vLLM's server behind its engine: two tokens in
+    # one running chunk, and the last two in the closing one.
+    per_token = _stream(chunk("a"), chunk("b"), chunk("c"), chunk("d", "length"), USAGE_CHUNK)
+    behind = _stream(chunk("ab"), chunk("cd", "length"), USAGE_CHUNK)
+    assert per_token != behind
+    assert merged_deltas(per_token) == merged_deltas(behind)
+    assert merged_deltas(behind)["content"] == [chunk("abcd", "length"), USAGE_CHUNK, "[DONE]"]
+
+
+@pytest.mark.parametrize("chunk", [_completion_chunk, _chat_chunk], ids=["completions", "chat"])
+def test_merged_deltas_keeps_what_vllm_keeps_apart(chunk: Callable[..., dict[str, Any]]) -> None:
+    # A closing chunk without text of its own is never joined: vLLM closes on the last token's
+    # chunk, and a stream closing on an empty one instead still differs.
+    assert merged_deltas(_stream(chunk("ab"), chunk("", "stop"))) != merged_deltas(
+        _stream(chunk("a"), chunk("b", "stop"))
+    )
+    # Text is compared as it is, and a chunk with a token's own members joins nothing.
+    assert merged_deltas(_stream(chunk("a"), chunk("b"))) != merged_deltas(_stream(chunk("ac")))
+    own = _stream(chunk("a", token_ids=[1]), chunk("b", token_ids=[2]))
+    assert merged_deltas(own) == own
+    two_choices = _stream(
+        chunk("a"), {**chunk("b"), "choices": [{**chunk("b")["choices"][0], "index": 1}]}
+    )
+    assert merged_deltas(two_choices) == two_choices
