@@ -435,3 +435,29 @@ def test_ignore_eos_writes_until_the_cap() -> None:
         assert meta["completion_tokens"] == expected
         assert meta["finish_reason"] == {"type": "length", "length": expected}
         assert second.json()["text"].startswith("Hello!Hello!")
+
+
+def test_a_join_whose_decode_went_away_ends_without_an_answer() -> None:
+    # A decode that gave up (aborted) closes its join request; the prefill must not hold it
+    # until the room's timeout, or a SIGTERM drains it for the whole grace period.
+    prefill = SimulatedSglangWorker(disaggregation_mode="prefill", transfer_timeout=300.0)
+    body = json.dumps({"room": 7, "timeout": 300.0}).encode()
+    scope = {"type": "http", "method": "POST", "path": "/simulated/join", "headers": []}
+    incoming = [
+        {"type": "http.request", "body": body, "more_body": False},
+        {"type": "http.disconnect"},
+    ]
+    sent: list[Any] = []
+
+    async def receive() -> Any:
+        return incoming.pop(0)
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+
+    async def join() -> None:
+        await asyncio.wait_for(prefill(scope, receive, send), timeout=10)
+
+    asyncio.run(join())
+    assert sent == []
+    assert incoming == []

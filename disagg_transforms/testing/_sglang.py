@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import Mapping
+from collections.abc import Coroutine, Mapping
 from typing import Any, Final, Literal, TypeAlias
 
 import orjson
@@ -266,7 +266,10 @@ class SimulatedSglangWorker:
             return
         status, payload = self._route(method, path, body)
         if path == JOIN_PATH and status == 200:
-            status, payload = await self._join(body)
+            joined = await _unless_gone(self._join(body), receive)
+            if joined is None:
+                return  # the decode gave up (aborted): nothing waits here for a room
+            status, payload = joined
         await _send_json(send, status, payload)
 
     def _route(self, method: str, path: str, body: object) -> tuple[int, object]:
@@ -773,6 +776,25 @@ async def _wait(work: Any, abort: asyncio.Event, timeout: float) -> Any:  # noqa
     if aborted in done:
         raise _AbortedError
     raise TimeoutError
+
+
+async def _unless_gone(
+    work: Coroutine[Any, Any, tuple[int, object]], receive: Receive
+) -> tuple[int, object] | None:
+    """``work``'s result, or ``None`` once its client disconnects (the body already read)."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(_disconnected(receive))
+    try:
+        done, _ = await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for pending in (task, gone):
+            pending.cancel()
+    return task.result() if task in done else None
+
+
+async def _disconnected(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 async def _post(host: str, port: int, path: str, payload: object) -> tuple[int, object]:
