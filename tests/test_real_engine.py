@@ -541,7 +541,7 @@ def _text_choice(event: Any) -> dict[str, Any] | None:
     No usage, logprobs or token ids (each is a token's own and would not join); a finish
     reason and a stop reason may be there (the closing chunk).
     """
-    if not isinstance(event, dict) or "type" in event or event.get("usage") is not None:
+    if not isinstance(event, dict) or "type" in event or "usage" in event:
         return None
     choices = event.get("choices")
     if not (isinstance(choices, list) and len(choices) == 1 and isinstance(choices[0], dict)):
@@ -558,8 +558,12 @@ _TOKEN_OWN: Final = ("logprobs", "token_ids", "prompt_token_ids")
 def _chunk_text(choice: dict[str, Any]) -> str | None:
     """A choice's text: chat ``delta.content`` (the delta's only member), completions ``text``."""
     delta = choice.get("delta")
-    text = delta.get("content") if isinstance(delta, dict) and set(delta) == {"content"} else None
-    text = choice.get("text") if delta is None else text
+    if delta is None:  # completions
+        text = choice.get("text")
+    elif isinstance(delta, dict) and set(delta) == {"content"}:  # chat
+        text = delta["content"]
+    else:
+        return None
     return text if isinstance(text, str) else None
 
 
@@ -762,7 +766,8 @@ def test_a_cold_prompt(
 def _completion_chunk(text: str, finish: str | None = None, **more: Any) -> dict[str, Any]:
     # As vLLM's completions stream writes a chunk (its choice's members all set, nulls too).
     choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
-    return {"object": "text_completion", "choices": [{**choice, "stop_reason": None, **more}]}
+    nulls = {"stop_reason": None, "prompt_token_ids": None, "token_ids": None}
+    return {"object": "text_completion", "choices": [{**choice, **nulls, **more}]}
 
 
 def _chat_chunk(text: str, finish: str | None = None, **more: Any) -> dict[str, Any]:

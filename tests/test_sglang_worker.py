@@ -33,6 +33,7 @@ from disagg_transforms._response.sglang import (
 )
 from disagg_transforms._routes import Route
 from disagg_transforms.testing import SimulatedSglangWorker, toy_encode
+from disagg_transforms.testing._sglang import JOIN_PATH
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "sglang-0.5.23"
 CHAT = "/v1/chat/completions"
@@ -442,7 +443,7 @@ def test_a_join_whose_decode_went_away_ends_without_an_answer() -> None:
     # until the room's timeout, or a SIGTERM drains it for the whole grace period.
     prefill = SimulatedSglangWorker(disaggregation_mode="prefill", transfer_timeout=300.0)
     body = json.dumps({"room": 7, "timeout": 300.0}).encode()
-    scope = {"type": "http", "method": "POST", "path": "/simulated/join", "headers": []}
+    scope = {"type": "http", "method": "POST", "path": JOIN_PATH, "headers": []}
     incoming = [
         {"type": "http.request", "body": body, "more_body": False},
         {"type": "http.disconnect"},

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import Coroutine, Mapping
+from collections.abc import Awaitable, Mapping
 from typing import Any, Final, Literal, TypeAlias
 
 import orjson
@@ -266,10 +266,10 @@ class SimulatedSglangWorker:
             return
         status, payload = self._route(method, path, body)
         if path == JOIN_PATH and status == 200:
-            joined = await _unless_gone(self._join(body), receive)
-            if joined is None:
+            try:
+                status, payload = await _wait(self._join(body), _disconnected(receive), None)
+            except _AbortedError:
                 return  # the decode gave up (aborted): nothing waits here for a room
-            status, payload = joined
         await _send_json(send, status, payload)
 
     def _route(self, method: str, path: str, body: object) -> tuple[int, object]:
@@ -534,7 +534,7 @@ class SimulatedSglangWorker:
                 slot.cached_tokens = min(slot.cached_tokens, start)
             slot.prefill.set()
             try:
-                await _wait(slot.decode.wait(), abort, self.transfer_timeout)
+                await _wait(slot.decode.wait(), abort.wait(), self.transfer_timeout)
             except TimeoutError:
                 msg = (
                     f"Prefill bootstrap failed for request rank=0 req.rid='{request.rid}' "
@@ -548,7 +548,7 @@ class SimulatedSglangWorker:
             return slot.cached_tokens
         try:
             cached: int = await _wait(
-                self._join_prefill(request, room), abort, self.transfer_timeout
+                self._join_prefill(request, room), abort.wait(), self.transfer_timeout
             )
         except TimeoutError:
             msg = (
@@ -760,10 +760,10 @@ def _layout() -> dict[str, Any]:
     }
 
 
-async def _wait(work: Any, abort: asyncio.Event, timeout: float) -> Any:  # noqa: ANN401 - the work's result
-    """``work``'s result within ``timeout`` seconds, unless ``abort`` is set first."""
+async def _wait(work: Any, abort: Awaitable[Any], timeout: float | None) -> Any:  # noqa: ANN401 - the work's result
+    """``work``'s result within ``timeout`` seconds, unless ``abort`` is done first."""
     task = asyncio.ensure_future(work)
-    aborted = asyncio.ensure_future(abort.wait())
+    aborted = asyncio.ensure_future(abort)
     try:
         done, _ = await asyncio.wait(
             {task, aborted}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
@@ -778,21 +778,8 @@ async def _wait(work: Any, abort: asyncio.Event, timeout: float) -> Any:  # noqa
     raise TimeoutError
 
 
-async def _unless_gone(
-    work: Coroutine[Any, Any, tuple[int, object]], receive: Receive
-) -> tuple[int, object] | None:
-    """``work``'s result, or ``None`` once its client disconnects (the body already read)."""
-    task = asyncio.ensure_future(work)
-    gone = asyncio.ensure_future(_disconnected(receive))
-    try:
-        done, _ = await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for pending in (task, gone):
-            pending.cancel()
-    return task.result() if task in done else None
-
-
 async def _disconnected(receive: Receive) -> None:
+    """Returns once the client has gone (its body already read)."""
     while (await receive())["type"] != "http.disconnect":
         pass
 
