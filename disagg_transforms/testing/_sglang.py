@@ -25,6 +25,7 @@ from disagg_transforms.testing._worker import (
     Send,
     parse_body,
     read_request,
+    until_disconnect,
 )
 
 SGLANG_VERSION: Final = "0.5.23"
@@ -267,7 +268,7 @@ class SimulatedSglangWorker:
         status, payload = self._route(method, path, body)
         if path == JOIN_PATH and status == 200:
             try:
-                status, payload = await _wait(self._join(body), _disconnected(receive), None)
+                status, payload = await _wait(self._join(body), until_disconnect(receive), None)
             except _AbortedError:
                 return  # the decode gave up (aborted): nothing waits here for a room
         await _send_json(send, status, payload)
@@ -776,12 +777,6 @@ async def _wait(work: Any, abort: Awaitable[Any], timeout: float | None) -> Any:
     if aborted in done:
         raise _AbortedError
     raise TimeoutError
-
-
-async def _disconnected(receive: Receive) -> None:
-    """Returns once the client has gone (its body already read)."""
-    while (await receive())["type"] != "http.disconnect":
-        pass
 
 
 async def _post(host: str, port: int, path: str, payload: object) -> tuple[int, object]:

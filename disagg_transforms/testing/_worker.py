@@ -482,15 +482,16 @@ async def _lifespan(receive: Receive, send: Send) -> None:
             return
 
 
+async def until_disconnect(receive: Receive) -> None:
+    """Returns once the client has gone (its body already read)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
 async def _went_away(receive: Receive, delay: float) -> bool:
     """Whether the client closed the connection within ``delay`` seconds (else: it waited)."""
-
-    async def disconnect() -> None:
-        while (await receive())["type"] != "http.disconnect":
-            pass
-
     try:
-        await asyncio.wait_for(disconnect(), delay)
+        await asyncio.wait_for(until_disconnect(receive), delay)
     except asyncio.TimeoutError:
         return False
     return True
