@@ -391,24 +391,24 @@ def _sends_transfer(body: Mapping[str, Any]) -> bool:
     return False
 
 
-def _carry(leg: dict[str, Any], body: Mapping[str, Any], view: object = None) -> bool:
+def _carry(leg: dict[str, Any], body: Mapping[str, Any], view: object = None) -> tuple[str, ...]:
     """Carry the client's own keys onto a leg built from render's answer or its mapping.
 
     A key is carried where the leg's value (read from ``view`` when given: the view of the
     render answer a leg of raw members is written from, which holds every carried key) is
-    null. Returns whether a key was carried.
+    null. Returns the keys carried, in the order written.
     """
-    carried = False
+    carried: tuple[str, ...] = ()
     for key in CARRIED_AS_IS:
         if (
             body.get(key) is not None
             and (leg.get(key) if view is None else getattr(view, key)) is None
         ):
             leg[key] = body[key]
-            carried = True
+            carried += (key,)
     if body.get(w.REQUEST_ID) is not None:
         leg[w.REQUEST_ID] = body[w.REQUEST_ID]
-        carried = True
+        carried += (w.REQUEST_ID,)
     return carried
 
 
@@ -469,8 +469,9 @@ def _viewed_render_leg(
     here (:func:`_check_written`). ``None`` for any other request. docs/performance.md, "The
     render answer read as a typed view".
 
-    Returned with the leg: the keys under which it may hold the client's own values (none, or
-    :data:`_FROM_THE_CLIENT`), which the bytes leg writes as the client sent them.
+    Returned with the leg: the keys under which it may hold the client's own values (those
+    carried, and ``stream_options`` when the client's were kept), which the bytes leg writes as
+    the client sent them (read by :data:`_FROM_THE_CLIENT`).
     """
     client, inputs = request.client, request.inputs
     answer = inputs.rendered
@@ -497,9 +498,10 @@ def _viewed_render_leg(
     for key in TRANSFER_KEYS:
         del leg[key]  # null in a viewed answer
     leg[w.TOKEN_IDS] = answer.token_ids
-    # Whether a rule wrote a member that needs the leg's check (_check_written): most legs on a
-    # common answer write none but their mode and stream.
-    carried = written = _carry(leg, body, view)
+    # The members a rule wrote that need the leg's check (_check_written), in the order
+    # written: most legs on a common answer write none but their mode and stream.
+    carried = _carry(leg, body, view)
+    written = list(carried)
     kv, ec = inputs.kv_transfer_params, inputs.ec_transfer_params
     placed = kv is not None or ec is not None
     extra_args = placed and params.kv_transfer_placement is not KvTransferPlacement.TOP_LEVEL
@@ -507,10 +509,10 @@ def _viewed_render_leg(
         # Written over render's: the general rules' merge of the decoded members.
         answered = _raw.decode_member(raw[w.SAMPLING_PARAMS], "$", UpstreamContractError)
         leg[w.SAMPLING_PARAMS] = {**answered, **caps}
-        written = True
+        written.append(w.SAMPLING_PARAMS)
     if inputs.request_id is not None:
         leg[w.REQUEST_ID] = inputs.request_id
-        written = True
+        written.append(w.REQUEST_ID)
     if placed:
         transfer = _Transfer(
             kv=_merged(_router_object(kv, w.KV_TRANSFER_PARAMS)),
@@ -518,7 +520,7 @@ def _viewed_render_leg(
             stripped=(),
         )
         leg = _place_generate(leg, transfer, params.kv_transfer_placement)
-        written = True
+        written.extend(key for key in TRANSFER_KEYS if key in leg)  # none was left: placed
     streams, client_streams = _leg_stream(body, mode)
     leg[w.OUTPUT_MODE] = _MODE_TEXT[mode]
     leg[w.STREAM] = streams
@@ -539,11 +541,11 @@ def _viewed_render_leg(
         if getattr(view, w.PARSE_CONTEXT, None) is None:  # else render's, as vLLM wrote it
             context = mapping.parse_context or {}
             leg[w.PARSE_CONTEXT] = dict(_validate.mapping(context, f"$.{w.PARSE_CONTEXT}"))
-            written = True
+            written.append(w.PARSE_CONTEXT)
     else:
         dropped.extend(mapping.context_keys)
-    _check_written(leg, written=written)
-    from_client = _FROM_THE_CLIENT if carried or kept else ()
+    _check_written(leg, written)
+    from_client = (*carried, w.STREAM_OPTIONS) if kept else carried
     return (leg, mode, streams, client_streams, tuple(dict.fromkeys(dropped))), from_client
 
 
@@ -556,31 +558,28 @@ def _holds(sampling: object, caps: Mapping[str, Any]) -> bool:
     return True
 
 
-# Where a leg on a viewed render answer may hold the client's own value: the carried keys, its
-# request ID and stream_options.
-_FROM_THE_CLIENT = (*CARRIED_AS_IS, w.REQUEST_ID, w.STREAM_OPTIONS)
-# What a leg on a viewed render answer writes that needs no check: its mode, its stream, the
-# proved token IDs.
-_WRITTEN_VALID = frozenset({w.OUTPUT_MODE, w.STREAM, w.TOKEN_IDS})
+# The bytes of what a leg on a viewed render answer may hold of the client's own: the carried
+# keys, its request ID and stream_options.
+_FROM_THE_CLIENT: Final = _raw.MemberReader((*CARRIED_AS_IS, w.REQUEST_ID, w.STREAM_OPTIONS))
 
 
-def _check_written(leg: Mapping[str, Any], *, written: bool) -> None:
+def _check_written(leg: Mapping[str, Any], written: list[str]) -> None:
     """What :func:`_check_generate` reads of a leg on a viewed render answer.
 
-    A member still as vLLM wrote it (a ``msgspec.Raw``) was proved of its type by the view; the
-    others a rule wrote are read as on any leg, in the leg's order (the first wrong one is the
-    one named), by :data:`_WRITTEN`. ``written``: a rule wrote a member other than
-    :data:`_WRITTEN_VALID` and ``stream_options`` (else the leg holds none to read).
+    A member still as vLLM wrote it was proved of its type by the view; the members a rule
+    wrote (``written``, and a streamed leg's ``stream_options``; its mode, stream and the proved
+    token IDs need no check) are read as on any leg, in the leg's order (the first wrong one is
+    the one named), by :data:`_WRITTEN`.
     """
-    if not written and w.STREAM_OPTIONS not in leg:
+    if w.STREAM_OPTIONS in leg:
+        written.append(w.STREAM_OPTIONS)
+    if len(written) == 1:
+        checked = {written[0]: leg[written[0]]}
+    elif written:
+        checked = {key: value for key, value in leg.items() if key in written}
+    else:
         return
-    checked = {
-        key: value
-        for key, value in leg.items()
-        if type(value) is not msgspec.Raw and key not in _WRITTEN_VALID
-    }
-    if checked:
-        _validate.convert(checked, _WRITTEN, "$")
+    _validate.convert(checked, _WRITTEN, "$")
 
 
 # GenerateRequest with no member required (the leg's token IDs and sampling_params are there,
@@ -903,7 +902,7 @@ def build_decode_request_bytes(
     fields, from_client = _decode_fields(_read(members, client_path, params, given), params, given)
     # The bytes leg has the dict leg's fields, its body written as JSON bytes. A leg written
     # from a render answer holds the client's own values only where a rule carried them.
-    fields["body"] = members.encode(fields["body"], from_client)
+    fields["body"] = members.encode(fields["body"], from_client, _FROM_THE_CLIENT)
     kind = DecodeLegBytes if fields["output_mode"] is None else GenerateDecodeLegBytes
     return kind(**fields)
 

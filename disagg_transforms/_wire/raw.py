@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Final, TypeAlias
 
 import msgspec
+from msgspec import UNSET, UnsetType
 
 from disagg_transforms._wire.describe import describe
 from disagg_transforms._wire.validate import msgspec_failure
@@ -342,23 +343,36 @@ class RawMembers(dict[str, Any]):
         """
         return self._brackets <= limit - 1
 
-    def encode(self, result: Mapping[str, Any], keys: Iterable[str] | None = None) -> bytes:
+    def encode(
+        self,
+        result: Mapping[str, Any],
+        keys: Iterable[str] | None = None,
+        reader: MemberReader | None = None,
+    ) -> bytes:
         """Write ``result`` (built by the rules from this mapping) as JSON bytes.
 
         A value that is the very object this mapping handed out for the same key was passed
         through unchanged: its input bytes are written. A :class:`RawTokenIds` is written as its
         bytes (:func:`encode`). Everything else is encoded. ``keys``, when given, are the only
-        keys of ``result`` that may hold such a value (a leg built on another body).
+        keys of ``result`` that may hold such a value (a leg built on another body); ``reader``,
+        one that reads their bytes from a body decoded whole without splitting it.
         """
         mine = dict.get
         if keys is not None:
-            written = None
+            written: dict[str, Any] | None = None
+            given: Mapping[str, Any] = {}
             for key in keys:
                 value = result.get(key, _ABSENT)
                 if value is not _ABSENT and mine(self, key, _ABSENT) is value:
                     if written is None:
                         written = dict(result)  # the result's key order, a value replaced
-                    written[key] = self._raw()[key]
+                        # A body decoded whole is not split for a few members: the reader's.
+                        given = (
+                            self._raw()
+                            if self._members is not None or reader is None
+                            else reader.read(self._body)
+                        )
+                    written[key] = given[key]
             return encode(result if written is None else written)
         members = self._raw()
         return encode(
@@ -367,6 +381,27 @@ class RawMembers(dict[str, Any]):
                 for key, value in result.items()
             }
         )
+
+
+class MemberReader:
+    """Reads a few members' bytes from a valid body without splitting it.
+
+    One decode into a struct of just these keys, which skips the other members: about 40 % of
+    a split's cost (docs/performance.md, "The client's own values on a leg built from render's
+    answer"). Each key must be a valid Python identifier (a struct field's name).
+    """
+
+    __slots__ = ("_decoder",)
+
+    def __init__(self, keys: Iterable[str]) -> None:
+        members = msgspec.defstruct(
+            "_Members", [(key, msgspec.Raw | UnsetType, UNSET) for key in keys]
+        )
+        self._decoder = msgspec.json.Decoder(members)
+
+    def read(self, body: bytes) -> dict[str, Any]:
+        """The members' bytes by key: ``UNSET`` for a key the body lacks, a repeated key's last."""
+        return msgspec.structs.asdict(self._decoder.decode(body))
 
 
 def _token_ids_bytes(value: object) -> msgspec.Raw:
