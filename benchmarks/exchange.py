@@ -18,6 +18,7 @@ import asyncio
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import httpx
@@ -143,8 +144,8 @@ def measure(*, quick: bool) -> list[Row]:
             msg = "the replayed exchange sent the client nothing"
             raise AssertionError(msg)
         funcs: dict[str, Callable[[], object]] = {
-            "exchange": lambda b=body, a=answers: run_exchange(b, a),
-            "parse": lambda b=body, a=answers: parse_bodies(b, a),
+            "exchange": partial(run_exchange, body, answers),
+            "parse": partial(parse_bodies, body, answers),
         }
         seconds = harness.median_seconds(funcs, repeats=5 if quick else 15)
         chunks = sum(len(a.chunks) for a in answers if len(a.chunks) > 1)

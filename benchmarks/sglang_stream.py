@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
+from functools import partial
 
 import harness
 import orjson
@@ -113,7 +114,9 @@ def measure(*, quick: bool) -> list[tuple[str, int, float]]:
         if n_tokens == 1024:  # at 8k tokens a stream with logprobs holds about 600 MB
             logprobs = sglang_stream(n_tokens, logprobs=True)
             cases["SGLang cumulative with logprobs, reader"] = (_read, logprobs)
-        funcs = {name: (lambda f=f, e=e: f(e)) for name, (f, e) in cases.items()}
+        funcs: dict[str, Callable[[], object]] = {
+            name: partial(f, e) for name, (f, e) in cases.items()
+        }
         times = harness.median_seconds(funcs, repeats=3 if quick or n_tokens > 1024 else 7)
         rows += [
             (

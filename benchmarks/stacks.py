@@ -167,7 +167,7 @@ def _hide(module: str) -> None:
                 raise ModuleNotFoundError(msg, name=name)
 
     sys.modules.pop(module, None)
-    sys.meta_path.insert(0, Hider)  # type: ignore[arg-type]
+    sys.meta_path.insert(0, Hider)
 
 
 Relay = Callable[[bytes, str], Any]
@@ -307,7 +307,7 @@ def serve_proxy(stack: Stack, worker: str) -> None:
             runtime_threads=1,
             factory=True,
             log_access=False,
-            log_level="warning",  # type: ignore[arg-type]
+            log_level="warning",  # type: ignore[arg-type, unused-ignore]
         )
         threading.Thread(target=_announce_when_up, args=(port,), daemon=True).start()
         server.serve()
