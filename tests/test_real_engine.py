@@ -538,10 +538,12 @@ def _closing_text(event: Any) -> tuple[Any, ...] | None:
 def _text_choice(event: Any) -> dict[str, Any] | None:
     """A chat or completions chunk's one choice when text is all it carries, else ``None``.
 
-    No usage, logprobs or token ids (each is a token's own and would not join); a finish
-    reason and a stop reason may be there (the closing chunk).
+    No logprobs or token ids (each is a token's own and would not join); a finish reason and a
+    stop reason may be there (the closing chunk), and a continuous usage: it counts the tokens
+    so far, so the joined event keeps the later one's, as vLLM's own join does (its merged
+    delta is answered with the usage of its last token).
     """
-    if not isinstance(event, dict) or "type" in event or "usage" in event:
+    if not isinstance(event, dict) or "type" in event:
         return None
     choices = event.get("choices")
     if not (isinstance(choices, list) and len(choices) == 1 and isinstance(choices[0], dict)):
@@ -810,3 +812,22 @@ def test_merged_deltas_keeps_what_vllm_keeps_apart(chunk: Callable[..., dict[str
         chunk("a"), {**chunk("b"), "choices": [{**chunk("b")["choices"][0], "index": 1}]}
     )
     assert merged_deltas(two_choices) == two_choices
+
+
+@pytest.mark.parametrize("chunk", [_completion_chunk, _chat_chunk], ids=["completions", "chat"])
+def test_merged_deltas_joins_chunks_with_continuous_usage(
+    chunk: Callable[..., dict[str, Any]],
+) -> None:
+    # continuous_usage_stats: each chunk counts the tokens so far, and vLLM's joined delta is
+    # answered with its last token's count, which the joined chunk keeps.
+    def counted(text: str, tokens: int, finish: str | None = None) -> dict[str, Any]:
+        usage = {"prompt_tokens": 5, "total_tokens": 5 + tokens, "completion_tokens": tokens}
+        return {**chunk(text, finish), "usage": usage}
+
+    per_token = _stream(counted("a", 1), counted("b", 2), counted("c", 3, "length"), USAGE_CHUNK)
+    behind = _stream(counted("ab", 2), counted("c", 3, "length"), USAGE_CHUNK)
+    assert merged_deltas(per_token) == merged_deltas(behind)
+    assert merged_deltas(behind)["content"][0] == counted("abc", 3, "length")
+    # The text is still compared as it is.
+    other = _stream(counted("ax", 2), counted("c", 3, "length"), USAGE_CHUNK)
+    assert merged_deltas(per_token) != merged_deltas(other)
