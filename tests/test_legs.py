@@ -1115,6 +1115,28 @@ def test_a_viewed_leg_writes_what_it_carried_from_the_client_as_sent() -> None:
     assert b"stream_options" not in leg.body
 
 
+def test_a_viewed_leg_checks_the_stream_options_it_carries() -> None:
+    # The client's stream_options on a streamed leg is a member a rule wrote: the viewed leg
+    # checks it as the general rules check the leg, the same error at the same path.
+    client = (
+        b'{"messages":[{"role":"user","content":"hi"}],"max_tokens":8,'
+        b'"stream":true,"stream_options":{"include_usage":"yes"}}'
+    )
+    rendered = RenderAnswer(_REAL_ANSWERS[0])
+    assert rendered.view is not None
+    viewed = _attempt(
+        lambda: build_decode_request_bytes(
+            client, client_path=CHAT, params=TEXT, inputs=LegInputs(rendered=rendered)
+        )
+    )
+    general = LegInputs(rendered=_general_read(_REAL_ANSWERS[0]))
+    assert viewed == _attempt(
+        lambda: build_decode_request_bytes(client, client_path=CHAT, params=TEXT, inputs=general)
+    )
+    assert viewed[0] == "RequestError"
+    assert viewed[1][0] == "$.stream_options.include_usage"
+
+
 def _attempt(call: Any) -> tuple[str, Any]:
     """``("ok", result)``, or the library error ``call`` raised: its class, param and message."""
     try:
