@@ -268,10 +268,16 @@ def _size_label(n_tokens: int) -> str:
     return f"{n_tokens // 1000}k" if n_tokens >= 1000 else str(n_tokens)
 
 
-def _decode_rendered_case(api: str, n_tokens: int, version: str) -> Case:
-    client, path = payloads.render_client(api, version), _RENDER_PATHS[api]
+def _decode_rendered_case(api: str, n_tokens: int, version: str, tools: int = 0) -> Case:
+    path = _RENDER_PATHS[api]
+    client = (
+        payloads.render_client_with_tools(api, tools, version)
+        if tools
+        else payloads.render_client(api, version)
+    )
+    many = f"{tools} tools, " if tools else ""
     return Case(
-        name=f"decode leg, {api} + vLLM {version} render, {_size_label(n_tokens)} tokens",
+        name=f"decode leg, {api} + vLLM {version} render, {many}{_size_label(n_tokens)} tokens",
         phase=DECODE_PHASE,
         build=partial(payloads.render_answer, api, n_tokens, version),
         warmup=partial(payloads.render_answer, api, 8, version),
@@ -348,6 +354,8 @@ def all_cases(*, quick: bool = False) -> list[Case]:
             for n in render_sizes
             if version == "0.33" or n >= 1_000
         ),
+        # An agent's body: 30 tools open more brackets than the count that skips the depth walk.
+        _decode_rendered_case("responses", 1_000, "0.33", tools=30),
         *(
             _wrap_case(n, mode, logprobs=logprobs)
             for n in wrap_sizes

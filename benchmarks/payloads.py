@@ -256,6 +256,20 @@ def render_client(api: str, version: str = "0.33") -> bytes:
     return orjson.dumps({**body, **extras})
 
 
+def render_client_with_tools(api: str, count: int, version: str = "0.33") -> bytes:
+    """:func:`render_client`'s body with ``count`` tools, its recorded tool under new names, as
+    an agent sends them: more brackets than the count that proves a body shallow."""
+    body = orjson.loads(render_client(api, version))
+    tool = body["tools"][0]
+    tools = []
+    for index in range(count):
+        renamed = json.loads(json.dumps(tool))
+        function = renamed.get("function", renamed)  # chat nests it; Responses and Messages not
+        function["name"] = f"{function['name']}_{index}"
+        tools.append(renamed)
+    return orjson.dumps({**body, "tools": tools})
+
+
 def generate_request_full(n_tokens: int) -> bytes:
     """A generate client's body as vLLM 0.33 serialises a ``GenerateRequest``: every top-level
     field present (most null), ``sampling_params`` as a render answer holds them, and a cap."""

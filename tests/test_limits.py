@@ -3,13 +3,16 @@ cache_salt, placeholder spans, caps."""
 
 from __future__ import annotations
 
+import json
 import time
 from functools import partial
 from typing import Any
 
+import orjson
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from strategies import json_scalars, json_values
 
 from disagg_transforms import (
     DEFAULT_LIMITS,
@@ -32,7 +35,10 @@ from disagg_transforms import (
     wrap_chat_completion_bytes,
 )
 from disagg_transforms._routes import Route
+from disagg_transforms._wire import keys as w
+from disagg_transforms._wire import limits as _limits
 from disagg_transforms._wire.limits import _is_flat, check_body_size, check_client_body, check_depth
+from disagg_transforms._wire.raw import RawMembers, nesting_within
 from disagg_transforms._wire.validate import CONVERT_FROM, whole_number
 
 CHAT = "/v1/chat/completions"
@@ -141,6 +147,120 @@ def test_depth_limit_on_short_bytes_bodies(member: str, ok: bool) -> None:
     with pytest.raises(RequestError, match=r"Limits\.max_depth") as error:
         build()
     assert (error.value.param or "").startswith("$.x")
+
+
+def _depth(value: object) -> int:
+    if isinstance(value, dict):
+        return 1 + max(map(_depth, value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max(map(_depth, value), default=0)
+    return 0
+
+
+def _holds_a_bracket(value: object) -> bool:
+    """Whether a string of ``value`` (a key too) holds a bracket."""
+    if isinstance(value, str):
+        return any(bracket in value for bracket in "[]{}")
+    if isinstance(value, dict):
+        return any(map(_holds_a_bracket, value)) or any(map(_holds_a_bracket, value.values()))
+    return isinstance(value, list) and any(map(_holds_a_bracket, value))
+
+
+# Compact with raw UTF-8, escaped non-ASCII with spaces, indented: each writes the same value.
+_WRITERS = (
+    lambda value: json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode(),
+    lambda value: json.dumps(value).encode(),
+    lambda value: json.dumps(value, indent=1).encode(),
+)
+_deep_values = st.recursive(
+    json_scalars,
+    lambda children: st.lists(children, max_size=2) | st.dictionaries(st.text(), children),
+    max_leaves=30,
+)
+
+
+@given(
+    json_values | _deep_values, st.integers(min_value=0, max_value=10), st.sampled_from(_WRITERS)
+)
+def test_the_depth_read_from_bytes_is_the_values_depth(value: Any, limit: int, write: Any) -> None:
+    # Never within when the value is deeper (the walk it replaces would refuse); exact unless a
+    # string holds a bracket, where the walk decides.
+    within = nesting_within(write(value), limit)
+    if within:
+        assert _depth(value) <= limit
+    if not _holds_a_bracket(value):
+        assert within == (_depth(value) <= limit)
+
+
+_WEATHER_TOOL: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": 'Weather in a city, "quoted" \\ and \\" escaped',
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}
+# 30 tools open 180 brackets, past what the count proves at the default limit; 7 levels deep.
+_MANY_TOOLS = {"messages": [{"role": "user", "content": "hi"}], "tools": [_WEATHER_TOOL] * 30}
+
+
+def test_a_body_with_many_brackets_is_proved_shallow_without_the_walk(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    data = orjson.dumps(_MANY_TOOLS)
+    members = RawMembers(data, RequestError, "the client body", token_ids_key=w.TOKEN_IDS)
+    assert data.count(b"[") + data.count(b"{") > DEFAULT_LIMITS.max_depth
+    assert members.nests_within(7)
+    assert not members.nests_within(6)
+
+    def walked(*_args: object, **_kwargs: object) -> None:
+        msg = "walked"
+        raise AssertionError(msg)
+
+    monkeypatch.setattr(_limits, "check_depth", walked)
+    check_client_body(members, DEFAULT_LIMITS)
+    with pytest.raises(AssertionError, match="walked"):
+        check_client_body(members, Limits(max_depth=6))
+
+
+@pytest.mark.parametrize("description", ["plain", "a [bracket] in a string"])
+def test_a_body_with_many_brackets_is_refused_where_the_dict_path_refuses(
+    description: str,
+) -> None:
+    tool = {
+        "type": "function",
+        "function": {**_WEATHER_TOOL["function"], "description": description},
+    }
+    deeper = {"type": "function", "function": {"name": "f", "parameters": {"a": [[{}]]}}}
+    body = {**_MANY_TOOLS, "tools": [*([tool] * 29), deeper]}
+    refusals = []
+    for build in (_decode_dict, _decode_bytes):
+        for limits in (Limits(max_depth=6), Limits(max_depth=7)):
+            with pytest.raises(RequestError, match=r"Limits\.max_depth") as error:
+                build(body, limits=limits)
+            refusals.append((error.value.param, str(error.value)))
+        build(body, limits=Limits(max_depth=8))
+    assert refusals[:2] == refusals[2:]
+    assert refusals[1][0] == "$.tools[29].function.parameters.a[0][0]"
+
+
+# A client with tools: its decode leg parses them (auto is derender).
+_TOOLS_LEG = DecodeParams(use_openai_format=False, output_mode=OutputMode.AUTO)
+
+
+def _decode_dict(body: dict[str, Any], *, limits: Limits) -> Any:
+    inputs = LegInputs(token_ids=[1, 2], limits=limits)
+    return build_decode_request(body, client_path=CHAT, params=_TOOLS_LEG, inputs=inputs)
+
+
+def _decode_bytes(body: dict[str, Any], *, limits: Limits) -> Any:
+    inputs = LegInputs(token_ids=[1, 2], limits=limits)
+    data = orjson.dumps(body)
+    return build_decode_request_bytes(data, client_path=CHAT, params=_TOOLS_LEG, inputs=inputs)
 
 
 def test_depth_limit_counts_token_ids_the_scan_did_not_prove() -> None:

@@ -43,6 +43,13 @@ _SCAN_SLICE: Final = 1 << 15
 # malloc's mmap threshold): a megabyte body is checked about 3x faster than by one decode.
 _UTF8_SLICE: Final = 1 << 15
 _ABSENT: Final = object()
+# A document's brackets as "<" (opening) and ">" (closing), its quotes kept, every other byte
+# dropped: what nesting_within reads the depth from.
+_TO_ANGLES: Final = bytes.maketrans(b"[{]}", b"<<>>")
+_NOT_BRACKET_OR_QUOTE: Final = bytes(sorted(set(range(256)) - set(b'[]{}"')))
+# Read left to right, as JSON pairs a backslash with the byte after it: a quote this drops was
+# inside a string, and no other escape holds a quote or a bracket.
+_ESCAPED_BACKSLASH_OR_QUOTE: Final = re.compile(rb'\\[\\"]')
 
 
 def _first_bad_utf8(data: bytes) -> tuple[int, str] | None:
@@ -147,6 +154,28 @@ def decode_member(raw: msgspec.Raw, path: str, error: ErrorFactory) -> Any:  # n
         failure = msgspec_failure(exc, path)
         msg = f"{failure.path}: {failure.reason}"
         raise error(msg, param=failure.path) from None
+
+
+def nesting_within(data: bytes, limit: int) -> bool:
+    """Whether the valid JSON document ``data`` nests at most ``limit`` levels (itself one).
+
+    Read from its bytes at C speed, not from its decoded values: escaped backslashes and
+    quotes out, then every byte but brackets and quotes. A string without a bracket is
+    then two adjacent quotes, dropped in pairs; each round then drops the innermost bracket
+    pairs, so the rounds count the levels. ``False`` also when a string holds a bracket (the
+    quotes do not all pair): the caller's walk decides (docs/performance.md, "Deep or wide
+    client bodies").
+    """
+    if b"\\" in data:
+        data = _ESCAPED_BACKSLASH_OR_QUOTE.sub(b"", data)
+    brackets = data.translate(_TO_ANGLES, _NOT_BRACKET_OR_QUOTE).replace(b'""', b"")
+    if b'"' in brackets:
+        return False
+    for _ in range(limit):
+        if not brackets:
+            return True
+        brackets = brackets.replace(b"<>", b"")
+    return not brackets
 
 
 class RawTokenIds:
@@ -338,10 +367,11 @@ class RawMembers(dict[str, Any]):
         """Whether the body cannot nest past ``limit`` levels, whatever its content.
 
         A level below the body opens a bracket: members holding at most ``limit - 1`` opening
-        brackets (in strings too: the count only errs high) cannot nest past the limit, and the
-        depth walk over the decoded members can be skipped.
+        brackets (in strings too: the count only errs high) cannot nest past the limit. A body
+        with more (many tools, a long conversation) is read by :func:`nesting_within`. Either
+        way the depth walk over the decoded members can be skipped.
         """
-        return self._brackets <= limit - 1
+        return self._brackets <= limit - 1 or nesting_within(self._body, limit)
 
     def encode(
         self,
