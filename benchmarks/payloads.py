@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import random
 from pathlib import Path
@@ -263,7 +264,7 @@ def render_client_with_tools(api: str, count: int, version: str = "0.33") -> byt
     tool = body["tools"][0]
     tools = []
     for index in range(count):
-        renamed = json.loads(json.dumps(tool))
+        renamed = copy.deepcopy(tool)
         function = renamed.get("function", renamed)  # chat nests it; Responses and Messages not
         function["name"] = f"{function['name']}_{index}"
         tools.append(renamed)
