@@ -233,3 +233,26 @@ def test_any_responses_body_maps_or_is_refused(body: dict[str, Any]) -> None:
 @given(messages_client_bodies)
 def test_any_messages_body_maps_or_is_refused(body: dict[str, Any]) -> None:
     _check_mapping(map_messages_request, body)
+
+
+_GOOD_TOOLS = {
+    "responses": {"type": "function", "name": "f", "parameters": {"type": "object"}},
+    "messages": {"name": "f", "input_schema": {"type": "object"}},
+}
+_MAPPERS = {"responses": map_responses_request, "messages": map_messages_request}
+_REQUIRED: dict[str, dict[str, Any]] = {"responses": {}, "messages": {"max_tokens": 1}}
+
+
+@pytest.mark.parametrize("api", sorted(_MAPPERS))
+@pytest.mark.parametrize("index", [0, 127, 128, 300])
+def test_a_bad_tool_is_named_by_its_index_in_a_long_tool_list(api: str, index: int) -> None:
+    # The first tools' paths are formatted once, the rest per request: both name the tool.
+    tools: list[Any] = [_GOOD_TOOLS[api]] * (index + 2)
+    tools[index] = "not a tool"
+    with pytest.raises(RequestError) as info:
+        _MAPPERS[api]({**_REQUIRED[api], "tools": tools})
+    assert info.value.param == f"$.tools[{index}]"
+    tools[index] = {**_GOOD_TOOLS[api], "name": ""}
+    with pytest.raises(RequestError) as info:
+        _MAPPERS[api]({**_REQUIRED[api], "tools": tools})
+    assert info.value.param == f"$.tools[{index}].name"

@@ -16,7 +16,7 @@ import functools
 import json
 from collections.abc import Callable, Iterable, Mapping
 from itertools import filterfalse
-from typing import Annotated, Any, NamedTuple, TypeAlias
+from typing import Annotated, Any, Final, NamedTuple, TypeAlias
 
 import msgspec
 
@@ -282,6 +282,14 @@ ToolConverter: TypeAlias = Callable[[str, Mapping[str, Any]], dict[str, Any]]
 """Turns one client tool (its JSON path, the tool object) into a chat tool, or refuses it."""
 
 
+def _tool_paths(count: int) -> tuple[str, ...]:
+    return tuple(f"$.{w.TOOLS}[{index}]" for index in range(count))
+
+
+# The JSON paths of an agent's tools, formatted once rather than per tool of every request.
+_TOOL_PATHS: Final = _tool_paths(128)
+
+
 def chat_tools(body: Mapping[str, Any], convert: ToolConverter | None = None) -> list[Any] | None:
     """The client's ``tools`` in the chat shape ``parse_context`` carries.
 
@@ -292,9 +300,9 @@ def chat_tools(body: Mapping[str, Any], convert: ToolConverter | None = None) ->
     tools = typed(body, w.TOOLS, ARRAY)
     if tools is None:
         return None
+    paths = _TOOL_PATHS if len(tools) <= len(_TOOL_PATHS) else _tool_paths(len(tools))
     converted = []
-    for index, tool in enumerate(tools):
-        path = f"$.{w.TOOLS}[{index}]"
+    for path, tool in zip(paths, tools, strict=False):  # paths may outnumber the tools
         if not isinstance(tool, MAPPINGS):
             raise refuse(tool, "expected a tool object", at=path)
         converted.append(tool if convert is None else convert(path, tool))

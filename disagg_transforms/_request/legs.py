@@ -70,6 +70,9 @@ USAGE_AT_END: Mapping[Route, bool] = {
     Route.GENERATE: False,
 }
 _DETOKENIZE = f"{w.SAMPLING_PARAMS}.{w.DETOKENIZE}"
+# Paths only an error reads, formatted once rather than per leg.
+_PARSE_CONTEXT_PATH: Final = f"$.{w.PARSE_CONTEXT}"
+_STREAM_OPTIONS_PATH: Final = f"$.{w.STREAM_OPTIONS}"
 # Each mode's wire text, read without the descriptor call a member's `.value` costs.
 _MODE_TEXT: Mapping[OutputMode, str] = {mode: mode.value for mode in OutputMode}
 
@@ -540,7 +543,7 @@ def _viewed_render_leg(
     if mode is OutputMode.DERENDER:
         if getattr(view, w.PARSE_CONTEXT, None) is None:  # else render's, as vLLM wrote it
             context = mapping.parse_context or {}
-            leg[w.PARSE_CONTEXT] = dict(_validate.mapping(context, f"$.{w.PARSE_CONTEXT}"))
+            leg[w.PARSE_CONTEXT] = dict(_validate.mapping(context, _PARSE_CONTEXT_PATH))
             written.append(w.PARSE_CONTEXT)
     else:
         dropped.extend(mapping.context_keys)
@@ -653,7 +656,7 @@ def _stream_options(
     if options is None and own:
         options = body.get(w.STREAM_OPTIONS)
     if USAGE_AT_END[client_route]:
-        given = {} if options is None else _validate.mapping(options, f"$.{w.STREAM_OPTIONS}")
+        given = {} if options is None else _validate.mapping(options, _STREAM_OPTIONS_PATH)
         options = {**given, w.INCLUDE_USAGE: True}
     if streams and options is not None:
         leg[w.STREAM_OPTIONS] = options
@@ -694,7 +697,7 @@ def _decode_generate(
             # derender request without parse_context.
             context = mapping.parse_context or {}
         if context is not None:
-            leg[w.PARSE_CONTEXT] = dict(_validate.mapping(context, f"$.{w.PARSE_CONTEXT}"))
+            leg[w.PARSE_CONTEXT] = dict(_validate.mapping(context, _PARSE_CONTEXT_PATH))
     elif mapping is not None:
         dropped.extend(mapping.context_keys)
     return leg, mode, streams, client_streams, tuple(dict.fromkeys(dropped))

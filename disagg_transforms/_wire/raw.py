@@ -215,7 +215,10 @@ def scan_token_ids(raw: msgspec.Raw) -> RawTokenIds | None:
     the slow way, which also finds the index of a bad item for the error.
     """
     data = bytes(raw)
-    if not data.startswith(b"[") or _EMPTY_ARRAY.match(data) is not None:
+    # A digit after the bracket: not empty, no regex run (the common array).
+    if not data.startswith(b"[") or (
+        not data[1:2].isdigit() and _EMPTY_ARRAY.match(data) is not None
+    ):
         return None
     find = data.find
     for start in range(1, len(data), _SCAN_SLICE):

@@ -231,7 +231,9 @@ def integer(
 def obj(body: Mapping[str, Any], key: str, parent: str = "$") -> Mapping[str, Any] | None:
     """``body[key]`` as a JSON object (returned as sent, not copied)."""
     value = body.get(key)
-    return None if value is None else mapping(value, f"{parent}.{key}")
+    if value is None or isinstance(value, MAPPINGS):
+        return value  # the path is formatted only for the error
+    return mapping(value, f"{parent}.{key}")
 
 
 def token_ids(
