@@ -1,10 +1,10 @@
 """Measure the library against its baselines and write ``docs/performance.md``.
 
 Usage: ``python benchmarks/run.py [--quick] [--no-memory] [--no-write]``. Each phase (decode
-legs, wraps, streams) is timed in its own child process (medians of repeated runs), after
-checking that every transform's output decodes to the same JSON as the library's; peak RSS
-growth is measured in a child process per case. The tables are printed and written to
-``docs/performance.md``.
+legs, wraps, streams) is timed in three fresh child processes (medians of repeated runs, then
+the median over the processes), after checking that every transform's output decodes to the
+same JSON as the library's; peak RSS growth is measured in a child process per case. The
+tables are printed and written to ``docs/performance.md``.
 """
 
 from __future__ import annotations
@@ -13,9 +13,10 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from functools import partial
 from pathlib import Path
 
@@ -86,19 +87,48 @@ def measure(*, quick: bool, memory: bool, phases: tuple[str, ...] = cases.PHASES
     return rows
 
 
+_PROCESSES = 3
+"""Fresh child processes each phase is timed in (one with ``--quick``): the library's time moves
+by up to a third between processes on a shared host while orjson's barely does, so one process
+could flip a verdict on the same code; the median over processes does not."""
+
+
 def measure_apart(*, quick: bool, memory: bool) -> list[Row]:
-    """Time each phase in a fresh child process, so no phase starts on another's heap."""
+    """Time each phase in fresh child processes, so no phase starts on another's heap.
+
+    Each case's time per runner is the median over the processes (:func:`combine`); peak RSS
+    growth is measured in the first process only.
+    """
     rows: list[Row] = []
     for phase in cases.PHASES:
-        flags = [*(["--quick"] if quick else []), *([] if memory else ["--no-memory"])]
-        done = subprocess.run(  # noqa: S603 - our own interpreter running this script
-            [sys.executable, __file__, "--phase", phase, *flags],
-            stdout=subprocess.PIPE,
-            text=True,
-            check=True,
-        )
-        rows.extend(Row(**fields) for fields in json.loads(done.stdout))
+        runs = []
+        for index in range(1 if quick else _PROCESSES):
+            flags = [
+                *(["--quick"] if quick else []),
+                *([] if memory and index == 0 else ["--no-memory"]),
+            ]
+            done = subprocess.run(  # noqa: S603 - our own interpreter running this script
+                [sys.executable, __file__, "--phase", phase, *flags],
+                stdout=subprocess.PIPE,
+                text=True,
+                check=True,
+            )
+            runs.append([Row(**fields) for fields in json.loads(done.stdout)])
+        rows.extend(combine(runs))
     return rows
+
+
+def combine(runs: list[list[Row]]) -> list[Row]:
+    """One row a case from the same cases timed in several processes: each runner's median time
+    (the middle one of three processes), the first process's RSS growth."""
+    combined = []
+    for same in zip(*runs, strict=True):
+        first = same[0]
+        seconds = {
+            name: statistics.median(row.seconds[name] for row in same) for name in first.seconds
+        }
+        combined.append(replace(first, seconds=seconds))
+    return combined
 
 
 def _ms(value: float | None) -> str:
@@ -278,8 +308,11 @@ notes after its "written by hand" marker, and the sections after them, are kept 
 What is measured, on the same payloads (built deterministically by `benchmarks/payloads.py`):
 the median CPU time of one call of (the runners of a case timed in interleaved batches, so a
 slow spell of the machine hits them alike; CPU time, not wall time, so that other jobs on a
-shared machine do not count). Each phase (decode legs, wraps, streams) runs in its own
-child process, so no phase starts on the heap another left: the wrap baselines decode
+shared machine do not count). Each phase (decode legs, wraps, streams) runs in three fresh
+child processes and each runner's time is the median over them (one process with `--quick`):
+on a shared host the library's time moved by up to a third from one process to the next while
+orjson's did not, so the verdict of one process could flip on the same code. No phase starts on
+the heap another left: the wrap baselines decode
 megabytes of logprobs, and after them the 128k-token orjson round trip ran 15-20% faster
 (measured: the 128k `lib/orjson rt` moved from 0.35 to 0.41), the other cases within a few
 percent.

@@ -93,6 +93,25 @@ def test_stream_table_reports_time_per_chunk() -> None:
     assert "stream" not in run.table([row])  # the decode-leg and wrap table leaves it out
 
 
+def test_a_case_timed_in_several_processes_reads_each_runner_s_median() -> None:
+    def row(case: str, library: float, round_trip: float, rss: int) -> run.Row:
+        seconds = {cases.LIBRARY: library, cases.ORJSON_ROUND_TRIP: round_trip}
+        return run.Row(case=case, size=10, seconds=seconds, rss={cases.LIBRARY: rss})
+
+    runs = [
+        [row("a", 5.0, 1.0, 7), row("b", 2.0, 9.0, 8)],
+        [row("a", 1.0, 3.0, 0), row("b", 4.0, 8.0, 0)],
+        [row("a", 3.0, 2.0, 0), row("b", 3.0, 7.0, 0)],
+    ]
+    combined = run.combine(runs)
+    assert [r.case for r in combined] == ["a", "b"]
+    assert combined[0].seconds == {cases.LIBRARY: 3.0, cases.ORJSON_ROUND_TRIP: 2.0}
+    assert combined[1].seconds == {cases.LIBRARY: 3.0, cases.ORJSON_ROUND_TRIP: 8.0}
+    assert [r.rss for r in combined] == [{cases.LIBRARY: 7}, {cases.LIBRARY: 8}]  # the first's
+    with pytest.raises(ValueError, match="zip"):
+        run.combine([runs[0], runs[1][:1]])
+
+
 def test_each_phase_runs_in_its_own_child() -> None:
     rows = run.measure_apart(quick=True, memory=False)
     assert [row.case for row in rows] == [case.name for case in cases.all_cases(quick=True)]
