@@ -355,3 +355,15 @@ def test_a_client_body_with_a_key_that_is_not_a_string_is_refused() -> None:
     with pytest.raises(RequestError, match="expected string keys") as error:
         validate.client_object({"model": "m", 1: 2})
     assert error.value.param == "$"
+
+
+def test_an_object_is_read_as_sent_and_anything_else_is_refused_at_its_path() -> None:
+    inner = {"a": 1}
+    assert validate.obj({"k": inner}, "k", "$.outer") is inner
+    assert validate.obj({"k": None}, "k") is None
+    assert validate.obj({}, "k") is None
+    for bad in ([inner], "x", 0, False):
+        with pytest.raises(RequestError) as caught:
+            validate.obj({"k": bad}, "k", "$.outer")
+        assert caught.value.param == "$.outer.k"
+        assert caught.value.message.startswith("$.outer.k: expected an object, got")
