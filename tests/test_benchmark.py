@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 import orjson
@@ -110,6 +113,27 @@ def test_a_case_timed_in_several_processes_reads_each_runner_s_median() -> None:
     assert [r.rss for r in combined] == [{cases.LIBRARY: 7}, {cases.LIBRARY: 8}]  # the first's
     with pytest.raises(ValueError, match="zip"):
         run.combine([runs[0], runs[1][:1]])
+
+
+def test_a_full_run_times_each_phase_in_three_processes(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The children are stood in for (no timing): three a phase, RSS asked of the first only.
+    calls: list[list[str]] = []
+
+    def child(args: list[str], **_: object) -> subprocess.CompletedProcess[str]:
+        calls.append(args)
+        phase = args[args.index("--phase") + 1]
+        row = run.Row(case=phase, size=1, seconds={cases.LIBRARY: float(len(calls))}, rss={})
+        return subprocess.CompletedProcess(args, 0, stdout=json.dumps([asdict(row)]))
+
+    monkeypatch.setattr(subprocess, "run", child)  # the module run.py calls it through
+    rows = run.measure_apart(quick=False, memory=True)
+    assert len(calls) == 3 * len(cases.PHASES)
+    for index, args in enumerate(calls):
+        assert ("--no-memory" in args) is (index % 3 != 0)
+    # Each phase's row is the median of its three children (call numbers 3k+1..3k+3).
+    assert [row.seconds[cases.LIBRARY] for row in rows] == [
+        3.0 * phase + 2 for phase in range(len(cases.PHASES))
+    ]
 
 
 def test_each_phase_runs_in_its_own_child() -> None:

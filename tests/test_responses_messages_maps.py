@@ -8,6 +8,7 @@ from hypothesis import given
 from strategies import messages_client_bodies, responses_client_bodies
 
 from disagg_transforms import RequestError
+from disagg_transforms._request.chat import map_chat_request
 from disagg_transforms._request.mapping import ClientMapping
 from disagg_transforms._request.messages import map_messages_request
 from disagg_transforms._request.responses import map_responses_request
@@ -256,3 +257,13 @@ def test_a_bad_tool_is_named_by_its_index_in_a_long_tool_list(api: str, index: i
     with pytest.raises(RequestError) as info:
         _MAPPERS[api]({**_REQUIRED[api], "tools": tools})
     assert info.value.param == f"$.tools[{index}].name"
+
+
+@pytest.mark.parametrize("index", [0, 127, 128, 300])
+def test_a_chat_tool_that_is_no_object_is_named_by_its_index(index: int) -> None:
+    # Chat tools pass as sent, through the same paths as the converted ones.
+    tools: list[Any] = [{"type": "function", "function": {"name": "f"}}] * (index + 2)
+    tools[index] = "not a tool"
+    with pytest.raises(RequestError) as info:
+        map_chat_request({"tools": tools})
+    assert info.value.param == f"$.tools[{index}]"
