@@ -349,6 +349,24 @@ def test_scan_leaves_any_other_member_to_the_decode(array: str) -> None:
     assert scan_token_ids(_SPLIT.decode(_generate(array))["token_ids"]) is None
 
 
+def _array_of_length(length: int, last: str) -> bytes:
+    """``[7,7,...,last]`` exactly ``length`` bytes long (a leading 77 fixes the parity)."""
+    fill = length - 2 - len(last)  # the bytes of the items before ``last`` and their commas
+    head = ["77"] if fill % 2 else []
+    sevens = (fill - 3 * len(head)) // 2
+    array = ("[" + ",".join([*head, *["7"] * sevens, last]) + "]").encode()
+    assert len(array) == length
+    return array
+
+
+# One slice long, the array is searched whole; a byte longer, a slice at a time.
+@pytest.mark.parametrize("length", [_SCAN_SLICE, _SCAN_SLICE + 1])
+@pytest.mark.parametrize("item", ["-1", "1.5", "1e2", "1E2", "null", "true", '"2"', "{}", "[2]"])
+def test_the_scan_refuses_a_bad_last_item_whichever_way_it_searches(length: int, item: str) -> None:
+    assert scan_token_ids(msgspec.Raw(_array_of_length(length, item))) is None
+    assert scan_token_ids(msgspec.Raw(_array_of_length(length, "8"))) is not None
+
+
 @pytest.mark.parametrize("at", [1, _SCAN_SLICE - 2, _SCAN_SLICE, _SCAN_SLICE + 2, -1])
 @pytest.mark.parametrize("item", ["-1", "1.5", "1e2", "null", '"2"'])
 def test_the_scan_refuses_a_bad_item_anywhere_in_a_long_array(at: int, item: str) -> None:

@@ -244,16 +244,14 @@ def structured_outputs(
 
 
 def chat_function_tool(
-    name: object,
-    path: str,
-    *,
-    description: object = None,
-    parameters: object = None,
-    extra: Mapping[str, object] | None = None,
+    path: str, name: object, description: object, parameters: object, option: tuple[str, object], /
 ) -> dict[str, Any]:
     """A chat ``{type: "function", function: {...}}`` tool, with nulls left out.
 
-    ``extra`` holds the API's other function keys (``strict``...), written after the others.
+    ``option`` is the API's one other function key (``strict``, ``defer_loading``) and its
+    value, written last unless the value is null. Positional only: a call that names its
+    arguments costs a keyword match each, on every tool of every request (docs/performance.md,
+    "Calls that parse their arguments").
     """
     if not isinstance(name, str) or not name:
         raise refuse(name, "expected a non-empty function name", at=f"{path}.{w.NAME}")
@@ -263,11 +261,9 @@ def chat_function_tool(
         function[w.DESCRIPTION] = description
     if parameters is not None:
         function[w.PARAMETERS] = parameters
-    if extra:
-        # A loop, not a comprehension: no frame of its own for the one or two keys.
-        for key, value in extra.items():
-            if value is not None:
-                function[key] = value  # noqa: PERF403 - see the comment above
+    key, value = option
+    if value is not None:
+        function[key] = value
     return {w.TYPE: w.FUNCTION, w.FUNCTION: function}
 
 
@@ -302,10 +298,11 @@ def chat_tools(body: Mapping[str, Any], convert: ToolConverter | None = None) ->
         return None
     paths = _TOOL_PATHS if len(tools) <= len(_TOOL_PATHS) else _tool_paths(len(tools))
     converted = []
-    for path, tool in zip(paths, tools, strict=False):  # paths may outnumber the tools
+    # Indexed, not zipped: zip(strict=...) parses its keyword as a slow call does.
+    for index, tool in enumerate(tools):
         if not isinstance(tool, MAPPINGS):
-            raise refuse(tool, "expected a tool object", at=path)
-        converted.append(tool if convert is None else convert(path, tool))
+            raise refuse(tool, "expected a tool object", at=paths[index])
+        converted.append(tool if convert is None else convert(paths[index], tool))
     return converted
 
 

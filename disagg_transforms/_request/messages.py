@@ -141,11 +141,11 @@ def _chat_tool(path: str, tool: Mapping[str, Any]) -> dict[str, Any]:
         # vLLM fills in the schema's type the same way.
         schema = {**schema, w.TYPE: "object"}
     return f.chat_function_tool(
-        tool.get(w.NAME),
         path,
-        description=tool.get(w.DESCRIPTION),
-        parameters=schema,
-        extra={w.DEFER_LOADING: tool.get(w.DEFER_LOADING)},
+        tool.get(w.NAME),
+        tool.get(w.DESCRIPTION),
+        schema,
+        (w.DEFER_LOADING, tool.get(w.DEFER_LOADING)),
     )
 
 

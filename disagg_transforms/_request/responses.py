@@ -181,11 +181,11 @@ def _chat_tool(path: str, tool: Mapping[str, Any]) -> dict[str, Any]:
         why = 'expected "function": built-in tools run on the provider, not on a generate leg'
         raise refuse(tool.get(w.TYPE), why, at=f"{path}.{w.TYPE}")
     return f.chat_function_tool(
-        tool.get(w.NAME),
         path,
-        description=tool.get(w.DESCRIPTION),
-        parameters=tool.get(w.PARAMETERS),
-        extra={w.STRICT: tool.get(w.STRICT)},
+        tool.get(w.NAME),
+        tool.get(w.DESCRIPTION),
+        tool.get(w.PARAMETERS),
+        (w.STRICT, tool.get(w.STRICT)),
     )
 
 
