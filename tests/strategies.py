@@ -1316,3 +1316,98 @@ client_view_bodies: st.SearchStrategy[tuple[str, Any]] = (
 )
 """(client path, body) of a chat, Responses or Messages client: every field its view reads, of
 the type the mapper wants or off it, and any body of client_route_bodies, hostile or not."""
+
+
+# What feeds a parse_context, of the type each mapper wants or off it.
+def _maybe(valid: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    # Mostly of its type, so that most bodies are read; one time in eight any JSON value.
+    return st.integers(0, 7).flatmap(lambda pick: json_values if pick == 0 else valid)
+
+
+_tool_names = _maybe(st.sampled_from(["f", "get_weather"]))
+_schemas = _maybe(st.just({"type": "object", "properties": {"city": {"type": "string"}}}))
+_chat_function_tools = st.fixed_dictionaries(
+    {"type": _maybe(st.just("function"))},
+    optional={
+        "function": _maybe(
+            st.fixed_dictionaries(
+                {"name": _tool_names}, optional={"parameters": _schemas, "strict": json_values}
+            )
+        )
+    },
+)
+_responses_tools = st.fixed_dictionaries(
+    {"type": _maybe(st.just("function")), "name": _tool_names},
+    optional={"description": json_values, "parameters": _schemas, "strict": json_values},
+)
+_messages_tools = st.fixed_dictionaries(
+    {"name": _tool_names, "input_schema": _schemas},
+    optional={
+        "type": _maybe(st.just("custom")),
+        "description": json_values,
+        "defer_loading": json_values,
+    },
+)
+_choices = st.sampled_from(["auto", "none", "required", "any", "tool", "function", "x"])
+
+
+def _context_bodies(
+    path: str, base: dict[str, Any], fields: dict[str, st.SearchStrategy[Any]]
+) -> st.SearchStrategy[tuple[str, dict[str, Any]]]:
+    return st.tuples(st.just(path), st.fixed_dictionaries(base, optional=fields))
+
+
+parse_context_bodies: st.SearchStrategy[tuple[str, dict[str, Any]]] = (
+    _context_bodies(
+        "/v1/chat/completions",
+        {
+            "messages": st.just([{"role": "user", "content": "hi"}]),
+            "tools": _maybe(st.lists(_maybe(_chat_function_tools), min_size=1, max_size=2)),
+        },
+        {
+            "tool_choice": _maybe(
+                _choices | st.fixed_dictionaries({"type": _choices, "function": json_values})
+            ),
+            "parallel_tool_calls": _maybe(st.booleans()),
+            "chat_template_kwargs": _maybe(st.just({"enable_thinking": True})),
+            "include_reasoning": _maybe(st.booleans()),
+        },
+    )
+    | _context_bodies(
+        "/v1/responses",
+        {
+            "input": st.just("hi"),
+            "tools": _maybe(st.lists(_maybe(_responses_tools), min_size=1, max_size=2)),
+        },
+        {
+            "tool_choice": _maybe(
+                _choices | st.fixed_dictionaries({"type": _choices, "name": _tool_names})
+            ),
+            "parallel_tool_calls": _maybe(st.booleans()),
+            "reasoning": _maybe(st.fixed_dictionaries({"effort": _maybe(st.just("low"))})),
+        },
+    )
+    | _context_bodies(
+        "/v1/messages",
+        {
+            "messages": st.just([{"role": "user", "content": "hi"}]),
+            "max_tokens": st.just(9),
+            "tools": _maybe(st.lists(_maybe(_messages_tools), min_size=1, max_size=2)),
+        },
+        {
+            "tool_choice": _maybe(
+                st.fixed_dictionaries(
+                    {"type": _choices},
+                    optional={
+                        "name": _tool_names,
+                        "disable_parallel_tool_use": _maybe(st.booleans()),
+                    },
+                )
+            ),
+            "chat_template_kwargs": _maybe(st.just({"enable_thinking": True})),
+            "output_config": _maybe(st.fixed_dictionaries({"effort": _maybe(st.just("low"))})),
+        },
+    )
+)
+"""(client path, body) of a chat, Responses or Messages client whose fields feed the decode leg's
+parse_context (tools, the choice, the template kwargs...), each of its type or any JSON value."""

@@ -20,6 +20,7 @@ from strategies import (
     client_route_bodies,
     client_view_bodies,
     generate_request_bodies,
+    parse_context_bodies,
     render_answers,
     render_client_bodies,
     router_decode_inputs,
@@ -54,7 +55,7 @@ from disagg_transforms._routes import detect_route
 from disagg_transforms._wire import keys as w
 from disagg_transforms._wire.limits import check_client_body
 from disagg_transforms._wire.raw import RawMembers, encode
-from disagg_transforms.envelopes import GenerateRequest
+from disagg_transforms.envelopes import GenerateRequest, ParseContext
 from disagg_transforms.errors import UpstreamContractError
 
 CHAT = "/v1/chat/completions"
@@ -1151,7 +1152,7 @@ def _in_order(data: bytes) -> str:
 
 
 @given(
-    pair=render_client_bodies,
+    pair=render_client_bodies | parse_context_bodies,
     answer=vllm_render_answers,
     inputs=router_decode_inputs,
     params=token_route_decode_params,
@@ -1232,3 +1233,33 @@ def test_each_client_view_reads_what_its_mapper_reads(
     with mock.patch.dict(client_module._VIEWS, clear=True):
         without = read()
     assert repr(read()) == repr(without)
+
+
+@given(
+    pair=parse_context_bodies,
+    mode=st.sampled_from([OutputMode.DERENDER, OutputMode.AUTO]),
+)
+def test_a_json_body_s_parse_context_is_of_the_leg_check_s_types(
+    pair: tuple[str, Any], mode: OutputMode
+) -> None:
+    # Why a viewed leg on a JSON body does not check the parse_context its mapper built: read
+    # from bytes, every body the read accepts gives one the leg check (GenerateRequest's
+    # ParseContext) accepts too.
+    path, body = pair
+    try:
+        data = msgspec.json.encode(body)
+    except (TypeError, ValueError, OverflowError, RecursionError):
+        return  # no JSON body (a lone surrogate, too deep...): never handed in as bytes
+    params = DecodeParams(use_openai_format=False, output_mode=mode)
+    read = outcome(
+        lambda: read_client_request(
+            RawMembers(data, RequestError, "the client body", token_ids_key=w.TOKEN_IDS),
+            path,
+            limits=DEFAULT_LIMITS,
+            steps=(params,),
+        )
+    )
+    context = None if read[0] != "ok" or read[1].mapping is None else read[1].mapping.parse_context
+    event("refused" if read[0] != "ok" else "a parse_context" if context else "none")
+    if context is not None:
+        msgspec.convert(context, ParseContext)

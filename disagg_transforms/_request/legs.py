@@ -541,10 +541,7 @@ def _viewed_render_leg(
         dropped.append(w.STREAM_OPTIONS)
     dropped.extend(mapping.dropped)
     if mode is OutputMode.DERENDER:
-        if getattr(view, w.PARSE_CONTEXT, None) is None:  # else render's, as vLLM wrote it
-            context = mapping.parse_context or {}
-            leg[w.PARSE_CONTEXT] = dict(_validate.mapping(context, _PARSE_CONTEXT_PATH))
-            written.append(w.PARSE_CONTEXT)
+        written.extend(_derender_context(leg, view, client))
     else:
         dropped.extend(mapping.context_keys)
     _check_written(leg, written)
@@ -564,6 +561,22 @@ def _holds(sampling: object, caps: Mapping[str, Any]) -> bool:
 # The bytes of what a leg on a viewed render answer may hold of the client's own: the carried
 # keys, its request ID and stream_options.
 _FROM_THE_CLIENT: Final = _raw.MemberReader((*CARRIED_AS_IS, w.REQUEST_ID, w.STREAM_OPTIONS))
+
+
+def _derender_context(leg: dict[str, Any], view: Any, client: ClientRequest) -> tuple[str, ...]:  # noqa: ANN401 - a struct made at import
+    """Write the client's ``parse_context`` on a viewed leg whose answer holds none.
+
+    Returned: the key when :func:`_check_written` must read what was written. A context built
+    from a JSON body is of the check's types already (each mapper types what it puts in, and a
+    JSON object is a dict of str keys): only a mapping handed in as the body can hold what the
+    check refuses (docs/performance.md, "Calls that parse their arguments").
+    """
+    if getattr(view, w.PARSE_CONTEXT, None) is not None:
+        return ()  # render's, as vLLM wrote it
+    assert client.mapping is not None  # noqa: S101 - a viewed leg has its mapping
+    context = client.mapping.parse_context or {}
+    leg[w.PARSE_CONTEXT] = dict(_validate.mapping(context, _PARSE_CONTEXT_PATH))
+    return () if type(client.body) is _raw.RawMembers else (w.PARSE_CONTEXT,)
 
 
 def _check_written(leg: Mapping[str, Any], written: list[str]) -> None:
