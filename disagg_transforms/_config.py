@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 import re
 from collections.abc import Callable, Mapping
-from typing import ClassVar, Literal, TypeAlias, TypeVar, overload
+from typing import ClassVar, Final, Literal, TypeAlias, TypeVar, overload
 
 import msgspec
 
@@ -19,6 +19,11 @@ from disagg_transforms._wire.describe import describe
 from disagg_transforms.errors import ConfigError
 
 __all__ = (
+    "AUTO_MODE",
+    "DERENDER_MODE",
+    "TEXT_MODE",
+    "TOKENS_MODE",
+    "TOP_LEVEL_PLACEMENT",
     "ConditionalDecodeParams",
     "DecodeParams",
     "EncodeParams",
@@ -70,6 +75,16 @@ class KvTransferPlacement(str, enum.Enum):
     """Top level only: vLLM >= 0.29 copies it into ``extra_args`` itself."""
     EXTRA_ARGS = "extra_args"
     """``sampling_params.extra_args`` only: what vLLM <= 0.28 reads."""
+
+
+# As plain names for the code every leg runs: on Python 3.10 and 3.11 each read of an enum
+# class's attribute goes through EnumType.__getattr__'s hook, a bound method built and called
+# (docs/performance.md, "Calls that parse their arguments").
+TOKENS_MODE: Final = OutputMode.TOKENS
+TEXT_MODE: Final = OutputMode.TEXT
+DERENDER_MODE: Final = OutputMode.DERENDER
+AUTO_MODE: Final = OutputMode.AUTO
+TOP_LEVEL_PLACEMENT: Final = KvTransferPlacement.TOP_LEVEL
 
 
 class _StepParamsBase(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -3,8 +3,18 @@
 from __future__ import annotations
 
 import enum
+from typing import Final
 
-__all__ = ("ROUTE_PATH", "Route", "detect_route", "leg_route", "resolve_format")
+__all__ = (
+    "CHAT_ROUTE",
+    "COMPLETIONS_ROUTE",
+    "GENERATE_ROUTE",
+    "ROUTE_PATH",
+    "Route",
+    "detect_route",
+    "leg_route",
+    "resolve_format",
+)
 
 
 class Route(str, enum.Enum):
@@ -19,6 +29,13 @@ class Route(str, enum.Enum):
 
 ROUTE_PATH = {route: route.value for route in Route}
 """Each route's path, read without the descriptor call a member's ``.value`` costs."""
+
+# As plain names for the code every leg runs: on Python 3.10 and 3.11 each read of an enum
+# class's attribute goes through EnumType.__getattr__'s hook, a bound method built and called
+# (docs/performance.md, "Calls that parse their arguments").
+CHAT_ROUTE: Final = Route.CHAT_COMPLETIONS
+COMPLETIONS_ROUTE: Final = Route.COMPLETIONS
+GENERATE_ROUTE: Final = Route.GENERATE
 
 # Substring matches, as the llm-d coordinator does; chat is tested before completions because
 # its path contains the completions path.
@@ -53,8 +70,8 @@ def resolve_format(use_openai_format: bool, path: str) -> Route:
 
 def leg_route(use_openai_format: bool, client_route: Route) -> Route:
     """:func:`resolve_format` for a client whose route is known."""
-    if client_route is Route.COMPLETIONS:
-        return Route.COMPLETIONS
+    if client_route is COMPLETIONS_ROUTE:
+        return COMPLETIONS_ROUTE
     if not use_openai_format:
-        return Route.GENERATE
+        return GENERATE_ROUTE
     return client_route

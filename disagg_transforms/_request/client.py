@@ -12,7 +12,15 @@ from typing import Any, TypeAlias
 
 import msgspec
 
-from disagg_transforms._config import DecodeParams, EncodeParams, OutputMode, PrefillParams
+from disagg_transforms._config import (
+    AUTO_MODE,
+    DERENDER_MODE,
+    TEXT_MODE,
+    DecodeParams,
+    EncodeParams,
+    OutputMode,
+    PrefillParams,
+)
 from disagg_transforms._request.caps import CAP_KEYS, sampling_caps
 from disagg_transforms._request.chat import map_chat_request, read_chat_view
 from disagg_transforms._request.completions import map_completions_request
@@ -20,7 +28,7 @@ from disagg_transforms._request.fields import asks_for_tools
 from disagg_transforms._request.mapping import ClientMapper, ClientMapping
 from disagg_transforms._request.messages import map_messages_request, read_messages_view
 from disagg_transforms._request.responses import map_responses_request, read_responses_view
-from disagg_transforms._routes import Route, detect_route, leg_route
+from disagg_transforms._routes import GENERATE_ROUTE, Route, detect_route, leg_route
 from disagg_transforms._wire import keys as w
 from disagg_transforms._wire import limits as _limits
 from disagg_transforms._wire import validate as _validate
@@ -137,7 +145,7 @@ def read_client_request(
     generate = False
     decode = None  # the decode step, when it is a generate leg
     for params in steps:
-        if leg_route(params.use_openai_format, route) is Route.GENERATE:
+        if leg_route(params.use_openai_format, route) is GENERATE_ROUTE:
             generate = True
             decode = params if isinstance(params, DecodeParams) else decode
     if every_field:
@@ -268,9 +276,9 @@ def chosen_output_mode(params: DecodeParams, tools_context: Mapping[str, Any] | 
     """
     mode = params.output_mode
     wants_tools = asks_for_tools(tools_context)
-    if mode is OutputMode.AUTO:
-        return OutputMode.DERENDER if wants_tools else OutputMode.TEXT
-    if mode is OutputMode.TEXT and wants_tools:
+    if mode is AUTO_MODE:
+        return DERENDER_MODE if wants_tools else TEXT_MODE
+    if mode is TEXT_MODE and wants_tools:
         param = f"$.{w.TOOLS}"
         msg = (
             f'{param}: the request asks for tools, but the decode step\'s output_mode is "text", '

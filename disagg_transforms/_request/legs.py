@@ -16,6 +16,9 @@ import msgspec
 from msgspec import UNSET
 
 from disagg_transforms._config import (
+    DERENDER_MODE,
+    TOKENS_MODE,
+    TOP_LEVEL_PLACEMENT,
     DecodeParams,
     EncodeParams,
     KvTransferPlacement,
@@ -31,7 +34,14 @@ from disagg_transforms._request.client import ClientRequest, own_output_mode, re
 from disagg_transforms._request.fields import CARRIED_AS_IS, TRANSFER_KEYS
 from disagg_transforms._request.mapping import ClientMapping
 from disagg_transforms._request.render import RenderAnswer, common_sampling
-from disagg_transforms._routes import ROUTE_PATH, Route, detect_route, leg_route
+from disagg_transforms._routes import (
+    CHAT_ROUTE,
+    GENERATE_ROUTE,
+    ROUTE_PATH,
+    Route,
+    detect_route,
+    leg_route,
+)
 from disagg_transforms._wire import keys as w
 from disagg_transforms._wire import limits as _limits
 from disagg_transforms._wire import raw as _raw
@@ -494,7 +504,7 @@ def _viewed_render_leg(
     ):
         return None
     sampling = getattr(view, w.SAMPLING_PARAMS)
-    if sampling.detokenize is False and mode is not OutputMode.TOKENS:
+    if sampling.detokenize is False and mode is not TOKENS_MODE:
         return None  # the rule rewrites sampling_params: the general rules
     raw = answer.raw
     leg: dict[str, Any] = dict(raw)  # the answer's order; each member as vLLM wrote it
@@ -507,7 +517,7 @@ def _viewed_render_leg(
     written = list(carried)
     kv, ec = inputs.kv_transfer_params, inputs.ec_transfer_params
     placed = kv is not None or ec is not None
-    extra_args = placed and params.kv_transfer_placement is not KvTransferPlacement.TOP_LEVEL
+    extra_args = placed and params.kv_transfer_placement is not TOP_LEVEL_PLACEMENT
     if extra_args or not _holds(sampling, caps):
         # Written over render's: the general rules' merge of the decoded members.
         answered = _raw.decode_member(raw[w.SAMPLING_PARAMS], "$", UpstreamContractError)
@@ -540,7 +550,7 @@ def _viewed_render_leg(
     if not kept and body.get(w.STREAM_OPTIONS) is not None:
         dropped.append(w.STREAM_OPTIONS)
     dropped.extend(mapping.dropped)
-    if mode is OutputMode.DERENDER:
+    if mode is DERENDER_MODE:
         written.extend(_derender_context(leg, view, client))
     else:
         dropped.extend(mapping.context_keys)
@@ -652,7 +662,7 @@ def _check_generate(body: Mapping[str, Any]) -> None:
 def _leg_stream(body: Mapping[str, Any], mode: OutputMode | None) -> tuple[bool, bool]:
     """Return (leg streams, client streams)."""
     client_streams = _validate.typed(body, w.STREAM, bool) is True
-    return client_streams and mode is not OutputMode.DERENDER, client_streams
+    return client_streams and mode is not DERENDER_MODE, client_streams
 
 
 def _stream_options(
@@ -665,7 +675,7 @@ def _stream_options(
     leg carries none: usage comes in the one answer anyway.
     """
     options = leg.pop(w.STREAM_OPTIONS, None)
-    own = client_route in (Route.CHAT_COMPLETIONS, Route.GENERATE)
+    own = client_route is CHAT_ROUTE or client_route is GENERATE_ROUTE
     if options is None and own:
         options = body.get(w.STREAM_OPTIONS)
     if USAGE_AT_END[client_route]:
@@ -847,7 +857,7 @@ def _decode_fields(
     """
     request = _step_request(client, params, inputs)
     body, client_route, route = client.body, client.route, request.route
-    generate = route is Route.GENERATE
+    generate = route is GENERATE_ROUTE
     mode = viewed = None
     if not generate:
         leg, transfer = _openai_leg(request)
@@ -857,7 +867,7 @@ def _decode_fields(
         dropped = transfer.stripped
     else:
         common = viewed = None
-        if client_route is Route.GENERATE:
+        if client_route is GENERATE_ROUTE:
             common = _common_generate(client, params, inputs)
         elif type(inputs.rendered) is RenderAnswer:
             viewed = _viewed_render_leg(request, params)
@@ -878,7 +888,7 @@ def _decode_fields(
         "stream": streams,
         "single_frame": client_streams and not streams,
         "wrap_chat_completion": (
-            generate and params.wrap_chat_completion and client_route is Route.CHAT_COMPLETIONS
+            generate and params.wrap_chat_completion and client_route is CHAT_ROUTE
         ),
         "output_mode": mode,
         "dropped": dropped,
@@ -911,7 +921,7 @@ def build_decode_request_bytes(
     if isinstance(client_body, bytes):
         _limits.check_body_size(client_body, given.limits, error=RequestTooLargeError)
     # Only a generate client sends token IDs: any other's body is decoded whole.
-    whole = isinstance(client_path, str) and detect_route(client_path) is not Route.GENERATE
+    whole = isinstance(client_path, str) and detect_route(client_path) is not GENERATE_ROUTE
     members = _raw.RawMembers(
         client_body, RequestError, "the client body", token_ids_key=w.TOKEN_IDS, whole=whole
     )
