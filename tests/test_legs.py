@@ -1263,3 +1263,20 @@ def test_a_json_body_s_parse_context_is_of_the_leg_check_s_types(
     event("refused" if read[0] != "ok" else "a parse_context" if context else "none")
     if context is not None:
         msgspec.convert(context, ParseContext)
+
+
+def test_a_mapping_body_s_parse_context_is_still_checked_on_a_viewed_leg() -> None:
+    # Only a JSON body's parse_context goes unchecked: a mapping's may hold what JSON cannot (a
+    # key that is no string), and the viewed leg refuses it as the general rules do.
+    answer = load_fixture("render-chat-response.json")
+    answer["parse_context"] = None  # vLLM 0.33's common answer: the leg writes the client's
+    data = msgspec.json.encode(answer)
+    tool = {"type": "function", "function": {"name": "f"}, 1: 2}
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "tools": [tool]}
+    params = DecodeParams(use_openai_format=False, output_mode=OutputMode.DERENDER)
+    viewed = RenderAnswer(data)
+    assert viewed.view is not None
+    for rendered in (viewed, RenderAnswer(data).members()):
+        with pytest.raises(RequestError, match=r"\$\.parse_context\.tools\[0\]"):
+            build_decode_request(body, client_path=CHAT, params=params, rendered=rendered)
+    assert viewed._decoded is None  # the viewed leg refused it, not the general rules
